@@ -1,0 +1,254 @@
+//! Expansion of a checked `#[experiment]` struct.
+
+use proc_macro2::TokenStream;
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+
+use super::ast::{Field, Role};
+use super::docs;
+use crate::bound::{self, type_text};
+
+pub(crate) fn expand(input: &mut syn::DeriveInput, fields: &[Field]) -> TokenStream {
+    let p = quote!(::nitro::__private);
+    let name = input.ident.clone();
+    let view = format_ident!("{}View", name);
+    let lt = syn::Lifetime::new("'__nitro", proc_macro2::Span::call_site());
+
+    let key_docs = docs::compile_key_section(&name, fields);
+    let struct_attrs = std::mem::take(&mut input.attrs);
+    let struct_tokens = {
+        // Re-emit the struct (markers already stripped) with the compile-key section appended.
+        let item = &*input;
+        quote!(#(#struct_attrs)* #key_docs #item)
+    };
+
+    let graph_consts: Vec<&Field> = fields
+        .iter()
+        .filter(|f| f.role == Role::GraphConst)
+        .collect();
+    let devices: Vec<(usize, &Field)> = fields
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| matches!(f.role, Role::Device { .. }))
+        .collect();
+
+    // ---- the view type -------------------------------------------------------------------
+    let (view_struct, view_args) = view_type(input, fields, &view, &lt);
+
+    // ---- impl Experiment -----------------------------------------------------------------
+    let (impl_generics, ty_generics, _) = input.generics.split_for_impl();
+    let gc_types: Vec<&syn::Type> = graph_consts.iter().map(|f| &f.ty).collect();
+    let dev_types: Vec<&syn::Type> = devices.iter().map(|(_, f)| &f.ty).collect();
+    let where_gc = bound::where_clause_with(&input.generics, &gc_types, &quote!(#p::ContentHash));
+    let where_all = extend_where(
+        where_gc,
+        &bound::where_clause_with(&strip_where(&input.generics), &dev_types, &quote!(#p::Tree)),
+    );
+
+    let field_infos = fields.iter().map(|f| {
+        let n = f.ident.to_string();
+        let t = type_text(&f.ty);
+        let role = f.role.tokens();
+        quote!(#p::FieldInfo { name: #n, ty: #t, role: #role })
+    });
+    let schema = schema_digest(&name, fields);
+
+    let gc_digests = graph_consts.iter().map(|f| {
+        let ident = &f.ident;
+        let ty = &f.ty;
+        let n = ident.to_string();
+        quote_spanned!(ty.span()=> (#n, #p::Digest::of::<#ty>(&self.#ident)))
+    });
+
+    let visit = devices.iter().map(|(i, f)| {
+        let (ident, ty, n) = (&f.ident, &f.ty, f.ident.to_string());
+        quote_spanned!(ty.span()=>
+            <#ty as #p::Tree>::visit(&self.#ident, &mut #p::LeafPath::root(#n), &mut |__path, __node| {
+                __f(&<Self as #p::Experiment>::FIELDS[#i], __path, __node)
+            });
+        )
+    });
+    let visit_mut = devices.iter().map(|(i, f)| {
+        let (ident, ty, n) = (&f.ident, &f.ty, f.ident.to_string());
+        quote_spanned!(ty.span()=>
+            <#ty as #p::Tree>::visit_mut(&mut self.#ident, &mut #p::LeafPath::root(#n), &mut |__path, __leaf| {
+                __f(&<Self as #p::Experiment>::FIELDS[#i], __path, __leaf)
+            });
+        )
+    });
+    let build_view = fields.iter().enumerate().filter_map(|(i, f)| {
+        let (ident, ty, n) = (&f.ident, &f.ty, f.ident.to_string());
+        match f.role {
+            Role::GraphConst => Some(quote!(#ident: &self.#ident)),
+            Role::Device { .. } => Some(quote_spanned!(ty.span()=>
+                #ident: <#ty as #p::Tree>::mirror(&self.#ident, &mut #p::LeafPath::root(#n), &mut |__path, __leaf| {
+                    __leaf_fn(&<Self as #p::Experiment>::FIELDS[#i], __path, __leaf)
+                })
+            )),
+            Role::Host => None,
+        }
+    });
+
+    quote! {
+        #struct_tokens
+
+        #view_struct
+
+        const _: () = {
+            #[automatically_derived]
+                        impl #impl_generics #p::Experiment for #name #ty_generics #where_all {
+                const TYPE_PATH: &'static str =
+                    ::core::concat!(::core::module_path!(), "::", ::core::stringify!(#name));
+                const FIELDS: &'static [#p::FieldInfo] = &[#(#field_infos),*];
+                const SCHEMA_DIGEST: #p::Digest = #p::Digest::from_bytes(#schema);
+
+                type View<#lt> = #view #view_args where Self: #lt;
+
+                fn graph_const_field_digests(&self) -> #p::Vec<(&'static str, #p::Digest)> {
+                    ::std::vec![#(#gc_digests),*]
+                }
+
+                #[allow(unused_variables)]
+                fn visit_device(
+                    &self,
+                    __f: &mut dyn ::core::ops::FnMut(&#p::FieldInfo, &#p::LeafPath, #p::Node<'_>),
+                ) {
+                    #(#visit)*
+                }
+
+                #[allow(unused_variables)]
+                fn visit_device_mut(
+                    &mut self,
+                    __f: &mut dyn ::core::ops::FnMut(&#p::FieldInfo, &#p::LeafPath, &mut #p::Array),
+                ) {
+                    #(#visit_mut)*
+                }
+
+                #[allow(unused_variables)]
+                fn view<#lt>(
+                    &#lt self,
+                    __leaf_fn: &mut dyn ::core::ops::FnMut(&#p::FieldInfo, &#p::LeafPath, &#p::Array) -> #p::Tensor,
+                ) -> #view #view_args {
+                    #view {
+                        #(#build_view,)*
+                        __nitro_marker: #p::PhantomData,
+                    }
+                }
+            }
+        };
+    }
+}
+
+/// The view struct and the generic arguments naming it (`<'__nitro, T, N>`).
+fn view_type(
+    input: &syn::DeriveInput,
+    fields: &[Field],
+    view: &syn::Ident,
+    lt: &syn::Lifetime,
+) -> (TokenStream, TokenStream) {
+    let p = quote!(::nitro::__private);
+    let vis = &input.vis;
+    let named: Vec<&syn::Field> = match &input.data {
+        syn::Data::Struct(s) => s.fields.iter().collect(),
+        _ => Vec::new(),
+    };
+    let view_fields = fields.iter().zip(named).filter_map(|(f, orig)| {
+        let (ident, ty, fvis) = (&f.ident, &f.ty, &orig.vis);
+        let user_docs = orig.attrs.iter().filter(|a| a.path().is_ident("doc"));
+        let role_doc = docs::view_field_doc(f);
+        let ty = match f.role {
+            Role::GraphConst => quote!(&#lt #ty),
+            Role::Device { .. } => {
+                quote_spanned!(ty.span()=> <#ty as #p::Tree>::Mirror<#p::Tensor>)
+            }
+            Role::Host => return None,
+        };
+        Some(quote! {
+            #(#user_docs)*
+            #[doc = ""]
+            #[doc = #role_doc]
+            #fvis #ident: #ty
+        })
+    });
+
+    // Every generic parameter is carried by a hidden marker, so parameters used only by Host
+    // fields (which the view drops) stay used.
+    let markers = input.generics.params.iter().map(|gp| match gp {
+        syn::GenericParam::Type(t) => {
+            let i = &t.ident;
+            quote!(fn() -> #i)
+        }
+        syn::GenericParam::Lifetime(l) => {
+            let l = &l.lifetime;
+            quote!(&#l ())
+        }
+        syn::GenericParam::Const(_) => quote!(()),
+    });
+    let args = input.generics.params.iter().map(|gp| match gp {
+        syn::GenericParam::Type(t) => {
+            let i = &t.ident;
+            quote!(#i)
+        }
+        syn::GenericParam::Lifetime(l) => {
+            let l = &l.lifetime;
+            quote!(#l)
+        }
+        syn::GenericParam::Const(c) => {
+            let i = &c.ident;
+            quote!(#i)
+        }
+    });
+    let params = input.generics.params.iter();
+    let where_clause = &input.generics.where_clause;
+    let doc = docs::view_doc(&input.ident);
+    let tokens = quote! {
+        #[doc = #doc]
+        // A program need not read every field of the view.
+        #[allow(dead_code)]
+        #vis struct #view<#lt #(, #params)*> #where_clause {
+            #(#view_fields,)*
+            #[doc(hidden)]
+            pub __nitro_marker: #p::PhantomData<(&#lt () #(, #markers)*)>,
+        }
+    };
+    (tokens, quote!(<#lt #(, #args)*>))
+}
+
+/// `generics` without its where clause (so predicates are not repeated when two clauses merge).
+fn strip_where(generics: &syn::Generics) -> syn::Generics {
+    let mut g = generics.clone();
+    g.where_clause = None;
+    g
+}
+
+/// Joins two `where …` clauses (either may be empty).
+fn extend_where(a: TokenStream, b: &TokenStream) -> TokenStream {
+    match (a.is_empty(), b.is_empty()) {
+        (_, true) => a,
+        (true, false) => b.clone(),
+        (false, false) => {
+            let rest: TokenStream = b.clone().into_iter().skip(1).collect();
+            quote!(#a, #rest)
+        }
+    }
+}
+
+/// The schema digest, computed while expanding: the type name, then each field's name, type
+/// text and role tag, length-prefixed.
+fn schema_digest(name: &syn::Ident, fields: &[Field]) -> TokenStream {
+    let mut h = blake3::Hasher::new();
+    let write_str = |h: &mut blake3::Hasher, s: &str| {
+        h.update(&(s.len() as u64).to_le_bytes());
+        h.update(s.as_bytes());
+    };
+    write_str(&mut h, &name.to_string());
+    h.update(&(fields.len() as u64).to_le_bytes());
+    for f in fields {
+        write_str(&mut h, &f.ident.to_string());
+        write_str(&mut h, &type_text(&f.ty));
+        h.update(&[f.role.tag()]);
+    }
+    let bytes = h.finalize();
+    let bytes = bytes.as_bytes().iter();
+    quote!([#(#bytes),*])
+}

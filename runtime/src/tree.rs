@@ -1,0 +1,788 @@
+//! Host arrays and trees of them: the values of `#[device]` fields.
+//!
+//! An [`Array`] is a dense, row-major tensor on the host. A [`Tree`] is a value built from arrays
+//! — `Vec`s, `Option`s, fixed-size arrays, tuples and `#[derive(Tree)]` structs of them. The
+//! compile key sees a tree only through its [`Signature`]: structure, leaf paths, dtypes and
+//! dims, never the numbers inside.
+//!
+//! ```
+//! use nitro::{Array, Tree};
+//!
+//! #[derive(Tree)]
+//! struct Dense { w: Array, b: Array }
+//!
+//! let layers = vec![
+//!     Dense { w: Array::zeros(nitro::DType::F32, &[64, 128]), b: Array::zeros(nitro::DType::F32, &[128]) },
+//!     Dense { w: Array::zeros(nitro::DType::F32, &[128, 10]), b: Array::zeros(nitro::DType::F32, &[10]) },
+//! ];
+//! let sig = layers.signature_at("layers");
+//! assert_eq!(sig.to_string(), "layers[0].w: f32[64,128], layers[0].b: f32[128], layers[1].w: f32[128,10], layers[1].b: f32[10]");
+//! ```
+
+use std::fmt;
+
+use crate::error::{Error, Result};
+use crate::hash::{ContentHash, ContentHasher, Digest};
+
+/// The element type of an [`Array`].
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    /// 32-bit IEEE float.
+    F32,
+    /// 64-bit IEEE float.
+    F64,
+    /// 32-bit signed integer.
+    I32,
+    /// 64-bit signed integer.
+    I64,
+    /// 8-bit unsigned integer.
+    U8,
+    /// Boolean (one byte per element on the host).
+    Bool,
+}
+
+impl DType {
+    /// All dtypes, in tag order.
+    pub const ALL: [DType; 6] = [
+        DType::F32,
+        DType::F64,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+        DType::Bool,
+    ];
+
+    /// Bytes per element on the host.
+    pub const fn size_bytes(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::F64 | DType::I64 => 8,
+            DType::U8 | DType::Bool => 1,
+        }
+    }
+
+    /// Whether this is a floating-point type (the only kind gradients flow through).
+    pub const fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F64)
+    }
+
+    /// The lowercase name used in signatures and manifests (`f32`, `bool`, …).
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+            DType::U8 => "u8",
+            DType::Bool => "bool",
+        }
+    }
+
+    const fn tag(self) -> u8 {
+        match self {
+            DType::F32 => 0,
+            DType::F64 => 1,
+            DType::I32 => 2,
+            DType::I64 => 3,
+            DType::U8 => 4,
+            DType::Bool => 5,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl ContentHash for DType {
+    fn content_hash(&self, h: &mut ContentHasher) {
+        h.write_u8(self.tag());
+    }
+}
+
+/// The typed storage of an [`Array`].
+#[derive(Clone, PartialEq)]
+pub enum ArrayData {
+    /// `f32` elements.
+    F32(Vec<f32>),
+    /// `f64` elements.
+    F64(Vec<f64>),
+    /// `i32` elements.
+    I32(Vec<i32>),
+    /// `i64` elements.
+    I64(Vec<i64>),
+    /// `u8` elements.
+    U8(Vec<u8>),
+    /// Boolean elements.
+    Bool(Vec<bool>),
+}
+
+macro_rules! each_data {
+    ($data:expr, $v:ident => $body:expr) => {
+        match $data {
+            ArrayData::F32($v) => $body,
+            ArrayData::F64($v) => $body,
+            ArrayData::I32($v) => $body,
+            ArrayData::I64($v) => $body,
+            ArrayData::U8($v) => $body,
+            ArrayData::Bool($v) => $body,
+        }
+    };
+}
+
+impl ArrayData {
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            ArrayData::F32(_) => DType::F32,
+            ArrayData::F64(_) => DType::F64,
+            ArrayData::I32(_) => DType::I32,
+            ArrayData::I64(_) => DType::I64,
+            ArrayData::U8(_) => DType::U8,
+            ArrayData::Bool(_) => DType::Bool,
+        }
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        each_data!(self, v => v.len())
+    }
+
+    /// Whether there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// An element type an [`Array`] can hold: `f32 f64 i32 i64 u8 bool`.
+pub trait Element: Copy + Default + PartialEq + fmt::Debug + sealed::Sealed + 'static {
+    /// The dtype of this element type.
+    const DTYPE: DType;
+    /// Wraps a vector of elements.
+    fn wrap(v: Vec<Self>) -> ArrayData;
+    /// The elements, when `data` holds this type.
+    fn unwrap(data: &ArrayData) -> Option<&[Self]>;
+    /// The elements, mutably, when `data` holds this type.
+    fn unwrap_mut(data: &mut ArrayData) -> Option<&mut [Self]>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+macro_rules! elements {
+    ($($t:ty => $variant:ident),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DType = DType::$variant;
+            fn wrap(v: Vec<Self>) -> ArrayData { ArrayData::$variant(v) }
+            fn unwrap(data: &ArrayData) -> Option<&[Self]> {
+                match data { ArrayData::$variant(v) => Some(v), _ => None }
+            }
+            fn unwrap_mut(data: &mut ArrayData) -> Option<&mut [Self]> {
+                match data { ArrayData::$variant(v) => Some(v), _ => None }
+            }
+        }
+    )*};
+}
+elements!(f32 => F32, f64 => F64, i32 => I32, i64 => I64, u8 => U8, bool => Bool);
+
+/// A dense, row-major tensor on the host: dtype, dims and data.
+///
+/// ```
+/// use nitro::{Array, DType};
+/// let a = Array::from_vec(&[2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0])?;
+/// assert_eq!(a.dtype(), DType::F32);
+/// assert_eq!(a.dims(), &[2, 3]);
+/// assert_eq!(a.as_slice::<f32>()?[4], 5.0);
+/// assert!(Array::from_vec(&[2, 2], vec![1.0f32]).is_err());
+/// # Ok::<(), nitro::Error>(())
+/// ```
+#[derive(Clone, PartialEq)]
+pub struct Array {
+    dims: Vec<usize>,
+    data: ArrayData,
+}
+
+impl Array {
+    /// An array of the given dims from row-major data; errors when the element count differs
+    /// from the product of `dims`.
+    pub fn from_vec<T: Element>(dims: &[usize], data: Vec<T>) -> Result<Array> {
+        Array::from_data(dims, T::wrap(data))
+    }
+
+    /// An array from typed storage; errors when the element count differs from the product of `dims`.
+    pub fn from_data(dims: &[usize], data: ArrayData) -> Result<Array> {
+        let expected = element_count(dims);
+        if data.len() != expected {
+            return Err(Error::ArrayLength {
+                dims: dims.to_vec(),
+                expected,
+                got: data.len(),
+            });
+        }
+        Ok(Array {
+            dims: dims.to_vec(),
+            data,
+        })
+    }
+
+    /// A rank-0 array holding one value.
+    pub fn scalar<T: Element>(value: T) -> Array {
+        Array {
+            dims: Vec::new(),
+            data: T::wrap(vec![value]),
+        }
+    }
+
+    /// An array of zeros (or `false`).
+    pub fn zeros(dtype: DType, dims: &[usize]) -> Array {
+        let n = element_count(dims);
+        let data = match dtype {
+            DType::F32 => ArrayData::F32(vec![0.0; n]),
+            DType::F64 => ArrayData::F64(vec![0.0; n]),
+            DType::I32 => ArrayData::I32(vec![0; n]),
+            DType::I64 => ArrayData::I64(vec![0; n]),
+            DType::U8 => ArrayData::U8(vec![0; n]),
+            DType::Bool => ArrayData::Bool(vec![false; n]),
+        };
+        Array {
+            dims: dims.to_vec(),
+            data,
+        }
+    }
+
+    /// An array with every element equal to `value`.
+    pub fn full<T: Element>(dims: &[usize], value: T) -> Array {
+        Array {
+            dims: dims.to_vec(),
+            data: T::wrap(vec![value; element_count(dims)]),
+        }
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+
+    /// The dims (empty for a scalar).
+    pub fn dims(&self) -> &[usize] {
+        &self.dims
+    }
+
+    /// The rank (number of dims).
+    pub fn rank(&self) -> usize {
+        self.dims.len()
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Whether the array has no elements (some dim is 0).
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// The size of the data in bytes on the host.
+    pub fn size_bytes(&self) -> usize {
+        self.len() * self.dtype().size_bytes()
+    }
+
+    /// The dtype and dims, as they enter a signature.
+    pub fn leaf_type(&self) -> LeafType {
+        LeafType {
+            dtype: self.dtype(),
+            dims: self.dims.clone(),
+        }
+    }
+
+    /// The typed storage.
+    pub fn data(&self) -> &ArrayData {
+        &self.data
+    }
+
+    /// The elements as a slice of `T`; errors when the array holds another dtype.
+    pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
+        let dtype = self.dtype();
+        T::unwrap(&self.data).ok_or(Error::DTypeMismatch {
+            expected: T::DTYPE,
+            got: dtype,
+        })
+    }
+
+    /// The elements as a mutable slice of `T`; errors when the array holds another dtype.
+    pub fn as_slice_mut<T: Element>(&mut self) -> Result<&mut [T]> {
+        let dtype = self.dtype();
+        T::unwrap_mut(&mut self.data).ok_or(Error::DTypeMismatch {
+            expected: T::DTYPE,
+            got: dtype,
+        })
+    }
+
+    /// Consumes the array, returning its dims and storage.
+    pub fn into_parts(self) -> (Vec<usize>, ArrayData) {
+        (self.dims, self.data)
+    }
+}
+
+fn element_count(dims: &[usize]) -> usize {
+    dims.iter().product()
+}
+
+impl fmt::Debug for Array {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Array({}", self.leaf_type())?;
+        const SHOWN: usize = 8;
+        each_data!(&self.data, v => {
+            let more = if v.len() > SHOWN { ", …" } else { "" };
+            write!(f, " {:?}{more})", &v[..v.len().min(SHOWN)])
+        })
+    }
+}
+
+/// An array's contents hash as: dtype tag, dims, then the elements as one byte run.
+impl ContentHash for Array {
+    fn content_hash(&self, h: &mut ContentHasher) {
+        self.dtype().content_hash(h);
+        self.dims.content_hash(h);
+        each_data!(&self.data, v => v.content_hash(h));
+    }
+}
+
+/// A leaf's type as the compile key sees it: dtype and dims.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct LeafType {
+    /// Element type.
+    pub dtype: DType,
+    /// Dims, outermost first (empty for a scalar).
+    pub dims: Vec<usize>,
+}
+
+impl fmt::Display for LeafType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[", self.dtype)?;
+        for (i, d) in self.dims.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{d}")?;
+        }
+        f.write_str("]")
+    }
+}
+
+impl ContentHash for LeafType {
+    fn content_hash(&self, h: &mut ContentHasher) {
+        self.dtype.content_hash(h);
+        self.dims.content_hash(h);
+    }
+}
+
+/// The path of a node inside a tree, as users read it: `layers[1].w`.
+///
+/// Trees extend the path while they walk (`field`, `index`) and restore it afterwards, so a
+/// walk allocates once.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct LeafPath {
+    text: String,
+}
+
+impl LeafPath {
+    /// A path at a root named `root` (an experiment field name, or empty).
+    pub fn root(root: &str) -> LeafPath {
+        LeafPath {
+            text: root.to_owned(),
+        }
+    }
+
+    /// The path as text.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// Runs `f` with `.name` appended (no dot at an empty root).
+    pub fn with_field<R>(&mut self, name: &str, f: impl FnOnce(&mut LeafPath) -> R) -> R {
+        let len = self.text.len();
+        if !self.text.is_empty() {
+            self.text.push('.');
+        }
+        self.text.push_str(name);
+        let out = f(self);
+        self.text.truncate(len);
+        out
+    }
+
+    /// Runs `f` with `[index]` appended.
+    pub fn with_index<R>(&mut self, index: usize, f: impl FnOnce(&mut LeafPath) -> R) -> R {
+        use fmt::Write;
+        let len = self.text.len();
+        let _ = write!(self.text, "[{index}]");
+        let out = f(self);
+        self.text.truncate(len);
+        out
+    }
+}
+
+impl fmt::Display for LeafPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// What a read-only walk of a [`Tree`] meets: an array leaf, or a structural node with no leaves
+/// under it (kept in the signature so that, say, `vec![]` and `vec![vec![]]` differ).
+#[derive(Clone, Copy, Debug)]
+pub enum Node<'a> {
+    /// An array leaf.
+    Leaf(&'a Array),
+    /// A sequence with no elements.
+    EmptySeq,
+    /// An `Option` that is `None`.
+    None,
+}
+
+/// One entry of a [`Signature`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct SignatureEntry {
+    /// Where in the tree (`layers[1].w`).
+    pub path: String,
+    /// What is there.
+    pub kind: EntryKind,
+}
+
+impl SignatureEntry {
+    /// The entry for `node` met at `path` in a walk.
+    pub fn from_node(path: &LeafPath, node: Node<'_>) -> SignatureEntry {
+        let kind = match node {
+            Node::Leaf(a) => EntryKind::Leaf(a.leaf_type()),
+            Node::EmptySeq => EntryKind::EmptySeq,
+            Node::None => EntryKind::None,
+        };
+        SignatureEntry {
+            path: path.as_str().to_owned(),
+            kind,
+        }
+    }
+}
+
+/// The kind of a [`SignatureEntry`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryKind {
+    /// An array leaf with this dtype and dims.
+    Leaf(LeafType),
+    /// An empty sequence.
+    EmptySeq,
+    /// `None`.
+    None,
+}
+
+/// The signature of a tree: every leaf's path, dtype and dims (and empty structural nodes), in
+/// walk order. This is all the compile key sees of a `#[device]` value.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Signature {
+    /// The entries in walk order.
+    pub entries: Vec<SignatureEntry>,
+}
+
+impl Signature {
+    /// The array leaves only: `(path, type)` pairs.
+    pub fn leaves(&self) -> impl Iterator<Item = (&str, &LeafType)> {
+        self.entries.iter().filter_map(|e| match &e.kind {
+            EntryKind::Leaf(t) => Some((e.path.as_str(), t)),
+            _ => None,
+        })
+    }
+
+    /// The digest of the signature (what the compile key holds).
+    pub fn digest(&self) -> Digest {
+        Digest::of(self)
+    }
+
+    /// Appends the entries of `other`.
+    pub fn extend(&mut self, other: Signature) {
+        self.entries.extend(other.entries);
+    }
+
+    /// The first difference from `newer`, as `(path, from, to)` in words; `None` when equal.
+    pub fn first_difference(&self, newer: &Signature) -> Option<(String, String, String)> {
+        let describe = |e: Option<&SignatureEntry>| match e.map(|e| &e.kind) {
+            Some(EntryKind::Leaf(t)) => t.to_string(),
+            Some(EntryKind::EmptySeq) => "empty sequence".to_owned(),
+            Some(EntryKind::None) => "None".to_owned(),
+            None => "absent".to_owned(),
+        };
+        let n = self.entries.len().max(newer.entries.len());
+        (0..n).find_map(|i| {
+            let (a, b) = (self.entries.get(i), newer.entries.get(i));
+            if a == b {
+                return None;
+            }
+            let path = match (a, b) {
+                (Some(a), Some(b)) if a.path != b.path => format!("{} / {}", a.path, b.path),
+                (Some(e), _) | (None, Some(e)) => e.path.clone(),
+                (None, None) => String::new(),
+            };
+            Some((path, describe(a), describe(b)))
+        })
+    }
+}
+
+impl fmt::Display for Signature {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.entries.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            match &e.kind {
+                EntryKind::Leaf(t) => write!(f, "{}: {t}", e.path)?,
+                EntryKind::EmptySeq => write!(f, "{}: []", e.path)?,
+                EntryKind::None => write!(f, "{}: None", e.path)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ContentHash for Signature {
+    fn content_hash(&self, h: &mut ContentHasher) {
+        h.write_len(self.entries.len());
+        for e in &self.entries {
+            h.write_str(&e.path);
+            match &e.kind {
+                EntryKind::Leaf(t) => {
+                    h.write_u8(0);
+                    t.content_hash(h);
+                }
+                EntryKind::EmptySeq => h.write_u8(1),
+                EntryKind::None => h.write_u8(2),
+            }
+        }
+    }
+}
+
+/// A value built from [`Array`] leaves: the type of a `#[device]` field.
+///
+/// Implemented for `Array`, `Vec<T>`, `Box<T>`, `Option<T>`, `[T; N]`, tuples of up to eight
+/// trees, and structs with `#[derive(Tree)]`. Each tree names its **mirror**: the same structure
+/// with every leaf replaced by an `L`. Traced code sees `Mirror<Tensor>` — so a `Vec<Dense>` is
+/// traced as a `Vec<DenseMirror<Tensor>>` whose `w` and `b` are tensors.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a tree of arrays, so it cannot be a #[device] value",
+    label = "`{Self}` is not `Tree`",
+    note = "a #[device] field is a traced input: it must be built from `nitro::Array` leaves \
+            (`Array`, `Vec`, `Option`, `Box`, `[T; N]`, tuples, or a struct with `#[derive(nitro::Tree)]`)",
+    note = "a value that shapes the graph (a width, a flag) belongs in a #[graph_const] field; \
+            anything else traced code does not need belongs in a #[host] field"
+)]
+pub trait Tree {
+    /// The same structure with every leaf replaced by an `L`.
+    type Mirror<L>;
+
+    /// Walks the tree in order, calling `f` with each leaf or empty structural node and its path.
+    fn visit(&self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'_>));
+
+    /// Walks the leaves in the same order as [`visit`](Tree::visit), mutably (to write results back).
+    fn visit_mut(&mut self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, &mut Array));
+
+    /// Builds the mirror, mapping each leaf (in walk order) through `f`.
+    fn mirror<L>(
+        &self,
+        at: &mut LeafPath,
+        f: &mut dyn FnMut(&LeafPath, &Array) -> L,
+    ) -> Self::Mirror<L>;
+
+    /// The signature of this tree with paths rooted at `root`.
+    fn signature_at(&self, root: &str) -> Signature {
+        let mut entries = Vec::new();
+        self.visit(&mut LeafPath::root(root), &mut |path, node| {
+            entries.push(SignatureEntry::from_node(path, node));
+        });
+        Signature { entries }
+    }
+
+    /// Calls `f` with every leaf and its path (rooted at `root`).
+    fn for_each_leaf(&self, root: &str, f: &mut dyn FnMut(&LeafPath, &Array)) {
+        self.visit(&mut LeafPath::root(root), &mut |path, node| {
+            if let Node::Leaf(a) = node {
+                f(path, a)
+            }
+        });
+    }
+
+    /// The number of array leaves.
+    fn leaf_count(&self) -> usize {
+        let mut n = 0;
+        self.for_each_leaf("", &mut |_, _| n += 1);
+        n
+    }
+}
+
+impl Tree for Array {
+    type Mirror<L> = L;
+
+    fn visit(&self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'_>)) {
+        f(at, Node::Leaf(self));
+    }
+
+    fn visit_mut(&mut self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, &mut Array)) {
+        f(at, self);
+    }
+
+    fn mirror<L>(&self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, &Array) -> L) -> L {
+        f(at, self)
+    }
+}
+
+impl<T: Tree> Tree for Vec<T> {
+    type Mirror<L> = Vec<T::Mirror<L>>;
+
+    fn visit(&self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'_>)) {
+        self.as_slice().visit_seq(at, f);
+    }
+
+    fn visit_mut(&mut self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, &mut Array)) {
+        for (i, t) in self.iter_mut().enumerate() {
+            at.with_index(i, |at| t.visit_mut(at, f));
+        }
+    }
+
+    fn mirror<L>(
+        &self,
+        at: &mut LeafPath,
+        f: &mut dyn FnMut(&LeafPath, &Array) -> L,
+    ) -> Self::Mirror<L> {
+        self.iter()
+            .enumerate()
+            .map(|(i, t)| at.with_index(i, |at| t.mirror(at, f)))
+            .collect()
+    }
+}
+
+trait VisitSeq {
+    fn visit_seq(&self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'_>));
+}
+
+impl<T: Tree> VisitSeq for [T] {
+    fn visit_seq(&self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'_>)) {
+        if self.is_empty() {
+            f(at, Node::EmptySeq);
+        }
+        for (i, t) in self.iter().enumerate() {
+            at.with_index(i, |at| t.visit(at, f));
+        }
+    }
+}
+
+impl<T: Tree, const N: usize> Tree for [T; N] {
+    type Mirror<L> = [T::Mirror<L>; N];
+
+    fn visit(&self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'_>)) {
+        self.as_slice().visit_seq(at, f);
+    }
+
+    fn visit_mut(&mut self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, &mut Array)) {
+        for (i, t) in self.iter_mut().enumerate() {
+            at.with_index(i, |at| t.visit_mut(at, f));
+        }
+    }
+
+    fn mirror<L>(
+        &self,
+        at: &mut LeafPath,
+        f: &mut dyn FnMut(&LeafPath, &Array) -> L,
+    ) -> Self::Mirror<L> {
+        let mut i = 0;
+        self.each_ref().map(|t| {
+            let out = at.with_index(i, |at| t.mirror(at, f));
+            i += 1;
+            out
+        })
+    }
+}
+
+impl<T: Tree> Tree for Option<T> {
+    type Mirror<L> = Option<T::Mirror<L>>;
+
+    fn visit(&self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'_>)) {
+        match self {
+            Some(t) => t.visit(at, f),
+            None => f(at, Node::None),
+        }
+    }
+
+    fn visit_mut(&mut self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, &mut Array)) {
+        if let Some(t) = self {
+            t.visit_mut(at, f);
+        }
+    }
+
+    fn mirror<L>(
+        &self,
+        at: &mut LeafPath,
+        f: &mut dyn FnMut(&LeafPath, &Array) -> L,
+    ) -> Self::Mirror<L> {
+        self.as_ref().map(|t| t.mirror(at, f))
+    }
+}
+
+impl<T: Tree> Tree for Box<T> {
+    type Mirror<L> = Box<T::Mirror<L>>;
+
+    fn visit(&self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'_>)) {
+        (**self).visit(at, f);
+    }
+
+    fn visit_mut(&mut self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, &mut Array)) {
+        (**self).visit_mut(at, f);
+    }
+
+    fn mirror<L>(
+        &self,
+        at: &mut LeafPath,
+        f: &mut dyn FnMut(&LeafPath, &Array) -> L,
+    ) -> Self::Mirror<L> {
+        Box::new((**self).mirror(at, f))
+    }
+}
+
+macro_rules! tuple_trees {
+    ($(($($name:ident . $idx:tt),+))*) => {$(
+        impl<$($name: Tree),+> Tree for ($($name,)+) {
+            type Mirror<L> = ($($name::Mirror<L>,)+);
+
+            fn visit(&self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'_>)) {
+                $(at.with_field(stringify!($idx), |at| self.$idx.visit(at, f));)+
+            }
+
+            fn visit_mut(&mut self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, &mut Array)) {
+                $(at.with_field(stringify!($idx), |at| self.$idx.visit_mut(at, f));)+
+            }
+
+            fn mirror<L>(
+                &self,
+                at: &mut LeafPath,
+                f: &mut dyn FnMut(&LeafPath, &Array) -> L,
+            ) -> Self::Mirror<L> {
+                ($(at.with_field(stringify!($idx), |at| self.$idx.mirror(at, f)),)+)
+            }
+        }
+    )*};
+}
+tuple_trees! {
+    (A.0)
+    (A.0, B.1)
+    (A.0, B.1, C.2)
+    (A.0, B.1, C.2, D.3)
+    (A.0, B.1, C.2, D.3, E.4)
+    (A.0, B.1, C.2, D.3, E.4, F.5)
+    (A.0, B.1, C.2, D.3, E.4, F.5, G.6)
+    (A.0, B.1, C.2, D.3, E.4, F.5, G.6, H.7)
+}
