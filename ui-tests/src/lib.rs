@@ -1,1 +1,1 @@
-//! placeholder
+//! Compile-fail and compile-pass tests of nitro's macros; the cases live in `tests/ui/`.

@@ -1,0 +1,9 @@
+use nitro::Array;
+
+#[nitro::experiment]
+struct Probe {
+    #[Device]
+    field: Array,
+}
+
+fn main() {}

@@ -1,0 +1,7 @@
+#[nitro::experiment]
+struct Probe {
+    #[device(trainable = true)]
+    w: nitro::Array,
+}
+
+fn main() {}

@@ -1,0 +1,10 @@
+use nitro::Array;
+
+#[nitro::experiment]
+struct Probe {
+    #[device]
+    #[device]
+    field: Array,
+}
+
+fn main() {}

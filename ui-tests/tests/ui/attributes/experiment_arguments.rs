@@ -1,0 +1,7 @@
+#[nitro::experiment(foo)]
+struct Probe {
+    #[graph_const]
+    width: usize,
+}
+
+fn main() {}

@@ -1,0 +1,7 @@
+#[nitro::experiment]
+struct Probe {
+    #[graph_const(x)]
+    field: usize,
+}
+
+fn main() {}

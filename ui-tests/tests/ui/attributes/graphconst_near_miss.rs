@@ -1,0 +1,7 @@
+#[nitro::experiment]
+struct Probe {
+    #[graphconst]
+    field: usize,
+}
+
+fn main() {}

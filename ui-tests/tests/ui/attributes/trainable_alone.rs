@@ -1,0 +1,9 @@
+use nitro::Array;
+
+#[nitro::experiment]
+struct Probe {
+    #[trainable]
+    field: Array,
+}
+
+fn main() {}

@@ -1,0 +1,10 @@
+use nitro::Array;
+
+#[nitro::experiment]
+struct Probe {
+    #[graph_const]
+    #[device]
+    field: Array,
+}
+
+fn main() {}

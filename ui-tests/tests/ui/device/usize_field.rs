@@ -1,0 +1,7 @@
+#[nitro::experiment]
+struct Probe {
+    #[device]
+    width: usize,
+}
+
+fn main() {}

@@ -1,0 +1,7 @@
+#[nitro::experiment]
+struct Probe {
+    #[device(trainable)]
+    weights: Vec<f32>,
+}
+
+fn main() {}

@@ -1,0 +1,4 @@
+#[nitro::experiment]
+struct Probe(#[graph_const] usize, nitro::Array);
+
+fn main() {}

@@ -1,0 +1,4 @@
+#[nitro::experiment]
+struct Probe;
+
+fn main() {}

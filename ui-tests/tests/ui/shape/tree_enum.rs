@@ -1,0 +1,7 @@
+#[derive(nitro::Tree)]
+enum Params {
+    Dense { w: nitro::Array },
+    Empty,
+}
+
+fn main() {}

@@ -1,0 +1,6 @@
+#[derive(nitro::Tree)]
+union Params {
+    w: u32,
+}
+
+fn main() {}

@@ -1,0 +1,7 @@
+#[nitro::experiment]
+struct Config {
+    #[graph_const]
+    value: fn(u32) -> u32,
+}
+
+fn main() {}
