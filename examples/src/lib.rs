@@ -1,1 +1,93 @@
-//! placeholder
+//! Runnable nitro experiments on the handwritten digits data set.
+//!
+//! The library holds the experiment declarations, so `cargo doc -p nitro-examples` shows what
+//! `#[experiment]` generates: see the **Compile key** section of [`DigitsMlp`]. The programs
+//! that run them are in `examples/` (`cargo run -p nitro-examples --example digits`).
+
+pub mod data;
+
+use nitro::prelude::*;
+
+/// The activation between dense layers.
+#[derive(ContentHash, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// Hyperbolic tangent.
+    Tanh,
+    /// Rectified linear unit.
+    Relu,
+}
+
+/// How the classifier is built. It shapes the graph, so its contents are in the compile key.
+#[derive(ContentHash, Clone, Debug, PartialEq)]
+pub struct Arch {
+    /// Widths of the layers, input first: `[64, 128, 10]`.
+    pub widths: Vec<usize>,
+    /// The activation after every layer but the last.
+    pub activation: Activation,
+}
+
+/// A dense layer: `y = x·w + b`. A tree of two arrays, traced as two tensors.
+#[derive(Tree, Clone, Debug, PartialEq)]
+pub struct Dense {
+    /// Weights, `[in, out]`.
+    pub w: Array,
+    /// Bias, `[out]`.
+    pub b: Array,
+}
+
+/// A multi-layer perceptron classifying 8×8 handwritten digits.
+#[experiment]
+#[derive(Clone)]
+pub struct DigitsMlp {
+    /// The architecture: widths and activation.
+    #[graph_const]
+    pub arch: Arch,
+    /// The layers' parameters; gradients flow here.
+    #[device(trainable)]
+    pub layers: Vec<Dense>,
+    /// The learning rate, a traced scalar: a schedule writes it each step without recompiling.
+    #[device]
+    pub lr: Array,
+    /// The data set: host-side, never traced, never in the key.
+    pub data: data::Digits,
+}
+
+/// Glorot-uniform initialized layers for `widths`, deterministic in `seed`.
+pub fn glorot(widths: &[usize], seed: u64) -> Vec<Dense> {
+    let mut rng = SplitMix64(seed);
+    widths
+        .windows(2)
+        .map(|io| {
+            let (i, o) = (io[0], io[1]);
+            let limit = (6.0 / (i + o) as f64).sqrt();
+            let w = (0..i * o)
+                .map(|_| ((rng.next_f64() * 2.0 - 1.0) * limit) as f32)
+                .collect();
+            Dense {
+                w: Array::from_vec(&[i, o], w)
+                    .unwrap_or_else(|_| Array::zeros(DType::F32, &[i, o])),
+                b: Array::zeros(DType::F32, &[o]),
+            }
+        })
+        .collect()
+}
+
+/// A small deterministic generator (SplitMix64) for initialization and shuffling.
+#[derive(Clone, Debug)]
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A uniform float in `[0, 1)`.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}

@@ -7,15 +7,20 @@ use quote::{quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::visit::Visit;
 
-/// The names of `generics`' type parameters.
-pub(crate) fn type_params(generics: &syn::Generics) -> BTreeSet<String> {
+/// The names of `generics`' parameters: types, consts, and lifetimes (with their `'`).
+pub(crate) fn generic_params(generics: &syn::Generics) -> BTreeSet<String> {
     generics
-        .type_params()
-        .map(|p| p.ident.to_string())
+        .params
+        .iter()
+        .map(|p| match p {
+            syn::GenericParam::Type(t) => t.ident.to_string(),
+            syn::GenericParam::Const(c) => c.ident.to_string(),
+            syn::GenericParam::Lifetime(l) => l.lifetime.to_string(),
+        })
         .collect()
 }
 
-/// Whether `ty` mentions one of `params` (as a path segment, e.g. `T`, `Vec<T>`, `T::Item`).
+/// Whether `ty` mentions one of `params` (`T`, `Vec<T>`, `T::Item`, `[u8; N]`, `&'a X`).
 pub(crate) fn mentions(ty: &syn::Type, params: &BTreeSet<String>) -> bool {
     struct Finder<'a> {
         params: &'a BTreeSet<String>,
@@ -29,6 +34,11 @@ pub(crate) fn mentions(ty: &syn::Type, params: &BTreeSet<String>) -> bool {
                 }
             }
             syn::visit::visit_path(self, path);
+        }
+        fn visit_lifetime(&mut self, lifetime: &'ast syn::Lifetime) {
+            if self.params.contains(&lifetime.to_string()) {
+                self.found = true;
+            }
         }
     }
     let mut f = Finder {
@@ -46,7 +56,7 @@ pub(crate) fn where_clause_with(
     field_types: &[&syn::Type],
     trait_path: &TokenStream,
 ) -> TokenStream {
-    let params = type_params(generics);
+    let params = generic_params(generics);
     let own = generics
         .where_clause
         .as_ref()

@@ -1,7 +1,8 @@
 //! `#[derive(Tree)]`: a struct of trees is a tree; its mirror is a struct of the fields' mirrors.
 
 use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned};
+use quote::{format_ident, quote, quote_spanned, ToTokens};
+use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 
 use crate::bound;
@@ -42,7 +43,7 @@ fn expand_struct(input: &syn::DeriveInput, fields: &syn::Fields) -> TokenStream 
     let p = quote!(::nitro::__private);
 
     // The leaf type parameter of the mirror; renamed if the struct already has a parameter `L`.
-    let taken = bound::type_params(&input.generics);
+    let taken = bound::generic_params(&input.generics);
     let leaf = (0..)
         .map(|i| {
             if i == 0 {
@@ -57,29 +58,44 @@ fn expand_struct(input: &syn::DeriveInput, fields: &syn::Fields) -> TokenStream 
 
     let field_types: Vec<&syn::Type> = fields.iter().map(|f| &f.ty).collect();
     let (impl_generics, ty_generics, _) = input.generics.split_for_impl();
-    let where_clause = bound::where_clause_with(&input.generics, &field_types, &tree);
+
+    // Every field must be a tree. A field type that mentions a type parameter gets a plain
+    // bound (so `Layer<T>` is a tree exactly when `T` is). A concrete field type is checked once
+    // by an assertion spanned at the field, and its bound is deferred (`for<'__w>` makes it
+    // non-trivial), so a non-tree field is one error at the field instead of a cascade through
+    // the mirror and its impls.
+    let params = bound::generic_params(&input.generics);
+    let mut preds: Vec<TokenStream> = input
+        .generics
+        .where_clause
+        .iter()
+        .flat_map(|w| w.predicates.iter().map(ToTokens::to_token_stream))
+        .collect();
+    let mut assertions = Vec::new();
+    for ty in &field_types {
+        if bound::mentions(ty, &params) {
+            preds.push(quote_spanned!(ty.span()=> #ty: #tree));
+        } else {
+            preds.push(quote_spanned!(ty.span()=> for<'__w> #ty: #tree));
+            assertions.push(quote_spanned!(ty.span()=>
+                const _: fn() = || {
+                    fn field_must_be_a_tree<T: ?::core::marker::Sized + #tree>() {}
+                    field_must_be_a_tree::<#ty>();
+                };
+            ));
+        }
+    }
+    let where_with = |extra: &[TokenStream]| {
+        let all = preds.iter().chain(extra);
+        quote!(where #(#all,)*)
+    };
+    let tree_where = where_with(&[]);
 
     // Mirror generics: <L, user params...>.
     let mut mirror_generics = input.generics.clone();
+    mirror_generics.where_clause = None;
     mirror_generics.params.insert(0, syn::parse_quote!(#leaf));
     let (mirror_impl_generics, mirror_ty_generics, _) = mirror_generics.split_for_impl();
-    let mirror_args = {
-        let args = input.generics.params.iter().map(|p| match p {
-            syn::GenericParam::Type(t) => {
-                let i = &t.ident;
-                quote!(#i)
-            }
-            syn::GenericParam::Lifetime(l) => {
-                let l = &l.lifetime;
-                quote!(#l)
-            }
-            syn::GenericParam::Const(c) => {
-                let i = &c.ident;
-                quote!(#i)
-            }
-        });
-        quote!(<#leaf #(, #args)*>)
-    };
 
     let members: Vec<syn::Member> = fields
         .iter()
@@ -92,7 +108,7 @@ fn expand_struct(input: &syn::DeriveInput, fields: &syn::Fields) -> TokenStream 
     let path_names: Vec<String> = members
         .iter()
         .map(|m| match m {
-            syn::Member::Named(id) => id.to_string(),
+            syn::Member::Named(id) => id.unraw().to_string(),
             syn::Member::Unnamed(i) => i.index.to_string(),
         })
         .collect();
@@ -109,11 +125,14 @@ fn expand_struct(input: &syn::DeriveInput, fields: &syn::Fields) -> TokenStream 
             None => quote!(#(#docs)* #fvis #mty),
         }
     });
-    let own_where = input.generics.where_clause.as_ref().map(|w| &w.predicates);
+    // A struct without fields still needs to use `L`.
+    let empty = fields.is_empty();
+    let marker_field =
+        empty.then(|| quote!(#[doc(hidden)] pub __leaf: #p::PhantomData<fn() -> #leaf>));
+    let marker_init = empty.then(|| quote!(__leaf: #p::PhantomData));
     let mirror_body = match fields {
-        syn::Fields::Named(_) => quote!(where #own_where { #(#mirror_fields,)* }),
-        syn::Fields::Unnamed(_) => quote!(( #(#mirror_fields,)* ) where #own_where;),
-        syn::Fields::Unit => quote!(where #own_where;),
+        syn::Fields::Unnamed(_) if !empty => quote!(( #(#mirror_fields,)* ) #tree_where;),
+        _ => quote!(#tree_where { #(#mirror_fields,)* #marker_field }),
     };
     let mirror_doc = format!(
         "The mirror of [`{name}`]: the same structure with every array leaf an `{leaf}` \
@@ -131,13 +150,16 @@ fn expand_struct(input: &syn::DeriveInput, fields: &syn::Fields) -> TokenStream 
     });
 
     // Clone / Copy / Debug for the mirror, bounded on what its fields need.
-    let mirror_where = |extra: TokenStream| {
-        let preds = mirror_field_types.iter().map(|mty| quote!(#mty: #extra));
-        quote!(where #own_where #(#preds,)*)
+    let bounded = |extra: TokenStream| {
+        let each: Vec<TokenStream> = mirror_field_types
+            .iter()
+            .map(|mty| quote!(#mty: #extra))
+            .collect();
+        where_with(&each)
     };
-    let clone_where = mirror_where(quote!(#p::Clone));
-    let copy_where = mirror_where(quote!(::core::marker::Copy));
-    let debug_where = mirror_where(quote!(#p::fmt::Debug));
+    let clone_where = bounded(quote!(#p::Clone));
+    let copy_where = bounded(quote!(::core::marker::Copy));
+    let debug_where = bounded(quote!(#p::fmt::Debug));
     let clone_fields = members
         .iter()
         .map(|m| quote!(#m: #p::Clone::clone(&self.#m)));
@@ -146,6 +168,7 @@ fn expand_struct(input: &syn::DeriveInput, fields: &syn::Fields) -> TokenStream 
         .zip(&path_names)
         .map(|(m, n)| quote!(.field(#n, &self.#m)));
     let mirror_name = mirror.to_string();
+    let mirror_args = &mirror_ty_generics;
 
     quote! {
         #[doc = #mirror_doc]
@@ -153,9 +176,11 @@ fn expand_struct(input: &syn::DeriveInput, fields: &syn::Fields) -> TokenStream 
         #[allow(dead_code)]
         #vis struct #mirror #mirror_impl_generics #mirror_body
 
+        #(#assertions)*
+
         const _: () = {
             #[automatically_derived]
-                        impl #impl_generics #tree for #name #ty_generics #where_clause {
+            impl #impl_generics #tree for #name #ty_generics #tree_where {
                 type Mirror<#leaf> = #mirror #mirror_args;
 
                 #[allow(unused_variables)]
@@ -182,14 +207,14 @@ fn expand_struct(input: &syn::DeriveInput, fields: &syn::Fields) -> TokenStream 
                     __at: &mut #p::LeafPath,
                     __f: &mut dyn ::core::ops::FnMut(&#p::LeafPath, &#p::Array) -> #leaf,
                 ) -> #mirror #mirror_args {
-                    #mirror { #(#build,)* }
+                    #mirror { #(#build,)* #marker_init }
                 }
             }
 
             #[automatically_derived]
             impl #mirror_impl_generics #p::Clone for #mirror #mirror_ty_generics #clone_where {
                 fn clone(&self) -> Self {
-                    #mirror { #(#clone_fields,)* }
+                    #mirror { #(#clone_fields,)* #marker_init }
                 }
             }
 

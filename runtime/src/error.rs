@@ -2,7 +2,7 @@
 
 use crate::tree::DType;
 
-/// A `Result` whose error is [`nitro::Error`](Error).
+/// A `Result` whose error is [`nitro::Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Everything that can go wrong in nitro. Each message says what was wrong and what to do.

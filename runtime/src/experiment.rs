@@ -70,7 +70,7 @@ pub struct FieldInfo {
 
 /// An experiment: a struct whose fields are each a GraphConst, a Device or a Host value.
 ///
-/// Implemented by [`#[experiment]`](crate::experiment); see there for the attribute syntax.
+/// Implemented by [`#[experiment]`](macro@crate::experiment); see there for the attribute syntax.
 /// Hand-written implementations are possible but lose the compile-time checks.
 pub trait Experiment {
     /// The type's path without generic arguments (`my_crate::Digits`). It seeds the GraphConst

@@ -242,7 +242,7 @@ impl ContentHasher {
 /// A value with a content hash: a canonical encoding that is stable across processes,
 /// platforms and compiler versions (unlike [`std::hash::Hash`]).
 ///
-/// Every `#[graph_const]` field of an [`experiment`](crate::experiment) must be `ContentHash`,
+/// Every `#[graph_const]` field of an [`experiment`](macro@crate::experiment) must be `ContentHash`,
 /// because its digest is what the compile key sees of it. Derive it with
 /// `#[derive(ContentHash)]` for structs and enums whose fields are all `ContentHash`.
 ///
@@ -269,11 +269,11 @@ impl ContentHasher {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` has no content hash, so it cannot be part of a compile key",
     label = "`{Self}` is not `ContentHash`",
-    note = "a #[graph_const] value shapes the compiled program, so nitro hashes its contents into the compile key; \
+    note = "nitro keys compiled programs on the contents of #[graph_const] values and of everything inside them; \
             interior mutability (`Cell`, `RefCell`, `Mutex`, `RwLock`, atomics), pointers, fn pointers and trait objects \
             have no stable contents to hash",
-    note = "derive `nitro::ContentHash` for your own types, store the plain value instead of a cell or pointer, \
-            or mark the field `#[device]` (a traced input) or `#[host]` (not seen by traced code)"
+    note = "derive `nitro::ContentHash` for your own types and store plain values instead of cells or pointers; \
+            a value that does not shape the graph belongs in a `#[device]` (traced input) or `#[host]` field"
 )]
 pub trait ContentHash {
     /// Writes this value's canonical encoding into `h`.

@@ -31,7 +31,7 @@
 //! assert_eq!(other.device_signature().to_string(), "layers[0].w: f32[64,128], layers[0].b: f32[128]");
 //! ```
 //!
-//! Each field of an [`experiment`] has one role:
+//! Each field of an [`experiment`](macro@experiment) has one role:
 //!
 //! | role | marker | in the compile key as | in traced code |
 //! | --- | --- | --- | --- |
@@ -215,3 +215,8 @@ pub mod __private {
     /// Names the `Tree` requirement of a Device field at the field's span.
     pub const fn require_tree<T: ?Sized + Tree>() {}
 }
+
+/// The README's example, compiled as a doctest so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

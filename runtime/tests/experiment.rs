@@ -339,3 +339,28 @@ fn generic_experiments_key_on_their_fields() {
     let v = g.view(&mut |_, _, _| Tensor::__from_node(9));
     assert_eq!((*v.config, v.params[0].node()), (3, 9));
 }
+
+#[test]
+fn raw_identifiers_are_named_without_their_prefix() {
+    #[derive(Tree)]
+    pub struct Block {
+        pub r#in: Array,
+    }
+    #[experiment]
+    pub struct Raw {
+        #[graph_const]
+        pub r#type: u8,
+        #[device]
+        pub r#loop: Block,
+    }
+    let r = Raw {
+        r#type: 1,
+        r#loop: Block {
+            r#in: Array::scalar(1.0f32),
+        },
+    };
+    assert_eq!(Raw::FIELDS[0].name, "type");
+    assert_eq!(r.graph_const_field_digests()[0].0, "type");
+    assert_eq!(r.device_signature().to_string(), "loop.in: f32[]");
+    assert!(Raw::key_manifest().to_json().contains(r#""name": "loop""#));
+}

@@ -59,18 +59,20 @@ impl Role {
 /// One field of the experiment.
 pub(crate) struct Field {
     pub(crate) ident: syn::Ident,
+    /// The name users write in paths, docs and the manifest (`r#type` is `type`).
+    pub(crate) name: String,
     pub(crate) ty: syn::Type,
     pub(crate) role: Role,
 }
 
 /// Parses the role of `field` from its markers, reporting every bad marker into `cx`, and
 /// removes the markers from the field's attributes. Unmarked fields are Host.
+///
+/// The role is best effort even after an error (the first marker wins, a bad option is
+/// ignored), so the expansion can still be emitted and one mistake does not cascade into
+/// errors wherever the experiment is used.
 pub(crate) fn parse_field(cx: &Ctxt, field: &mut syn::Field) -> Role {
-    let name = field
-        .ident
-        .as_ref()
-        .map(|i| i.to_string())
-        .unwrap_or_default();
+    let name = field_name(field);
     let mut role: Option<(Role, &'static str)> = None;
     let mut kept = Vec::with_capacity(field.attrs.len());
     for attr in std::mem::take(&mut field.attrs) {
@@ -86,20 +88,31 @@ pub(crate) fn parse_field(cx: &Ctxt, field: &mut syn::Field) -> Role {
                 );
                 continue;
             }
+            if attr.path().is_ident("cfg") || attr.path().is_ident("cfg_attr") {
+                cx.error_at(
+                    &attr,
+                    format!(
+                        "`#[{}]` on experiment field `{name}` is not supported: an experiment's \
+                         fields, and so its compile key, must be the same in every build; make \
+                         the field's type conditional instead, or move the field out of the experiment",
+                        path_text(attr.path())
+                    ),
+                );
+            }
             kept.push(attr);
             continue;
         };
         let parsed = match marker {
-            GRAPH_CONST | HOST => parse_plain(cx, &attr, marker).map(|()| {
-                if marker == GRAPH_CONST {
-                    Role::GraphConst
-                } else {
-                    Role::Host
-                }
-            }),
-            _ => parse_device(cx, &attr),
+            GRAPH_CONST => {
+                check_plain(cx, &attr, marker, &name);
+                Role::GraphConst
+            }
+            HOST => {
+                check_plain(cx, &attr, marker, &name);
+                Role::Host
+            }
+            _ => parse_device(cx, &attr, &name),
         };
-        let Some(parsed) = parsed else { continue };
         match role {
             None => role = Some((parsed, marker)),
             Some((_, first)) if first == marker => cx.error_at(
@@ -119,48 +132,58 @@ pub(crate) fn parse_field(cx: &Ctxt, field: &mut syn::Field) -> Role {
     role.map_or(Role::Host, |(r, _)| r)
 }
 
+/// The field's name as users write it in paths and docs (`r#type` is `type`).
+pub(crate) fn field_name(field: &syn::Field) -> String {
+    use syn::ext::IdentExt;
+    field
+        .ident
+        .as_ref()
+        .map(|i| i.unraw().to_string())
+        .unwrap_or_default()
+}
+
 /// The marker an attribute is, if it is one of ours.
 fn marker_of(attr: &syn::Attribute) -> Option<&'static str> {
     MARKERS.into_iter().find(|m| attr.path().is_ident(m))
 }
 
 /// `#[graph_const]` and `#[host]` take no options.
-fn parse_plain(cx: &Ctxt, attr: &syn::Attribute, marker: &str) -> Option<()> {
-    match &attr.meta {
-        syn::Meta::Path(_) => Some(()),
-        other => {
-            cx.error_at(
-                other,
-                format!("`#[{marker}]` takes no options; write `#[{marker}]`"),
-            );
-            None
-        }
+fn check_plain(cx: &Ctxt, attr: &syn::Attribute, marker: &str, name: &str) {
+    if !matches!(attr.meta, syn::Meta::Path(_)) {
+        cx.error_at(
+            &attr.meta,
+            format!("`#[{marker}]` on field `{name}` takes no options; write `#[{marker}]`"),
+        );
     }
 }
 
 /// `#[device]` or `#[device(trainable)]`.
-fn parse_device(cx: &Ctxt, attr: &syn::Attribute) -> Option<Role> {
+fn parse_device(cx: &Ctxt, attr: &syn::Attribute, name: &str) -> Role {
     let list = match &attr.meta {
-        syn::Meta::Path(_) => return Some(Role::Device { trainable: false }),
+        syn::Meta::Path(_) => return Role::Device { trainable: false },
         syn::Meta::List(list) => list,
         syn::Meta::NameValue(nv) => {
             cx.error_at(
                 nv,
-                format!("`#[{DEVICE}]` takes options in parentheses: `#[{DEVICE}({TRAINABLE})]`"),
+                format!(
+                    "`#[{DEVICE}]` on field `{name}` takes options in parentheses: \
+                     `#[{DEVICE}({TRAINABLE})]`"
+                ),
             );
-            return None;
+            return Role::Device { trainable: false };
         }
     };
     let mut trainable: Option<Span> = None;
-    let mut ok = true;
     let result = list.parse_nested_meta(|meta| {
         if meta.path.is_ident(TRAINABLE) {
             if trainable.is_some() {
                 cx.error_at(
                     &meta.path,
-                    format!("duplicate `{TRAINABLE}` option in `#[{DEVICE}(...)]`; write it once"),
+                    format!(
+                        "duplicate `{TRAINABLE}` option in `#[{DEVICE}(...)]` on field \
+                         `{name}`; write it once"
+                    ),
                 );
-                ok = false;
             }
             trainable = Some(meta.path.span());
             if !meta.input.is_empty() && !meta.input.peek(syn::Token![,]) {
@@ -171,11 +194,11 @@ fn parse_device(cx: &Ctxt, attr: &syn::Attribute) -> Option<Role> {
             cx.error_at(
                 &meta.path,
                 format!(
-                    "unknown `#[{DEVICE}]` option `{}`; the only option is `{TRAINABLE}`",
+                    "unknown `#[{DEVICE}]` option `{}` on field `{name}`; the only option is \
+                     `{TRAINABLE}`",
                     path_text(&meta.path)
                 ),
             );
-            ok = false;
             // Skip a value such as `= 1` or `(..)` so parsing can go on to the next option.
             if meta.input.peek(syn::Token![=]) {
                 let _: syn::Token![=] = meta.input.parse()?;
@@ -189,11 +212,10 @@ fn parse_device(cx: &Ctxt, attr: &syn::Attribute) -> Option<Role> {
     });
     if let Err(e) = result {
         cx.push(e);
-        return None;
     }
-    ok.then_some(Role::Device {
+    Role::Device {
         trainable: trainable.is_some(),
-    })
+    }
 }
 
 /// A near miss of a marker: `#[graphconst]`, `#[GraphConst]`, `#[devices]`, `#[trainable]`, …

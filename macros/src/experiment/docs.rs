@@ -25,7 +25,7 @@ pub(crate) fn compile_key_section(name: &syn::Ident, fields: &[Field]) -> TokenS
     for f in fields {
         lines.push(format!(
             "| `{}` | `{}` | {} | {} |",
-            f.ident,
+            f.name,
             type_text(&f.ty).replace('|', "\\|"),
             f.role.label(),
             f.role.enters_key_as()
@@ -46,7 +46,7 @@ pub(crate) fn view_doc(name: &syn::Ident) -> String {
 /// The role line appended to a view field's docs.
 pub(crate) fn view_field_doc(f: &Field) -> String {
     match f.role {
-        super::ast::Role::GraphConst => format!("`{}` (GraphConst), by reference.", f.ident),
+        super::ast::Role::GraphConst => format!("`{}` (GraphConst), by reference.", f.name),
         super::ast::Role::Device { .. } => {
             format!(
                 "`{}` ({}), each array leaf a traced `Tensor`.",

@@ -1,7 +1,7 @@
 //! Expansion of a checked `#[experiment]` struct.
 
 use proc_macro2::TokenStream;
-use quote::{format_ident, quote, quote_spanned};
+use quote::{format_ident, quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 
 use super::ast::{Field, Role};
@@ -46,7 +46,7 @@ pub(crate) fn expand(input: &mut syn::DeriveInput, fields: &[Field]) -> TokenStr
     );
 
     let field_infos = fields.iter().map(|f| {
-        let n = f.ident.to_string();
+        let n = &f.name;
         let t = type_text(&f.ty);
         let role = f.role.tokens();
         quote!(#p::FieldInfo { name: #n, ty: #t, role: #role })
@@ -56,12 +56,12 @@ pub(crate) fn expand(input: &mut syn::DeriveInput, fields: &[Field]) -> TokenStr
     let gc_digests = graph_consts.iter().map(|f| {
         let ident = &f.ident;
         let ty = &f.ty;
-        let n = ident.to_string();
-        quote_spanned!(ty.span()=> (#n, #p::Digest::of::<#ty>(&self.#ident)))
+        let n = &f.name;
+        quote_spanned!(ty.span()=> (#n, graph_const_must_be_content_hash::<#ty>(&self.#ident)))
     });
 
     let visit = devices.iter().map(|(i, f)| {
-        let (ident, ty, n) = (&f.ident, &f.ty, f.ident.to_string());
+        let (ident, ty, n) = (&f.ident, &f.ty, &f.name);
         quote_spanned!(ty.span()=>
             <#ty as #p::Tree>::visit(&self.#ident, &mut #p::LeafPath::root(#n), &mut |__path, __node| {
                 __f(&<Self as #p::Experiment>::FIELDS[#i], __path, __node)
@@ -69,7 +69,7 @@ pub(crate) fn expand(input: &mut syn::DeriveInput, fields: &[Field]) -> TokenStr
         )
     });
     let visit_mut = devices.iter().map(|(i, f)| {
-        let (ident, ty, n) = (&f.ident, &f.ty, f.ident.to_string());
+        let (ident, ty, n) = (&f.ident, &f.ty, &f.name);
         quote_spanned!(ty.span()=>
             <#ty as #p::Tree>::visit_mut(&mut self.#ident, &mut #p::LeafPath::root(#n), &mut |__path, __leaf| {
                 __f(&<Self as #p::Experiment>::FIELDS[#i], __path, __leaf)
@@ -77,11 +77,14 @@ pub(crate) fn expand(input: &mut syn::DeriveInput, fields: &[Field]) -> TokenStr
         )
     });
     let build_view = fields.iter().enumerate().filter_map(|(i, f)| {
-        let (ident, ty, n) = (&f.ident, &f.ty, f.ident.to_string());
+        let (ident, ty, n) = (&f.ident, &f.ty, &f.name);
+        // Spanned at the type, like the view's field, so a non-tree type is one error.
+        let mut ident_at_ty = ident.clone();
+        ident_at_ty.set_span(ty.span());
         match f.role {
             Role::GraphConst => Some(quote!(#ident: &self.#ident)),
             Role::Device { .. } => Some(quote_spanned!(ty.span()=>
-                #ident: <#ty as #p::Tree>::mirror(&self.#ident, &mut #p::LeafPath::root(#n), &mut |__path, __leaf| {
+                #ident_at_ty: <#ty as #p::Tree>::mirror(&self.#ident, &mut #p::LeafPath::root(#n), &mut |__path, __leaf| {
                     __leaf_fn(&<Self as #p::Experiment>::FIELDS[#i], __path, __leaf)
                 })
             )),
@@ -97,14 +100,19 @@ pub(crate) fn expand(input: &mut syn::DeriveInput, fields: &[Field]) -> TokenStr
         const _: () = {
             #[automatically_derived]
                         impl #impl_generics #p::Experiment for #name #ty_generics #where_all {
-                const TYPE_PATH: &'static str =
+                const TYPE_PATH: &'static ::core::primitive::str =
                     ::core::concat!(::core::module_path!(), "::", ::core::stringify!(#name));
                 const FIELDS: &'static [#p::FieldInfo] = &[#(#field_infos),*];
                 const SCHEMA_DIGEST: #p::Digest = #p::Digest::from_bytes(#schema);
 
                 type View<#lt> = #view #view_args where Self: #lt;
 
-                fn graph_const_field_digests(&self) -> #p::Vec<(&'static str, #p::Digest)> {
+                fn graph_const_field_digests(&self) -> #p::Vec<(&'static ::core::primitive::str, #p::Digest)> {
+                    fn graph_const_must_be_content_hash<T: ?::core::marker::Sized + #p::ContentHash>(
+                        value: &T,
+                    ) -> #p::Digest {
+                        #p::Digest::of(value)
+                    }
                     ::std::vec![#(#gc_digests),*]
                 }
 
@@ -156,10 +164,16 @@ fn view_type(
         let (ident, ty, fvis) = (&f.ident, &f.ty, &orig.vis);
         let user_docs = orig.attrs.iter().filter(|a| a.path().is_ident("doc"));
         let role_doc = docs::view_field_doc(f);
-        let ty = match f.role {
-            Role::GraphConst => quote!(&#lt #ty),
+        let field = match f.role {
+            Role::GraphConst => quote!(#fvis #ident: &#lt #ty),
+            // Spanned wholly at the field's type: if the type is not a `Tree`, the view's error
+            // then coincides with the impl's and rustc reports it once.
             Role::Device { .. } => {
-                quote_spanned!(ty.span()=> <#ty as #p::Tree>::Mirror<#p::Tensor>)
+                let span = ty.span();
+                let fvis = respan(fvis.to_token_stream(), span);
+                let mut ident = ident.clone();
+                ident.set_span(span);
+                quote_spanned!(span=> #fvis #ident: <#ty as #p::Tree>::Mirror<#p::Tensor>)
             }
             Role::Host => return None,
         };
@@ -167,7 +181,7 @@ fn view_type(
             #(#user_docs)*
             #[doc = ""]
             #[doc = #role_doc]
-            #fvis #ident: #ty
+            #field
         })
     });
 
@@ -214,6 +228,23 @@ fn view_type(
     (tokens, quote!(<#lt #(, #args)*>))
 }
 
+/// `tokens` with every span (including inside groups) set to `span`.
+fn respan(tokens: TokenStream, span: proc_macro2::Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut t| {
+            if let proc_macro2::TokenTree::Group(g) = &t {
+                let mut inner = proc_macro2::Group::new(g.delimiter(), respan(g.stream(), span));
+                inner.set_span(span);
+                t = proc_macro2::TokenTree::Group(inner);
+            } else {
+                t.set_span(span);
+            }
+            t
+        })
+        .collect()
+}
+
 /// `generics` without its where clause (so predicates are not repeated when two clauses merge).
 fn strip_where(generics: &syn::Generics) -> syn::Generics {
     let mut g = generics.clone();
@@ -244,7 +275,7 @@ fn schema_digest(name: &syn::Ident, fields: &[Field]) -> TokenStream {
     write_str(&mut h, &name.to_string());
     h.update(&(fields.len() as u64).to_le_bytes());
     for f in fields {
-        write_str(&mut h, &f.ident.to_string());
+        write_str(&mut h, &f.name);
         write_str(&mut h, &type_text(&f.ty));
         h.update(&[f.role.tag()]);
     }

@@ -31,6 +31,7 @@ pub(crate) fn expand(args: TokenStream, mut input: syn::DeriveInput) -> TokenStr
                         let role = ast::parse_field(&cx, f);
                         ast::Field {
                             ident: f.ident.clone().unwrap_or_else(|| name.clone()),
+                            name: ast::field_name(f),
                             ty: f.ty.clone(),
                             role,
                         }
@@ -76,12 +77,32 @@ pub(crate) fn expand(args: TokenStream, mut input: syn::DeriveInput) -> TokenStr
         }
     };
 
+    // A field under `#[cfg]` may not exist, so nothing that names the fields can be emitted.
+    let conditional = input_fields(&input).any(|f| {
+        f.attrs
+            .iter()
+            .any(|a| a.path().is_ident("cfg") || a.path().is_ident("cfg_attr"))
+    });
     let errors = cx.finish();
     match fields {
-        Some(fields) if errors.is_empty() => expand::expand(&mut input, &fields),
-        // Emit the item without markers (so the rest of the crate type-checks) plus the errors.
+        // Field-level mistakes still expand with best-effort roles, so code that uses the
+        // experiment sees no errors of its own: only the real one is reported.
+        Some(fields) if !conditional => {
+            let expanded = expand::expand(&mut input, &fields);
+            quote!(#expanded #errors)
+        }
+        // Otherwise emit the item without markers (so the rest of the crate type-checks) plus
+        // the errors.
         _ => quote!(#input #errors),
     }
+}
+
+fn input_fields(input: &syn::DeriveInput) -> impl Iterator<Item = &syn::Field> {
+    let fields: Vec<&syn::Field> = match &input.data {
+        syn::Data::Struct(s) => s.fields.iter().collect(),
+        _ => Vec::new(),
+    };
+    fields.into_iter()
 }
 
 /// Removes markers from fields of an item that is rejected anyway, so they do not add
