@@ -47,4 +47,49 @@ pub enum Error {
         /// The digest of its clone (or of a second hash).
         second: crate::Digest,
     },
+
+    /// A shape or dtype mistake in traced code, found while tracing.
+    #[error("{}", describe_trace(.0))]
+    Trace(Box<crate::trace::TraceError>),
+
+    /// Traced code panicked.
+    #[error("traced code panicked: {message}; programs must run to their end while being traced")]
+    TracePanic {
+        /// The panic message.
+        message: String,
+    },
+
+    /// A program was run with the wrong number of inputs.
+    #[error("the program takes {expected} inputs but was given {got}")]
+    InputCount {
+        /// Inputs the program declares.
+        expected: usize,
+        /// Inputs given.
+        got: usize,
+    },
+
+    /// A program input has the wrong dtype or dims.
+    #[error("input {index} (`{name}`) of the program must be {expected} but is {got}; a program is compiled for fixed shapes and dtypes")]
+    InputType {
+        /// Position of the input.
+        index: usize,
+        /// Its name (leaf path).
+        name: String,
+        /// The declared type.
+        expected: crate::tree::LeafType,
+        /// The given type.
+        got: crate::tree::LeafType,
+    },
+
+    /// A trace was started while another was active on the same thread.
+    #[error("a trace is already being recorded on this thread; programs cannot trace other programs")]
+    NestedTrace,
+}
+
+fn describe_trace(e: &crate::trace::TraceError) -> String {
+    if e.location.is_empty() {
+        format!("`{}`: {}", e.op, e.message)
+    } else {
+        format!("`{}` at {}: {}", e.op, e.location, e.message)
+    }
 }

@@ -47,6 +47,8 @@
 #[allow(unused_extern_crates)]
 extern crate self as nitro;
 
+pub mod backend;
+pub mod emit;
 pub mod error;
 pub mod experiment;
 pub mod hash;
@@ -58,7 +60,7 @@ pub use experiment::{
     assert_graphconst_hashable, Experiment, FieldInfo, KeyManifest, ManifestField, Role,
 };
 pub use hash::{ContentHash, ContentHasher, Digest, ShortDigest};
-pub use trace::Tensor;
+pub use trace::{Operand, Tensor};
 pub use tree::{Array, ArrayData, DType, Element, LeafPath, LeafType, Node, Signature, Tree};
 
 /// Derives [`ContentHash`](trait@ContentHash) for a struct or enum whose fields are all

@@ -1,0 +1,1 @@
+//! The reference interpreter: runs a graph on host arrays in pure Rust.

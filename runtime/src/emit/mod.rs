@@ -1,0 +1,1 @@
+//! StableHLO emission: a [`Graph`](crate::trace::Graph) as deterministic MLIR text.

@@ -1,0 +1,328 @@
+//! Reverse-mode automatic differentiation on the trace being recorded.
+//!
+//! [`grad`] walks the recorded graph backwards from a scalar and appends the backward pass to
+//! the same graph, written with ordinary [`Tensor`] ops — so one program holds forward and
+//! backward, and the gradient code is emitted, interpreted and checked like any other code.
+//!
+//! Every differentiable op has a rule. Comparisons, `iota`, conversions from integers and
+//! everything built from them (`argmax`, `one_hot`) have no derivative: no gradient flows
+//! through them, which is exactly their mathematical derivative almost everywhere (they are
+//! piecewise constant). `select` passes gradients to the branch it chose, never to the
+//! predicate; `maximum`/`minimum` and `max`/`min` reductions split the gradient evenly between
+//! ties.
+
+use std::panic::Location;
+
+use super::ir::{BinaryOp, DotDims, Node, Op, ReduceOp, UnaryOp};
+use super::{with_recording, Tensor};
+use crate::tree::{DType, LeafType};
+
+/// `(y, dy/dx for x in wrt)`. `y` must be a float scalar of the active trace; each gradient has
+/// the shape and dtype of its `x`. An `x` that `y` does not depend on gets zeros.
+#[track_caller]
+pub fn value_and_grad(y: Tensor, wrt: &[Tensor]) -> (Tensor, Vec<Tensor>) {
+    (y, grad(y, wrt))
+}
+
+/// The gradients of the scalar `y` with respect to each tensor in `wrt`.
+///
+/// ```
+/// use nitro::trace::{grad, trace};
+/// use nitro::{DType, LeafType};
+///
+/// let x = LeafType { dtype: DType::F64, dims: vec![3] };
+/// let graph = trace(&[("x".into(), x)], |i| {
+///     let y = (i[0] * i[0]).sum_all(); // y = Σ x², dy/dx = 2x
+///     grad(y, &[i[0]])
+/// })?;
+/// assert_eq!(graph.output_types()[0].dims, vec![3]);
+/// # Ok::<(), nitro::Error>(())
+/// ```
+#[track_caller]
+pub fn grad(y: Tensor, wrt: &[Tensor]) -> Vec<Tensor> {
+    let at = Location::caller();
+    let (nodes, checked) = with_recording(|r| {
+        let zero = || LeafType { dtype: DType::F32, dims: Vec::new() };
+        for &t in std::iter::once(&y).chain(wrt) {
+            if !r.owns(t, "grad", at) {
+                return (Vec::new(), false);
+            }
+        }
+        let ty = r.graph.ty(y.node).clone();
+        if !ty.dims.is_empty() || !ty.dtype.is_float() {
+            r.fail(
+                "grad",
+                format!("can only differentiate a float scalar, got {ty}; reduce it first (e.g. `.sum_all()` or `.mean_all()`)"),
+                at,
+                zero(),
+            );
+            return (Vec::new(), false);
+        }
+        for &x in wrt {
+            let tx = r.graph.ty(x.node).clone();
+            if !tx.dtype.is_float() {
+                r.fail("grad", format!("cannot differentiate with respect to {tx}: only float tensors have gradients"), at, zero());
+                return (Vec::new(), false);
+            }
+        }
+        (r.graph.nodes[..=y.node as usize].to_vec(), true)
+    });
+    if !checked {
+        return wrt.iter().map(|&x| stand_in(x)).collect();
+    }
+    let trace = y.trace;
+    let handle = |node: u32| Tensor { node, trace };
+
+    // Which nodes depend on some `wrt`: only their cotangents are worth computing.
+    let mut depends = vec![false; nodes.len()];
+    for &x in wrt {
+        if (x.node as usize) < nodes.len() {
+            depends[x.node as usize] = true;
+        }
+    }
+    for (i, n) in nodes.iter().enumerate() {
+        if n.inputs.iter().any(|&j| depends[j as usize]) && differentiable(n, &nodes) {
+            depends[i] = true;
+        }
+    }
+
+    let mut ct: Vec<Option<Tensor>> = vec![None; nodes.len()];
+    ct[y.node as usize] = Some(Tensor::scalar(1.0, nodes[y.node as usize].ty.dtype));
+    for i in (0..nodes.len()).rev() {
+        let Some(g) = ct[i] else { continue };
+        if !depends[i] {
+            continue;
+        }
+        let node = &nodes[i];
+        let inputs: Vec<Tensor> = node.inputs.iter().map(|&j| handle(j)).collect();
+        let contributions = vjp(node, handle(i as u32), &inputs, g, &nodes);
+        for (j, c) in node.inputs.iter().zip(contributions) {
+            let (j, Some(c)) = (*j as usize, c) else { continue };
+            if !depends[j] {
+                continue;
+            }
+            ct[j] = Some(match ct[j] {
+                Some(prev) => prev + c,
+                None => c,
+            });
+        }
+    }
+    wrt.iter()
+        .map(|&x| ct.get(x.node as usize).copied().flatten().unwrap_or_else(|| x.zeros_like()))
+        .collect()
+}
+
+fn stand_in(x: Tensor) -> Tensor {
+    with_recording(|r| {
+        let ty = if x.trace == r.id && (x.node as usize) < r.graph.nodes.len() {
+            r.graph.ty(x.node).clone()
+        } else {
+            LeafType { dtype: DType::F32, dims: Vec::new() }
+        };
+        r.stand_in(ty)
+    })
+}
+
+/// Whether gradients flow from a node to its inputs at all.
+fn differentiable(n: &Node, nodes: &[Node]) -> bool {
+    match &n.op {
+        Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } | Op::Compare(_) => false,
+        Op::Convert => n.ty.dtype.is_float() && nodes[n.inputs[0] as usize].ty.dtype.is_float(),
+        _ => n.ty.dtype.is_float(),
+    }
+}
+
+/// The contribution of cotangent `g` of `node` (whose value is `y`) to each of its inputs.
+fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor, nodes: &[Node]) -> Vec<Option<Tensor>> {
+    let ty_of = |t: Tensor| nodes[t.node as usize].ty.clone();
+    match &node.op {
+        Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } | Op::Compare(_) => vec![None; x.len()],
+        Op::Unary(u) => {
+            let a = x[0];
+            let d = match u {
+                UnaryOp::Neg => -g,
+                UnaryOp::Exp => g * y,
+                UnaryOp::Log => g / a,
+                UnaryOp::Tanh => g * (1.0 - y * y),
+                UnaryOp::Logistic => g * y * (1.0 - y),
+                UnaryOp::Sqrt => g * 0.5 / y,
+                UnaryOp::Rsqrt => g * -0.5 * y / a,
+                UnaryOp::Abs => Tensor::select(a.greater(0.0), g, Tensor::select(a.less(0.0), -g, 0.0)),
+            };
+            vec![Some(d)]
+        }
+        Op::Binary(b) => {
+            let (a, c) = (x[0], x[1]);
+            let (da, dc) = match b {
+                BinaryOp::Add => (g, g),
+                BinaryOp::Sub => (g, -g),
+                BinaryOp::Mul => (g * c, g * a),
+                BinaryOp::Div => (g / c, -(g * y) / c),
+                BinaryOp::Pow => {
+                    let da = g * c * a.pow(c - 1.0);
+                    let log_a = Tensor::select(a.greater(0.0), a, 1.0).log();
+                    let dc = Tensor::select(a.greater(0.0), g * y * log_a, 0.0);
+                    (da, dc)
+                }
+                BinaryOp::Max | BinaryOp::Min => {
+                    let (wins, loses) = if *b == BinaryOp::Max { (a.greater(c), c.greater(a)) } else { (a.less(c), c.less(a)) };
+                    let tie = a.equal(c);
+                    let share_a = Tensor::select(wins, 1.0, Tensor::select(tie, 0.5, 0.0));
+                    let share_c = Tensor::select(loses, 1.0, Tensor::select(tie, 0.5, 0.0));
+                    (g * share_a, g * share_c)
+                }
+            };
+            vec![Some(da), Some(dc)]
+        }
+        Op::Select => {
+            let p = x[0];
+            vec![None, Some(Tensor::select(p, g, 0.0)), Some(Tensor::select(p, 0.0, g))]
+        }
+        Op::Convert => vec![Some(g.convert(ty_of(x[0]).dtype))],
+        Op::BroadcastInDim { dims } => {
+            let from = ty_of(x[0]).dims;
+            let to = &node.ty.dims;
+            let mut axes: Vec<usize> = (0..to.len()).filter(|a| !dims.contains(a)).collect();
+            axes.extend(dims.iter().enumerate().filter(|(k, &d)| from[*k] == 1 && to[d] != 1).map(|(_, &d)| d));
+            axes.sort_unstable();
+            let summed = if axes.is_empty() { g } else { g.sum(&axes) };
+            let kept: Vec<usize> = (0..to.len()).filter(|a| !axes.contains(a)).collect();
+            // Our broadcasts map operand dims in increasing order; restore that order if not.
+            let order: Vec<usize> = dims.iter().filter(|d| kept.contains(d)).map(|d| kept.iter().position(|k| k == d).unwrap_or(0)).collect();
+            let ordered = if order.windows(2).all(|w| w[0] < w[1]) { summed } else { summed.transpose(&order) };
+            vec![Some(ordered.reshape(&from))]
+        }
+        Op::Reshape => vec![Some(g.reshape(&ty_of(x[0]).dims))],
+        Op::Transpose { perm } => {
+            let mut inv = vec![0; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inv[p] = i;
+            }
+            vec![Some(g.transpose(&inv))]
+        }
+        Op::Slice { start, limit, strides } => vec![Some(unslice(g, &ty_of(x[0]).dims, start, limit, strides))],
+        Op::Concatenate { axis } => {
+            let out = &node.ty.dims;
+            let mut offset = 0;
+            x.iter()
+                .map(|&part| {
+                    let n = ty_of(part).dims[*axis];
+                    let mut start = vec![0; out.len()];
+                    let mut limit = out.clone();
+                    start[*axis] = offset;
+                    limit[*axis] = offset + n;
+                    offset += n;
+                    Some(g.slice(&start, &limit))
+                })
+                .collect()
+        }
+        Op::DotGeneral(d) => {
+            let (ra, rb) = (ty_of(x[0]).dims.len(), ty_of(x[1]).dims.len());
+            vec![Some(dot_vjp(g, x[1], d, ra, rb, Side::Lhs)), Some(dot_vjp(g, x[0], d, ra, rb, Side::Rhs))]
+        }
+        Op::Reduce { kind, axes } => {
+            let from = ty_of(x[0]).dims;
+            let kept: Vec<usize> = from.iter().enumerate().map(|(i, &n)| if axes.contains(&i) { 1 } else { n }).collect();
+            let gk = g.reshape(&kept);
+            let d = match kind {
+                ReduceOp::Sum => gk.broadcast_to(&from),
+                ReduceOp::Max | ReduceOp::Min => {
+                    let hit = x[0].equal(y.reshape(&kept)).convert(node.ty.dtype);
+                    hit * gk / hit.sum_keep(axes)
+                }
+            };
+            vec![Some(d)]
+        }
+    }
+}
+
+/// The gradient of a slice: `g` scattered back into zeros of the operand's dims.
+fn unslice(g: Tensor, dims: &[usize], start: &[usize], limit: &[usize], strides: &[usize]) -> Tensor {
+    let dtype = g.dtype();
+    let mut cur = g;
+    for axis in 0..dims.len() {
+        let cd = cur.dims();
+        let s = strides[axis];
+        if s > 1 {
+            // Interleave s-1 zeros after each element along `axis`, then trim.
+            let n = cd[axis];
+            let mut split = cd.clone();
+            split.insert(axis + 1, 1);
+            let mut zeros = cd.clone();
+            zeros.insert(axis + 1, s - 1);
+            let spread = Tensor::concatenate(&[cur.reshape(&split), Tensor::full(&zeros, 0.0, dtype)], axis + 1);
+            let mut merged = cd.clone();
+            merged[axis] = n * s;
+            cur = spread.reshape(&merged);
+            let mut lim = merged.clone();
+            lim[axis] = limit[axis] - start[axis];
+            cur = cur.slice(&vec![0; merged.len()], &lim);
+        }
+        let cd = cur.dims();
+        let mut parts = Vec::new();
+        if start[axis] > 0 {
+            let mut z = cd.clone();
+            z[axis] = start[axis];
+            parts.push(Tensor::full(&z, 0.0, dtype));
+        }
+        parts.push(cur);
+        if dims[axis] > limit[axis] {
+            let mut z = cd.clone();
+            z[axis] = dims[axis] - limit[axis];
+            parts.push(Tensor::full(&z, 0.0, dtype));
+        }
+        if parts.len() > 1 {
+            cur = Tensor::concatenate(&parts, axis);
+        }
+    }
+    cur
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Side {
+    Lhs,
+    Rhs,
+}
+
+/// The gradient of `dot_general` for one side: contract `g` with the other operand over the
+/// other side's free dims, then transpose into this side's layout.
+fn dot_vjp(g: Tensor, other: Tensor, d: &DotDims, ra: usize, rb: usize, side: Side) -> Tensor {
+    let free = |rank: usize, batch: &[usize], contract: &[usize]| -> Vec<usize> {
+        (0..rank).filter(|i| !batch.contains(i) && !contract.contains(i)).collect()
+    };
+    let lhs_free = free(ra, &d.lhs_batch, &d.lhs_contract);
+    let rhs_free = free(rb, &d.rhs_batch, &d.rhs_contract);
+    let nb = d.lhs_batch.len();
+    let (mine_rank, my_batch, my_contract, my_free, other_batch, other_contract, other_free, g_other_free_at) = match side {
+        Side::Lhs => (ra, &d.lhs_batch, &d.lhs_contract, &lhs_free, &d.rhs_batch, &d.rhs_contract, &rhs_free, nb + lhs_free.len()),
+        Side::Rhs => (rb, &d.rhs_batch, &d.rhs_contract, &rhs_free, &d.lhs_batch, &d.lhs_contract, &lhs_free, nb),
+    };
+    let dims = DotDims {
+        lhs_batch: (0..nb).collect(),
+        rhs_batch: other_batch.clone(),
+        lhs_contract: (g_other_free_at..g_other_free_at + other_free.len()).collect(),
+        rhs_contract: other_free.clone(),
+    };
+    // Result layout: [batch | g's free dims (= my free dims) | other's remaining dims
+    // (= other's contracting dims, ascending)].
+    let res = g.dot_general(other, dims);
+    let mut sorted_other_contract = other_contract.clone();
+    sorted_other_contract.sort_unstable();
+    let mut perm = vec![0; mine_rank];
+    for (k, &b) in my_batch.iter().enumerate() {
+        perm[b] = k;
+    }
+    for (j, &f) in my_free.iter().enumerate() {
+        perm[f] = nb + j;
+    }
+    for (c, &mine) in my_contract.iter().enumerate() {
+        let partner = other_contract[c];
+        let rank = sorted_other_contract.iter().position(|&o| o == partner).unwrap_or(0);
+        perm[mine] = nb + my_free.len() + rank;
+    }
+    if perm.iter().enumerate().all(|(i, &p)| i == p) {
+        res
+    } else {
+        res.transpose(&perm)
+    }
+}

@@ -1,0 +1,343 @@
+//! The intermediate representation: a static-shape dataflow graph.
+//!
+//! Nodes are appended in creation order, so every node's inputs precede it: the node list is a
+//! topological order, which emission, interpretation and autodiff all rely on.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::tree::{Array, DType, LeafType};
+
+/// The index of a node in its [`Graph`].
+pub type NodeId = u32;
+
+/// Element-wise functions of one operand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    /// `-x`.
+    Neg,
+    /// `e^x`.
+    Exp,
+    /// Natural logarithm.
+    Log,
+    /// Hyperbolic tangent.
+    Tanh,
+    /// `1 / (1 + e^-x)`.
+    Logistic,
+    /// Square root.
+    Sqrt,
+    /// `1 / sqrt(x)`.
+    Rsqrt,
+    /// Absolute value.
+    Abs,
+}
+
+impl UnaryOp {
+    /// The op's name (as in StableHLO, without the dialect prefix).
+    pub const fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "negate",
+            UnaryOp::Exp => "exponential",
+            UnaryOp::Log => "log",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Logistic => "logistic",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Abs => "abs",
+        }
+    }
+
+    /// Whether the op is defined only for floating-point operands.
+    pub const fn float_only(self) -> bool {
+        !matches!(self, UnaryOp::Neg | UnaryOp::Abs)
+    }
+}
+
+/// Element-wise functions of two operands of one shape and dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    /// `a + b`.
+    Add,
+    /// `a - b`.
+    Sub,
+    /// `a * b`.
+    Mul,
+    /// `a / b` (integer division truncates toward zero).
+    Div,
+    /// `a ^ b`.
+    Pow,
+    /// Element-wise maximum.
+    Max,
+    /// Element-wise minimum.
+    Min,
+}
+
+impl BinaryOp {
+    /// The op's name (as in StableHLO, without the dialect prefix).
+    pub const fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "subtract",
+            BinaryOp::Mul => "multiply",
+            BinaryOp::Div => "divide",
+            BinaryOp::Pow => "power",
+            BinaryOp::Max => "maximum",
+            BinaryOp::Min => "minimum",
+        }
+    }
+}
+
+/// Comparison directions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CmpOp {
+    /// `==`.
+    Eq,
+    /// `!=`.
+    Ne,
+    /// `<`.
+    Lt,
+    /// `<=`.
+    Le,
+    /// `>`.
+    Gt,
+    /// `>=`.
+    Ge,
+}
+
+impl CmpOp {
+    /// The StableHLO comparison direction (`EQ`, `LT`, …).
+    pub const fn direction(self) -> &'static str {
+        match self {
+            CmpOp::Eq => "EQ",
+            CmpOp::Ne => "NE",
+            CmpOp::Lt => "LT",
+            CmpOp::Le => "LE",
+            CmpOp::Gt => "GT",
+            CmpOp::Ge => "GE",
+        }
+    }
+}
+
+/// Reductions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Sum (init 0).
+    Sum,
+    /// Maximum (init −∞, or the type's minimum).
+    Max,
+    /// Minimum (init +∞, or the type's maximum).
+    Min,
+}
+
+/// Dimension numbers of a `dot_general`. Output dims are: batch dims (in `lhs_batch` order), then
+/// the lhs free dims, then the rhs free dims, each in ascending order.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct DotDims {
+    /// Batch dims of the lhs.
+    pub lhs_batch: Vec<usize>,
+    /// Batch dims of the rhs (paired with `lhs_batch`).
+    pub rhs_batch: Vec<usize>,
+    /// Contracting dims of the lhs.
+    pub lhs_contract: Vec<usize>,
+    /// Contracting dims of the rhs (paired with `lhs_contract`).
+    pub rhs_contract: Vec<usize>,
+}
+
+/// What a node computes. Inputs are in [`Node::inputs`]; the result type is [`Node::ty`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    /// Program input number `index`.
+    Parameter {
+        /// Position among the program's inputs.
+        index: usize,
+    },
+    /// A constant array (shared, so cloning a graph does not copy large constants).
+    Constant(Arc<Array>),
+    /// Indices along `axis` (result type from the node).
+    Iota {
+        /// The dim that counts.
+        axis: usize,
+    },
+    /// An element-wise unary function.
+    Unary(UnaryOp),
+    /// An element-wise binary function (operands of identical type).
+    Binary(BinaryOp),
+    /// An element-wise comparison, giving `bool`.
+    Compare(CmpOp),
+    /// `select(pred, on_true, on_false)`, element-wise.
+    Select,
+    /// Element type conversion to the node's dtype.
+    Convert,
+    /// Broadcast: operand dim `i` becomes result dim `dims[i]` (size equal, or 1).
+    BroadcastInDim {
+        /// Result dim of each operand dim.
+        dims: Vec<usize>,
+    },
+    /// Same elements in row-major order, new dims.
+    Reshape,
+    /// Result dim `i` is operand dim `perm[i]`.
+    Transpose {
+        /// The permutation.
+        perm: Vec<usize>,
+    },
+    /// A strided window.
+    Slice {
+        /// First index per dim.
+        start: Vec<usize>,
+        /// One past the last index per dim.
+        limit: Vec<usize>,
+        /// Step per dim (≥ 1).
+        strides: Vec<usize>,
+    },
+    /// Operands joined along `axis`.
+    Concatenate {
+        /// The joined dim.
+        axis: usize,
+    },
+    /// A generalized matrix product.
+    DotGeneral(DotDims),
+    /// A reduction over `axes` (removed from the result).
+    Reduce {
+        /// Which reduction.
+        kind: ReduceOp,
+        /// Reduced dims, ascending.
+        axes: Vec<usize>,
+    },
+}
+
+impl Op {
+    /// The op's name in errors and in StableHLO.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Parameter { .. } => "parameter",
+            Op::Constant(_) => "constant",
+            Op::Iota { .. } => "iota",
+            Op::Unary(u) => u.name(),
+            Op::Binary(b) => b.name(),
+            Op::Compare(_) => "compare",
+            Op::Select => "select",
+            Op::Convert => "convert",
+            Op::BroadcastInDim { .. } => "broadcast_in_dim",
+            Op::Reshape => "reshape",
+            Op::Transpose { .. } => "transpose",
+            Op::Slice { .. } => "slice",
+            Op::Concatenate { .. } => "concatenate",
+            Op::DotGeneral(_) => "dot_general",
+            Op::Reduce { .. } => "reduce",
+        }
+    }
+}
+
+/// One node: an op, its inputs and its result type.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    /// What it computes.
+    pub op: Op,
+    /// Its operands, all earlier nodes.
+    pub inputs: Vec<NodeId>,
+    /// The result's dtype and dims.
+    pub ty: LeafType,
+}
+
+/// A named program input.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Input {
+    /// Where it comes from (`layers[0].w`, `x`).
+    pub name: String,
+    /// Its type.
+    pub ty: LeafType,
+    /// Its parameter node.
+    pub node: NodeId,
+}
+
+/// A recorded program: nodes in topological order, inputs and outputs.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Graph {
+    /// All nodes; inputs of a node always precede it.
+    pub nodes: Vec<Node>,
+    /// Program inputs, in parameter order.
+    pub inputs: Vec<Input>,
+    /// Program outputs, in order.
+    pub outputs: Vec<NodeId>,
+}
+
+impl Graph {
+    /// The node with this id.
+    pub fn node(&self, id: NodeId) -> &Node {
+        &self.nodes[id as usize]
+    }
+
+    /// The type of a node's result.
+    pub fn ty(&self, id: NodeId) -> &LeafType {
+        &self.nodes[id as usize].ty
+    }
+
+    /// Appends a node, returning its id.
+    pub fn push(&mut self, op: Op, inputs: Vec<NodeId>, ty: LeafType) -> NodeId {
+        let id = self.nodes.len() as NodeId;
+        self.nodes.push(Node { op, inputs, ty });
+        id
+    }
+
+    /// The input types in parameter order.
+    pub fn input_types(&self) -> Vec<LeafType> {
+        self.inputs.iter().map(|i| i.ty.clone()).collect()
+    }
+
+    /// The output types in order.
+    pub fn output_types(&self) -> Vec<LeafType> {
+        self.outputs.iter().map(|&o| self.ty(o).clone()).collect()
+    }
+
+    /// The nodes that some output depends on (a mask indexed by node id).
+    pub fn live(&self) -> Vec<bool> {
+        let mut live = vec![false; self.nodes.len()];
+        for &o in &self.outputs {
+            live[o as usize] = true;
+        }
+        for id in (0..self.nodes.len()).rev() {
+            if live[id] {
+                for &i in &self.nodes[id].inputs {
+                    live[i as usize] = true;
+                }
+            }
+        }
+        live
+    }
+}
+
+impl fmt::Display for Graph {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (id, n) in self.nodes.iter().enumerate() {
+            write!(f, "%{id} = {}", n.op.name())?;
+            for i in &n.inputs {
+                write!(f, " %{i}")?;
+            }
+            writeln!(f, " : {}", n.ty)?;
+        }
+        write!(f, "outputs:")?;
+        for o in &self.outputs {
+            write!(f, " %{o}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The float type of a node, when it has one.
+pub(crate) fn is_float(ty: &LeafType) -> bool {
+    ty.dtype.is_float()
+}
+
+/// Dims after removing `axes` (ascending).
+pub(crate) fn reduced_dims(dims: &[usize], axes: &[usize]) -> Vec<usize> {
+    dims.iter()
+        .enumerate()
+        .filter(|(i, _)| !axes.contains(i))
+        .map(|(_, &d)| d)
+        .collect()
+}
+
+/// The type with new dims.
+pub(crate) fn with_dims(dtype: DType, dims: Vec<usize>) -> LeafType {
+    LeafType { dtype, dims }
+}

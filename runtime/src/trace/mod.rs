@@ -1,0 +1,253 @@
+//! Tracing: ordinary Rust over [`Tensor`]s records a static-shape dataflow [`Graph`].
+//!
+//! A trace is active on one thread at a time. While it is, every operation on a tensor appends a
+//! node to its graph and checks shapes and dtypes. A mistake does not panic: the first one is
+//! recorded with the op's name, the shapes involved and the **caller's source line**, the
+//! operation returns a stand-in tensor so the traced code can run to its end, and the trace then
+//! fails with that error ([`Error::Trace`]).
+//!
+//! ```
+//! use nitro::trace::{trace, Tensor};
+//! use nitro::{DType, LeafType};
+//!
+//! let x = LeafType { dtype: DType::F32, dims: vec![2, 3] };
+//! let graph = trace(&[("x".into(), x)], |inputs| {
+//!     let y = (inputs[0] * 2.0).tanh().sum(&[1]);
+//!     vec![y]
+//! })?;
+//! assert_eq!(graph.output_types()[0].dims, vec![2]);
+//!
+//! // A shape mistake names the op, both shapes and this line.
+//! let x = LeafType { dtype: DType::F32, dims: vec![2, 3] };
+//! let err = trace(&[("x".into(), x)], |inputs| vec![inputs[0].matmul(inputs[0])]).unwrap_err();
+//! assert!(err.to_string().contains("matmul"));
+//! assert!(err.to_string().contains("f32[2,3]"));
+//! assert!(err.to_string().contains(file!()));
+//! # Ok::<(), nitro::Error>(())
+//! ```
+
+pub mod autodiff;
+pub mod ir;
+pub mod nn;
+mod ops;
+
+use std::cell::RefCell;
+use std::panic::{self, AssertUnwindSafe, Location};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+pub use autodiff::{grad, value_and_grad};
+pub use ir::{BinaryOp, CmpOp, DotDims, Graph, Input, Node, NodeId, Op, ReduceOp, UnaryOp};
+pub use ops::Operand;
+
+use crate::error::{Error, Result};
+use crate::tree::LeafType;
+
+/// A handle to a value in the trace being recorded: small and `Copy`.
+///
+/// Tensors are made by the tracer (program inputs, the leaves of a compile view) and by
+/// operations on other tensors. Arithmetic operators broadcast like NumPy (trailing dims align;
+/// a dim of 1 stretches), and `f64` scalars take the other operand's dtype:
+/// `x * 2.0`, `1.0 - y`, `a + b`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tensor {
+    node: NodeId,
+    trace: u32,
+}
+
+impl Tensor {
+    /// The index of this tensor's node in its trace's graph.
+    pub fn node(self) -> NodeId {
+        self.node
+    }
+
+    /// The dtype and dims.
+    pub fn ty(self) -> LeafType {
+        with_recording(|r| r.graph.ty(self.node).clone())
+    }
+
+    /// The dims (empty for a scalar).
+    pub fn dims(self) -> Vec<usize> {
+        self.ty().dims
+    }
+
+    /// The number of dims.
+    pub fn rank(self) -> usize {
+        self.ty().dims.len()
+    }
+
+    /// The element type.
+    pub fn dtype(self) -> crate::DType {
+        self.ty().dtype
+    }
+}
+
+/// The first mistake of a trace: which op, what was wrong, and where the user called it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceError {
+    /// The op (`matmul`, `add`, …).
+    pub op: &'static str,
+    /// What was wrong, with the shapes involved.
+    pub message: String,
+    /// The user's source location (`src/model.rs:42:17`).
+    pub location: String,
+}
+
+struct Recording {
+    id: u32,
+    graph: Graph,
+    error: Option<TraceError>,
+}
+
+thread_local! {
+    static ACTIVE: RefCell<Option<Recording>> = const { RefCell::new(None) };
+}
+
+static NEXT_TRACE: AtomicU32 = AtomicU32::new(1);
+
+/// Runs `f` on the active recording; panics (a programming error, caught at the trace
+/// boundary) if no trace is active on this thread.
+fn with_recording<R>(f: impl FnOnce(&mut Recording) -> R) -> R {
+    ACTIVE.with(|a| {
+        let mut a = a.borrow_mut();
+        match a.as_mut() {
+            Some(r) => f(r),
+            None => panic!(
+                "a nitro Tensor was used outside a trace; tensors exist only while a program is \
+                 being traced"
+            ),
+        }
+    })
+}
+
+impl Recording {
+    /// Records the first error and returns a stand-in tensor of type `ty`.
+    fn fail(&mut self, op: &'static str, message: String, at: &Location<'_>, ty: LeafType) -> Tensor {
+        if self.error.is_none() {
+            self.error = Some(TraceError {
+                op,
+                message,
+                location: format!("{}:{}:{}", at.file(), at.line(), at.column()),
+            });
+        }
+        self.stand_in(ty)
+    }
+
+    fn stand_in(&mut self, ty: LeafType) -> Tensor {
+        let node = self
+            .graph
+            .push(Op::Parameter { index: usize::MAX }, Vec::new(), ty);
+        Tensor { node, trace: self.id }
+    }
+
+    fn push(&mut self, op: Op, inputs: Vec<NodeId>, ty: LeafType) -> Tensor {
+        let node = self.graph.push(op, inputs, ty);
+        Tensor { node, trace: self.id }
+    }
+
+    /// Whether `t` belongs to this trace; records an error if not.
+    fn owns(&mut self, t: Tensor, op: &'static str, at: &Location<'_>) -> bool {
+        if t.trace == self.id && (t.node as usize) < self.graph.nodes.len() {
+            return true;
+        }
+        let ty = LeafType {
+            dtype: crate::DType::F32,
+            dims: Vec::new(),
+        };
+        self.fail(
+            op,
+            "a tensor from another trace was used; tensors cannot be kept from one trace to the next"
+                .into(),
+            at,
+            ty,
+        );
+        false
+    }
+}
+
+/// Records a program: creates one parameter per `(name, type)` input, runs `body` on them, and
+/// returns the graph with `body`'s tensors as outputs.
+///
+/// Errors: the first shape or dtype mistake in `body` ([`Error::Trace`]), a panic in `body`
+/// ([`Error::TracePanic`]), or a trace already active on this thread.
+pub fn trace(
+    inputs: &[(String, LeafType)],
+    body: impl FnOnce(&[Tensor]) -> Vec<Tensor>,
+) -> Result<Graph> {
+    trace_with(|| {
+        let tensors: Vec<Tensor> = inputs
+            .iter()
+            .map(|(name, ty)| input(name, ty.clone()))
+            .collect();
+        body(&tensors)
+    })
+}
+
+/// Records a program whose inputs are created inside `body` with [`input`]; the tensors `body`
+/// returns are the outputs. See [`trace`] for the errors.
+pub fn trace_with(body: impl FnOnce() -> Vec<Tensor>) -> Result<Graph> {
+    let id = NEXT_TRACE.fetch_add(1, Ordering::Relaxed);
+    let started = ACTIVE.with(|a| {
+        let mut a = a.borrow_mut();
+        if a.is_some() {
+            return false;
+        }
+        *a = Some(Recording {
+            id,
+            graph: Graph::default(),
+            error: None,
+        });
+        true
+    });
+    if !started {
+        return Err(Error::NestedTrace);
+    }
+    let outcome = panic::catch_unwind(AssertUnwindSafe(body));
+    let Some(mut rec) = ACTIVE.with(|a| a.borrow_mut().take()) else {
+        return Err(Error::NestedTrace);
+    };
+    let outputs = match outcome {
+        Ok(outputs) => outputs,
+        Err(payload) => {
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic with a non-text payload".to_owned());
+            return Err(Error::TracePanic { message });
+        }
+    };
+    if let Some(e) = rec.error.take() {
+        return Err(Error::Trace(Box::new(e)));
+    }
+    for t in &outputs {
+        if t.trace != rec.id {
+            return Err(Error::Trace(Box::new(TraceError {
+                op: "output",
+                message: "a program returned a tensor from another trace".into(),
+                location: String::new(),
+            })));
+        }
+    }
+    rec.graph.outputs = outputs.iter().map(|t| t.node).collect();
+    Ok(rec.graph)
+}
+
+/// Creates the next program input, named `name` (a leaf path such as `layers[0].w`). Must be
+/// called while a trace is active ([`trace_with`]).
+pub fn input(name: &str, ty: LeafType) -> Tensor {
+    with_recording(|r| {
+        let index = r.graph.inputs.len();
+        let t = r.push(Op::Parameter { index }, Vec::new(), ty.clone());
+        r.graph.inputs.push(Input {
+            name: name.to_owned(),
+            ty,
+            node: t.node,
+        });
+        t
+    })
+}
+
+/// Whether a trace is active on this thread.
+pub fn is_tracing() -> bool {
+    ACTIVE.with(|a| a.borrow().is_some())
+}

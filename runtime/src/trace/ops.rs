@@ -1,0 +1,872 @@
+//! Operations on tensors: checked at trace time, recorded as IR nodes.
+
+use std::ops;
+use std::panic::Location;
+use std::sync::Arc;
+
+use super::ir::{is_float, reduced_dims, with_dims, BinaryOp, CmpOp, DotDims, Op, ReduceOp, UnaryOp};
+use super::{with_recording, Recording, Tensor};
+use crate::tree::{Array, DType, LeafType};
+
+/// An operand of a binary op: a tensor, or an `f64` scalar that takes the other operand's dtype.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Operand {
+    /// A traced tensor.
+    Tensor(Tensor),
+    /// A scalar constant.
+    Scalar(f64),
+}
+
+impl From<Tensor> for Operand {
+    fn from(t: Tensor) -> Operand {
+        Operand::Tensor(t)
+    }
+}
+
+impl From<f64> for Operand {
+    fn from(v: f64) -> Operand {
+        Operand::Scalar(v)
+    }
+}
+
+fn scalar_ty(dtype: DType) -> LeafType {
+    LeafType {
+        dtype,
+        dims: Vec::new(),
+    }
+}
+
+/// A host array of `dtype` holding `value`, or why it cannot.
+pub(crate) fn scalar_array(value: f64, dtype: DType) -> Result<Array, String> {
+    let int = |lo: f64, hi: f64| {
+        if value.fract() == 0.0 && value >= lo && value <= hi {
+            Ok(())
+        } else {
+            Err(format!("the scalar {value} is not a {dtype} value"))
+        }
+    };
+    Ok(match dtype {
+        DType::F32 => Array::scalar(value as f32),
+        DType::F64 => Array::scalar(value),
+        DType::I32 => {
+            int(i32::MIN as f64, i32::MAX as f64)?;
+            Array::scalar(value as i32)
+        }
+        DType::I64 => {
+            int(-9.007_199_254_740_992e15, 9.007_199_254_740_992e15)?;
+            Array::scalar(value as i64)
+        }
+        DType::U8 => {
+            int(0.0, 255.0)?;
+            Array::scalar(value as u8)
+        }
+        DType::Bool => {
+            int(0.0, 1.0)?;
+            Array::scalar(value != 0.0)
+        }
+    })
+}
+
+fn check_axes(rank: usize, axes: &[usize]) -> Result<Vec<usize>, String> {
+    let mut sorted = axes.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    if sorted.len() != axes.len() {
+        return Err(format!("axes {axes:?} repeat an axis"));
+    }
+    if let Some(a) = sorted.iter().find(|&&a| a >= rank) {
+        return Err(format!("axis {a} is out of range for rank {rank}"));
+    }
+    Ok(sorted)
+}
+
+/// The NumPy broadcast of two dims lists, or `None` when some pair differs and neither is 1.
+pub(crate) fn broadcast_dims(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let n = a.len().max(b.len());
+    let mut out = vec![0; n];
+    for i in 0..n {
+        let da = if i + a.len() >= n { a[i + a.len() - n] } else { 1 };
+        let db = if i + b.len() >= n { b[i + b.len() - n] } else { 1 };
+        out[i] = match (da, db) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => return None,
+        };
+    }
+    Some(out)
+}
+
+impl Recording {
+    fn ty_of(&self, t: Tensor) -> LeafType {
+        self.graph.ty(t.node).clone()
+    }
+
+    fn constant(&mut self, array: Array) -> Tensor {
+        let ty = array.leaf_type();
+        self.push(Op::Constant(Arc::new(array)), Vec::new(), ty)
+    }
+
+    fn scalar(&mut self, value: f64, dtype: DType, op: &'static str, at: &Location<'_>) -> Tensor {
+        match scalar_array(value, dtype) {
+            Ok(a) => self.constant(a),
+            Err(msg) => self.fail(op, msg, at, scalar_ty(dtype)),
+        }
+    }
+
+    /// Broadcasts `t` to `dims` NumPy-style (trailing dims align); a no-op when already there.
+    fn broadcast_to(&mut self, t: Tensor, dims: &[usize]) -> Tensor {
+        let ty = self.ty_of(t);
+        if ty.dims == dims {
+            return t;
+        }
+        let offset = dims.len() - ty.dims.len();
+        let map = (0..ty.dims.len()).map(|i| i + offset).collect();
+        self.push(
+            Op::BroadcastInDim { dims: map },
+            vec![t.node],
+            with_dims(ty.dtype, dims.to_vec()),
+        )
+    }
+
+    /// Resolves operands to tensors of one dtype and one (broadcast) shape.
+    fn unify(&mut self, operands: &[Operand], op: &'static str, at: &Location<'_>) -> Option<Vec<Tensor>> {
+        for o in operands {
+            if let Operand::Tensor(t) = o {
+                if !self.owns(*t, op, at) {
+                    return None;
+                }
+            }
+        }
+        let dtype = operands.iter().find_map(|o| match o {
+            Operand::Tensor(t) => Some(self.ty_of(*t).dtype),
+            Operand::Scalar(_) => None,
+        })?;
+        let mut tensors = Vec::with_capacity(operands.len());
+        for o in operands {
+            tensors.push(match *o {
+                Operand::Tensor(t) => t,
+                Operand::Scalar(v) => self.scalar(v, dtype, op, at),
+            });
+        }
+        let types: Vec<LeafType> = tensors.iter().map(|t| self.ty_of(*t)).collect();
+        if let Some(other) = types.iter().find(|t| t.dtype != dtype) {
+            let shown = types.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(" and ");
+            self.fail(
+                op,
+                format!(
+                    "operands have different dtypes ({shown}); convert one with `.convert(DType::{:?})`",
+                    other.dtype
+                ),
+                at,
+                types[0].clone(),
+            );
+            return None;
+        }
+        let mut dims = types[0].dims.clone();
+        for t in &types[1..] {
+            match broadcast_dims(&dims, &t.dims) {
+                Some(d) => dims = d,
+                None => {
+                    let shown = types.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(" and ");
+                    self.fail(
+                        op,
+                        format!(
+                            "cannot broadcast {shown}: aligned from the right, each pair of dims \
+                             must be equal or 1"
+                        ),
+                        at,
+                        types[0].clone(),
+                    );
+                    return None;
+                }
+            }
+        }
+        Some(tensors.into_iter().map(|t| self.broadcast_to(t, &dims)).collect())
+    }
+
+    fn binary(&mut self, op: BinaryOp, a: Operand, b: Operand, at: &Location<'_>) -> Tensor {
+        let Some(ts) = self.unify(&[a, b], op.name(), at) else {
+            return self.stand_in_for(&[a, b]);
+        };
+        let ty = self.ty_of(ts[0]);
+        if ty.dtype == DType::Bool && op != BinaryOp::Max && op != BinaryOp::Min {
+            return self.fail(op.name(), format!("`{}` is not defined for bool tensors ({ty})", op.name()), at, ty);
+        }
+        self.push(Op::Binary(op), vec![ts[0].node, ts[1].node], ty)
+    }
+
+    fn compare(&mut self, op: CmpOp, a: Operand, b: Operand, at: &Location<'_>) -> Tensor {
+        let Some(ts) = self.unify(&[a, b], "compare", at) else {
+            let t = self.stand_in_for(&[a, b]);
+            let dims = self.ty_of(t).dims;
+            return self.stand_in(with_dims(DType::Bool, dims));
+        };
+        let dims = self.ty_of(ts[0]).dims;
+        self.push(Op::Compare(op), vec![ts[0].node, ts[1].node], with_dims(DType::Bool, dims))
+    }
+
+    fn stand_in_for(&mut self, operands: &[Operand]) -> Tensor {
+        let ty = operands
+            .iter()
+            .find_map(|o| match o {
+                Operand::Tensor(t) if t.trace == self.id && (t.node as usize) < self.graph.nodes.len() => {
+                    Some(self.ty_of(*t))
+                }
+                _ => None,
+            })
+            .unwrap_or_else(|| scalar_ty(DType::F32));
+        self.stand_in(ty)
+    }
+
+    fn unary(&mut self, op: UnaryOp, a: Tensor, at: &Location<'_>) -> Tensor {
+        if !self.owns(a, op.name(), at) {
+            return self.stand_in(scalar_ty(DType::F32));
+        }
+        let ty = self.ty_of(a);
+        if op.float_only() && !is_float(&ty) {
+            return self.fail(
+                op.name(),
+                format!("`{}` needs a float tensor, got {ty}; convert it first", op.name()),
+                at,
+                ty,
+            );
+        }
+        if ty.dtype == DType::Bool || (ty.dtype == DType::U8 && op == UnaryOp::Neg) {
+            return self.fail(op.name(), format!("`{}` is not defined for {ty}", op.name()), at, ty);
+        }
+        self.push(Op::Unary(op), vec![a.node], ty)
+    }
+
+    pub(super) fn dot_general(&mut self, a: Tensor, b: Tensor, d: DotDims, op: &'static str, at: &Location<'_>) -> Tensor {
+        let (ta, tb) = (self.ty_of(a), self.ty_of(b));
+        let guess = with_dims(ta.dtype, Vec::new());
+        if ta.dtype != tb.dtype {
+            return self.fail(op, format!("operands have different dtypes ({ta} and {tb})"), at, guess);
+        }
+        if ta.dtype == DType::Bool {
+            return self.fail(op, format!("cannot multiply bool tensors ({ta} and {tb})"), at, guess);
+        }
+        let (ra, rb) = (ta.dims.len(), tb.dims.len());
+        let lhs_all: Vec<usize> = d.lhs_batch.iter().chain(&d.lhs_contract).copied().collect();
+        let rhs_all: Vec<usize> = d.rhs_batch.iter().chain(&d.rhs_contract).copied().collect();
+        if check_axes(ra, &lhs_all).is_err()
+            || check_axes(rb, &rhs_all).is_err()
+            || d.lhs_batch.len() != d.rhs_batch.len()
+            || d.lhs_contract.len() != d.rhs_contract.len()
+        {
+            return self.fail(op, format!("invalid dimension numbers {d:?} for {ta} and {tb}"), at, guess);
+        }
+        for (&l, &r) in d.lhs_batch.iter().zip(&d.rhs_batch) {
+            if ta.dims[l] != tb.dims[r] {
+                return self.fail(
+                    op,
+                    format!("batch dims differ: {ta} dim {l} is {} but {tb} dim {r} is {}", ta.dims[l], tb.dims[r]),
+                    at,
+                    guess,
+                );
+            }
+        }
+        for (&l, &r) in d.lhs_contract.iter().zip(&d.rhs_contract) {
+            if ta.dims[l] != tb.dims[r] {
+                return self.fail(
+                    op,
+                    format!(
+                        "cannot multiply {ta} by {tb}: contracting dims differ (lhs dim {l} is {}, rhs dim {r} is {})",
+                        ta.dims[l], tb.dims[r]
+                    ),
+                    at,
+                    guess,
+                );
+            }
+        }
+        let mut dims: Vec<usize> = d.lhs_batch.iter().map(|&i| ta.dims[i]).collect();
+        dims.extend((0..ra).filter(|i| !lhs_all.contains(i)).map(|i| ta.dims[i]));
+        dims.extend((0..rb).filter(|i| !rhs_all.contains(i)).map(|i| tb.dims[i]));
+        self.push(Op::DotGeneral(d), vec![a.node, b.node], with_dims(ta.dtype, dims))
+    }
+
+    pub(super) fn reduce(&mut self, kind: ReduceOp, a: Tensor, axes: &[usize], keep: bool, op: &'static str, at: &Location<'_>) -> Tensor {
+        let ty = self.ty_of(a);
+        let axes = match check_axes(ty.dims.len(), axes) {
+            Ok(a) => a,
+            Err(msg) => return self.fail(op, format!("{msg} (operand {ty})"), at, ty),
+        };
+        if ty.dtype == DType::Bool {
+            return self.fail(op, format!("cannot reduce a bool tensor ({ty}); convert it first"), at, ty);
+        }
+        let out = with_dims(ty.dtype, reduced_dims(&ty.dims, &axes));
+        let r = self.push(Op::Reduce { kind, axes: axes.clone() }, vec![a.node], out);
+        if keep {
+            let kept = ty
+                .dims
+                .iter()
+                .enumerate()
+                .map(|(i, &d)| if axes.contains(&i) { 1 } else { d })
+                .collect();
+            self.push(Op::Reshape, vec![r.node], with_dims(ty.dtype, kept))
+        } else {
+            r
+        }
+    }
+
+    pub(super) fn reshape(&mut self, a: Tensor, dims: &[usize], at: &Location<'_>) -> Tensor {
+        let ty = self.ty_of(a);
+        let (have, want) = (ty.dims.iter().product::<usize>(), dims.iter().product::<usize>());
+        if have != want {
+            return self.fail(
+                "reshape",
+                format!("cannot reshape {ty} ({have} elements) to {:?} ({want} elements)", dims),
+                at,
+                with_dims(ty.dtype, dims.to_vec()),
+            );
+        }
+        if ty.dims == dims {
+            return a;
+        }
+        self.push(Op::Reshape, vec![a.node], with_dims(ty.dtype, dims.to_vec()))
+    }
+
+    pub(super) fn transpose(&mut self, a: Tensor, perm: &[usize], at: &Location<'_>) -> Tensor {
+        let ty = self.ty_of(a);
+        let mut sorted = perm.to_vec();
+        sorted.sort_unstable();
+        if sorted != (0..ty.dims.len()).collect::<Vec<_>>() {
+            return self.fail("transpose", format!("{perm:?} is not a permutation of the dims of {ty}"), at, ty);
+        }
+        let dims = perm.iter().map(|&p| ty.dims[p]).collect();
+        self.push(Op::Transpose { perm: perm.to_vec() }, vec![a.node], with_dims(ty.dtype, dims))
+    }
+
+    pub(super) fn slice(&mut self, a: Tensor, start: &[usize], limit: &[usize], strides: &[usize], at: &Location<'_>) -> Tensor {
+        let ty = self.ty_of(a);
+        let r = ty.dims.len();
+        let bad = start.len() != r
+            || limit.len() != r
+            || strides.len() != r
+            || (0..r).any(|i| start[i] > limit[i] || limit[i] > ty.dims[i] || strides[i] == 0);
+        if bad {
+            return self.fail(
+                "slice",
+                format!("invalid slice [{start:?}..{limit:?} step {strides:?}] of {ty}: need start ≤ limit ≤ dim and step ≥ 1 for each of the {r} dims"),
+                at,
+                ty,
+            );
+        }
+        let dims = (0..r).map(|i| (limit[i] - start[i]).div_ceil(strides[i])).collect();
+        self.push(
+            Op::Slice { start: start.to_vec(), limit: limit.to_vec(), strides: strides.to_vec() },
+            vec![a.node],
+            with_dims(ty.dtype, dims),
+        )
+    }
+
+    pub(super) fn concatenate(&mut self, parts: &[Tensor], axis: usize, at: &Location<'_>) -> Tensor {
+        let Some(&first) = parts.first() else {
+            return self.fail("concatenate", "nothing to concatenate".into(), at, scalar_ty(DType::F32));
+        };
+        let t0 = self.ty_of(first);
+        if axis >= t0.dims.len() {
+            return self.fail("concatenate", format!("axis {axis} is out of range for {t0}"), at, t0);
+        }
+        let mut total = 0;
+        for &p in parts {
+            let t = self.ty_of(p);
+            let same_rest = t.dims.len() == t0.dims.len()
+                && (0..t0.dims.len()).all(|i| i == axis || t.dims[i] == t0.dims[i]);
+            if t.dtype != t0.dtype || !same_rest {
+                return self.fail(
+                    "concatenate",
+                    format!("cannot concatenate {t0} and {t} along axis {axis}: dtypes and all other dims must match"),
+                    at,
+                    t0,
+                );
+            }
+            total += t.dims[axis];
+        }
+        let mut dims = t0.dims.clone();
+        dims[axis] = total;
+        self.push(Op::Concatenate { axis }, parts.iter().map(|p| p.node).collect(), with_dims(t0.dtype, dims))
+    }
+
+    pub(super) fn convert(&mut self, a: Tensor, dtype: DType) -> Tensor {
+        let ty = self.ty_of(a);
+        if ty.dtype == dtype {
+            return a;
+        }
+        self.push(Op::Convert, vec![a.node], with_dims(dtype, ty.dims))
+    }
+
+    pub(super) fn iota(&mut self, dtype: DType, dims: &[usize], axis: usize, at: &Location<'_>) -> Tensor {
+        let ty = with_dims(dtype, dims.to_vec());
+        if axis >= dims.len() || dtype == DType::Bool {
+            return self.fail("iota", format!("iota along axis {axis} of {ty} is not defined"), at, ty);
+        }
+        self.push(Op::Iota { axis }, Vec::new(), ty)
+    }
+
+    pub(super) fn select(&mut self, pred: Tensor, on_true: Operand, on_false: Operand, at: &Location<'_>) -> Tensor {
+        if !self.owns(pred, "select", at) {
+            return self.stand_in_for(&[on_true, on_false]);
+        }
+        let pt = self.ty_of(pred);
+        if pt.dtype != DType::Bool {
+            let t = self.stand_in_for(&[on_true, on_false]);
+            let ty = self.ty_of(t);
+            return self.fail("select", format!("the predicate must be a bool tensor, got {pt}"), at, ty);
+        }
+        let Some(vals) = self.unify(&[on_true, on_false], "select", at) else {
+            return self.stand_in_for(&[on_true, on_false]);
+        };
+        let vt = self.ty_of(vals[0]);
+        let Some(dims) = broadcast_dims(&pt.dims, &vt.dims) else {
+            return self.fail(
+                "select",
+                format!("cannot broadcast the predicate {pt} with the values {vt}"),
+                at,
+                vt,
+            );
+        };
+        let p = self.broadcast_to(pred, &dims);
+        let a = self.broadcast_to(vals[0], &dims);
+        let b = self.broadcast_to(vals[1], &dims);
+        self.push(Op::Select, vec![p.node, a.node, b.node], with_dims(vt.dtype, dims))
+    }
+}
+
+macro_rules! at {
+    () => {
+        Location::caller()
+    };
+}
+
+impl Tensor {
+    // ---- constants and creation ------------------------------------------------------------
+
+    /// A constant tensor holding `array` (large arrays are emitted compactly, as hex).
+    pub fn constant(array: Array) -> Tensor {
+        with_recording(|r| r.constant(array))
+    }
+
+    /// A rank-0 constant of `dtype`.
+    #[track_caller]
+    pub fn scalar(value: f64, dtype: DType) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.scalar(value, dtype, "constant", at))
+    }
+
+    /// A tensor of `dims` filled with `value`.
+    #[track_caller]
+    pub fn full(dims: &[usize], value: f64, dtype: DType) -> Tensor {
+        let at = at!();
+        with_recording(|r| {
+            let s = r.scalar(value, dtype, "constant", at);
+            r.broadcast_to(s, dims)
+        })
+    }
+
+    /// Zeros of this tensor's type.
+    pub fn zeros_like(self) -> Tensor {
+        let ty = self.ty();
+        Tensor::full(&ty.dims, 0.0, ty.dtype)
+    }
+
+    /// Indices along `axis`: element `[i0, i1, …]` is `i_axis`.
+    #[track_caller]
+    pub fn iota(dtype: DType, dims: &[usize], axis: usize) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.iota(dtype, dims, axis, at))
+    }
+
+    // ---- element-wise ----------------------------------------------------------------------
+
+    /// `e^x`.
+    #[track_caller]
+    pub fn exp(self) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.unary(UnaryOp::Exp, self, at))
+    }
+
+    /// Natural logarithm.
+    #[track_caller]
+    pub fn log(self) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.unary(UnaryOp::Log, self, at))
+    }
+
+    /// Hyperbolic tangent.
+    #[track_caller]
+    pub fn tanh(self) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.unary(UnaryOp::Tanh, self, at))
+    }
+
+    /// The logistic sigmoid `1 / (1 + e^-x)`.
+    #[track_caller]
+    pub fn logistic(self) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.unary(UnaryOp::Logistic, self, at))
+    }
+
+    /// Square root.
+    #[track_caller]
+    pub fn sqrt(self) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.unary(UnaryOp::Sqrt, self, at))
+    }
+
+    /// `1 / sqrt(x)`.
+    #[track_caller]
+    pub fn rsqrt(self) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.unary(UnaryOp::Rsqrt, self, at))
+    }
+
+    /// Absolute value.
+    #[track_caller]
+    pub fn abs(self) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.unary(UnaryOp::Abs, self, at))
+    }
+
+    /// `self ^ rhs`, broadcasting.
+    #[track_caller]
+    pub fn pow(self, rhs: impl Into<Operand>) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.binary(BinaryOp::Pow, self.into(), rhs.into(), at))
+    }
+
+    /// Element-wise maximum, broadcasting.
+    #[track_caller]
+    pub fn maximum(self, rhs: impl Into<Operand>) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.binary(BinaryOp::Max, self.into(), rhs.into(), at))
+    }
+
+    /// Element-wise minimum, broadcasting.
+    #[track_caller]
+    pub fn minimum(self, rhs: impl Into<Operand>) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.binary(BinaryOp::Min, self.into(), rhs.into(), at))
+    }
+
+    /// `max(x, 0)`.
+    #[track_caller]
+    pub fn relu(self) -> Tensor {
+        self.maximum(0.0)
+    }
+
+    /// Converts to another element type (floats to ints truncate toward zero; to bool is `x != 0`).
+    pub fn convert(self, dtype: DType) -> Tensor {
+        with_recording(|r| r.convert(self, dtype))
+    }
+
+    // ---- comparisons and selection ---------------------------------------------------------
+
+    fn cmp(self, op: CmpOp, rhs: Operand, at: &Location<'_>) -> Tensor {
+        with_recording(|r| r.compare(op, self.into(), rhs, at))
+    }
+
+    /// `self == rhs`, element-wise (bool result).
+    #[track_caller]
+    pub fn equal(self, rhs: impl Into<Operand>) -> Tensor {
+        self.cmp(CmpOp::Eq, rhs.into(), at!())
+    }
+
+    /// `self != rhs`, element-wise.
+    #[track_caller]
+    pub fn not_equal(self, rhs: impl Into<Operand>) -> Tensor {
+        self.cmp(CmpOp::Ne, rhs.into(), at!())
+    }
+
+    /// `self < rhs`, element-wise.
+    #[track_caller]
+    pub fn less(self, rhs: impl Into<Operand>) -> Tensor {
+        self.cmp(CmpOp::Lt, rhs.into(), at!())
+    }
+
+    /// `self <= rhs`, element-wise.
+    #[track_caller]
+    pub fn less_equal(self, rhs: impl Into<Operand>) -> Tensor {
+        self.cmp(CmpOp::Le, rhs.into(), at!())
+    }
+
+    /// `self > rhs`, element-wise.
+    #[track_caller]
+    pub fn greater(self, rhs: impl Into<Operand>) -> Tensor {
+        self.cmp(CmpOp::Gt, rhs.into(), at!())
+    }
+
+    /// `self >= rhs`, element-wise.
+    #[track_caller]
+    pub fn greater_equal(self, rhs: impl Into<Operand>) -> Tensor {
+        self.cmp(CmpOp::Ge, rhs.into(), at!())
+    }
+
+    /// `on_true` where `pred` holds, else `on_false`; all three broadcast together.
+    #[track_caller]
+    pub fn select(pred: Tensor, on_true: impl Into<Operand>, on_false: impl Into<Operand>) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.select(pred, on_true.into(), on_false.into(), at))
+    }
+
+    // ---- products --------------------------------------------------------------------------
+
+    /// Matrix product. `[m, k] · [k, n] → [m, n]`; a rank-1 operand is a vector
+    /// (`[k] · [k, n] → [n]`, `[m, k] · [k] → [m]`); rank ≥ 3 operands are batches with equal
+    /// leading dims (`[b, m, k] · [b, k, n] → [b, m, n]`).
+    #[track_caller]
+    pub fn matmul(self, rhs: Tensor) -> Tensor {
+        let at = at!();
+        with_recording(|r| {
+            let (ta, tb) = (r.ty_of(self), r.ty_of(rhs));
+            let (ra, rb) = (ta.dims.len(), tb.dims.len());
+            let dims = match (ra, rb) {
+                (1, 1) => Some(DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![0], rhs_contract: vec![0] }),
+                (1, 2) => Some(DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![0], rhs_contract: vec![0] }),
+                (2, 1) => Some(DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![1], rhs_contract: vec![0] }),
+                (a, b) if a >= 2 && a == b => Some(DotDims {
+                    lhs_batch: (0..a - 2).collect(),
+                    rhs_batch: (0..a - 2).collect(),
+                    lhs_contract: vec![a - 1],
+                    rhs_contract: vec![b - 2],
+                }),
+                _ => None,
+            };
+            match dims {
+                Some(d) => {
+                    let k_l = ta.dims.get(d.lhs_contract[0]).copied();
+                    let k_r = tb.dims.get(d.rhs_contract[0]).copied();
+                    if k_l != k_r {
+                        return r.fail(
+                            "matmul",
+                            format!(
+                                "cannot multiply {ta} by {tb}: the lhs has {} columns but the rhs has {} rows",
+                                k_l.unwrap_or(0),
+                                k_r.unwrap_or(0)
+                            ),
+                            at,
+                            with_dims(ta.dtype, Vec::new()),
+                        );
+                    }
+                    r.dot_general(self, rhs, d, "matmul", at)
+                }
+                None => r.fail(
+                    "matmul",
+                    format!("cannot multiply {ta} by {tb}: ranks must be 1 or 2, or equal (batched)"),
+                    at,
+                    with_dims(ta.dtype, Vec::new()),
+                ),
+            }
+        })
+    }
+
+    /// A general product with explicit batch and contracting dims (see [`DotDims`]).
+    #[track_caller]
+    pub fn dot_general(self, rhs: Tensor, dims: DotDims) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.dot_general(self, rhs, dims, "dot_general", at))
+    }
+
+    // ---- shape -----------------------------------------------------------------------------
+
+    /// The same elements with new dims (equal element count).
+    #[track_caller]
+    pub fn reshape(self, dims: &[usize]) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.reshape(self, dims, at))
+    }
+
+    /// Permutes dims: result dim `i` is dim `perm[i]`.
+    #[track_caller]
+    pub fn transpose(self, perm: &[usize]) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.transpose(self, perm, at))
+    }
+
+    /// The transpose of a matrix.
+    #[track_caller]
+    pub fn t(self) -> Tensor {
+        self.transpose(&[1, 0])
+    }
+
+    /// Elements `start[i]..limit[i]` of each dim.
+    #[track_caller]
+    pub fn slice(self, start: &[usize], limit: &[usize]) -> Tensor {
+        let at = at!();
+        let ones = vec![1; start.len()];
+        with_recording(|r| r.slice(self, start, limit, &ones, at))
+    }
+
+    /// Elements `start[i]..limit[i]` of each dim, every `strides[i]`-th.
+    #[track_caller]
+    pub fn slice_strided(self, start: &[usize], limit: &[usize], strides: &[usize]) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.slice(self, start, limit, strides, at))
+    }
+
+    /// Joins tensors along `axis`.
+    #[track_caller]
+    pub fn concatenate(parts: &[Tensor], axis: usize) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.concatenate(parts, axis, at))
+    }
+
+    /// Broadcasts to `dims`, NumPy-style.
+    #[track_caller]
+    pub fn broadcast_to(self, dims: &[usize]) -> Tensor {
+        let at = at!();
+        with_recording(|r| {
+            let ty = r.ty_of(self);
+            match broadcast_dims(&ty.dims, dims) {
+                Some(d) if d == dims => r.broadcast_to(self, dims),
+                _ => r.fail("broadcast", format!("cannot broadcast {ty} to {dims:?}"), at, with_dims(ty.dtype, dims.to_vec())),
+            }
+        })
+    }
+
+    // ---- reductions ------------------------------------------------------------------------
+
+    /// Sum over `axes` (removed).
+    #[track_caller]
+    pub fn sum(self, axes: &[usize]) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.reduce(ReduceOp::Sum, self, axes, false, "sum", at))
+    }
+
+    /// Sum over `axes`, kept as dims of size 1.
+    #[track_caller]
+    pub fn sum_keep(self, axes: &[usize]) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.reduce(ReduceOp::Sum, self, axes, true, "sum", at))
+    }
+
+    /// Sum of all elements (a scalar).
+    #[track_caller]
+    pub fn sum_all(self) -> Tensor {
+        let axes: Vec<usize> = (0..self.rank()).collect();
+        self.sum(&axes)
+    }
+
+    /// Maximum over `axes` (removed).
+    #[track_caller]
+    pub fn max(self, axes: &[usize]) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.reduce(ReduceOp::Max, self, axes, false, "max", at))
+    }
+
+    /// Maximum over `axes`, kept as dims of size 1.
+    #[track_caller]
+    pub fn max_keep(self, axes: &[usize]) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.reduce(ReduceOp::Max, self, axes, true, "max", at))
+    }
+
+    /// Minimum over `axes` (removed).
+    #[track_caller]
+    pub fn min(self, axes: &[usize]) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.reduce(ReduceOp::Min, self, axes, false, "min", at))
+    }
+
+    /// Mean over `axes` (removed). Float tensors only.
+    #[track_caller]
+    pub fn mean(self, axes: &[usize]) -> Tensor {
+        self.mean_impl(axes, false, at!())
+    }
+
+    /// Mean over `axes`, kept as dims of size 1.
+    #[track_caller]
+    pub fn mean_keep(self, axes: &[usize]) -> Tensor {
+        self.mean_impl(axes, true, at!())
+    }
+
+    /// Mean of all elements (a scalar).
+    #[track_caller]
+    pub fn mean_all(self) -> Tensor {
+        let axes: Vec<usize> = (0..self.rank()).collect();
+        self.mean_impl(&axes, false, at!())
+    }
+
+    fn mean_impl(self, axes: &[usize], keep: bool, at: &Location<'_>) -> Tensor {
+        with_recording(|r| {
+            let ty = r.ty_of(self);
+            if !is_float(&ty) {
+                return r.fail("mean", format!("mean needs a float tensor, got {ty}"), at, ty);
+            }
+            let count: usize = axes.iter().filter_map(|&a| ty.dims.get(a)).product();
+            let s = r.reduce(ReduceOp::Sum, self, axes, keep, "mean", at);
+            let dims = r.ty_of(s).dims;
+            let n = r.scalar(count as f64, ty.dtype, "mean", at);
+            let n = r.broadcast_to(n, &dims);
+            r.push(Op::Binary(BinaryOp::Div), vec![s.node, n.node], with_dims(ty.dtype, dims))
+        })
+    }
+
+    /// The index of the maximum along `axis` (the first on ties), as `i32`. Not differentiable.
+    #[track_caller]
+    pub fn argmax(self, axis: usize) -> Tensor {
+        let ty = self.ty();
+        let m = self.max_keep(&[axis]);
+        let is_max = self.equal(m);
+        let idx = Tensor::iota(DType::I32, &ty.dims, axis.min(ty.dims.len().saturating_sub(1)));
+        let big = ty.dims.get(axis).copied().unwrap_or(0) as f64;
+        Tensor::select(is_max, idx, big).min(&[axis])
+    }
+
+    /// One-hot encoding: integer labels `[..]` become `[.., classes]` of `dtype`.
+    #[track_caller]
+    pub fn one_hot(self, classes: usize, dtype: DType) -> Tensor {
+        let at = at!();
+        let ty = self.ty();
+        if ty.dtype.is_float() || ty.dtype == DType::Bool {
+            return with_recording(|r| {
+                let mut dims = ty.dims.clone();
+                dims.push(classes);
+                r.fail("one_hot", format!("labels must be integers, got {ty}"), at, with_dims(dtype, dims))
+            });
+        }
+        let mut dims = ty.dims.clone();
+        dims.push(classes);
+        let rank = dims.len();
+        let classes_iota = Tensor::iota(ty.dtype, &dims, rank - 1);
+        let labels = self.reshape(&[ty.dims.as_slice(), &[1]].concat());
+        classes_iota.equal(labels).convert(dtype)
+    }
+}
+
+macro_rules! binary_operator {
+    ($trait:ident, $method:ident, $op:expr) => {
+        impl<R: Into<Operand>> ops::$trait<R> for Tensor {
+            type Output = Tensor;
+            #[track_caller]
+            fn $method(self, rhs: R) -> Tensor {
+                let at = at!();
+                with_recording(|r| r.binary($op, self.into(), rhs.into(), at))
+            }
+        }
+
+        impl ops::$trait<Tensor> for f64 {
+            type Output = Tensor;
+            #[track_caller]
+            fn $method(self, rhs: Tensor) -> Tensor {
+                let at = at!();
+                with_recording(|r| r.binary($op, Operand::Scalar(self), rhs.into(), at))
+            }
+        }
+    };
+}
+
+binary_operator!(Add, add, BinaryOp::Add);
+binary_operator!(Sub, sub, BinaryOp::Sub);
+binary_operator!(Mul, mul, BinaryOp::Mul);
+binary_operator!(Div, div, BinaryOp::Div);
+
+impl ops::Neg for Tensor {
+    type Output = Tensor;
+    #[track_caller]
+    fn neg(self) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.unary(UnaryOp::Neg, self, at))
+    }
+}
