@@ -91,3 +91,67 @@ impl SplitMix64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 }
+
+impl Activation {
+    /// Applies the activation to a traced tensor.
+    pub fn apply(self, x: Tensor) -> Tensor {
+        match self {
+            Activation::Tanh => x.tanh(),
+            Activation::Relu => x.relu(),
+        }
+    }
+}
+
+/// A batch of examples: pixels `[batch, 64]` (f32) and labels `[batch]` (i32).
+#[derive(Tree, Clone, Debug)]
+pub struct Batch {
+    /// Pixels.
+    pub x: Array,
+    /// Labels.
+    pub y: Array,
+}
+
+impl Batch {
+    /// Rows `start..start + len` of the data set.
+    pub fn slice(data: &data::Digits, start: usize, len: usize) -> Batch {
+        let x = data.x.as_slice::<f32>().unwrap_or(&[]);
+        let y = data.y.as_slice::<i32>().unwrap_or(&[]);
+        let end = (start + len).min(data.rows());
+        let rows = end.saturating_sub(start);
+        Batch {
+            x: Array::from_vec(&[rows, 64], x[start * 64..end * 64].to_vec())
+                .unwrap_or_else(|_| Array::zeros(DType::F32, &[rows, 64])),
+            y: Array::from_vec(&[rows], y[start..end].to_vec())
+                .unwrap_or_else(|_| Array::zeros(DType::I32, &[rows])),
+        }
+    }
+}
+
+/// The network: dense layers with the activation between them, logits out.
+pub fn forward(v: &DigitsMlpView<'_>, x: Tensor) -> Tensor {
+    let Some((last, hidden)) = v.layers.split_last() else {
+        return x;
+    };
+    let h = hidden
+        .iter()
+        .fold(x, |h, l| v.arch.activation.apply(h.matmul(l.w) + l.b));
+    h.matmul(last.w) + last.b
+}
+
+/// Per-example cross-entropy, shape `[batch]`.
+pub fn loss(v: &DigitsMlpView<'_>, batch: &BatchMirror<Tensor>) -> Tensor {
+    nitro::trace::nn::softmax_cross_entropy(forward(v, batch.x), batch.y)
+}
+
+/// The gradient program: the mean loss, then the gradient of every layer's `w` and `b`, in
+/// the order the layers' leaves are walked.
+pub fn loss_and_grads(v: &DigitsMlpView<'_>, batch: &BatchMirror<Tensor>) -> Vec<Tensor> {
+    let mean = loss(v, batch).mean_all();
+    let params: Vec<Tensor> = v.layers.iter().flat_map(|l| [l.w, l.b]).collect();
+    let grads = nitro::trace::grad(mean, &params);
+    std::iter::once(mean).chain(grads).collect()
+}
+
+/// The gradient program of [`DigitsMlp`].
+pub const GRAD: nitro::program::Program<DigitsMlp, BatchMirror<Tensor>, Vec<Tensor>> =
+    DigitsMlp::program("grad", loss_and_grads);

@@ -82,8 +82,147 @@ pub enum Error {
     },
 
     /// A trace was started while another was active on the same thread.
-    #[error("a trace is already being recorded on this thread; programs cannot trace other programs")]
+    #[error(
+        "a trace is already being recorded on this thread; programs cannot trace other programs"
+    )]
     NestedTrace,
+
+    /// A graph given to a backend is not well formed: an op's operands, attributes or result type
+    /// do not fit together (only hand-built or edited graphs can be; traced graphs are checked).
+    #[error(
+        "node %{node} (`{op}`) of the graph is malformed: {message}; build graphs with \
+         `nitro::trace::trace`, which checks shapes and dtypes, or fix the node"
+    )]
+    InvalidGraph {
+        /// The node's id.
+        node: u32,
+        /// The node's op name.
+        op: &'static str,
+        /// What does not fit.
+        message: String,
+    },
+
+    /// No PJRT plugin is installed where nitro looks for one.
+    #[error(
+        "no PJRT plugin (XLA) found ({searched}); install one with \
+         `pip install --no-deps lammps-jax-pjrt-cpu==0.11.2` for the `python3` on PATH, or set \
+         NITRO_PJRT_PLUGIN=/path/to/plugin.so, or set NITRO_BACKEND=interp to run on the \
+         reference interpreter"
+    )]
+    PjrtPluginNotFound {
+        /// Where discovery looked.
+        searched: String,
+    },
+
+    /// A file could not be used as a PJRT plugin.
+    #[error(
+        "cannot use `{}` as a PJRT plugin: {reason}; point NITRO_PJRT_PLUGIN at a PJRT plugin \
+         file, or install one with `pip install --no-deps lammps-jax-pjrt-cpu==0.11.2`",
+        path.display()
+    )]
+    PjrtPlugin {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The plugin lacks a PJRT function nitro needs for this call.
+    #[error(
+        "the PJRT plugin `{}` (C API {major}.{minor}) does not provide {function}; use a newer \
+         plugin (`pip install --no-deps lammps-jax-pjrt-cpu==0.11.2`)",
+        path.display()
+    )]
+    PjrtUnsupported {
+        /// The plugin file.
+        path: std::path::PathBuf,
+        /// The C function.
+        function: &'static str,
+        /// The plugin's API major version.
+        major: i32,
+        /// The plugin's API minor version.
+        minor: i32,
+    },
+
+    /// A PJRT call returned an error.
+    #[error("{call} failed in the XLA plugin ({code}): {message}")]
+    Pjrt {
+        /// The C function.
+        call: &'static str,
+        /// The PJRT error code's name (`INVALID_ARGUMENT`, …), or `nitro` for a contract the
+        /// plugin broke.
+        code: &'static str,
+        /// The plugin's message.
+        message: String,
+    },
+
+    /// XLA rejected a program's StableHLO text.
+    #[error(
+        "XLA could not compile the program: {first_line}\n(the StableHLO text is invalid for \
+         this plugin: fix the emitted text, or use a newer plugin; LINE:COL point into the text; \
+         code {code}; XLA's full message follows)\n{message}"
+    )]
+    XlaCompile {
+        /// The PJRT error code's name.
+        code: &'static str,
+        /// XLA's first error line: the real error (`-:LINE:COL: error: …`).
+        first_line: String,
+        /// XLA's whole message (its last line about "forward incompatibility" is boilerplate).
+        message: String,
+    },
+
+    /// A compiled program's outputs (or an output buffer) do not match the declared types.
+    #[error(
+        "the compiled program {what}; declare the input and output types that the program \
+         text has"
+    )]
+    ProgramSignature {
+        /// What differs.
+        what: String,
+    },
+
+    /// An argument buffer belongs to another PJRT client than the executable.
+    #[error(
+        "argument {index} lives on another PJRT client than the executable; upload it through \
+         the executable's client"
+    )]
+    ForeignBuffer {
+        /// Position of the argument.
+        index: usize,
+    },
+
+    /// A serialized executable was built by a different backend, so it was not loaded.
+    #[error(
+        "the serialized executable was built for another backend ({component}: stored \
+         {stored}, here {current}), so it was not loaded; compile the program again \
+         (executables are native code tied to the plugin file, the CPU and the options)"
+    )]
+    BackendMismatch {
+        /// The identity component that differs.
+        component: &'static str,
+        /// Its value in the serialized executable.
+        stored: String,
+        /// Its value for this client.
+        current: String,
+    },
+
+    /// Bytes given to deserialize are not an intact serialized nitro executable.
+    #[error("the bytes are not an intact serialized nitro executable: {reason}; discard them and compile again")]
+    InvalidSerializedExecutable {
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// An environment setting has a value nitro does not accept.
+    #[error("{variable}={value:?} cannot be used; set it to {accepted}")]
+    BackendSetting {
+        /// The variable.
+        variable: &'static str,
+        /// Its value.
+        value: String,
+        /// What is accepted.
+        accepted: &'static str,
+    },
 }
 
 fn describe_trace(e: &crate::trace::TraceError) -> String {

@@ -41,7 +41,7 @@
 //!
 //! The crate's modules follow the pipeline: [`hash`] → [`tree`] → [`trace`] → [`experiment`](mod@experiment).
 #![deny(rustdoc::broken_intra_doc_links)]
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 // Lets derived code inside this crate (tests, docs) name `::nitro`.
 #[allow(unused_extern_crates)]
@@ -52,6 +52,7 @@ pub mod emit;
 pub mod error;
 pub mod experiment;
 pub mod hash;
+pub mod program;
 pub mod trace;
 pub mod tree;
 

@@ -753,6 +753,17 @@ impl<T: Tree> Tree for Box<T> {
     }
 }
 
+/// The empty tree: no leaves (the inputs of a program that takes none besides its view).
+impl Tree for () {
+    type Mirror<L> = ();
+
+    fn visit(&self, _: &mut LeafPath, _: &mut dyn FnMut(&LeafPath, Node<'_>)) {}
+
+    fn visit_mut(&mut self, _: &mut LeafPath, _: &mut dyn FnMut(&LeafPath, &mut Array)) {}
+
+    fn mirror<L>(&self, _: &mut LeafPath, _: &mut dyn FnMut(&LeafPath, &Array) -> L) {}
+}
+
 macro_rules! tuple_trees {
     ($(($($name:ident . $idx:tt),+))*) => {$(
         impl<$($name: Tree),+> Tree for ($($name,)+) {

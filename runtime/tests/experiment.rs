@@ -175,17 +175,19 @@ fn the_type_path_and_field_names_seed_the_digest() {
 fn view_holds_graph_consts_by_reference_and_devices_as_tensors() {
     let d = digits();
     let mut seen = Vec::new();
-    let mut next = 0u32;
-    let view = d.view(&mut |field: &FieldInfo, path: &LeafPath, leaf: &Array| {
-        seen.push((field.name, path.to_string(), leaf.dims().to_vec()));
-        next += 1;
-        Tensor::__from_node(next - 1)
-    });
-    assert!(std::ptr::eq(view.arch, &d.arch));
-    assert_eq!(*view.classes, 10);
-    assert_eq!(view.layers.len(), 2);
-    assert_eq!(view.layers[1].b.node(), 3);
-    assert_eq!(view.lr.node(), 4);
+    nitro::trace::trace_with(|| {
+        let view = d.view(&mut |field: &FieldInfo, path: &LeafPath, leaf: &Array| {
+            seen.push((field.name, path.to_string(), leaf.dims().to_vec()));
+            nitro::trace::input(path.as_str(), leaf.leaf_type())
+        });
+        assert!(std::ptr::eq(view.arch, &d.arch));
+        assert_eq!(*view.classes, 10);
+        assert_eq!(view.layers.len(), 2);
+        assert_eq!(view.layers[1].b.dims(), vec![10]);
+        assert_eq!(view.lr.dims(), Vec::<usize>::new());
+        vec![view.layers[1].b]
+    })
+    .unwrap();
     assert_eq!(seen[2], ("layers", "layers[1].w".to_owned(), vec![128, 10]));
     assert_eq!(seen.len(), 5);
 }
@@ -336,8 +338,12 @@ fn generic_experiments_key_on_their_fields() {
     assert_eq!(g.graph_const_digest(), h.graph_const_digest());
     assert_eq!((g.host_only, h.host_only), ("x", 5.0));
     assert_eq!(g.device_signature().to_string(), "params[0]: i32[2]");
-    let v = g.view(&mut |_, _, _| Tensor::__from_node(9));
-    assert_eq!((*v.config, v.params[0].node()), (3, 9));
+    nitro::trace::trace_with(|| {
+        let v = g.view(&mut |_, path, leaf| nitro::trace::input(path.as_str(), leaf.leaf_type()));
+        assert_eq!((*v.config, v.params[0].dims()), (3, vec![2]));
+        vec![]
+    })
+    .unwrap();
 }
 
 #[test]

@@ -1,1 +1,551 @@
-//! StableHLO emission: a [`Graph`](crate::trace::Graph) as deterministic MLIR text.
+//! StableHLO emission: a [`Graph`] as deterministic MLIR text.
+//!
+//! The text is what XLA compiles (PJRT program format `"mlir"`), and its blake3 digest is the
+//! program's [`fingerprint`]. Every form used here is one the op catalog
+//! (`reference/stablehlo-ops/`) saw compile and compute the right values on the XLA CPU plugins.
+//!
+//! ```
+//! use nitro::trace::trace;
+//! use nitro::{DType, LeafType};
+//!
+//! let x = LeafType { dtype: DType::F32, dims: vec![2, 3] };
+//! let graph = trace(&[("x".into(), x)], |inputs| vec![(inputs[0] * 2.0).tanh()])?;
+//! let text = nitro::emit::emit(&graph);
+//! assert!(text.starts_with("module @nitro {\n  func.func public @main(%arg0: tensor<2x3xf32>) -> tensor<2x3xf32> {\n"));
+//! assert!(text.contains("stablehlo.constant dense<0x40000000> : tensor<f32>")); // 2.0, as bits
+//! assert_eq!(nitro::emit::fingerprint(&text), nitro::emit::fingerprint(&nitro::emit::emit(&graph)));
+//! # Ok::<(), nitro::Error>(())
+//! ```
+//!
+//! # The text
+//!
+//! - One `module @nitro` holding `func.func public @main`. Arguments are `%arg0`, `%arg1`, … in
+//!   input order (all inputs, used or not); results are the graph's outputs in order, written
+//!   `-> T` for one and `-> (T0, T1)` otherwise.
+//! - Only nodes some output depends on ([`Graph::live`]) are written. Parameters are their
+//!   `%argN`; the other live nodes are numbered `%0`, `%1`, … in node order, so the names depend
+//!   only on the graph. A reduction's init constant is written just before it as `%initN`, `N`
+//!   being the reduction's own number.
+//! - Types are `tensor<2x3xf32>`, `tensor<f32>` for a scalar, with element types `f32 f64 i32 i64`,
+//!   `ui8` for `u8` and `i1` for `bool`.
+//! - Floats never appear as decimal text. A splat (every element equal, compared by bits, which
+//!   includes scalars) is written as its bit pattern, `dense<0x3F800000>`; other float and
+//!   integer constants are one quoted little-endian hex string, `dense<"0x0000803F...">`,
+//!   written straight from a lookup table. Integer splats are decimal (`dense<-1>`). `bool`
+//!   constants are `dense<true>` or a nested `dense<[[true, false], ...]>` list, because the
+//!   plugins disagree on `i1` hex. A constant with no elements is `dense<>`.
+//! - Comparisons carry their type: `FLOAT` for floats, `SIGNED` for `i32`/`i64`, `UNSIGNED` for
+//!   `ui8` and `i1`.
+
+use std::fmt::{self, Write as _};
+
+use crate::hash::Digest;
+use crate::trace::ir::{CmpOp, DotDims, Graph, Node, NodeId, Op, ReduceOp};
+use crate::tree::{ArrayData, DType, LeafType};
+
+/// How to emit a program beyond its graph.
+///
+/// ```
+/// let opts = nitro::emit::EmitOptions { donate: vec![(0, 0)] };
+/// assert_eq!(opts.donate, [(0, 0)]);
+/// assert!(nitro::emit::EmitOptions::default().donate.is_empty());
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct EmitOptions {
+    /// Donated arguments as `(input, output)` pairs: input `input` carries
+    /// `{tf.aliasing_output = output : i32}`, so XLA may write output `output` into its buffer
+    /// and PJRT deletes the input buffer after execute. The two must have the same byte size, or
+    /// XLA refuses to compile. An input listed twice uses its first pair; pairs naming an input
+    /// the graph does not have are ignored.
+    pub donate: Vec<(usize, usize)>,
+}
+
+/// The StableHLO text of `graph`, with no donated arguments (see the [module docs](self)).
+pub fn emit(graph: &Graph) -> String {
+    emit_with(graph, &EmitOptions::default())
+}
+
+/// The StableHLO text of `graph`, with the arguments in `options.donate` donated.
+///
+/// The same graph and options always give byte-identical text.
+pub fn emit_with(graph: &Graph, options: &EmitOptions) -> String {
+    let mut e = Emitter::new(graph);
+    // Writing into a `String` cannot fail; the `fmt::Result` plumbing only serves `write!`.
+    let _ = e.module(options);
+    e.out
+}
+
+/// The program's fingerprint: the blake3 digest of its StableHLO text.
+///
+/// ```
+/// let a = nitro::emit::fingerprint("module {}");
+/// assert_eq!(a, nitro::Digest::from(blake3::hash(b"module {}")));
+/// assert_ne!(a, nitro::emit::fingerprint("module { }"));
+/// ```
+pub fn fingerprint(text: &str) -> Digest {
+    Digest::from(blake3::hash(text.as_bytes()))
+}
+
+/// The MLIR element type of a dtype.
+const fn element_type(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "f32",
+        DType::F64 => "f64",
+        DType::I32 => "i32",
+        DType::I64 => "i64",
+        DType::U8 => "ui8",
+        DType::Bool => "i1",
+    }
+}
+
+/// The `compare` type that suits a dtype (other pairings fail XLA's HLO verifier on some plugins).
+const fn comparison_type(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 | DType::F64 => "FLOAT",
+        DType::I32 | DType::I64 => "SIGNED",
+        DType::U8 | DType::Bool => "UNSIGNED",
+    }
+}
+
+/// A tensor type: `tensor<2x3xf32>`, `tensor<f32>`; `tensor<invalid>` for a missing node.
+#[derive(Clone, Copy)]
+struct Ty<'a>(Option<&'a LeafType>);
+
+impl fmt::Display for Ty<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Some(ty) = self.0 else {
+            return f.write_str("tensor<invalid>");
+        };
+        f.write_str("tensor<")?;
+        for d in &ty.dims {
+            write!(f, "{d}x")?;
+        }
+        write!(f, "{}>", element_type(ty.dtype))
+    }
+}
+
+/// A list of dims: `[0, 1]`, `[]`.
+struct List<'a>(&'a [usize]);
+
+impl fmt::Display for List<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[")?;
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{d}")?;
+        }
+        f.write_str("]")
+    }
+}
+
+/// The SSA name of a node's value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ssa {
+    /// Function argument `%argN`.
+    Arg(usize),
+    /// Computed value `%N`.
+    Value(usize),
+    /// A node that is not emitted (only reachable through a malformed graph).
+    Missing,
+}
+
+impl fmt::Display for Ssa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Ssa::Arg(i) => write!(f, "%arg{i}"),
+            Ssa::Value(i) => write!(f, "%{i}"),
+            Ssa::Missing => f.write_str("%missing"),
+        }
+    }
+}
+
+struct Emitter<'g> {
+    graph: &'g Graph,
+    live: Vec<bool>,
+    names: Vec<Ssa>,
+    out: String,
+}
+
+impl<'g> Emitter<'g> {
+    fn new(graph: &'g Graph) -> Self {
+        let live = graph.live();
+        let mut next = 0;
+        let names = graph
+            .nodes
+            .iter()
+            .zip(&live)
+            .map(|(node, &is_live)| match node.op {
+                Op::Parameter { index } => Ssa::Arg(index),
+                _ if is_live => {
+                    next += 1;
+                    Ssa::Value(next - 1)
+                }
+                _ => Ssa::Missing,
+            })
+            .collect();
+        Emitter {
+            graph,
+            live,
+            names,
+            out: String::new(),
+        }
+    }
+
+    /// The name of node `id`.
+    fn name(&self, id: NodeId) -> Ssa {
+        self.names.get(id as usize).copied().unwrap_or(Ssa::Missing)
+    }
+
+    /// The type of node `id`.
+    fn ty(&self, id: NodeId) -> Ty<'g> {
+        Ty(self.graph.nodes.get(id as usize).map(|n| &n.ty))
+    }
+
+    /// Operand `k` of `node` (`NodeId::MAX`, which names nothing, when absent).
+    fn input(node: &Node, k: usize) -> NodeId {
+        node.inputs.get(k).copied().unwrap_or(NodeId::MAX)
+    }
+
+    fn module(&mut self, options: &EmitOptions) -> fmt::Result {
+        let graph = self.graph;
+        let out = &mut self.out;
+        out.push_str("module @nitro {\n  func.func public @main(");
+        for (i, input) in graph.inputs.iter().enumerate() {
+            if i > 0 {
+                out.push_str(", ");
+            }
+            write!(out, "%arg{i}: {}", Ty(Some(&input.ty)))?;
+            if let Some(&(_, k)) = options.donate.iter().find(|&&(d, _)| d == i) {
+                write!(out, " {{tf.aliasing_output = {k} : i32}}")?;
+            }
+        }
+        out.push(')');
+        match graph.outputs.as_slice() {
+            [] => {}
+            &[o] => write!(self.out, " -> {}", self.ty(o))?,
+            outputs => {
+                self.out.push_str(" -> (");
+                self.types(outputs)?;
+                self.out.push(')');
+            }
+        }
+        self.out.push_str(" {\n");
+
+        for (id, node) in graph.nodes.iter().enumerate() {
+            if self.live[id] && !matches!(node.op, Op::Parameter { .. }) {
+                self.node(id as NodeId, node)?;
+            }
+        }
+
+        self.out.push_str("    return");
+        for (i, &o) in graph.outputs.iter().enumerate() {
+            let sep = if i == 0 { " " } else { ", " };
+            write!(self.out, "{sep}{}", self.name(o))?;
+        }
+        if !graph.outputs.is_empty() {
+            self.out.push_str(" : ");
+            self.types(&graph.outputs)?;
+        }
+        self.out.push_str("\n  }\n}\n");
+        Ok(())
+    }
+
+    /// `T0, T1, ...` for the nodes `ids`.
+    fn types(&mut self, ids: &[NodeId]) -> fmt::Result {
+        for (i, &id) in ids.iter().enumerate() {
+            if i > 0 {
+                self.out.push_str(", ");
+            }
+            write!(self.out, "{}", self.ty(id))?;
+        }
+        Ok(())
+    }
+
+    /// One node's line (two for a reduction).
+    fn node(&mut self, id: NodeId, node: &Node) -> fmt::Result {
+        let me = self.name(id);
+        let ty = Ty(Some(&node.ty));
+        let a = Self::input(node, 0);
+        let (an, at) = (self.name(a), self.ty(a));
+        let out = &mut self.out;
+        match &node.op {
+            // Parameters are arguments, never lines; `module` skips them.
+            Op::Parameter { .. } => Ok(()),
+            Op::Constant(array) => {
+                write!(out, "    {me} = stablehlo.constant ")?;
+                dense(out, array.data(), array.dims());
+                writeln!(out, " : {ty}")
+            }
+            Op::Iota { axis } => writeln!(out, "    {me} = stablehlo.iota dim = {axis} : {ty}"),
+            Op::Unary(u) => writeln!(out, "    {me} = stablehlo.{} {an} : {ty}", u.name()),
+            Op::Binary(b) => {
+                let bn = self.name(Self::input(node, 1));
+                writeln!(
+                    self.out,
+                    "    {me} = stablehlo.{} {an}, {bn} : {ty}",
+                    b.name()
+                )
+            }
+            Op::Compare(c) => {
+                let b = Self::input(node, 1);
+                let (bn, bt) = (self.name(b), self.ty(b));
+                let kind = at.0.map_or("FLOAT", |t| comparison_type(t.dtype));
+                let dir = CmpOp::direction(*c);
+                writeln!(
+                    self.out,
+                    "    {me} = stablehlo.compare {dir}, {an}, {bn}, {kind} : ({at}, {bt}) -> {ty}"
+                )
+            }
+            Op::Select => {
+                let (t, f) = (Self::input(node, 1), Self::input(node, 2));
+                let (tn, tt, fname, ft) = (self.name(t), self.ty(t), self.name(f), self.ty(f));
+                write!(
+                    self.out,
+                    "    {me} = stablehlo.select {an}, {tn}, {fname} : "
+                )?;
+                if at.0.map(|p| &p.dims) == Some(&node.ty.dims) {
+                    writeln!(self.out, "{at}, {ty}")
+                } else {
+                    // A predicate of another shape (a scalar choosing whole tensors) needs the
+                    // functional type.
+                    writeln!(self.out, "({at}, {tt}, {ft}) -> {ty}")
+                }
+            }
+            Op::Convert => writeln!(out, "    {me} = stablehlo.convert {an} : ({at}) -> {ty}"),
+            Op::BroadcastInDim { dims } => writeln!(
+                out,
+                "    {me} = stablehlo.broadcast_in_dim {an}, dims = {} : ({at}) -> {ty}",
+                List(dims)
+            ),
+            Op::Reshape => writeln!(out, "    {me} = stablehlo.reshape {an} : ({at}) -> {ty}"),
+            Op::Transpose { perm } => writeln!(
+                out,
+                "    {me} = stablehlo.transpose {an}, dims = {} : ({at}) -> {ty}",
+                List(perm)
+            ),
+            Op::Slice {
+                start,
+                limit,
+                strides,
+            } => {
+                write!(out, "    {me} = stablehlo.slice {an} [")?;
+                for (i, (s, l)) in start.iter().zip(limit).enumerate() {
+                    if i > 0 {
+                        out.push_str(", ");
+                    }
+                    write!(out, "{s}:{l}")?;
+                    match strides.get(i) {
+                        Some(1) => {}
+                        Some(step) => write!(out, ":{step}")?,
+                        None => {}
+                    }
+                }
+                writeln!(out, "] : ({at}) -> {ty}")
+            }
+            Op::Concatenate { axis } => {
+                write!(self.out, "    {me} = stablehlo.concatenate ")?;
+                for &i in &node.inputs {
+                    write!(self.out, "{}, ", self.name(i))?;
+                }
+                write!(self.out, "dim = {axis} : (")?;
+                self.types(&node.inputs)?;
+                writeln!(self.out, ") -> {ty}")
+            }
+            Op::DotGeneral(dims) => {
+                let b = Self::input(node, 1);
+                let (bn, bt) = (self.name(b), self.ty(b));
+                write!(self.out, "    {me} = stablehlo.dot_general {an}, {bn}, ")?;
+                let DotDims {
+                    lhs_batch,
+                    rhs_batch,
+                    lhs_contract,
+                    rhs_contract,
+                } = dims;
+                if !lhs_batch.is_empty() || !rhs_batch.is_empty() {
+                    write!(
+                        self.out,
+                        "batching_dims = {} x {}, ",
+                        List(lhs_batch),
+                        List(rhs_batch)
+                    )?;
+                }
+                writeln!(
+                    self.out,
+                    "contracting_dims = {} x {} : ({at}, {bt}) -> {ty}",
+                    List(lhs_contract),
+                    List(rhs_contract)
+                )
+            }
+            Op::Reduce { kind, axes } => {
+                let dtype = node.ty.dtype;
+                let scalar = LeafType {
+                    dtype,
+                    dims: Vec::new(),
+                };
+                let init = match me {
+                    Ssa::Value(n) => format!("%init{n}"),
+                    _ => "%init".to_owned(),
+                };
+                write!(out, "    {init} = stablehlo.constant ")?;
+                reduce_init(out, *kind, dtype)?;
+                let st = Ty(Some(&scalar));
+                writeln!(out, " : {st}")?;
+                let applies = match kind {
+                    ReduceOp::Sum => "add",
+                    ReduceOp::Max => "maximum",
+                    ReduceOp::Min => "minimum",
+                };
+                writeln!(
+                    out,
+                    "    {me} = stablehlo.reduce({an} init: {init}) applies stablehlo.{applies} across dimensions = {} : ({at}, {st}) -> {ty}",
+                    List(axes)
+                )
+            }
+        }
+    }
+}
+
+/// The identity of a reduction, as a splat literal: `0` for a sum, the lowest value (−∞ for
+/// floats) for a maximum, the highest (+∞) for a minimum.
+fn reduce_init(out: &mut String, kind: ReduceOp, dtype: DType) -> fmt::Result {
+    match (kind, dtype) {
+        (ReduceOp::Sum, DType::F32) => write!(out, "dense<0x{:08X}>", 0f32.to_bits()),
+        (ReduceOp::Sum, DType::F64) => write!(out, "dense<0x{:016X}>", 0f64.to_bits()),
+        (ReduceOp::Sum, DType::Bool) | (ReduceOp::Max, DType::Bool) => {
+            out.write_str("dense<false>")
+        }
+        (ReduceOp::Sum, _) => out.write_str("dense<0>"),
+        (ReduceOp::Max, DType::F32) => write!(out, "dense<0x{:08X}>", f32::NEG_INFINITY.to_bits()),
+        (ReduceOp::Max, DType::F64) => write!(out, "dense<0x{:016X}>", f64::NEG_INFINITY.to_bits()),
+        (ReduceOp::Max, DType::I32) => write!(out, "dense<{}>", i32::MIN),
+        (ReduceOp::Max, DType::I64) => write!(out, "dense<{}>", i64::MIN),
+        (ReduceOp::Max, DType::U8) => write!(out, "dense<{}>", u8::MIN),
+        (ReduceOp::Min, DType::F32) => write!(out, "dense<0x{:08X}>", f32::INFINITY.to_bits()),
+        (ReduceOp::Min, DType::F64) => write!(out, "dense<0x{:016X}>", f64::INFINITY.to_bits()),
+        (ReduceOp::Min, DType::I32) => write!(out, "dense<{}>", i32::MAX),
+        (ReduceOp::Min, DType::I64) => write!(out, "dense<{}>", i64::MAX),
+        (ReduceOp::Min, DType::U8) => write!(out, "dense<{}>", u8::MAX),
+        (ReduceOp::Min, DType::Bool) => out.write_str("dense<true>"),
+    }
+}
+
+/// Writes a constant's `dense<...>` literal (without its type); `dims` shape a `bool` list.
+fn dense(out: &mut String, data: &ArrayData, dims: &[usize]) {
+    if data.is_empty() {
+        out.push_str("dense<>");
+        return;
+    }
+    match data {
+        ArrayData::F32(v) => match splat_by(v, |x| x.to_bits()) {
+            Some(bits) => push_bits_splat(out, &bits.to_be_bytes()),
+            None => hex_string(out, v, |x| x.to_le_bytes()),
+        },
+        ArrayData::F64(v) => match splat_by(v, |x| x.to_bits()) {
+            Some(bits) => push_bits_splat(out, &bits.to_be_bytes()),
+            None => hex_string(out, v, |x| x.to_le_bytes()),
+        },
+        ArrayData::I32(v) => match splat_by(v, |x| x) {
+            Some(x) => push_int_splat(out, x),
+            None => hex_string(out, v, |x| x.to_le_bytes()),
+        },
+        ArrayData::I64(v) => match splat_by(v, |x| x) {
+            Some(x) => push_int_splat(out, x),
+            None => hex_string(out, v, |x| x.to_le_bytes()),
+        },
+        ArrayData::U8(v) => match splat_by(v, |x| x) {
+            Some(x) => push_int_splat(out, x),
+            None => hex_string(out, v, |x| [x]),
+        },
+        ArrayData::Bool(v) => match splat_by(v, |x| x) {
+            Some(x) => out.push_str(if x { "dense<true>" } else { "dense<false>" }),
+            None => bool_list(out, v, dims),
+        },
+    }
+}
+
+/// `Some(key)` when every element has the same key (the data is not empty).
+fn splat_by<T: Copy, K: PartialEq>(v: &[T], key: impl Fn(T) -> K) -> Option<K> {
+    let (&first, rest) = v.split_first()?;
+    let k = key(first);
+    rest.iter().all(|&x| key(x) == k).then_some(k)
+}
+
+const HEX_DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+
+/// `dense<0x3F800000>`: one element's bit pattern, most significant digit first.
+fn push_bits_splat(out: &mut String, be_bytes: &[u8]) {
+    out.push_str("dense<0x");
+    for &b in be_bytes {
+        out.push(HEX_DIGITS[usize::from(b >> 4)] as char);
+        out.push(HEX_DIGITS[usize::from(b & 15)] as char);
+    }
+    out.push('>');
+}
+
+/// `dense<-1>`.
+fn push_int_splat(out: &mut String, x: impl fmt::Display) {
+    let _ = write!(out, "dense<{x}>");
+}
+
+/// `dense<"0x...">`: every element's little-endian bytes in row-major order, two hex digits a
+/// byte. Digits go through a small stack buffer into the `String`, with no per-element
+/// formatting.
+fn hex_string<T: Copy, const N: usize>(out: &mut String, v: &[T], le_bytes: impl Fn(T) -> [u8; N]) {
+    const CHUNK: usize = 4096;
+    out.reserve(v.len() * N * 2 + 12);
+    out.push_str("dense<\"0x");
+    let mut buf = [0u8; CHUNK];
+    let mut len = 0;
+    for &x in v {
+        if len + 2 * N > CHUNK {
+            flush_ascii(out, &buf[..len]);
+            len = 0;
+        }
+        for b in le_bytes(x) {
+            buf[len] = HEX_DIGITS[usize::from(b >> 4)];
+            buf[len + 1] = HEX_DIGITS[usize::from(b & 15)];
+            len += 2;
+        }
+    }
+    flush_ascii(out, &buf[..len]);
+    out.push_str("\">");
+}
+
+/// Appends bytes that are ASCII hex digits.
+fn flush_ascii(out: &mut String, ascii: &[u8]) {
+    // Only `HEX_DIGITS` bytes reach here, so this is always valid UTF-8.
+    match std::str::from_utf8(ascii) {
+        Ok(s) => out.push_str(s),
+        Err(_) => out.extend(ascii.iter().map(|&b| char::from(b))),
+    }
+}
+
+/// `dense<[[true, false], [false, true]]>`: a list nested to follow `dims`.
+fn bool_list(out: &mut String, v: &[bool], dims: &[usize]) {
+    out.reserve(v.len() * 7 + 8);
+    out.push_str("dense<");
+    nested(out, v, dims);
+    out.push('>');
+}
+
+fn nested(out: &mut String, v: &[bool], dims: &[usize]) {
+    let Some((&n, inner)) = dims.split_first() else {
+        out.push_str(match v.first() {
+            Some(true) => "true",
+            _ => "false",
+        });
+        return;
+    };
+    let step = inner.iter().product::<usize>();
+    out.push('[');
+    for i in 0..n {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        let part = v.get(i * step..(i + 1) * step).unwrap_or(&[]);
+        nested(out, part, inner);
+    }
+    out.push(']');
+}

@@ -42,7 +42,10 @@ pub fn value_and_grad(y: Tensor, wrt: &[Tensor]) -> (Tensor, Vec<Tensor>) {
 pub fn grad(y: Tensor, wrt: &[Tensor]) -> Vec<Tensor> {
     let at = Location::caller();
     let (nodes, checked) = with_recording(|r| {
-        let zero = || LeafType { dtype: DType::F32, dims: Vec::new() };
+        let zero = || LeafType {
+            dtype: DType::F32,
+            dims: Vec::new(),
+        };
         for &t in std::iter::once(&y).chain(wrt) {
             if !r.owns(t, "grad", at) {
                 return (Vec::new(), false);
@@ -97,7 +100,9 @@ pub fn grad(y: Tensor, wrt: &[Tensor]) -> Vec<Tensor> {
         let inputs: Vec<Tensor> = node.inputs.iter().map(|&j| handle(j)).collect();
         let contributions = vjp(node, handle(i as u32), &inputs, g, &nodes);
         for (j, c) in node.inputs.iter().zip(contributions) {
-            let (j, Some(c)) = (*j as usize, c) else { continue };
+            let (j, Some(c)) = (*j as usize, c) else {
+                continue;
+            };
             if !depends[j] {
                 continue;
             }
@@ -108,7 +113,12 @@ pub fn grad(y: Tensor, wrt: &[Tensor]) -> Vec<Tensor> {
         }
     }
     wrt.iter()
-        .map(|&x| ct.get(x.node as usize).copied().flatten().unwrap_or_else(|| x.zeros_like()))
+        .map(|&x| {
+            ct.get(x.node as usize)
+                .copied()
+                .flatten()
+                .unwrap_or_else(|| x.zeros_like())
+        })
         .collect()
 }
 
@@ -117,7 +127,10 @@ fn stand_in(x: Tensor) -> Tensor {
         let ty = if x.trace == r.id && (x.node as usize) < r.graph.nodes.len() {
             r.graph.ty(x.node).clone()
         } else {
-            LeafType { dtype: DType::F32, dims: Vec::new() }
+            LeafType {
+                dtype: DType::F32,
+                dims: Vec::new(),
+            }
         };
         r.stand_in(ty)
     })
@@ -136,7 +149,9 @@ fn differentiable(n: &Node, nodes: &[Node]) -> bool {
 fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor, nodes: &[Node]) -> Vec<Option<Tensor>> {
     let ty_of = |t: Tensor| nodes[t.node as usize].ty.clone();
     match &node.op {
-        Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } | Op::Compare(_) => vec![None; x.len()],
+        Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } | Op::Compare(_) => {
+            vec![None; x.len()]
+        }
         Op::Unary(u) => {
             let a = x[0];
             let d = match u {
@@ -147,7 +162,9 @@ fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor, nodes: &[Node]) -> Vec<O
                 UnaryOp::Logistic => g * y * (1.0 - y),
                 UnaryOp::Sqrt => g * 0.5 / y,
                 UnaryOp::Rsqrt => g * -0.5 * y / a,
-                UnaryOp::Abs => Tensor::select(a.greater(0.0), g, Tensor::select(a.less(0.0), -g, 0.0)),
+                UnaryOp::Abs => {
+                    Tensor::select(a.greater(0.0), g, Tensor::select(a.less(0.0), -g, 0.0))
+                }
             };
             vec![Some(d)]
         }
@@ -165,31 +182,53 @@ fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor, nodes: &[Node]) -> Vec<O
                     (da, dc)
                 }
                 BinaryOp::Max | BinaryOp::Min => {
-                    let (wins, loses) = if *b == BinaryOp::Max { (a.greater(c), c.greater(a)) } else { (a.less(c), c.less(a)) };
+                    let (wins, loses) = if *b == BinaryOp::Max {
+                        (a.greater(c), c.greater(a))
+                    } else {
+                        (a.less(c), c.less(a))
+                    };
                     let tie = a.equal(c);
-                    let share_a = Tensor::select(wins, 1.0, Tensor::select(tie, 0.5, 0.0));
-                    let share_c = Tensor::select(loses, 1.0, Tensor::select(tie, 0.5, 0.0));
-                    (g * share_a, g * share_c)
+                    let half = g * 0.5;
+                    let da = Tensor::select(wins, g, Tensor::select(tie, half, 0.0));
+                    let dc = Tensor::select(loses, g, Tensor::select(tie, half, 0.0));
+                    (da, dc)
                 }
             };
             vec![Some(da), Some(dc)]
         }
         Op::Select => {
             let p = x[0];
-            vec![None, Some(Tensor::select(p, g, 0.0)), Some(Tensor::select(p, 0.0, g))]
+            vec![
+                None,
+                Some(Tensor::select(p, g, 0.0)),
+                Some(Tensor::select(p, 0.0, g)),
+            ]
         }
         Op::Convert => vec![Some(g.convert(ty_of(x[0]).dtype))],
         Op::BroadcastInDim { dims } => {
             let from = ty_of(x[0]).dims;
             let to = &node.ty.dims;
             let mut axes: Vec<usize> = (0..to.len()).filter(|a| !dims.contains(a)).collect();
-            axes.extend(dims.iter().enumerate().filter(|(k, &d)| from[*k] == 1 && to[d] != 1).map(|(_, &d)| d));
+            axes.extend(
+                dims.iter()
+                    .enumerate()
+                    .filter(|(k, &d)| from[*k] == 1 && to[d] != 1)
+                    .map(|(_, &d)| d),
+            );
             axes.sort_unstable();
             let summed = if axes.is_empty() { g } else { g.sum(&axes) };
             let kept: Vec<usize> = (0..to.len()).filter(|a| !axes.contains(a)).collect();
             // Our broadcasts map operand dims in increasing order; restore that order if not.
-            let order: Vec<usize> = dims.iter().filter(|d| kept.contains(d)).map(|d| kept.iter().position(|k| k == d).unwrap_or(0)).collect();
-            let ordered = if order.windows(2).all(|w| w[0] < w[1]) { summed } else { summed.transpose(&order) };
+            let order: Vec<usize> = dims
+                .iter()
+                .filter(|d| kept.contains(d))
+                .map(|d| kept.iter().position(|k| k == d).unwrap_or(0))
+                .collect();
+            let ordered = if order.windows(2).all(|w| w[0] < w[1]) {
+                summed
+            } else {
+                summed.transpose(&order)
+            };
             vec![Some(ordered.reshape(&from))]
         }
         Op::Reshape => vec![Some(g.reshape(&ty_of(x[0]).dims))],
@@ -200,7 +239,11 @@ fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor, nodes: &[Node]) -> Vec<O
             }
             vec![Some(g.transpose(&inv))]
         }
-        Op::Slice { start, limit, strides } => vec![Some(unslice(g, &ty_of(x[0]).dims, start, limit, strides))],
+        Op::Slice {
+            start,
+            limit,
+            strides,
+        } => vec![Some(unslice(g, &ty_of(x[0]).dims, start, limit, strides))],
         Op::Concatenate { axis } => {
             let out = &node.ty.dims;
             let mut offset = 0;
@@ -218,11 +261,18 @@ fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor, nodes: &[Node]) -> Vec<O
         }
         Op::DotGeneral(d) => {
             let (ra, rb) = (ty_of(x[0]).dims.len(), ty_of(x[1]).dims.len());
-            vec![Some(dot_vjp(g, x[1], d, ra, rb, Side::Lhs)), Some(dot_vjp(g, x[0], d, ra, rb, Side::Rhs))]
+            vec![
+                Some(dot_vjp(g, x[1], d, ra, rb, Side::Lhs)),
+                Some(dot_vjp(g, x[0], d, ra, rb, Side::Rhs)),
+            ]
         }
         Op::Reduce { kind, axes } => {
             let from = ty_of(x[0]).dims;
-            let kept: Vec<usize> = from.iter().enumerate().map(|(i, &n)| if axes.contains(&i) { 1 } else { n }).collect();
+            let kept: Vec<usize> = from
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| if axes.contains(&i) { 1 } else { n })
+                .collect();
             let gk = g.reshape(&kept);
             let d = match kind {
                 ReduceOp::Sum => gk.broadcast_to(&from),
@@ -237,7 +287,13 @@ fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor, nodes: &[Node]) -> Vec<O
 }
 
 /// The gradient of a slice: `g` scattered back into zeros of the operand's dims.
-fn unslice(g: Tensor, dims: &[usize], start: &[usize], limit: &[usize], strides: &[usize]) -> Tensor {
+fn unslice(
+    g: Tensor,
+    dims: &[usize],
+    start: &[usize],
+    limit: &[usize],
+    strides: &[usize],
+) -> Tensor {
     let dtype = g.dtype();
     let mut cur = g;
     for axis in 0..dims.len() {
@@ -250,7 +306,10 @@ fn unslice(g: Tensor, dims: &[usize], start: &[usize], limit: &[usize], strides:
             split.insert(axis + 1, 1);
             let mut zeros = cd.clone();
             zeros.insert(axis + 1, s - 1);
-            let spread = Tensor::concatenate(&[cur.reshape(&split), Tensor::full(&zeros, 0.0, dtype)], axis + 1);
+            let spread = Tensor::concatenate(
+                &[cur.reshape(&split), Tensor::full(&zeros, 0.0, dtype)],
+                axis + 1,
+            );
             let mut merged = cd.clone();
             merged[axis] = n * s;
             cur = spread.reshape(&merged);
@@ -288,14 +347,43 @@ enum Side {
 /// other side's free dims, then transpose into this side's layout.
 fn dot_vjp(g: Tensor, other: Tensor, d: &DotDims, ra: usize, rb: usize, side: Side) -> Tensor {
     let free = |rank: usize, batch: &[usize], contract: &[usize]| -> Vec<usize> {
-        (0..rank).filter(|i| !batch.contains(i) && !contract.contains(i)).collect()
+        (0..rank)
+            .filter(|i| !batch.contains(i) && !contract.contains(i))
+            .collect()
     };
     let lhs_free = free(ra, &d.lhs_batch, &d.lhs_contract);
     let rhs_free = free(rb, &d.rhs_batch, &d.rhs_contract);
     let nb = d.lhs_batch.len();
-    let (mine_rank, my_batch, my_contract, my_free, other_batch, other_contract, other_free, g_other_free_at) = match side {
-        Side::Lhs => (ra, &d.lhs_batch, &d.lhs_contract, &lhs_free, &d.rhs_batch, &d.rhs_contract, &rhs_free, nb + lhs_free.len()),
-        Side::Rhs => (rb, &d.rhs_batch, &d.rhs_contract, &rhs_free, &d.lhs_batch, &d.lhs_contract, &lhs_free, nb),
+    let (
+        mine_rank,
+        my_batch,
+        my_contract,
+        my_free,
+        other_batch,
+        other_contract,
+        other_free,
+        g_other_free_at,
+    ) = match side {
+        Side::Lhs => (
+            ra,
+            &d.lhs_batch,
+            &d.lhs_contract,
+            &lhs_free,
+            &d.rhs_batch,
+            &d.rhs_contract,
+            &rhs_free,
+            nb + lhs_free.len(),
+        ),
+        Side::Rhs => (
+            rb,
+            &d.rhs_batch,
+            &d.rhs_contract,
+            &rhs_free,
+            &d.lhs_batch,
+            &d.lhs_contract,
+            &lhs_free,
+            nb,
+        ),
     };
     let dims = DotDims {
         lhs_batch: (0..nb).collect(),
@@ -317,7 +405,10 @@ fn dot_vjp(g: Tensor, other: Tensor, d: &DotDims, ra: usize, rb: usize, side: Si
     }
     for (c, &mine) in my_contract.iter().enumerate() {
         let partner = other_contract[c];
-        let rank = sorted_other_contract.iter().position(|&o| o == partner).unwrap_or(0);
+        let rank = sorted_other_contract
+            .iter()
+            .position(|&o| o == partner)
+            .unwrap_or(0);
         perm[mine] = nb + my_free.len() + rank;
     }
     if perm.iter().enumerate().all(|(i, &p)| i == p) {

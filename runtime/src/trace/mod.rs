@@ -121,7 +121,13 @@ fn with_recording<R>(f: impl FnOnce(&mut Recording) -> R) -> R {
 
 impl Recording {
     /// Records the first error and returns a stand-in tensor of type `ty`.
-    fn fail(&mut self, op: &'static str, message: String, at: &Location<'_>, ty: LeafType) -> Tensor {
+    fn fail(
+        &mut self,
+        op: &'static str,
+        message: String,
+        at: &Location<'_>,
+        ty: LeafType,
+    ) -> Tensor {
         if self.error.is_none() {
             self.error = Some(TraceError {
                 op,
@@ -136,12 +142,18 @@ impl Recording {
         let node = self
             .graph
             .push(Op::Parameter { index: usize::MAX }, Vec::new(), ty);
-        Tensor { node, trace: self.id }
+        Tensor {
+            node,
+            trace: self.id,
+        }
     }
 
     fn push(&mut self, op: Op, inputs: Vec<NodeId>, ty: LeafType) -> Tensor {
         let node = self.graph.push(op, inputs, ty);
-        Tensor { node, trace: self.id }
+        Tensor {
+            node,
+            trace: self.id,
+        }
     }
 
     /// Whether `t` belongs to this trace; records an error if not.

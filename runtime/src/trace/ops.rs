@@ -4,7 +4,9 @@ use std::ops;
 use std::panic::Location;
 use std::sync::Arc;
 
-use super::ir::{is_float, reduced_dims, with_dims, BinaryOp, CmpOp, DotDims, Op, ReduceOp, UnaryOp};
+use super::ir::{
+    is_float, reduced_dims, with_dims, BinaryOp, CmpOp, DotDims, Op, ReduceOp, UnaryOp,
+};
 use super::{with_recording, Recording, Tensor};
 use crate::tree::{Array, DType, LeafType};
 
@@ -85,8 +87,16 @@ pub(crate) fn broadcast_dims(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     let n = a.len().max(b.len());
     let mut out = vec![0; n];
     for i in 0..n {
-        let da = if i + a.len() >= n { a[i + a.len() - n] } else { 1 };
-        let db = if i + b.len() >= n { b[i + b.len() - n] } else { 1 };
+        let da = if i + a.len() >= n {
+            a[i + a.len() - n]
+        } else {
+            1
+        };
+        let db = if i + b.len() >= n {
+            b[i + b.len() - n]
+        } else {
+            1
+        };
         out[i] = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,
@@ -130,7 +140,12 @@ impl Recording {
     }
 
     /// Resolves operands to tensors of one dtype and one (broadcast) shape.
-    fn unify(&mut self, operands: &[Operand], op: &'static str, at: &Location<'_>) -> Option<Vec<Tensor>> {
+    fn unify(
+        &mut self,
+        operands: &[Operand],
+        op: &'static str,
+        at: &Location<'_>,
+    ) -> Option<Vec<Tensor>> {
         for o in operands {
             if let Operand::Tensor(t) = o {
                 if !self.owns(*t, op, at) {
@@ -138,10 +153,20 @@ impl Recording {
                 }
             }
         }
-        let dtype = operands.iter().find_map(|o| match o {
+        let Some(dtype) = operands.iter().find_map(|o| match o {
             Operand::Tensor(t) => Some(self.ty_of(*t).dtype),
             Operand::Scalar(_) => None,
-        })?;
+        }) else {
+            self.fail(
+                op,
+                "every operand is a scalar, so the dtype is unknown; make one a tensor \
+                 (e.g. `Tensor::scalar(v, DType::F32)`)"
+                    .into(),
+                at,
+                scalar_ty(DType::F32),
+            );
+            return None;
+        };
         let mut tensors = Vec::with_capacity(operands.len());
         for o in operands {
             tensors.push(match *o {
@@ -151,7 +176,11 @@ impl Recording {
         }
         let types: Vec<LeafType> = tensors.iter().map(|t| self.ty_of(*t)).collect();
         if let Some(other) = types.iter().find(|t| t.dtype != dtype) {
-            let shown = types.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(" and ");
+            let shown = types
+                .iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+                .join(" and ");
             self.fail(
                 op,
                 format!(
@@ -168,7 +197,11 @@ impl Recording {
             match broadcast_dims(&dims, &t.dims) {
                 Some(d) => dims = d,
                 None => {
-                    let shown = types.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(" and ");
+                    let shown = types
+                        .iter()
+                        .map(|t| t.to_string())
+                        .collect::<Vec<_>>()
+                        .join(" and ");
                     self.fail(
                         op,
                         format!(
@@ -182,7 +215,12 @@ impl Recording {
                 }
             }
         }
-        Some(tensors.into_iter().map(|t| self.broadcast_to(t, &dims)).collect())
+        Some(
+            tensors
+                .into_iter()
+                .map(|t| self.broadcast_to(t, &dims))
+                .collect(),
+        )
     }
 
     fn binary(&mut self, op: BinaryOp, a: Operand, b: Operand, at: &Location<'_>) -> Tensor {
@@ -191,7 +229,12 @@ impl Recording {
         };
         let ty = self.ty_of(ts[0]);
         if ty.dtype == DType::Bool && op != BinaryOp::Max && op != BinaryOp::Min {
-            return self.fail(op.name(), format!("`{}` is not defined for bool tensors ({ty})", op.name()), at, ty);
+            return self.fail(
+                op.name(),
+                format!("`{}` is not defined for bool tensors ({ty})", op.name()),
+                at,
+                ty,
+            );
         }
         self.push(Op::Binary(op), vec![ts[0].node, ts[1].node], ty)
     }
@@ -203,14 +246,20 @@ impl Recording {
             return self.stand_in(with_dims(DType::Bool, dims));
         };
         let dims = self.ty_of(ts[0]).dims;
-        self.push(Op::Compare(op), vec![ts[0].node, ts[1].node], with_dims(DType::Bool, dims))
+        self.push(
+            Op::Compare(op),
+            vec![ts[0].node, ts[1].node],
+            with_dims(DType::Bool, dims),
+        )
     }
 
     fn stand_in_for(&mut self, operands: &[Operand]) -> Tensor {
         let ty = operands
             .iter()
             .find_map(|o| match o {
-                Operand::Tensor(t) if t.trace == self.id && (t.node as usize) < self.graph.nodes.len() => {
+                Operand::Tensor(t)
+                    if t.trace == self.id && (t.node as usize) < self.graph.nodes.len() =>
+                {
                     Some(self.ty_of(*t))
                 }
                 _ => None,
@@ -227,25 +276,50 @@ impl Recording {
         if op.float_only() && !is_float(&ty) {
             return self.fail(
                 op.name(),
-                format!("`{}` needs a float tensor, got {ty}; convert it first", op.name()),
+                format!(
+                    "`{}` needs a float tensor, got {ty}; convert it first",
+                    op.name()
+                ),
                 at,
                 ty,
             );
         }
         if ty.dtype == DType::Bool || (ty.dtype == DType::U8 && op == UnaryOp::Neg) {
-            return self.fail(op.name(), format!("`{}` is not defined for {ty}", op.name()), at, ty);
+            return self.fail(
+                op.name(),
+                format!("`{}` is not defined for {ty}", op.name()),
+                at,
+                ty,
+            );
         }
         self.push(Op::Unary(op), vec![a.node], ty)
     }
 
-    pub(super) fn dot_general(&mut self, a: Tensor, b: Tensor, d: DotDims, op: &'static str, at: &Location<'_>) -> Tensor {
+    pub(super) fn dot_general(
+        &mut self,
+        a: Tensor,
+        b: Tensor,
+        d: DotDims,
+        op: &'static str,
+        at: &Location<'_>,
+    ) -> Tensor {
         let (ta, tb) = (self.ty_of(a), self.ty_of(b));
         let guess = with_dims(ta.dtype, Vec::new());
         if ta.dtype != tb.dtype {
-            return self.fail(op, format!("operands have different dtypes ({ta} and {tb})"), at, guess);
+            return self.fail(
+                op,
+                format!("operands have different dtypes ({ta} and {tb})"),
+                at,
+                guess,
+            );
         }
         if ta.dtype == DType::Bool {
-            return self.fail(op, format!("cannot multiply bool tensors ({ta} and {tb})"), at, guess);
+            return self.fail(
+                op,
+                format!("cannot multiply bool tensors ({ta} and {tb})"),
+                at,
+                guess,
+            );
         }
         let (ra, rb) = (ta.dims.len(), tb.dims.len());
         let lhs_all: Vec<usize> = d.lhs_batch.iter().chain(&d.lhs_contract).copied().collect();
@@ -255,13 +329,21 @@ impl Recording {
             || d.lhs_batch.len() != d.rhs_batch.len()
             || d.lhs_contract.len() != d.rhs_contract.len()
         {
-            return self.fail(op, format!("invalid dimension numbers {d:?} for {ta} and {tb}"), at, guess);
+            return self.fail(
+                op,
+                format!("invalid dimension numbers {d:?} for {ta} and {tb}"),
+                at,
+                guess,
+            );
         }
         for (&l, &r) in d.lhs_batch.iter().zip(&d.rhs_batch) {
             if ta.dims[l] != tb.dims[r] {
                 return self.fail(
                     op,
-                    format!("batch dims differ: {ta} dim {l} is {} but {tb} dim {r} is {}", ta.dims[l], tb.dims[r]),
+                    format!(
+                        "batch dims differ: {ta} dim {l} is {} but {tb} dim {r} is {}",
+                        ta.dims[l], tb.dims[r]
+                    ),
                     at,
                     guess,
                 );
@@ -283,20 +365,44 @@ impl Recording {
         let mut dims: Vec<usize> = d.lhs_batch.iter().map(|&i| ta.dims[i]).collect();
         dims.extend((0..ra).filter(|i| !lhs_all.contains(i)).map(|i| ta.dims[i]));
         dims.extend((0..rb).filter(|i| !rhs_all.contains(i)).map(|i| tb.dims[i]));
-        self.push(Op::DotGeneral(d), vec![a.node, b.node], with_dims(ta.dtype, dims))
+        self.push(
+            Op::DotGeneral(d),
+            vec![a.node, b.node],
+            with_dims(ta.dtype, dims),
+        )
     }
 
-    pub(super) fn reduce(&mut self, kind: ReduceOp, a: Tensor, axes: &[usize], keep: bool, op: &'static str, at: &Location<'_>) -> Tensor {
+    pub(super) fn reduce(
+        &mut self,
+        kind: ReduceOp,
+        a: Tensor,
+        axes: &[usize],
+        keep: bool,
+        op: &'static str,
+        at: &Location<'_>,
+    ) -> Tensor {
         let ty = self.ty_of(a);
         let axes = match check_axes(ty.dims.len(), axes) {
             Ok(a) => a,
             Err(msg) => return self.fail(op, format!("{msg} (operand {ty})"), at, ty),
         };
         if ty.dtype == DType::Bool {
-            return self.fail(op, format!("cannot reduce a bool tensor ({ty}); convert it first"), at, ty);
+            return self.fail(
+                op,
+                format!("cannot reduce a bool tensor ({ty}); convert it first"),
+                at,
+                ty,
+            );
         }
         let out = with_dims(ty.dtype, reduced_dims(&ty.dims, &axes));
-        let r = self.push(Op::Reduce { kind, axes: axes.clone() }, vec![a.node], out);
+        let r = self.push(
+            Op::Reduce {
+                kind,
+                axes: axes.clone(),
+            },
+            vec![a.node],
+            out,
+        );
         if keep {
             let kept = ty
                 .dims
@@ -312,11 +418,17 @@ impl Recording {
 
     pub(super) fn reshape(&mut self, a: Tensor, dims: &[usize], at: &Location<'_>) -> Tensor {
         let ty = self.ty_of(a);
-        let (have, want) = (ty.dims.iter().product::<usize>(), dims.iter().product::<usize>());
+        let (have, want) = (
+            ty.dims.iter().product::<usize>(),
+            dims.iter().product::<usize>(),
+        );
         if have != want {
             return self.fail(
                 "reshape",
-                format!("cannot reshape {ty} ({have} elements) to {:?} ({want} elements)", dims),
+                format!(
+                    "cannot reshape {ty} ({have} elements) to {:?} ({want} elements)",
+                    dims
+                ),
                 at,
                 with_dims(ty.dtype, dims.to_vec()),
             );
@@ -324,7 +436,11 @@ impl Recording {
         if ty.dims == dims {
             return a;
         }
-        self.push(Op::Reshape, vec![a.node], with_dims(ty.dtype, dims.to_vec()))
+        self.push(
+            Op::Reshape,
+            vec![a.node],
+            with_dims(ty.dtype, dims.to_vec()),
+        )
     }
 
     pub(super) fn transpose(&mut self, a: Tensor, perm: &[usize], at: &Location<'_>) -> Tensor {
@@ -332,13 +448,31 @@ impl Recording {
         let mut sorted = perm.to_vec();
         sorted.sort_unstable();
         if sorted != (0..ty.dims.len()).collect::<Vec<_>>() {
-            return self.fail("transpose", format!("{perm:?} is not a permutation of the dims of {ty}"), at, ty);
+            return self.fail(
+                "transpose",
+                format!("{perm:?} is not a permutation of the dims of {ty}"),
+                at,
+                ty,
+            );
         }
         let dims = perm.iter().map(|&p| ty.dims[p]).collect();
-        self.push(Op::Transpose { perm: perm.to_vec() }, vec![a.node], with_dims(ty.dtype, dims))
+        self.push(
+            Op::Transpose {
+                perm: perm.to_vec(),
+            },
+            vec![a.node],
+            with_dims(ty.dtype, dims),
+        )
     }
 
-    pub(super) fn slice(&mut self, a: Tensor, start: &[usize], limit: &[usize], strides: &[usize], at: &Location<'_>) -> Tensor {
+    pub(super) fn slice(
+        &mut self,
+        a: Tensor,
+        start: &[usize],
+        limit: &[usize],
+        strides: &[usize],
+        at: &Location<'_>,
+    ) -> Tensor {
         let ty = self.ty_of(a);
         let r = ty.dims.len();
         let bad = start.len() != r
@@ -353,21 +487,42 @@ impl Recording {
                 ty,
             );
         }
-        let dims = (0..r).map(|i| (limit[i] - start[i]).div_ceil(strides[i])).collect();
+        let dims = (0..r)
+            .map(|i| (limit[i] - start[i]).div_ceil(strides[i]))
+            .collect();
         self.push(
-            Op::Slice { start: start.to_vec(), limit: limit.to_vec(), strides: strides.to_vec() },
+            Op::Slice {
+                start: start.to_vec(),
+                limit: limit.to_vec(),
+                strides: strides.to_vec(),
+            },
             vec![a.node],
             with_dims(ty.dtype, dims),
         )
     }
 
-    pub(super) fn concatenate(&mut self, parts: &[Tensor], axis: usize, at: &Location<'_>) -> Tensor {
+    pub(super) fn concatenate(
+        &mut self,
+        parts: &[Tensor],
+        axis: usize,
+        at: &Location<'_>,
+    ) -> Tensor {
         let Some(&first) = parts.first() else {
-            return self.fail("concatenate", "nothing to concatenate".into(), at, scalar_ty(DType::F32));
+            return self.fail(
+                "concatenate",
+                "nothing to concatenate".into(),
+                at,
+                scalar_ty(DType::F32),
+            );
         };
         let t0 = self.ty_of(first);
         if axis >= t0.dims.len() {
-            return self.fail("concatenate", format!("axis {axis} is out of range for {t0}"), at, t0);
+            return self.fail(
+                "concatenate",
+                format!("axis {axis} is out of range for {t0}"),
+                at,
+                t0,
+            );
         }
         let mut total = 0;
         for &p in parts {
@@ -386,7 +541,11 @@ impl Recording {
         }
         let mut dims = t0.dims.clone();
         dims[axis] = total;
-        self.push(Op::Concatenate { axis }, parts.iter().map(|p| p.node).collect(), with_dims(t0.dtype, dims))
+        self.push(
+            Op::Concatenate { axis },
+            parts.iter().map(|p| p.node).collect(),
+            with_dims(t0.dtype, dims),
+        )
     }
 
     pub(super) fn convert(&mut self, a: Tensor, dtype: DType) -> Tensor {
@@ -397,15 +556,32 @@ impl Recording {
         self.push(Op::Convert, vec![a.node], with_dims(dtype, ty.dims))
     }
 
-    pub(super) fn iota(&mut self, dtype: DType, dims: &[usize], axis: usize, at: &Location<'_>) -> Tensor {
+    pub(super) fn iota(
+        &mut self,
+        dtype: DType,
+        dims: &[usize],
+        axis: usize,
+        at: &Location<'_>,
+    ) -> Tensor {
         let ty = with_dims(dtype, dims.to_vec());
         if axis >= dims.len() || dtype == DType::Bool {
-            return self.fail("iota", format!("iota along axis {axis} of {ty} is not defined"), at, ty);
+            return self.fail(
+                "iota",
+                format!("iota along axis {axis} of {ty} is not defined"),
+                at,
+                ty,
+            );
         }
         self.push(Op::Iota { axis }, Vec::new(), ty)
     }
 
-    pub(super) fn select(&mut self, pred: Tensor, on_true: Operand, on_false: Operand, at: &Location<'_>) -> Tensor {
+    pub(super) fn select(
+        &mut self,
+        pred: Tensor,
+        on_true: Operand,
+        on_false: Operand,
+        at: &Location<'_>,
+    ) -> Tensor {
         if !self.owns(pred, "select", at) {
             return self.stand_in_for(&[on_true, on_false]);
         }
@@ -413,7 +589,12 @@ impl Recording {
         if pt.dtype != DType::Bool {
             let t = self.stand_in_for(&[on_true, on_false]);
             let ty = self.ty_of(t);
-            return self.fail("select", format!("the predicate must be a bool tensor, got {pt}"), at, ty);
+            return self.fail(
+                "select",
+                format!("the predicate must be a bool tensor, got {pt}"),
+                at,
+                ty,
+            );
         }
         let Some(vals) = self.unify(&[on_true, on_false], "select", at) else {
             return self.stand_in_for(&[on_true, on_false]);
@@ -430,7 +611,11 @@ impl Recording {
         let p = self.broadcast_to(pred, &dims);
         let a = self.broadcast_to(vals[0], &dims);
         let b = self.broadcast_to(vals[1], &dims);
-        self.push(Op::Select, vec![p.node, a.node, b.node], with_dims(vt.dtype, dims))
+        self.push(
+            Op::Select,
+            vec![p.node, a.node, b.node],
+            with_dims(vt.dtype, dims),
+        )
     }
 }
 
@@ -605,7 +790,11 @@ impl Tensor {
 
     /// `on_true` where `pred` holds, else `on_false`; all three broadcast together.
     #[track_caller]
-    pub fn select(pred: Tensor, on_true: impl Into<Operand>, on_false: impl Into<Operand>) -> Tensor {
+    pub fn select(
+        pred: Tensor,
+        on_true: impl Into<Operand>,
+        on_false: impl Into<Operand>,
+    ) -> Tensor {
         let at = at!();
         with_recording(|r| r.select(pred, on_true.into(), on_false.into(), at))
     }
@@ -622,9 +811,24 @@ impl Tensor {
             let (ta, tb) = (r.ty_of(self), r.ty_of(rhs));
             let (ra, rb) = (ta.dims.len(), tb.dims.len());
             let dims = match (ra, rb) {
-                (1, 1) => Some(DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![0], rhs_contract: vec![0] }),
-                (1, 2) => Some(DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![0], rhs_contract: vec![0] }),
-                (2, 1) => Some(DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contract: vec![1], rhs_contract: vec![0] }),
+                (1, 1) => Some(DotDims {
+                    lhs_batch: vec![],
+                    rhs_batch: vec![],
+                    lhs_contract: vec![0],
+                    rhs_contract: vec![0],
+                }),
+                (1, 2) => Some(DotDims {
+                    lhs_batch: vec![],
+                    rhs_batch: vec![],
+                    lhs_contract: vec![0],
+                    rhs_contract: vec![0],
+                }),
+                (2, 1) => Some(DotDims {
+                    lhs_batch: vec![],
+                    rhs_batch: vec![],
+                    lhs_contract: vec![1],
+                    rhs_contract: vec![0],
+                }),
                 (a, b) if a >= 2 && a == b => Some(DotDims {
                     lhs_batch: (0..a - 2).collect(),
                     rhs_batch: (0..a - 2).collect(),
@@ -653,7 +857,9 @@ impl Tensor {
                 }
                 None => r.fail(
                     "matmul",
-                    format!("cannot multiply {ta} by {tb}: ranks must be 1 or 2, or equal (batched)"),
+                    format!(
+                        "cannot multiply {ta} by {tb}: ranks must be 1 or 2, or equal (batched)"
+                    ),
                     at,
                     with_dims(ta.dtype, Vec::new()),
                 ),
@@ -720,7 +926,12 @@ impl Tensor {
             let ty = r.ty_of(self);
             match broadcast_dims(&ty.dims, dims) {
                 Some(d) if d == dims => r.broadcast_to(self, dims),
-                _ => r.fail("broadcast", format!("cannot broadcast {ty} to {dims:?}"), at, with_dims(ty.dtype, dims.to_vec())),
+                _ => r.fail(
+                    "broadcast",
+                    format!("cannot broadcast {ty} to {dims:?}"),
+                    at,
+                    with_dims(ty.dtype, dims.to_vec()),
+                ),
             }
         })
     }
@@ -792,14 +1003,23 @@ impl Tensor {
         with_recording(|r| {
             let ty = r.ty_of(self);
             if !is_float(&ty) {
-                return r.fail("mean", format!("mean needs a float tensor, got {ty}"), at, ty);
+                return r.fail(
+                    "mean",
+                    format!("mean needs a float tensor, got {ty}"),
+                    at,
+                    ty,
+                );
             }
             let count: usize = axes.iter().filter_map(|&a| ty.dims.get(a)).product();
             let s = r.reduce(ReduceOp::Sum, self, axes, keep, "mean", at);
             let dims = r.ty_of(s).dims;
             let n = r.scalar(count as f64, ty.dtype, "mean", at);
             let n = r.broadcast_to(n, &dims);
-            r.push(Op::Binary(BinaryOp::Div), vec![s.node, n.node], with_dims(ty.dtype, dims))
+            r.push(
+                Op::Binary(BinaryOp::Div),
+                vec![s.node, n.node],
+                with_dims(ty.dtype, dims),
+            )
         })
     }
 
@@ -808,8 +1028,13 @@ impl Tensor {
     pub fn argmax(self, axis: usize) -> Tensor {
         let ty = self.ty();
         let m = self.max_keep(&[axis]);
-        let is_max = self.equal(m);
-        let idx = Tensor::iota(DType::I32, &ty.dims, axis.min(ty.dims.len().saturating_sub(1)));
+        // A NaN is the maximum (as in XLA): its position wins over every number.
+        let is_max = self.equal(m).maximum(self.not_equal(self));
+        let idx = Tensor::iota(
+            DType::I32,
+            &ty.dims,
+            axis.min(ty.dims.len().saturating_sub(1)),
+        );
         let big = ty.dims.get(axis).copied().unwrap_or(0) as f64;
         Tensor::select(is_max, idx, big).min(&[axis])
     }
@@ -823,14 +1048,27 @@ impl Tensor {
             return with_recording(|r| {
                 let mut dims = ty.dims.clone();
                 dims.push(classes);
-                r.fail("one_hot", format!("labels must be integers, got {ty}"), at, with_dims(dtype, dims))
+                r.fail(
+                    "one_hot",
+                    format!("labels must be integers, got {ty}"),
+                    at,
+                    with_dims(dtype, dims),
+                )
             });
         }
         let mut dims = ty.dims.clone();
         dims.push(classes);
         let rank = dims.len();
-        let classes_iota = Tensor::iota(ty.dtype, &dims, rank - 1);
-        let labels = self.reshape(&[ty.dims.as_slice(), &[1]].concat());
+        // Class indices in a type wide enough for any class count (u8 labels would wrap).
+        let index = if ty.dtype == DType::I64 {
+            DType::I64
+        } else {
+            DType::I32
+        };
+        let classes_iota = Tensor::iota(index, &dims, rank - 1);
+        let labels = self
+            .convert(index)
+            .reshape(&[ty.dims.as_slice(), &[1]].concat());
         classes_iota.equal(labels).convert(dtype)
     }
 }

@@ -1,1 +1,0 @@
-//! The reference interpreter: runs a graph on host arrays in pure Rust.

@@ -1,0 +1,286 @@
+//! Per-node checks: an op's operands and attributes fit it, and its declared result type is the
+//! one the op gives. Traced graphs always pass; the checks make a hand-built or edited graph an
+//! error instead of a panic or a wrong answer.
+
+use crate::trace::ir::{BinaryOp, DotDims, Graph, Op};
+use crate::tree::{DType, LeafType};
+
+fn arity(n: usize, have: usize) -> Result<(), String> {
+    if n == have {
+        Ok(())
+    } else {
+        Err(format!("it takes {n} operands but has {have}"))
+    }
+}
+
+fn same(a: &LeafType, b: &LeafType) -> Result<(), String> {
+    if a == b {
+        Ok(())
+    } else {
+        Err(format!(
+            "its operands must have one type, but are {a} and {b}"
+        ))
+    }
+}
+
+/// Whether `axes` are distinct and below `rank`.
+fn distinct_in_range(axes: &[usize], rank: usize) -> bool {
+    let mut seen = vec![false; rank];
+    axes.iter()
+        .all(|&a| a < rank && !std::mem::replace(&mut seen[a], true))
+}
+
+/// The result type of a `dot_general` of `l` and `r`, or what is wrong.
+fn dot_type(l: &LeafType, r: &LeafType, d: &DotDims) -> Result<LeafType, String> {
+    same_dtype(l, r)?;
+    if l.dtype == DType::Bool {
+        return Err("it is not defined for bool".into());
+    }
+    let lhs_all: Vec<usize> = d.lhs_batch.iter().chain(&d.lhs_contract).copied().collect();
+    let rhs_all: Vec<usize> = d.rhs_batch.iter().chain(&d.rhs_contract).copied().collect();
+    if !distinct_in_range(&lhs_all, l.dims.len())
+        || !distinct_in_range(&rhs_all, r.dims.len())
+        || d.lhs_batch.len() != d.rhs_batch.len()
+        || d.lhs_contract.len() != d.rhs_contract.len()
+    {
+        return Err(format!("dimension numbers {d:?} do not fit {l} and {r}"));
+    }
+    let pairs = d
+        .lhs_batch
+        .iter()
+        .zip(&d.rhs_batch)
+        .chain(d.lhs_contract.iter().zip(&d.rhs_contract));
+    for (&a, &b) in pairs {
+        if l.dims[a] != r.dims[b] {
+            return Err(format!("lhs dim {a} of {l} and rhs dim {b} of {r} differ"));
+        }
+    }
+    let mut dims: Vec<usize> = d.lhs_batch.iter().map(|&i| l.dims[i]).collect();
+    dims.extend(
+        (0..l.dims.len())
+            .filter(|i| !lhs_all.contains(i))
+            .map(|i| l.dims[i]),
+    );
+    dims.extend(
+        (0..r.dims.len())
+            .filter(|i| !rhs_all.contains(i))
+            .map(|i| r.dims[i]),
+    );
+    Ok(LeafType {
+        dtype: l.dtype,
+        dims,
+    })
+}
+
+fn same_dtype(a: &LeafType, b: &LeafType) -> Result<(), String> {
+    if a.dtype == b.dtype {
+        Ok(())
+    } else {
+        Err(format!(
+            "its operands must have one dtype, but are {a} and {b}"
+        ))
+    }
+}
+
+/// Checks node `id` of `graph`: operands precede it, and its op, operands and result type fit.
+pub(super) fn node(graph: &Graph, id: usize) -> Result<(), String> {
+    let node = &graph.nodes[id];
+    if let Some(&bad) = node.inputs.iter().find(|&&i| i as usize >= id) {
+        return Err(format!("operand %{bad} does not precede it"));
+    }
+    let ins: Vec<&LeafType> = node.inputs.iter().map(|&i| graph.ty(i)).collect();
+    let out = &node.ty;
+    let expected = match &node.op {
+        Op::Parameter { index } => {
+            arity(0, ins.len())?;
+            match graph.inputs.get(*index) {
+                Some(input) => input.ty.clone(),
+                None if *index == usize::MAX => {
+                    return Err(
+                        "it is the stand-in result of an op that failed while tracing, \
+                                so the trace should have failed"
+                            .into(),
+                    )
+                }
+                None => {
+                    return Err(format!(
+                        "it reads input {index} but the graph has {} inputs",
+                        graph.inputs.len()
+                    ))
+                }
+            }
+        }
+        Op::Constant(a) => {
+            arity(0, ins.len())?;
+            a.leaf_type()
+        }
+        Op::Iota { axis } => {
+            arity(0, ins.len())?;
+            if *axis >= out.dims.len() || out.dtype == DType::Bool {
+                return Err(format!("iota along axis {axis} of {out} is not defined"));
+            }
+            out.clone()
+        }
+        Op::Unary(u) => {
+            arity(1, ins.len())?;
+            let t = ins[0];
+            if t.dtype == DType::Bool || (u.float_only() && !t.dtype.is_float()) {
+                return Err(format!("it is not defined for {t}"));
+            }
+            t.clone()
+        }
+        Op::Binary(b) => {
+            arity(2, ins.len())?;
+            same(ins[0], ins[1])?;
+            if ins[0].dtype == DType::Bool && !matches!(b, BinaryOp::Max | BinaryOp::Min) {
+                return Err(format!("it is not defined for {}", ins[0]));
+            }
+            ins[0].clone()
+        }
+        Op::Compare(_) => {
+            arity(2, ins.len())?;
+            same(ins[0], ins[1])?;
+            LeafType {
+                dtype: DType::Bool,
+                dims: ins[0].dims.clone(),
+            }
+        }
+        Op::Select => {
+            arity(3, ins.len())?;
+            same(ins[1], ins[2])?;
+            let p = ins[0];
+            if p.dtype != DType::Bool || !(p.dims.is_empty() || p.dims == ins[1].dims) {
+                return Err(format!(
+                    "the predicate {p} must be bool, of the values' dims or a scalar"
+                ));
+            }
+            ins[1].clone()
+        }
+        Op::Convert => {
+            arity(1, ins.len())?;
+            LeafType {
+                dtype: out.dtype,
+                dims: ins[0].dims.clone(),
+            }
+        }
+        Op::BroadcastInDim { dims } => {
+            arity(1, ins.len())?;
+            let t = ins[0];
+            let fits = dims.len() == t.dims.len()
+                && distinct_in_range(dims, out.dims.len())
+                && dims
+                    .iter()
+                    .zip(&t.dims)
+                    .all(|(&d, &s)| s == 1 || s == out.dims[d]);
+            if !fits {
+                return Err(format!(
+                    "{t} cannot be broadcast to {out} along dims {dims:?}"
+                ));
+            }
+            LeafType {
+                dtype: t.dtype,
+                dims: out.dims.clone(),
+            }
+        }
+        Op::Reshape => {
+            arity(1, ins.len())?;
+            let t = ins[0];
+            if t.dims.iter().product::<usize>() != out.dims.iter().product::<usize>() {
+                return Err(format!("{t} and {out} have different element counts"));
+            }
+            LeafType {
+                dtype: t.dtype,
+                dims: out.dims.clone(),
+            }
+        }
+        Op::Transpose { perm } => {
+            arity(1, ins.len())?;
+            let t = ins[0];
+            if perm.len() != t.dims.len() || !distinct_in_range(perm, t.dims.len()) {
+                return Err(format!("{perm:?} is not a permutation of the dims of {t}"));
+            }
+            LeafType {
+                dtype: t.dtype,
+                dims: perm.iter().map(|&p| t.dims[p]).collect(),
+            }
+        }
+        Op::Slice {
+            start,
+            limit,
+            strides,
+        } => {
+            arity(1, ins.len())?;
+            let t = ins[0];
+            let r = t.dims.len();
+            let bad = start.len() != r
+                || limit.len() != r
+                || strides.len() != r
+                || (0..r).any(|i| start[i] > limit[i] || limit[i] > t.dims[i] || strides[i] == 0);
+            if bad {
+                return Err(format!(
+                    "the window {start:?}..{limit:?} step {strides:?} does not fit {t}"
+                ));
+            }
+            let dims = (0..r)
+                .map(|i| (limit[i] - start[i]).div_ceil(strides[i]))
+                .collect();
+            LeafType {
+                dtype: t.dtype,
+                dims,
+            }
+        }
+        Op::Concatenate { axis } => {
+            let Some(first) = ins.first() else {
+                return Err("it has no operands".into());
+            };
+            let axis = *axis;
+            let fits = axis < first.dims.len()
+                && ins.iter().all(|t| {
+                    t.dtype == first.dtype
+                        && t.dims.len() == first.dims.len()
+                        && (0..t.dims.len()).all(|i| i == axis || t.dims[i] == first.dims[i])
+                });
+            if !fits {
+                let shown: Vec<String> = ins.iter().map(|t| t.to_string()).collect();
+                return Err(format!(
+                    "{} cannot be joined along axis {axis}",
+                    shown.join(", ")
+                ));
+            }
+            let mut dims = first.dims.clone();
+            dims[axis] = ins.iter().map(|t| t.dims[axis]).sum();
+            LeafType {
+                dtype: first.dtype,
+                dims,
+            }
+        }
+        Op::DotGeneral(d) => {
+            arity(2, ins.len())?;
+            dot_type(ins[0], ins[1], d)?
+        }
+        Op::Reduce { axes, .. } => {
+            arity(1, ins.len())?;
+            let t = ins[0];
+            if !axes.windows(2).all(|w| w[0] < w[1]) || axes.iter().any(|&a| a >= t.dims.len()) {
+                return Err(format!(
+                    "axes {axes:?} must be ascending, distinct dims of {t}"
+                ));
+            }
+            let dims = (0..t.dims.len())
+                .filter(|i| !axes.contains(i))
+                .map(|i| t.dims[i])
+                .collect();
+            LeafType {
+                dtype: t.dtype,
+                dims,
+            }
+        }
+    };
+    if &expected == out {
+        Ok(())
+    } else {
+        Err(format!(
+            "its result type is {out} but the op gives {expected}"
+        ))
+    }
+}

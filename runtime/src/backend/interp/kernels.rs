@@ -1,0 +1,451 @@
+//! Arithmetic: element-wise functions, comparisons, selection, conversion, reductions and the
+//! matrix product, with StableHLO's semantics as XLA implements them on CPU.
+//!
+//! Each function takes typed storage whose shapes [`super::check`] has verified and returns the
+//! result's storage, or a message when the dtypes do not fit the op.
+
+use crate::trace::ir::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
+use crate::tree::{ArrayData, DType};
+
+use super::layout::transpose_vec;
+
+/// Floating-point element types.
+trait Float: Copy + PartialOrd + std::fmt::Debug {
+    const ZERO: Self;
+    const NEG_INF: Self;
+    const INF: Self;
+    fn unary(self, op: UnaryOp) -> Self;
+    fn binary(self, rhs: Self, op: BinaryOp) -> Self;
+    /// `acc + a * b` (wrapping for integers; not fused for floats).
+    fn mac(acc: Self, a: Self, b: Self) -> Self;
+}
+
+macro_rules! float {
+    ($t:ty) => {
+        impl Float for $t {
+            const ZERO: Self = 0.0;
+            const NEG_INF: Self = <$t>::NEG_INFINITY;
+            const INF: Self = <$t>::INFINITY;
+
+            fn unary(self, op: UnaryOp) -> Self {
+                match op {
+                    UnaryOp::Neg => -self,
+                    UnaryOp::Exp => self.exp(),
+                    UnaryOp::Log => self.ln(),
+                    UnaryOp::Tanh => self.tanh(),
+                    UnaryOp::Logistic => 1.0 / (1.0 + (-self).exp()),
+                    UnaryOp::Sqrt => self.sqrt(),
+                    UnaryOp::Rsqrt => 1.0 / self.sqrt(),
+                    UnaryOp::Abs => self.abs(),
+                }
+            }
+
+            fn binary(self, b: Self, op: BinaryOp) -> Self {
+                let a = self;
+                match op {
+                    BinaryOp::Add => a + b,
+                    BinaryOp::Sub => a - b,
+                    BinaryOp::Mul => a * b,
+                    BinaryOp::Div => a / b,
+                    BinaryOp::Pow => a.powf(b),
+                    // IEEE 754-2019 maximum/minimum (LLVM's `llvm.maximum`, which XLA emits):
+                    // NaN propagates, and -0 orders below +0.
+                    BinaryOp::Max => {
+                        if a.is_nan() || b.is_nan() {
+                            <$t>::NAN
+                        } else if a == b {
+                            if a.is_sign_negative() {
+                                b
+                            } else {
+                                a
+                            }
+                        } else if a > b {
+                            a
+                        } else {
+                            b
+                        }
+                    }
+                    BinaryOp::Min => {
+                        if a.is_nan() || b.is_nan() {
+                            <$t>::NAN
+                        } else if a == b {
+                            if a.is_sign_negative() {
+                                a
+                            } else {
+                                b
+                            }
+                        } else if a < b {
+                            a
+                        } else {
+                            b
+                        }
+                    }
+                }
+            }
+
+            fn mac(acc: Self, a: Self, b: Self) -> Self {
+                acc + a * b
+            }
+        }
+    };
+}
+float!(f32);
+float!(f64);
+
+/// Integer element types: arithmetic wraps, and division never traps.
+trait Int: Copy + Ord + std::fmt::Debug {
+    const ZERO: Self;
+    const MIN: Self;
+    const MAX: Self;
+    fn unary(self, op: UnaryOp) -> Option<Self>;
+    fn binary(self, rhs: Self, op: BinaryOp) -> Self;
+    /// `acc + a * b` (wrapping for integers; not fused for floats).
+    fn mac(acc: Self, a: Self, b: Self) -> Self;
+}
+
+/// `base ^ exp` for `exp ≥ 0` by repeated squaring, wrapping.
+macro_rules! pow_by_squaring {
+    ($base:expr, $exp:expr) => {{
+        let (mut base, mut exp, mut acc) = ($base, $exp, 1);
+        while exp > 0 {
+            if exp & 1 == 1 {
+                acc = base.wrapping_mul(acc);
+            }
+            base = base.wrapping_mul(base);
+            exp >>= 1;
+        }
+        acc
+    }};
+}
+
+macro_rules! int {
+    ($t:ty, $signed:expr) => {
+        impl Int for $t {
+            const ZERO: Self = 0;
+            const MIN: Self = <$t>::MIN;
+            const MAX: Self = <$t>::MAX;
+
+            fn unary(self, op: UnaryOp) -> Option<Self> {
+                match op {
+                    UnaryOp::Neg => Some(self.wrapping_neg()),
+                    #[allow(unused_comparisons)]
+                    UnaryOp::Abs => Some(if self < 0 { self.wrapping_neg() } else { self }),
+                    _ => None,
+                }
+            }
+
+            #[allow(unused_comparisons)]
+            fn binary(self, b: Self, op: BinaryOp) -> Self {
+                let a = self;
+                match op {
+                    BinaryOp::Add => a.wrapping_add(b),
+                    BinaryOp::Sub => a.wrapping_sub(b),
+                    BinaryOp::Mul => a.wrapping_mul(b),
+                    // XLA: x / 0 is -1 (all bits set; 255 for u8), MIN / -1 is MIN (wraps);
+                    // otherwise truncation toward zero.
+                    BinaryOp::Div => {
+                        if b == 0 {
+                            (0 as $t).wrapping_sub(1)
+                        } else {
+                            a.wrapping_div(b)
+                        }
+                    }
+                    // As the StableHLO reference interpreter: for a negative exponent,
+                    // 1^n = 1, (-1)^n = ±1 by parity, anything else 0.
+                    BinaryOp::Pow => {
+                        if b < 0 {
+                            if a == 1 {
+                                1
+                            } else if $signed && a == (0 as $t).wrapping_sub(1) {
+                                if b % 2 == 0 {
+                                    1
+                                } else {
+                                    a
+                                }
+                            } else {
+                                0
+                            }
+                        } else {
+                            pow_by_squaring!(a, b)
+                        }
+                    }
+                    BinaryOp::Max => a.max(b),
+                    BinaryOp::Min => a.min(b),
+                }
+            }
+
+            fn mac(acc: Self, a: Self, b: Self) -> Self {
+                acc.wrapping_add(a.wrapping_mul(b))
+            }
+        }
+    };
+}
+int!(i32, true);
+int!(i64, true);
+int!(u8, false);
+
+fn zip<T: Copy, U>(a: &[T], b: &[T], f: impl Fn(T, T) -> U) -> Vec<U> {
+    a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
+}
+
+fn int_unary<T: Int>(op: UnaryOp, v: &[T]) -> Result<Vec<T>, String> {
+    v.iter()
+        .map(|&x| x.unary(op))
+        .collect::<Option<Vec<T>>>()
+        .ok_or_else(|| format!("`{}` is defined only for floats", op.name()))
+}
+
+/// An element-wise unary function.
+pub(super) fn unary(op: UnaryOp, a: &ArrayData) -> Result<ArrayData, String> {
+    Ok(match a {
+        ArrayData::F32(v) => ArrayData::F32(v.iter().map(|&x| x.unary(op)).collect()),
+        ArrayData::F64(v) => ArrayData::F64(v.iter().map(|&x| x.unary(op)).collect()),
+        ArrayData::I32(v) => ArrayData::I32(int_unary(op, v)?),
+        ArrayData::I64(v) => ArrayData::I64(int_unary(op, v)?),
+        ArrayData::U8(v) => ArrayData::U8(int_unary(op, v)?),
+        ArrayData::Bool(_) => return Err(format!("`{}` is not defined for bool", op.name())),
+    })
+}
+
+/// An element-wise binary function of two operands of one shape and dtype.
+pub(super) fn binary(op: BinaryOp, a: &ArrayData, b: &ArrayData) -> Result<ArrayData, String> {
+    Ok(match (a, b) {
+        (ArrayData::F32(x), ArrayData::F32(y)) => ArrayData::F32(zip(x, y, |p, q| p.binary(q, op))),
+        (ArrayData::F64(x), ArrayData::F64(y)) => ArrayData::F64(zip(x, y, |p, q| p.binary(q, op))),
+        (ArrayData::I32(x), ArrayData::I32(y)) => ArrayData::I32(zip(x, y, |p, q| p.binary(q, op))),
+        (ArrayData::I64(x), ArrayData::I64(y)) => ArrayData::I64(zip(x, y, |p, q| p.binary(q, op))),
+        (ArrayData::U8(x), ArrayData::U8(y)) => ArrayData::U8(zip(x, y, |p, q| p.binary(q, op))),
+        (ArrayData::Bool(x), ArrayData::Bool(y)) => match op {
+            BinaryOp::Max => ArrayData::Bool(zip(x, y, |p, q| p | q)),
+            BinaryOp::Min => ArrayData::Bool(zip(x, y, |p, q| p & q)),
+            _ => return Err(format!("`{}` is not defined for bool", op.name())),
+        },
+        _ => return Err(mismatch(a, b)),
+    })
+}
+
+fn mismatch(a: &ArrayData, b: &ArrayData) -> String {
+    format!(
+        "operands have different dtypes ({} and {})",
+        a.dtype(),
+        b.dtype()
+    )
+}
+
+fn compare_one<T: PartialOrd>(op: CmpOp, a: T, b: T) -> bool {
+    // `PartialOrd` on floats is IEEE: NaN is unordered (only `!=` holds) and -0 == +0.
+    match op {
+        CmpOp::Eq => a == b,
+        CmpOp::Ne => a != b,
+        CmpOp::Lt => a < b,
+        CmpOp::Le => a <= b,
+        CmpOp::Gt => a > b,
+        CmpOp::Ge => a >= b,
+    }
+}
+
+/// An element-wise comparison giving `bool`.
+pub(super) fn compare(op: CmpOp, a: &ArrayData, b: &ArrayData) -> Result<ArrayData, String> {
+    Ok(ArrayData::Bool(match (a, b) {
+        (ArrayData::F32(x), ArrayData::F32(y)) => zip(x, y, |p, q| compare_one(op, p, q)),
+        (ArrayData::F64(x), ArrayData::F64(y)) => zip(x, y, |p, q| compare_one(op, p, q)),
+        (ArrayData::I32(x), ArrayData::I32(y)) => zip(x, y, |p, q| compare_one(op, p, q)),
+        (ArrayData::I64(x), ArrayData::I64(y)) => zip(x, y, |p, q| compare_one(op, p, q)),
+        (ArrayData::U8(x), ArrayData::U8(y)) => zip(x, y, |p, q| compare_one(op, p, q)),
+        (ArrayData::Bool(x), ArrayData::Bool(y)) => zip(x, y, |p, q| compare_one(op, p, q)),
+        _ => return Err(mismatch(a, b)),
+    }))
+}
+
+fn select_vec<T: Copy>(pred: &[bool], a: &[T], b: &[T]) -> Vec<T> {
+    if let [p] = pred {
+        // A scalar predicate picks a whole operand.
+        return if *p { a.to_vec() } else { b.to_vec() };
+    }
+    pred.iter()
+        .zip(a.iter().zip(b))
+        .map(|(&p, (&x, &y))| if p { x } else { y })
+        .collect()
+}
+
+/// `on_true` where `pred` holds, else `on_false`; `pred` has their shape, or is a scalar.
+pub(super) fn select(pred: &ArrayData, a: &ArrayData, b: &ArrayData) -> Result<ArrayData, String> {
+    let ArrayData::Bool(p) = pred else {
+        return Err(format!("the predicate must be bool, not {}", pred.dtype()));
+    };
+    Ok(match (a, b) {
+        (ArrayData::F32(x), ArrayData::F32(y)) => ArrayData::F32(select_vec(p, x, y)),
+        (ArrayData::F64(x), ArrayData::F64(y)) => ArrayData::F64(select_vec(p, x, y)),
+        (ArrayData::I32(x), ArrayData::I32(y)) => ArrayData::I32(select_vec(p, x, y)),
+        (ArrayData::I64(x), ArrayData::I64(y)) => ArrayData::I64(select_vec(p, x, y)),
+        (ArrayData::U8(x), ArrayData::U8(y)) => ArrayData::U8(select_vec(p, x, y)),
+        (ArrayData::Bool(x), ArrayData::Bool(y)) => ArrayData::Bool(select_vec(p, x, y)),
+        _ => return Err(mismatch(a, b)),
+    })
+}
+
+/// Converts every element of `$v` to `$to` with Rust's `as`, which has StableHLO's semantics
+/// here: float → int truncates toward zero and saturates (NaN → 0), int → int wraps (keeps the
+/// low bits), int → float rounds to nearest; to bool is `x != 0` (NaN → true).
+macro_rules! convert_all {
+    ($v:expr, $to:expr, $zero:expr) => {
+        match $to {
+            DType::F32 => ArrayData::F32($v.iter().map(|&x| x as f32).collect()),
+            DType::F64 => ArrayData::F64($v.iter().map(|&x| x as f64).collect()),
+            DType::I32 => ArrayData::I32($v.iter().map(|&x| x as i32).collect()),
+            DType::I64 => ArrayData::I64($v.iter().map(|&x| x as i64).collect()),
+            DType::U8 => ArrayData::U8($v.iter().map(|&x| x as u8).collect()),
+            DType::Bool => ArrayData::Bool($v.iter().map(|&x| x != $zero).collect()),
+        }
+    };
+}
+
+/// Element type conversion (see `convert_all!` for the rules; bool → number is 0 or 1).
+pub(super) fn convert(a: &ArrayData, to: DType) -> ArrayData {
+    match a {
+        ArrayData::F32(v) => convert_all!(v, to, 0.0),
+        ArrayData::F64(v) => convert_all!(v, to, 0.0),
+        ArrayData::I32(v) => convert_all!(v, to, 0),
+        ArrayData::I64(v) => convert_all!(v, to, 0),
+        ArrayData::U8(v) => convert_all!(v, to, 0),
+        ArrayData::Bool(v) => {
+            let bytes: Vec<u8> = v.iter().map(|&b| u8::from(b)).collect();
+            convert_all!(bytes, to, 0)
+        }
+    }
+}
+
+/// Folds a non-empty slice pairwise (halves, then halves of halves), which keeps float sums
+/// accurate to `O(log n)` roundings instead of `O(n)`.
+fn fold_pairwise<T: Copy>(v: &[T], f: &impl Fn(T, T) -> T) -> T {
+    if v.len() <= 32 {
+        v[1..].iter().fold(v[0], |acc, &x| f(acc, x))
+    } else {
+        let (l, r) = v.split_at(v.len() / 2);
+        f(fold_pairwise(l, f), fold_pairwise(r, f))
+    }
+}
+
+/// Reduces `v` (shape `dims`) over `axes` (ascending), starting from `init`.
+fn reduce_vec<T: Copy>(
+    v: &[T],
+    dims: &[usize],
+    axes: &[usize],
+    init: T,
+    f: impl Fn(T, T) -> T,
+) -> Vec<T> {
+    let mut perm: Vec<usize> = (0..dims.len()).filter(|d| !axes.contains(d)).collect();
+    let out_len: usize = perm.iter().map(|&d| dims[d]).product();
+    perm.extend_from_slice(axes);
+    let group: usize = axes.iter().map(|&d| dims[d]).product();
+    if group == 0 {
+        return vec![init; out_len];
+    }
+    let moved = transpose_vec(v, dims, &perm);
+    moved
+        .chunks_exact(group)
+        .map(|c| f(init, fold_pairwise(c, &f)))
+        .collect()
+}
+
+fn reduce_float<T: Float>(kind: ReduceOp, v: &[T], dims: &[usize], axes: &[usize]) -> Vec<T> {
+    match kind {
+        ReduceOp::Sum => reduce_vec(v, dims, axes, T::ZERO, |a, b| a.binary(b, BinaryOp::Add)),
+        ReduceOp::Max => reduce_vec(v, dims, axes, T::NEG_INF, |a, b| a.binary(b, BinaryOp::Max)),
+        ReduceOp::Min => reduce_vec(v, dims, axes, T::INF, |a, b| a.binary(b, BinaryOp::Min)),
+    }
+}
+
+fn reduce_int<T: Int>(kind: ReduceOp, v: &[T], dims: &[usize], axes: &[usize]) -> Vec<T> {
+    match kind {
+        ReduceOp::Sum => reduce_vec(v, dims, axes, T::ZERO, |a, b| a.binary(b, BinaryOp::Add)),
+        ReduceOp::Max => reduce_vec(v, dims, axes, T::MIN, |a, b| a.binary(b, BinaryOp::Max)),
+        ReduceOp::Min => reduce_vec(v, dims, axes, T::MAX, |a, b| a.binary(b, BinaryOp::Min)),
+    }
+}
+
+/// A reduction over `axes` (ascending) of storage of shape `dims`. Inits: sum 0; max −∞ or the
+/// type's minimum; min +∞ or the type's maximum (an empty reduction gives the init). On bool,
+/// sum and max are `or`, min is `and`.
+pub(super) fn reduce(kind: ReduceOp, a: &ArrayData, dims: &[usize], axes: &[usize]) -> ArrayData {
+    match a {
+        ArrayData::F32(v) => ArrayData::F32(reduce_float(kind, v, dims, axes)),
+        ArrayData::F64(v) => ArrayData::F64(reduce_float(kind, v, dims, axes)),
+        ArrayData::I32(v) => ArrayData::I32(reduce_int(kind, v, dims, axes)),
+        ArrayData::I64(v) => ArrayData::I64(reduce_int(kind, v, dims, axes)),
+        ArrayData::U8(v) => ArrayData::U8(reduce_int(kind, v, dims, axes)),
+        ArrayData::Bool(v) => ArrayData::Bool(match kind {
+            ReduceOp::Sum | ReduceOp::Max => reduce_vec(v, dims, axes, false, |a, b| a | b),
+            ReduceOp::Min => reduce_vec(v, dims, axes, true, |a, b| a & b),
+        }),
+    }
+}
+
+/// The shape of a batched product after the operands are laid out as `[B, M, K]` and `[B, K, N]`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct MatmulShape {
+    /// Batch size.
+    pub(super) b: usize,
+    /// Rows of each lhs matrix.
+    pub(super) m: usize,
+    /// The contracted length.
+    pub(super) k: usize,
+    /// Columns of each rhs matrix.
+    pub(super) n: usize,
+}
+
+/// `out[b] = lhs[b] · rhs[b]` for row-major `[B, M, K]` and `[B, K, N]`, in i-k-j order (the
+/// inner loop runs along contiguous rows of `rhs` and `out`).
+fn matmul<T: Copy>(
+    lhs: &[T],
+    rhs: &[T],
+    s: MatmulShape,
+    zero: T,
+    mul_add: impl Fn(T, T, T) -> T,
+) -> Vec<T> {
+    let MatmulShape { b, m, k, n } = s;
+    let mut out = vec![zero; b * m * n];
+    if out.is_empty() || k == 0 {
+        return out;
+    }
+    for (bi, out_b) in out.chunks_exact_mut(m * n).enumerate() {
+        let l = &lhs[bi * m * k..(bi + 1) * m * k];
+        let r = &rhs[bi * k * n..(bi + 1) * k * n];
+        for (out_row, l_row) in out_b.chunks_exact_mut(n).zip(l.chunks_exact(k)) {
+            for (&a, r_row) in l_row.iter().zip(r.chunks_exact(n)) {
+                for (o, &x) in out_row.iter_mut().zip(r_row) {
+                    *o = mul_add(*o, a, x);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The batched product of storage already laid out as `[B, M, K]` and `[B, K, N]`; the result is
+/// `[B, M, N]`. Float products accumulate in the element type, integer ones wrap.
+pub(super) fn batched_matmul(
+    lhs: &ArrayData,
+    rhs: &ArrayData,
+    s: MatmulShape,
+) -> Result<ArrayData, String> {
+    Ok(match (lhs, rhs) {
+        (ArrayData::F32(x), ArrayData::F32(y)) => {
+            ArrayData::F32(matmul(x, y, s, 0.0, <f32 as Float>::mac))
+        }
+        (ArrayData::F64(x), ArrayData::F64(y)) => {
+            ArrayData::F64(matmul(x, y, s, 0.0, <f64 as Float>::mac))
+        }
+        (ArrayData::I32(x), ArrayData::I32(y)) => {
+            ArrayData::I32(matmul(x, y, s, 0, <i32 as Int>::mac))
+        }
+        (ArrayData::I64(x), ArrayData::I64(y)) => {
+            ArrayData::I64(matmul(x, y, s, 0, <i64 as Int>::mac))
+        }
+        (ArrayData::U8(x), ArrayData::U8(y)) => ArrayData::U8(matmul(x, y, s, 0, <u8 as Int>::mac)),
+        (ArrayData::Bool(_), ArrayData::Bool(_)) => {
+            return Err("dot_general is not defined for bool".into())
+        }
+        _ => return Err(mismatch(lhs, rhs)),
+    })
+}

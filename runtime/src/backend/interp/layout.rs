@@ -1,0 +1,170 @@
+//! Data movement: strided gathers (transpose, broadcast, slice), concatenation and iota.
+//!
+//! Every function here is generic over the element type and assumes its arguments were checked
+//! by [`super::check`]: dims, permutations and windows fit the operand.
+
+use crate::tree::{Array, ArrayData, DType, Element};
+
+/// Applies `$body` to the elements of `$data` (bound to `$v`, a `&Vec<T>`), wrapping the
+/// resulting `Vec<T>` in the same `ArrayData` variant.
+macro_rules! map_data {
+    ($data:expr, $v:ident => $body:expr) => {
+        match $data {
+            ArrayData::F32($v) => ArrayData::F32($body),
+            ArrayData::F64($v) => ArrayData::F64($body),
+            ArrayData::I32($v) => ArrayData::I32($body),
+            ArrayData::I64($v) => ArrayData::I64($body),
+            ArrayData::U8($v) => ArrayData::U8($body),
+            ArrayData::Bool($v) => ArrayData::Bool($body),
+        }
+    };
+}
+
+/// Row-major strides of `dims`, in elements.
+pub(super) fn strides(dims: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; dims.len()];
+    for i in (0..dims.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * dims[i + 1];
+    }
+    s
+}
+
+/// The elements `src[base + Σ idx[d] * strides[d]]` for every index `idx` of `dims`, in
+/// row-major order.
+pub(super) fn gather<T: Copy>(src: &[T], dims: &[usize], strides: &[usize], base: usize) -> Vec<T> {
+    let n: usize = dims.iter().product();
+    let mut out = Vec::with_capacity(n);
+    if n == 0 {
+        return out;
+    }
+    let Some(last) = dims.len().checked_sub(1) else {
+        out.push(src[base]);
+        return out;
+    };
+    let (inner, inner_stride) = (dims[last], strides[last]);
+    let mut idx = vec![0usize; last];
+    let mut offset = base;
+    loop {
+        if inner_stride == 1 {
+            out.extend_from_slice(&src[offset..offset + inner]);
+        } else {
+            out.extend((0..inner).map(|j| src[offset + j * inner_stride]));
+        }
+        // Advance the odometer over the outer dims.
+        let mut d = last;
+        loop {
+            if d == 0 {
+                return out;
+            }
+            d -= 1;
+            idx[d] += 1;
+            offset += strides[d];
+            if idx[d] < dims[d] {
+                break;
+            }
+            offset -= strides[d] * dims[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+/// Whether `perm` is `0, 1, 2, …`.
+pub(super) fn is_identity(perm: &[usize]) -> bool {
+    perm.iter().enumerate().all(|(i, &p)| i == p)
+}
+
+/// Result dim `i` is operand dim `perm[i]`.
+pub(super) fn transpose_vec<T: Copy>(src: &[T], dims: &[usize], perm: &[usize]) -> Vec<T> {
+    if is_identity(perm) {
+        return src.to_vec();
+    }
+    let s = strides(dims);
+    let out_dims: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
+    let out_strides: Vec<usize> = perm.iter().map(|&p| s[p]).collect();
+    gather(src, &out_dims, &out_strides, 0)
+}
+
+/// Transposes typed storage of shape `dims`.
+pub(super) fn transpose(data: &ArrayData, dims: &[usize], perm: &[usize]) -> ArrayData {
+    map_data!(data, v => transpose_vec(v, dims, perm))
+}
+
+/// Broadcasts storage of shape `in_dims` to `out_dims`: operand dim `i` becomes result dim
+/// `map[i]` (its size equal, or 1).
+pub(super) fn broadcast(
+    data: &ArrayData,
+    in_dims: &[usize],
+    out_dims: &[usize],
+    map: &[usize],
+) -> ArrayData {
+    let s = strides(in_dims);
+    let mut out_strides = vec![0; out_dims.len()];
+    for (i, &d) in map.iter().enumerate() {
+        if in_dims[i] != 1 {
+            out_strides[d] = s[i];
+        }
+    }
+    map_data!(data, v => gather(v, out_dims, &out_strides, 0))
+}
+
+/// The strided window `start..limit` step `steps` of storage of shape `dims`; `out_dims` is the
+/// window's shape.
+pub(super) fn slice(
+    data: &ArrayData,
+    dims: &[usize],
+    start: &[usize],
+    steps: &[usize],
+    out_dims: &[usize],
+) -> ArrayData {
+    let s = strides(dims);
+    let base = start.iter().zip(&s).map(|(a, b)| a * b).sum();
+    let out_strides: Vec<usize> = s.iter().zip(steps).map(|(a, b)| a * b).collect();
+    map_data!(data, v => gather(v, out_dims, &out_strides, base))
+}
+
+fn concat_vec<T: Element>(parts: &[&Array], axis: usize) -> Option<Vec<T>> {
+    let first = parts.first()?;
+    let outer: usize = first.dims()[..axis].iter().product();
+    let inner: usize = first.dims()[axis + 1..].iter().product();
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let slices = parts
+        .iter()
+        .map(|p| Some((T::unwrap(p.data())?, p.dims()[axis] * inner)))
+        .collect::<Option<Vec<_>>>()?;
+    let mut out = Vec::with_capacity(total);
+    for o in 0..outer {
+        for &(v, chunk) in &slices {
+            out.extend_from_slice(&v[o * chunk..(o + 1) * chunk]);
+        }
+    }
+    Some(out)
+}
+
+/// Joins arrays of one dtype along `axis` (all other dims equal); `None` when dtypes differ.
+pub(super) fn concatenate(parts: &[&Array], axis: usize, dtype: DType) -> Option<ArrayData> {
+    Some(match dtype {
+        DType::F32 => ArrayData::F32(concat_vec(parts, axis)?),
+        DType::F64 => ArrayData::F64(concat_vec(parts, axis)?),
+        DType::I32 => ArrayData::I32(concat_vec(parts, axis)?),
+        DType::I64 => ArrayData::I64(concat_vec(parts, axis)?),
+        DType::U8 => ArrayData::U8(concat_vec(parts, axis)?),
+        DType::Bool => ArrayData::Bool(concat_vec(parts, axis)?),
+    })
+}
+
+/// Iota: element `[i0, i1, …]` is `i_axis`, converted to `dtype` as by `as` (integers wrap).
+/// `None` for `bool`, which has no iota.
+pub(super) fn iota(dtype: DType, dims: &[usize], axis: usize) -> Option<ArrayData> {
+    let n: usize = dims.iter().product();
+    let stride: usize = dims[axis + 1..].iter().product();
+    let size = dims[axis];
+    let index = (0..n).map(move |i| (i / stride) % size);
+    Some(match dtype {
+        DType::F32 => ArrayData::F32(index.map(|i| i as f32).collect()),
+        DType::F64 => ArrayData::F64(index.map(|i| i as f64).collect()),
+        DType::I32 => ArrayData::I32(index.map(|i| i as i32).collect()),
+        DType::I64 => ArrayData::I64(index.map(|i| i as i64).collect()),
+        DType::U8 => ArrayData::U8(index.map(|i| i as u8).collect()),
+        DType::Bool => return None,
+    })
+}

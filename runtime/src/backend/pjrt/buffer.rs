@@ -1,0 +1,218 @@
+//! Arrays on the device: upload, download, ownership.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::tree::{Array, ArrayData, DType, LeafType};
+
+use super::client::ClientInner;
+use super::ffi::{self, buffer_type, names, RawBuffer};
+
+/// The `PJRT_Buffer_Type` of a dtype.
+pub(crate) fn pjrt_type(dtype: DType) -> i32 {
+    match dtype {
+        DType::F32 => buffer_type::F32,
+        DType::F64 => buffer_type::F64,
+        DType::I32 => buffer_type::S32,
+        DType::I64 => buffer_type::S64,
+        DType::U8 => buffer_type::U8,
+        DType::Bool => buffer_type::PRED,
+    }
+}
+
+/// The dtype of a `PJRT_Buffer_Type`, when nitro arrays can hold it.
+pub(crate) fn dtype_of(t: i32) -> Option<DType> {
+    DType::ALL.into_iter().find(|d| pjrt_type(*d) == t)
+}
+
+/// An array that lives on a PJRT device, owned by Rust: dropping it destroys the PJRT buffer.
+///
+/// Made by [`Client::upload`](super::Client::upload) or returned by an execute. It stays on the
+/// device between executes; [`to_host`](DeviceBuffer::to_host) copies it back. Its dtype and dims
+/// are known on the Rust side, so an execute checks them before calling XLA (which checks only byte
+/// sizes). To let a program reuse (donate) a buffer, pass it **by value** to
+/// [`Executable::execute_donating`](super::Executable::execute_donating): a donated buffer is
+/// consumed, so it cannot be read afterwards.
+pub struct DeviceBuffer {
+    pub(crate) client: Arc<ClientInner>,
+    pub(crate) raw: *mut RawBuffer,
+    ty: LeafType,
+}
+
+// SAFETY: a PJRT buffer may be used and destroyed from any thread (PjRtBuffer is thread-safe, and
+// the C API adds no thread affinity); `DeviceBuffer` owns its pointer exclusively, and `&self`
+// methods only read the buffer (copy to host, query deletion).
+unsafe impl Send for DeviceBuffer {}
+// SAFETY: see `Send`: shared references only issue read-only, thread-safe PJRT calls.
+unsafe impl Sync for DeviceBuffer {}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceBuffer({})", self.ty)
+    }
+}
+
+impl DeviceBuffer {
+    /// Takes ownership of a buffer the plugin returned.
+    pub(crate) fn from_raw(client: Arc<ClientInner>, raw: *mut RawBuffer, ty: LeafType) -> Self {
+        DeviceBuffer { client, raw, ty }
+    }
+
+    /// Uploads an array to the client's first device.
+    pub(crate) fn upload(client: &Arc<ClientInner>, array: &Array) -> Result<DeviceBuffer> {
+        let plugin = client.plugin;
+        let f = plugin.func(
+            plugin.api.fns.client_buffer_from_host,
+            names::client_buffer_from_host,
+        )?;
+        let ty = array.leaf_type();
+        let dims: Vec<i64> = ty.dims.iter().map(|&d| d as i64).collect();
+        // Bools are one byte per element (0 or 1) both in Rust and in PJRT's PRED.
+        let bools: Vec<u8>;
+        let bytes: &[u8] = match array.data() {
+            ArrayData::F32(v) => bytemuck::cast_slice(v),
+            ArrayData::F64(v) => bytemuck::cast_slice(v),
+            ArrayData::I32(v) => bytemuck::cast_slice(v),
+            ArrayData::I64(v) => bytemuck::cast_slice(v),
+            ArrayData::U8(v) => v,
+            ArrayData::Bool(v) => {
+                bools = v.iter().map(|&b| u8::from(b)).collect();
+                &bools
+            }
+        };
+        // A zero-element array still needs a non-null data pointer.
+        static EMPTY: [u64; 1] = [0];
+        let data: *const c_void = if bytes.is_empty() {
+            EMPTY.as_ptr().cast()
+        } else {
+            bytes.as_ptr().cast()
+        };
+        let mut a = ffi::BufferFromHostArgs::new();
+        a.client = client.raw;
+        a.data = data;
+        a.type_ = pjrt_type(ty.dtype);
+        a.dims = if dims.is_empty() {
+            std::ptr::null()
+        } else {
+            dims.as_ptr()
+        };
+        a.num_dims = dims.len();
+        a.host_buffer_semantics = ffi::IMMUTABLE_ONLY_DURING_CALL;
+        a.device = client.device;
+        // SAFETY: `a` is a valid `PJRT_Client_BufferFromHostBuffer_Args`: the client and device
+        // are live (held by `client`), `data` points to `bytes.len()` bytes laid out densely,
+        // row-major, of the declared type and dims (an `Array` guarantees the length), and `dims`
+        // outlives the call. With kImmutableOnlyDuringCall the plugin copies before returning.
+        let result = unsafe { plugin.api.check(names::client_buffer_from_host, f(&mut a)) };
+        result?;
+        let buffer = DeviceBuffer::from_raw(client.clone(), a.buffer, ty);
+        // SAFETY: the event (possibly null) was just returned to us, and is awaited and destroyed
+        // once; `bytes` and `dims` are still alive.
+        unsafe {
+            plugin
+                .api
+                .await_event(names::client_buffer_from_host, a.done_with_host_buffer)
+        }?;
+        Ok(buffer)
+    }
+
+    /// The dtype and dims.
+    pub fn leaf_type(&self) -> &LeafType {
+        &self.ty
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> DType {
+        self.ty.dtype
+    }
+
+    /// The dims (empty for a scalar).
+    pub fn dims(&self) -> &[usize] {
+        &self.ty.dims
+    }
+
+    /// Copies the buffer back to the host (waits for the computation that produces it).
+    pub fn to_host(&self) -> Result<Array> {
+        let plugin = self.client.plugin;
+        let f = plugin.func(plugin.api.fns.buffer_to_host, names::buffer_to_host)?;
+        let n: usize = self.ty.dims.iter().product();
+        let want = n * self.ty.dtype.size_bytes();
+        let mut q = ffi::BufferToHostArgs::new();
+        q.src = self.raw;
+        // SAFETY: `q` is a valid `PJRT_Buffer_ToHostBuffer_Args` with a null `dst`: the plugin
+        // only reports the size it needs; the buffer is live (owned by `self`).
+        unsafe { plugin.api.check(names::buffer_to_host, f(&mut q)) }?;
+        if q.dst_size != want {
+            return Err(Error::ProgramSignature {
+                what: format!(
+                    "returned a buffer of {} bytes where {} needs {want}",
+                    q.dst_size, self.ty
+                ),
+            });
+        }
+        let data = match self.ty.dtype {
+            DType::F32 => ArrayData::F32(self.copy_into(vec![0f32; n])?),
+            DType::F64 => ArrayData::F64(self.copy_into(vec![0f64; n])?),
+            DType::I32 => ArrayData::I32(self.copy_into(vec![0i32; n])?),
+            DType::I64 => ArrayData::I64(self.copy_into(vec![0i64; n])?),
+            DType::U8 => ArrayData::U8(self.copy_into(vec![0u8; n])?),
+            DType::Bool => ArrayData::Bool(
+                self.copy_into(vec![0u8; n])?
+                    .into_iter()
+                    .map(|b| b != 0)
+                    .collect(),
+            ),
+        };
+        Array::from_data(&self.ty.dims, data)
+    }
+
+    /// Copies the buffer's bytes into `dst` (already of the right length) and waits.
+    fn copy_into<T: bytemuck::Pod>(&self, mut dst: Vec<T>) -> Result<Vec<T>> {
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut dst);
+        if bytes.is_empty() {
+            return Ok(dst);
+        }
+        let plugin = self.client.plugin;
+        let f = plugin.func(plugin.api.fns.buffer_to_host, names::buffer_to_host)?;
+        let mut a = ffi::BufferToHostArgs::new();
+        a.src = self.raw;
+        a.dst = bytes.as_mut_ptr().cast();
+        a.dst_size = bytes.len();
+        // SAFETY: `a` is valid: the buffer is live, `dst` points to `dst_size` writable bytes
+        // (exactly the size the plugin reported), which stay alive and untouched until the event
+        // below has been awaited.
+        unsafe { plugin.api.check(names::buffer_to_host, f(&mut a)) }?;
+        // SAFETY: the event was just returned to us; awaited and destroyed once, before `dst` is
+        // read or freed.
+        unsafe { plugin.api.await_event(names::buffer_to_host, a.event) }?;
+        Ok(dst)
+    }
+
+    /// Whether PJRT has deleted the buffer (a donated input is deleted by the execute that
+    /// reused it). Errors when the plugin lacks `PJRT_Buffer_IsDeleted`.
+    pub fn is_deleted(&self) -> Result<bool> {
+        let plugin = self.client.plugin;
+        let f = plugin.func(plugin.api.fns.buffer_is_deleted, names::buffer_is_deleted)?;
+        let mut a = ffi::BufferIsDeletedArgs::new();
+        a.buffer = self.raw;
+        // SAFETY: `a` is a valid `PJRT_Buffer_IsDeleted_Args` for a live buffer.
+        unsafe { plugin.api.check(names::buffer_is_deleted, f(&mut a)) }?;
+        Ok(a.is_deleted != 0)
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        let plugin = self.client.plugin;
+        if let Some(f) = plugin.api.fns.buffer_destroy {
+            let mut a = ffi::BufferDestroyArgs::new();
+            a.buffer = self.raw;
+            // SAFETY: `self` owns the buffer, which is destroyed exactly once, here; the client
+            // is kept alive by `self.client` until after this call.
+            if let Err(e) = unsafe { plugin.api.check(names::buffer_destroy, f(&mut a)) } {
+                tracing::debug!("ignoring a failure to destroy a PJRT buffer: {e}");
+            }
+        }
+    }
+}

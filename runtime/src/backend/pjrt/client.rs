@@ -1,0 +1,247 @@
+//! The PJRT client: one per plugin per process, in practice.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::tree::{Array, LeafType};
+
+use super::buffer::DeviceBuffer;
+use super::executable::Executable;
+use super::ffi::{self, names, RawClient, RawDevice};
+use super::identity::{cpu_features, BackendIdentity};
+use super::plugin::Plugin;
+use super::COMPILE_OPTIONS;
+
+/// The PJRT client and what was read from it once. Shared (`Arc`) by every executable and buffer
+/// made through it, so the client is destroyed only after all of them.
+pub(crate) struct ClientInner {
+    pub(crate) plugin: &'static Plugin,
+    pub(crate) raw: *mut RawClient,
+    /// The first addressable device: where buffers are put and programs run.
+    pub(crate) device: *mut RawDevice,
+    platform_name: String,
+    platform_version: String,
+    device_count: usize,
+    identity: OnceLock<BackendIdentity>,
+}
+
+// SAFETY: a `PJRT_Client` is thread-safe: the PJRT C API lets any thread compile, upload and
+// execute through one client concurrently (JAX does exactly that), and the device pointer is owned
+// by the client and immutable. The Rust-side fields are immutable after construction (the
+// identity is behind a `OnceLock`).
+unsafe impl Send for ClientInner {}
+// SAFETY: see `Send`.
+unsafe impl Sync for ClientInner {}
+
+impl Drop for ClientInner {
+    fn drop(&mut self) {
+        let plugin = self.plugin;
+        if let Some(f) = plugin.api.fns.client_destroy {
+            let mut a = ffi::ClientDestroyArgs::new();
+            a.client = self.raw;
+            // SAFETY: the last `Arc` to this client is gone, so no executable or buffer of it is
+            // alive; the client is destroyed exactly once, here.
+            if let Err(e) = unsafe { plugin.api.check(names::client_destroy, f(&mut a)) } {
+                tracing::debug!("ignoring a failure to destroy a PJRT client: {e}");
+            }
+        }
+    }
+}
+
+/// A PJRT client on one plugin: compiles StableHLO text, uploads arrays, loads serialized
+/// executables. Programs run on the client's first addressable device.
+///
+/// `Client` is `Send + Sync` (PJRT clients are thread-safe) and cheap to clone (a reference
+/// count). The process-wide client on the selected plugin is [`client()`](super::client).
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<ClientInner>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("plugin", &self.inner.plugin.path())
+            .field("platform", &self.inner.platform_name)
+            .finish()
+    }
+}
+
+/// Copies a (pointer, length) string the plugin returned.
+///
+/// # Safety
+/// `ptr` must be null or point to `len` readable bytes.
+unsafe fn copy_str(ptr: *const u8, len: usize) -> String {
+    if ptr.is_null() {
+        return String::new();
+    }
+    // SAFETY: caller's contract.
+    String::from_utf8_lossy(unsafe { std::slice::from_raw_parts(ptr, len) }).into_owned()
+}
+
+impl Client {
+    /// Creates a client on `plugin` (no client options) and reads its platform and devices.
+    /// Logs one INFO line.
+    pub fn new(plugin: &'static Plugin) -> Result<Client> {
+        let started = Instant::now();
+        let create = plugin.func(plugin.api.fns.client_create, names::client_create)?;
+        let mut a = ffi::ClientCreateArgs::new();
+        // SAFETY: `a` is a valid `PJRT_Client_Create_Args` with no options and no callbacks.
+        unsafe { plugin.api.check(names::client_create, create(&mut a)) }?;
+        if a.client.is_null() {
+            return Err(Error::Pjrt {
+                call: names::client_create,
+                code: "nitro",
+                message: "the plugin returned no client and no error".into(),
+            });
+        }
+        // From here on, dropping `inner` destroys the client.
+        let mut inner = ClientInner {
+            plugin,
+            raw: a.client,
+            device: std::ptr::null_mut(),
+            platform_name: String::new(),
+            platform_version: String::new(),
+            device_count: 0,
+            identity: OnceLock::new(),
+        };
+        if let Some(f) = plugin.api.fns.client_platform_name {
+            let mut p = ffi::ClientPlatformNameArgs::new();
+            p.client = inner.raw;
+            // SAFETY: valid args for a live client.
+            unsafe { plugin.api.check(names::client_platform_name, f(&mut p)) }?;
+            // SAFETY: the name is owned by the client, alive; copied at once.
+            inner.platform_name = unsafe { copy_str(p.platform_name, p.platform_name_size) };
+        }
+        if let Some(f) = plugin.api.fns.client_platform_version {
+            let mut p = ffi::ClientPlatformVersionArgs::new();
+            p.client = inner.raw;
+            // SAFETY: valid args for a live client.
+            unsafe { plugin.api.check(names::client_platform_version, f(&mut p)) }?;
+            // SAFETY: the version is owned by the client, alive; copied at once.
+            inner.platform_version =
+                unsafe { copy_str(p.platform_version, p.platform_version_size) };
+        }
+        let devices = plugin.func(
+            plugin.api.fns.client_addressable_devices,
+            names::client_addressable_devices,
+        )?;
+        let mut d = ffi::ClientAddressableDevicesArgs::new();
+        d.client = inner.raw;
+        // SAFETY: valid args for a live client.
+        unsafe {
+            plugin
+                .api
+                .check(names::client_addressable_devices, devices(&mut d))
+        }?;
+        if d.num_addressable_devices == 0 || d.addressable_devices.is_null() {
+            return Err(Error::Pjrt {
+                call: names::client_addressable_devices,
+                code: "nitro",
+                message: "the client has no addressable device; check that the platform's \
+                          hardware and driver are present"
+                    .into(),
+            });
+        }
+        // SAFETY: the plugin returned an array of `num_addressable_devices` (> 0) device
+        // pointers owned by the client.
+        inner.device = unsafe { *d.addressable_devices };
+        inner.device_count = d.num_addressable_devices;
+        let client = Client {
+            inner: Arc::new(inner),
+        };
+        let (major, minor) = plugin.api_version();
+        tracing::info!(
+            plugin = %plugin.path().display(),
+            api = %format!("{major}.{minor}"),
+            platform = %client.inner.platform_name,
+            platform_version = %client.inner.platform_version,
+            devices = client.inner.device_count,
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "PJRT client created"
+        );
+        Ok(client)
+    }
+
+    /// The plugin this client runs on.
+    pub fn plugin(&self) -> &'static Plugin {
+        self.inner.plugin
+    }
+
+    /// The platform name (`cpu`, `cuda`, …).
+    pub fn platform_name(&self) -> &str {
+        &self.inner.platform_name
+    }
+
+    /// The platform version string.
+    pub fn platform_version(&self) -> &str {
+        &self.inner.platform_version
+    }
+
+    /// How many devices the client can address (programs run on the first).
+    pub fn device_count(&self) -> usize {
+        self.inner.device_count
+    }
+
+    /// One line: plugin path, API version, platform name and version, device count.
+    pub fn describe(&self) -> String {
+        let (major, minor) = self.plugin().api_version();
+        format!(
+            "XLA via PJRT: plugin {} (C API {major}.{minor}), platform {} {}, {} device(s)",
+            self.plugin().path().display(),
+            self.platform_name(),
+            self.platform_version(),
+            self.device_count()
+        )
+    }
+
+    /// The backend identity (hashes the plugin file the first time: tens to hundreds of ms for a
+    /// 200 MB plugin, once per process).
+    pub fn identity(&self) -> Result<&BackendIdentity> {
+        if let Some(id) = self.inner.identity.get() {
+            return Ok(id);
+        }
+        let id = BackendIdentity {
+            plugin_digest: self.plugin().digest()?,
+            api_version: self.plugin().api_version(),
+            platform_name: self.inner.platform_name.clone(),
+            platform_version: self.inner.platform_version.clone(),
+            cpu_features: cpu_features().to_owned(),
+            compile_options_digest: crate::Digest::from(blake3::hash(COMPILE_OPTIONS)),
+        };
+        Ok(self.inner.identity.get_or_init(|| id))
+    }
+
+    /// Compiles StableHLO MLIR text (the entry function is `@main`) for programs taking
+    /// `inputs` and returning `outputs`, in order.
+    ///
+    /// The declared types are what every execute checks its arguments against (XLA itself only
+    /// checks byte sizes); the outputs are checked against the compiled program here when the
+    /// plugin can report them ([`Error::ProgramSignature`] on a mismatch). A program XLA rejects is
+    /// [`Error::XlaCompile`], whose message starts with XLA's first error line
+    /// (`-:LINE:COL: error: …`, pointing into `mlir`).
+    ///
+    /// Inputs marked `tf.aliasing_output` in the text may be donated: see
+    /// [`Executable::execute_donating`].
+    pub fn compile(
+        &self,
+        mlir: &str,
+        inputs: &[LeafType],
+        outputs: &[LeafType],
+    ) -> Result<Executable> {
+        Executable::compile(&self.inner, mlir, inputs, outputs)
+    }
+
+    /// Uploads an array to the device.
+    pub fn upload(&self, array: &Array) -> Result<DeviceBuffer> {
+        DeviceBuffer::upload(&self.inner, array)
+    }
+
+    /// Loads an executable that [`Executable::serialize`] wrote, after checking that it was built
+    /// by a backend with this client's identity ([`Error::BackendMismatch`] otherwise, without
+    /// loading anything) and that its bytes are intact ([`Error::InvalidSerializedExecutable`]).
+    pub fn deserialize(&self, bytes: &[u8]) -> Result<Executable> {
+        Executable::deserialize(self, bytes)
+    }
+}

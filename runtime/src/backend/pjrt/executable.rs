@@ -1,0 +1,669 @@
+//! Compiled programs: compile, execute, serialize, load.
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::hash::Digest;
+use crate::tree::{Array, LeafType};
+
+use super::buffer::{dtype_of, DeviceBuffer};
+use super::client::{Client, ClientInner};
+use super::ffi::{
+    self, code_name, names, Api, RawBuffer, RawEvent, RawExecutable, RawLoadedExecutable,
+};
+use super::identity::BackendIdentity;
+use super::COMPILE_OPTIONS;
+
+/// A program compiled for one PJRT client, with the input and output types it was declared with.
+///
+/// `Executable` is `Send + Sync`: PJRT executables may be run from several threads at once.
+/// Dropping it destroys the PJRT executable (its client lives on while any executable or buffer
+/// of it does).
+pub struct Executable {
+    client: Arc<ClientInner>,
+    raw: *mut RawLoadedExecutable,
+    inputs: Vec<LeafType>,
+    outputs: Vec<LeafType>,
+}
+
+// SAFETY: a `PJRT_LoadedExecutable` may be executed concurrently from several threads and
+// destroyed from any thread (PjRtLoadedExecutable is thread-safe); `Executable` owns its pointer
+// exclusively and its Rust fields are immutable.
+unsafe impl Send for Executable {}
+// SAFETY: see `Send`: `&self` methods only execute, serialize or query, all thread-safe in PJRT.
+unsafe impl Sync for Executable {}
+
+impl std::fmt::Debug for Executable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executable")
+            .field("inputs", &self.inputs)
+            .field("outputs", &self.outputs)
+            .finish()
+    }
+}
+
+/// One argument of [`Executable::execute_donating`].
+#[derive(Debug)]
+pub enum Arg<'a> {
+    /// Passed by reference: never donated, still usable afterwards.
+    Borrow(&'a DeviceBuffer),
+    /// Passed by value: the program may reuse (donate) its memory for an output when the program
+    /// text marks the input `tf.aliasing_output`; either way the buffer is consumed.
+    Donate(DeviceBuffer),
+}
+
+impl<'a> From<&'a DeviceBuffer> for Arg<'a> {
+    fn from(b: &'a DeviceBuffer) -> Arg<'a> {
+        Arg::Borrow(b)
+    }
+}
+
+impl From<DeviceBuffer> for Arg<'_> {
+    fn from(b: DeviceBuffer) -> Self {
+        Arg::Donate(b)
+    }
+}
+
+impl Arg<'_> {
+    fn buffer(&self) -> &DeviceBuffer {
+        match self {
+            Arg::Borrow(b) => b,
+            Arg::Donate(b) => b,
+        }
+    }
+}
+
+/// What [`Executable::execute_donating`] returns.
+#[derive(Debug)]
+pub struct Executed {
+    /// The program's outputs, in `return` order.
+    pub outputs: Vec<DeviceBuffer>,
+    /// The positions of the arguments passed by value whose memory XLA reused (PJRT deleted
+    /// them). An argument passed by value but not donated by the program is simply freed.
+    pub donated: Vec<usize>,
+}
+
+/// A `PJRT_Executable` obtained from a loaded executable, destroyed on drop.
+struct ExecRef {
+    client: Arc<ClientInner>,
+    raw: *mut RawExecutable,
+}
+
+impl Drop for ExecRef {
+    fn drop(&mut self) {
+        let plugin = self.client.plugin;
+        if let Some(f) = plugin.api.fns.executable_destroy {
+            let mut a = ffi::ExecutableDestroyArgs::new();
+            a.executable = self.raw;
+            // SAFETY: `self.raw` came from GetExecutable, which hands ownership to the caller;
+            // destroyed exactly once, here.
+            if let Err(e) = unsafe { plugin.api.check(names::executable_destroy, f(&mut a)) } {
+                tracing::debug!("ignoring a failure to destroy a PJRT executable: {e}");
+            }
+        }
+    }
+}
+
+/// The magic bytes that start a serialized nitro executable (format version 1).
+const MAGIC: &[u8; 16] = b"NITRO-PJRT-EXE\x00\x01";
+
+/// The header of a serialized executable: who built it, for which signature, and a checksum of
+/// the plugin's bytes.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Header {
+    identity: BackendIdentity,
+    inputs: Vec<LeafType>,
+    outputs: Vec<LeafType>,
+    payload_len: u64,
+    payload_digest: Digest,
+}
+
+fn invalid(reason: impl Into<String>) -> Error {
+    Error::InvalidSerializedExecutable {
+        reason: reason.into(),
+    }
+}
+
+/// Splits serialized bytes into header and payload, checking the envelope (not the identity).
+fn parse(bytes: &[u8]) -> Result<(Header, &[u8])> {
+    let rest = bytes
+        .strip_prefix(MAGIC.as_slice())
+        .ok_or_else(|| invalid("they do not start with nitro's magic bytes (format 1)"))?;
+    let (len, rest) = rest
+        .split_first_chunk::<8>()
+        .ok_or_else(|| invalid("they end inside the header length"))?;
+    let len = usize::try_from(u64::from_le_bytes(*len))
+        .map_err(|_| invalid("the header length is out of range"))?;
+    if rest.len() < len {
+        return Err(invalid("they end inside the header"));
+    }
+    let (json, payload) = rest.split_at(len);
+    let header: Header = serde_json::from_slice(json)
+        .map_err(|e| invalid(format!("the header is not readable: {e}")))?;
+    if payload.len() as u64 != header.payload_len {
+        return Err(invalid(format!(
+            "the executable is {} bytes but the header says {}",
+            payload.len(),
+            header.payload_len
+        )));
+    }
+    Ok((header, payload))
+}
+
+/// The identity of the backend that built a serialized executable, read from its header without
+/// loading anything (for caches that keep entries of several backends).
+pub fn serialized_identity(bytes: &[u8]) -> Result<BackendIdentity> {
+    parse(bytes).map(|(h, _)| h.identity)
+}
+
+/// The first non-empty line of an XLA message.
+fn first_line(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("")
+        .to_owned()
+}
+
+impl Executable {
+    pub(crate) fn compile(
+        client: &Arc<ClientInner>,
+        mlir: &str,
+        inputs: &[LeafType],
+        outputs: &[LeafType],
+    ) -> Result<Executable> {
+        const _: () = assert!(!COMPILE_OPTIONS.is_empty());
+        let plugin = client.plugin;
+        let f = plugin.func(plugin.api.fns.client_compile, names::client_compile)?;
+        // The C field is `char*`; hand it a private copy so nothing can write into `mlir`.
+        let mut code = mlir.as_bytes().to_vec();
+        let mut program = ffi::Program::new();
+        program.code = code.as_mut_ptr();
+        program.code_size = code.len();
+        program.format = b"mlir".as_ptr();
+        program.format_size = 4;
+        let mut a = ffi::ClientCompileArgs::new();
+        a.client = client.raw;
+        a.program = &program;
+        a.compile_options = COMPILE_OPTIONS.as_ptr();
+        a.compile_options_size = COMPILE_OPTIONS.len();
+        // SAFETY: `a` is a valid `PJRT_Client_Compile_Args`: a live client, a program whose code
+        // and format outlive the call, and non-empty, well-formed compile options (empty options
+        // abort the process inside XLA, so they are never sent).
+        let err = unsafe { f(&mut a) };
+        if !err.is_null() {
+            // SAFETY: a non-null error just returned by this plugin.
+            let (code, message) = unsafe { plugin.api.take_error(err) };
+            return Err(Error::XlaCompile {
+                code: code_name(code),
+                first_line: first_line(&message),
+                message,
+            });
+        }
+        if a.executable.is_null() {
+            return Err(Error::Pjrt {
+                call: names::client_compile,
+                code: "nitro",
+                message: "the plugin returned no executable and no error".into(),
+            });
+        }
+        let exe = Executable {
+            client: client.clone(),
+            raw: a.executable,
+            inputs: inputs.to_vec(),
+            outputs: outputs.to_vec(),
+        };
+        exe.check_outputs()?;
+        Ok(exe)
+    }
+
+    /// The declared input types, in argument order.
+    pub fn inputs(&self) -> &[LeafType] {
+        &self.inputs
+    }
+
+    /// The declared output types, in `return` order.
+    pub fn outputs(&self) -> &[LeafType] {
+        &self.outputs
+    }
+
+    /// The client the executable runs on.
+    pub fn client(&self) -> Client {
+        Client {
+            inner: self.client.clone(),
+        }
+    }
+
+    fn executable(&self) -> Result<ExecRef> {
+        let plugin = self.client.plugin;
+        let f = plugin.func(
+            plugin.api.fns.loaded_executable_get_executable,
+            names::loaded_executable_get_executable,
+        )?;
+        let mut a = ffi::LoadedExecutableGetExecutableArgs::new();
+        a.loaded_executable = self.raw;
+        // SAFETY: valid args for a live loaded executable.
+        unsafe {
+            plugin
+                .api
+                .check(names::loaded_executable_get_executable, f(&mut a))
+        }?;
+        Ok(ExecRef {
+            client: self.client.clone(),
+            raw: a.executable,
+        })
+    }
+
+    /// Checks the compiled program's outputs against the declared ones: the count always, the
+    /// element types and dims when the plugin reports them.
+    fn check_outputs(&self) -> Result<()> {
+        let plugin = self.client.plugin;
+        let api = &plugin.api;
+        let e = self.executable()?;
+        let f = plugin.func(
+            api.fns.executable_num_outputs,
+            names::executable_num_outputs,
+        )?;
+        let mut n = ffi::ExecutableNumOutputsArgs::new();
+        n.executable = e.raw;
+        // SAFETY: valid args for a live executable.
+        unsafe { api.check(names::executable_num_outputs, f(&mut n)) }?;
+        let count = n.num_outputs;
+        if count != self.outputs.len() {
+            return Err(Error::ProgramSignature {
+                what: format!(
+                    "returns {count} outputs, but {} were declared",
+                    self.outputs.len()
+                ),
+            });
+        }
+        if let Some(f) = api.fns.executable_output_element_types {
+            let mut t = ffi::ExecutableOutputElementTypesArgs::new();
+            t.executable = e.raw;
+            // SAFETY: valid args for a live executable.
+            match unsafe { api.check(names::executable_output_element_types, f(&mut t)) } {
+                Ok(())
+                    if t.num_output_types == count && (count == 0 || !t.output_types.is_null()) =>
+                {
+                    let types: &[i32] = if count == 0 {
+                        &[]
+                    } else {
+                        // SAFETY: the plugin returned `num_output_types` types, owned by the
+                        // executable `e`, alive until `e` drops at the end of this function.
+                        unsafe { std::slice::from_raw_parts(t.output_types, count) }
+                    };
+                    for (i, (&got, want)) in types.iter().zip(&self.outputs).enumerate() {
+                        if dtype_of(got) != Some(want.dtype) {
+                            let got = dtype_of(got)
+                                .map_or_else(|| format!("PJRT type {got}"), |d| d.to_string());
+                            return Err(Error::ProgramSignature {
+                                what: format!(
+                                    "output {i} has element type {got}, but {want} was declared"
+                                ),
+                            });
+                        }
+                    }
+                }
+                Ok(()) => {}
+                Err(err) if Api::is_unimplemented(&err) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        if let Some(f) = api.fns.executable_output_dimensions {
+            let mut d = ffi::ExecutableOutputDimensionsArgs::new();
+            d.executable = e.raw;
+            d.num_outputs = count;
+            // SAFETY: valid args for a live executable.
+            match unsafe { api.check(names::executable_output_dimensions, f(&mut d)) } {
+                Ok(()) if d.num_outputs == count && count > 0 && !d.dim_sizes.is_null() => {
+                    // SAFETY: `dim_sizes` has `num_outputs` entries, owned by `e`.
+                    let ranks = unsafe { std::slice::from_raw_parts(d.dim_sizes, count) };
+                    let total: usize = ranks.iter().sum();
+                    let dims: &[i64] = if total == 0 || d.dims.is_null() {
+                        &[]
+                    } else {
+                        // SAFETY: `dims` has the sum of `dim_sizes` entries, owned by `e`.
+                        unsafe { std::slice::from_raw_parts(d.dims, total) }
+                    };
+                    if dims.len() == total {
+                        let mut at = 0;
+                        for (i, (&rank, want)) in ranks.iter().zip(&self.outputs).enumerate() {
+                            let got = &dims[at..at + rank];
+                            at += rank;
+                            let same = got.len() == want.dims.len()
+                                && got.iter().zip(&want.dims).all(|(&g, &w)| g == w as i64);
+                            if !same {
+                                return Err(Error::ProgramSignature {
+                                    what: format!(
+                                        "output {i} has dims {got:?}, but {want} was declared"
+                                    ),
+                                });
+                            }
+                        }
+                    }
+                }
+                Ok(()) => {}
+                Err(err) if Api::is_unimplemented(&err) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the arguments' count, client, dtypes and dims against the declared inputs.
+    fn check_args<'b>(&self, args: impl ExactSizeIterator<Item = &'b DeviceBuffer>) -> Result<()> {
+        if args.len() != self.inputs.len() {
+            return Err(Error::InputCount {
+                expected: self.inputs.len(),
+                got: args.len(),
+            });
+        }
+        for (index, (b, want)) in args.zip(&self.inputs).enumerate() {
+            if !Arc::ptr_eq(&b.client, &self.client) {
+                return Err(Error::ForeignBuffer { index });
+            }
+            if b.leaf_type() != want {
+                return Err(Error::InputType {
+                    index,
+                    name: format!("arg{index}"),
+                    expected: want.clone(),
+                    got: b.leaf_type().clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the program on device buffers (checked first) and returns its outputs, on the device.
+    /// Arguments are never donated: a program that marks an input `tf.aliasing_output` gets a
+    /// fresh output buffer instead (see [`execute_donating`](Executable::execute_donating)).
+    /// Waits until the device has finished.
+    pub fn execute(&self, args: &[&DeviceBuffer]) -> Result<Vec<DeviceBuffer>> {
+        self.check_args(args.iter().copied())?;
+        let raws: Vec<*mut RawBuffer> = args.iter().map(|b| b.raw).collect();
+        let keep: Vec<i64> = (0..args.len() as i64).collect();
+        self.run(&raws, &keep)
+    }
+
+    /// Runs the program, letting it reuse the memory of the arguments passed by value
+    /// ([`Arg::Donate`]) where the program text marks that input `tf.aliasing_output = K`:
+    /// typically parameters updated in place by a training step. Arguments passed by reference
+    /// are never donated. Every by-value argument is consumed.
+    pub fn execute_donating(&self, args: Vec<Arg<'_>>) -> Result<Executed> {
+        self.check_args(args.iter().map(Arg::buffer))?;
+        let raws: Vec<*mut RawBuffer> = args.iter().map(|a| a.buffer().raw).collect();
+        let keep: Vec<i64> = args
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| matches!(a, Arg::Borrow(_)))
+            .map(|(i, _)| i as i64)
+            .collect();
+        let outputs = self.run(&raws, &keep)?;
+        let mut donated = Vec::new();
+        for (i, a) in args.iter().enumerate() {
+            if let Arg::Donate(b) = a {
+                if b.is_deleted().unwrap_or(false) {
+                    donated.push(i);
+                }
+            }
+        }
+        drop(args);
+        Ok(Executed { outputs, donated })
+    }
+
+    /// Uploads host arrays (checked against the declared inputs first), runs the program and
+    /// copies every output back.
+    pub fn execute_host(&self, inputs: &[&Array]) -> Result<Vec<Array>> {
+        if inputs.len() != self.inputs.len() {
+            return Err(Error::InputCount {
+                expected: self.inputs.len(),
+                got: inputs.len(),
+            });
+        }
+        for (index, (a, want)) in inputs.iter().zip(&self.inputs).enumerate() {
+            let got = a.leaf_type();
+            if &got != want {
+                return Err(Error::InputType {
+                    index,
+                    name: format!("arg{index}"),
+                    expected: want.clone(),
+                    got,
+                });
+            }
+        }
+        let buffers = inputs
+            .iter()
+            .map(|a| DeviceBuffer::upload(&self.client, a))
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&DeviceBuffer> = buffers.iter().collect();
+        let outputs = self.execute(&refs)?;
+        outputs.iter().map(DeviceBuffer::to_host).collect()
+    }
+
+    /// Executes on the first device with checked raw arguments; `non_donatable` lists the
+    /// argument positions PJRT must not donate.
+    fn run(&self, raws: &[*mut RawBuffer], non_donatable: &[i64]) -> Result<Vec<DeviceBuffer>> {
+        let plugin = self.client.plugin;
+        let f = plugin.func(
+            plugin.api.fns.loaded_executable_execute,
+            names::loaded_executable_execute,
+        )?;
+        let mut outs: Vec<*mut RawBuffer> = vec![std::ptr::null_mut(); self.outputs.len()];
+        let arg_lists: [*const *mut RawBuffer; 1] = [raws.as_ptr()];
+        let out_lists: [*mut *mut RawBuffer; 1] = [outs.as_mut_ptr()];
+        let mut events: [*mut RawEvent; 1] = [std::ptr::null_mut()];
+        let mut options = ffi::ExecuteOptions::new();
+        if !non_donatable.is_empty() {
+            options.non_donatable_input_indices = non_donatable.as_ptr();
+            options.num_non_donatable_input_indices = non_donatable.len();
+        }
+        let mut a = ffi::ExecuteArgs::new();
+        a.executable = self.raw;
+        a.options = &mut options;
+        a.argument_lists = arg_lists.as_ptr();
+        a.num_devices = 1;
+        a.num_args = raws.len();
+        a.output_lists = out_lists.as_ptr();
+        a.device_complete_events = events.as_mut_ptr();
+        // SAFETY: `a` is a valid `PJRT_LoadedExecutable_Execute_Args` for one device: the
+        // executable is live; the one argument list holds `num_args` live buffers of this client
+        // whose count, dtypes and dims were checked against the program (XLA checks only byte
+        // sizes); the one output list has room for the program's output count (checked at
+        // compile); the options and the index list outlive the call.
+        unsafe {
+            plugin
+                .api
+                .check(names::loaded_executable_execute, f(&mut a))
+        }?;
+        // Take ownership of every returned buffer first, so an error below frees them.
+        let mut outputs = Vec::with_capacity(outs.len());
+        let mut missing = false;
+        for (&raw, ty) in outs.iter().zip(&self.outputs) {
+            if raw.is_null() {
+                missing = true;
+            } else {
+                outputs.push(DeviceBuffer::from_raw(self.client.clone(), raw, ty.clone()));
+            }
+        }
+        // SAFETY: the completion event (possibly null) was just returned to us; awaited and
+        // destroyed once.
+        unsafe {
+            plugin
+                .api
+                .await_event(names::loaded_executable_execute, events[0])
+        }?;
+        if missing {
+            return Err(Error::Pjrt {
+                call: names::loaded_executable_execute,
+                code: "nitro",
+                message: "the plugin returned fewer output buffers than the program has".into(),
+            });
+        }
+        Ok(outputs)
+    }
+
+    /// The plugin's serialized executable (native code; tied to the plugin build and CPU).
+    fn serialize_raw(&self) -> Result<Vec<u8>> {
+        let plugin = self.client.plugin;
+        let f = plugin.func(
+            plugin.api.fns.executable_serialize,
+            names::executable_serialize,
+        )?;
+        let e = self.executable()?;
+        let mut a = ffi::ExecutableSerializeArgs::new();
+        a.executable = e.raw;
+        // SAFETY: valid args for a live executable.
+        unsafe { plugin.api.check(names::executable_serialize, f(&mut a)) }?;
+        let bytes = if a.serialized_bytes.is_null() {
+            Vec::new()
+        } else {
+            // SAFETY: the plugin returned `serialized_bytes_size` bytes, backed by
+            // `serialized_executable`, which is freed only below, after the copy.
+            unsafe { std::slice::from_raw_parts(a.serialized_bytes, a.serialized_bytes_size) }
+                .to_vec()
+        };
+        if let Some(deleter) = a.serialized_executable_deleter {
+            // SAFETY: the deleter the plugin returned for this serialized executable, called
+            // exactly once, after the bytes were copied.
+            unsafe { deleter(a.serialized_executable) };
+        }
+        if bytes.is_empty() {
+            return Err(Error::Pjrt {
+                call: names::executable_serialize,
+                code: "nitro",
+                message: "the plugin returned an empty serialized executable".into(),
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// Serializes the executable with the identity of the backend that built it and its declared
+    /// signature, for [`Client::deserialize`] in this or a later process.
+    pub fn serialize(&self) -> Result<Vec<u8>> {
+        let identity = Client {
+            inner: self.client.clone(),
+        }
+        .identity()?
+        .clone();
+        let payload = self.serialize_raw()?;
+        let header = Header {
+            identity,
+            inputs: self.inputs.clone(),
+            outputs: self.outputs.clone(),
+            payload_len: payload.len() as u64,
+            payload_digest: Digest::from(blake3::hash(&payload)),
+        };
+        let json = serde_json::to_vec(&header).map_err(|e| invalid(e.to_string()))?;
+        let mut out = Vec::with_capacity(MAGIC.len() + 8 + json.len() + payload.len());
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+        out.extend_from_slice(&json);
+        out.extend_from_slice(&payload);
+        Ok(out)
+    }
+
+    /// Loads an executable that [`serialize`](Executable::serialize) wrote, on `client`: the
+    /// same as [`Client::deserialize`]. Refuses ([`Error::BackendMismatch`]) bytes built by a
+    /// backend whose [`BackendIdentity`] differs from the client's, before the plugin sees them,
+    /// and ([`Error::InvalidSerializedExecutable`]) bytes that are not intact.
+    pub fn deserialize(client: &Client, bytes: &[u8]) -> Result<Executable> {
+        let (header, payload) = parse(bytes)?;
+        let mine = client.identity()?;
+        if let Some((component, stored, current)) = header.identity.first_difference(mine) {
+            return Err(Error::BackendMismatch {
+                component,
+                stored,
+                current,
+            });
+        }
+        if Digest::from(blake3::hash(payload)) != header.payload_digest {
+            return Err(invalid(
+                "the executable's checksum does not match (corrupt bytes)",
+            ));
+        }
+        let inner = &client.inner;
+        let plugin = inner.plugin;
+        let f = plugin.func(
+            plugin.api.fns.executable_deserialize_and_load,
+            names::executable_deserialize_and_load,
+        )?;
+        let mut a = ffi::DeserializeAndLoadArgs::new();
+        a.client = inner.raw;
+        a.serialized_executable = payload.as_ptr();
+        a.serialized_executable_size = payload.len();
+        // SAFETY: valid args: a live client and bytes that this plugin file (same digest, API,
+        // platform, CPU features and compile options: checked above) serialized, intact
+        // (checksum checked above), alive for the call. No overriding compile options.
+        unsafe {
+            plugin
+                .api
+                .check(names::executable_deserialize_and_load, f(&mut a))
+        }?;
+        if a.loaded_executable.is_null() {
+            return Err(Error::Pjrt {
+                call: names::executable_deserialize_and_load,
+                code: "nitro",
+                message: "the plugin returned no executable and no error".into(),
+            });
+        }
+        let exe = Executable {
+            client: inner.clone(),
+            raw: a.loaded_executable,
+            inputs: header.inputs,
+            outputs: header.outputs,
+        };
+        exe.check_outputs()?;
+        Ok(exe)
+    }
+
+    /// XLA's fingerprint of the compiled executable (`PJRT_Executable_Fingerprint`): stable
+    /// across processes for the same program, options and compiler. `None` when the plugin does
+    /// not provide one.
+    pub fn fingerprint(&self) -> Result<Option<String>> {
+        let plugin = self.client.plugin;
+        let Some(f) = plugin.api.fns.executable_fingerprint else {
+            return Ok(None);
+        };
+        let e = self.executable()?;
+        let mut a = ffi::ExecutableFingerprintArgs::new();
+        a.executable = e.raw;
+        // SAFETY: valid args for a live executable.
+        match unsafe { plugin.api.check(names::executable_fingerprint, f(&mut a)) } {
+            Err(err) if Api::is_unimplemented(&err) => Ok(None),
+            Err(err) => Err(err),
+            Ok(()) if a.executable_fingerprint.is_null() => Ok(None),
+            Ok(()) => {
+                // SAFETY: the plugin returned `executable_fingerprint_size` bytes owned by `e`,
+                // which is alive until the end of this function.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts(
+                        a.executable_fingerprint,
+                        a.executable_fingerprint_size,
+                    )
+                };
+                Ok(Some(String::from_utf8_lossy(bytes).into_owned()))
+            }
+        }
+    }
+}
+
+impl Drop for Executable {
+    fn drop(&mut self) {
+        let plugin = self.client.plugin;
+        if let Some(f) = plugin.api.fns.loaded_executable_destroy {
+            let mut a = ffi::LoadedExecutableDestroyArgs::new();
+            a.executable = self.raw;
+            // SAFETY: `self` owns the loaded executable; destroyed exactly once, here, while the
+            // client is still alive (held by `self.client`).
+            let destroyed = unsafe {
+                plugin
+                    .api
+                    .check(names::loaded_executable_destroy, f(&mut a))
+            };
+            if let Err(e) = destroyed {
+                tracing::debug!("ignoring a failure to destroy a PJRT executable: {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! XLA through the PJRT C API: load a plugin, compile StableHLO text, run it on device buffers.
+//!
+//! ```no_run
+//! use nitro::backend::pjrt;
+//! use nitro::{Array, DType, LeafType};
+//!
+//! let t = LeafType { dtype: DType::F32, dims: vec![3] };
+//! let exe = pjrt::compile(
+//!     "func.func public @main(%a: tensor<3xf32>, %b: tensor<3xf32>) -> tensor<3xf32> {
+//!        %0 = stablehlo.add %a, %b : tensor<3xf32>
+//!        return %0 : tensor<3xf32>
+//!      }",
+//!     &[t.clone(), t.clone()],
+//!     &[t],
+//! )?;
+//! let a = Array::from_vec(&[3], vec![1.0f32, 2.0, 3.0])?;
+//! let out = exe.execute_host(&[&a, &a])?;
+//! assert_eq!(out[0].as_slice::<f32>()?, &[2.0, 4.0, 6.0]);
+//! # Ok::<(), nitro::Error>(())
+//! ```
+//!
+//! # Pieces
+//!
+//! - [`Plugin`]: a loaded plugin file ([`Plugin::load`]), found by [`Discovery`] (see the
+//!   [`plugin`] module for the search order) and chosen by [`selected`] (`NITRO_BACKEND`).
+//! - [`Client`]: compiles ([`Client::compile`]), uploads ([`Client::upload`]) and loads
+//!   serialized executables ([`Client::deserialize`]). [`client()`] is the process-wide one.
+//! - [`Executable`]: runs on [`DeviceBuffer`]s ([`Executable::execute`],
+//!   [`Executable::execute_donating`]) or host arrays ([`Executable::execute_host`]); every
+//!   argument's dtype and dims are checked against the declared inputs **before** XLA sees it,
+//!   because XLA itself checks only byte sizes and would silently reinterpret an `f32[3,2]` as an
+//!   `f32[2,3]`.
+//! - [`BackendIdentity`]: plugin file digest, API version, platform, CPU features and compile
+//!   options: what a compile-cache key needs besides the program. Serialized executables carry
+//!   it and are refused by a client of another identity.
+//!
+//! # Safety at the boundary
+//!
+//! This module is the only place in nitro with `unsafe` code. The C API is declared by hand in
+//! `ffi` for API version 0.81; every function pointer is read only after checking that the
+//! plugin's table covers it and that it is non-null. Every PJRT error is turned into a typed
+//! [`Error`] and destroyed; every event is awaited and destroyed; every object is
+//! destroyed by its owner's `Drop`. No Rust callback is ever handed to the plugin, so no panic
+//! can unwind through C. Compile options are always the valid minimal
+//! `CompileOptionsProto` [`COMPILE_OPTIONS`] (empty options abort the process inside XLA).
+#![allow(unsafe_code)]
+
+mod buffer;
+mod client;
+mod executable;
+mod ffi;
+mod identity;
+pub mod plugin;
+
+use std::sync::{Mutex, OnceLock};
+
+pub use buffer::DeviceBuffer;
+pub use client::Client;
+pub use executable::{serialized_identity, Arg, Executable, Executed};
+pub use identity::{cpu_features, plugin_file_digest, BackendIdentity};
+pub use plugin::{Discovery, KnownPlugin, Platform, Plugin, KNOWN_PLUGINS};
+
+use crate::error::{Error, Result};
+use crate::tree::LeafType;
+
+/// The serialized `xla.CompileOptionsProto` passed to every compile:
+/// `executable_build_options { num_replicas: 1, num_partitions: 1 }`. Both fields are required;
+/// empty options abort the process inside XLA.
+pub const COMPILE_OPTIONS: &[u8] = &[0x1a, 0x04, 0x20, 0x01, 0x28, 0x01];
+
+/// The environment variable choosing the backend: `xla` (or `pjrt`), `interp`, or unset/`auto`.
+pub const BACKEND_ENV: &str = "NITRO_BACKEND";
+
+/// The PJRT plugin the environment selects, loaded and initialized.
+///
+/// - `NITRO_BACKEND` unset, empty or `auto`: the discovered plugin ([`Discovery::from_env`]), or
+///   `Ok(None)` when none is installed (the caller falls back to the interpreter; this logs one
+///   INFO line saying so, once per process). A plugin that is found but broken is an error.
+/// - `NITRO_BACKEND=xla` (or `pjrt`): the discovered plugin, and an error
+///   ([`Error::PjrtPluginNotFound`]) when none is installed.
+/// - `NITRO_BACKEND=interp`: `Ok(None)`.
+/// - anything else: [`Error::BackendSetting`].
+pub fn selected() -> Result<Option<&'static Plugin>> {
+    let value = std::env::var(BACKEND_ENV).unwrap_or_default();
+    let required = match value.trim().to_ascii_lowercase().as_str() {
+        "" | "auto" => false,
+        "xla" | "pjrt" => true,
+        "interp" => return Ok(None),
+        _ => {
+            return Err(Error::BackendSetting {
+                variable: BACKEND_ENV,
+                value,
+                accepted: "`xla` (a PJRT plugin, required), `interp` (the reference \
+                           interpreter), or unset (XLA when a plugin is installed, else the \
+                           interpreter)",
+            })
+        }
+    };
+    let discovery = Discovery::from_env()?;
+    match discovery.find()? {
+        Some(path) => Plugin::load(path).map(Some),
+        None if required => Err(discovery.not_found()),
+        None => {
+            static SAID: OnceLock<()> = OnceLock::new();
+            SAID.get_or_init(|| {
+                tracing::info!(
+                    "no PJRT plugin found, so programs run on the reference interpreter; \
+                     `pip install --no-deps lammps-jax-pjrt-cpu==0.11.2` installs XLA for CPU"
+                )
+            });
+            Ok(None)
+        }
+    }
+}
+
+/// The process-wide client on the [`selected`] plugin, created on first use (later calls return
+/// the same client). Errors when no plugin is selected: none installed, or `NITRO_BACKEND=interp`.
+/// A failed creation is not remembered: the next call tries again.
+pub fn client() -> Result<&'static Client> {
+    static CLIENT: OnceLock<Client> = OnceLock::new();
+    static CREATING: Mutex<()> = Mutex::new(());
+    if let Some(c) = CLIENT.get() {
+        return Ok(c);
+    }
+    let _guard = CREATING.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(c) = CLIENT.get() {
+        return Ok(c);
+    }
+    let plugin = match selected()? {
+        Some(p) => p,
+        None if std::env::var(BACKEND_ENV)
+            .is_ok_and(|v| v.trim().eq_ignore_ascii_case("interp")) =>
+        {
+            return Err(Error::BackendSetting {
+                variable: BACKEND_ENV,
+                value: "interp".into(),
+                accepted: "`xla`, or unset it, to use XLA (`interp` selects the reference \
+                           interpreter, which has no PJRT client)",
+            })
+        }
+        None => return Err(Discovery::from_env()?.not_found()),
+    };
+    let created = Client::new(plugin)?;
+    Ok(CLIENT.get_or_init(|| created))
+}
+
+/// Compiles StableHLO text on the process-wide [`client()`]; see [`Client::compile`].
+pub fn compile(mlir: &str, inputs: &[LeafType], outputs: &[LeafType]) -> Result<Executable> {
+    client()?.compile(mlir, inputs, outputs)
+}
+
+/// One line describing the XLA backend this process uses: plugin path, C API version, platform
+/// name and version, device count; or why there is none.
+pub fn describe() -> String {
+    match client() {
+        Ok(c) => c.describe(),
+        Err(e) => format!("XLA via PJRT: unavailable: {e}"),
+    }
+}

@@ -1,0 +1,196 @@
+//! Programs: named `fn` items over an experiment's compile view and traced inputs.
+//!
+//! A [`Program`] is what nitro traces, emits, compiles and caches. It is a plain `fn` — never a
+//! closure that captures — so no value can enter a program except through the compile view
+//! (GraphConst fields by reference, Device fields as tensors) or its inputs. A value that
+//! determines the graph is therefore always reachable as a GraphConst, which is what makes the
+//! compile key complete. (A `fn` can still read a global; verify mode re-traces to catch that.)
+//!
+//! ```
+//! use nitro::prelude::*;
+//! use nitro::program::Program;
+//!
+//! #[derive(Tree)]
+//! pub struct Dense { pub w: Array, pub b: Array }
+//!
+//! #[experiment]
+//! pub struct Linear {
+//!     #[graph_const] pub scale: u32,
+//!     #[device(trainable)] pub layer: Dense,
+//! }
+//!
+//! fn forward(v: &LinearView<'_>, x: &Tensor) -> Tensor {
+//!     (x.matmul(v.layer.w) + v.layer.b) * f64::from(*v.scale)
+//! }
+//!
+//! const FORWARD: Program<Linear, Tensor> = Linear::program("forward", forward);
+//!
+//! let exp = Linear {
+//!     scale: 2,
+//!     layer: Dense { w: Array::zeros(DType::F32, &[3, 2]), b: Array::zeros(DType::F32, &[2]) },
+//! };
+//! let traced = FORWARD.trace(&exp, &Array::zeros(DType::F32, &[8, 3]))?;
+//! assert_eq!(traced.outputs[0].to_string(), "f32[8,2]");
+//! assert_eq!(traced.inputs.to_string(), "layer.w: f32[3,2], layer.b: f32[2], input: f32[8,3]");
+//! assert!(traced.text.contains("stablehlo.dot_general"));
+//! # Ok::<(), nitro::Error>(())
+//! ```
+//!
+//! A closure that captures a value is not a program:
+//!
+//! ```compile_fail
+//! # use nitro::prelude::*;
+//! # use nitro::program::Program;
+//! # #[experiment] pub struct E { #[graph_const] pub n: u32 }
+//! let hidden = 3.0;
+//! let p: Program<E, Tensor> = E::program("f", |_v: &EView<'_>, x: &Tensor| *x * hidden);
+//! ```
+
+use std::fmt;
+
+use crate::error::Result;
+use crate::experiment::Experiment;
+use crate::hash::Digest;
+use crate::trace::{self, Graph, Tensor};
+use crate::tree::{LeafPath, LeafType, Signature, SignatureEntry, Tree};
+
+/// What a program returns: one tensor, several, or a tuple of them.
+pub trait Outputs {
+    /// The tensors, in output order.
+    fn into_tensors(self) -> Vec<Tensor>;
+}
+
+impl Outputs for Tensor {
+    fn into_tensors(self) -> Vec<Tensor> {
+        vec![self]
+    }
+}
+
+impl Outputs for Vec<Tensor> {
+    fn into_tensors(self) -> Vec<Tensor> {
+        self
+    }
+}
+
+impl<const N: usize> Outputs for [Tensor; N] {
+    fn into_tensors(self) -> Vec<Tensor> {
+        self.to_vec()
+    }
+}
+
+impl<A: Outputs, B: Outputs> Outputs for (A, B) {
+    fn into_tensors(self) -> Vec<Tensor> {
+        let mut v = self.0.into_tensors();
+        v.extend(self.1.into_tensors());
+        v
+    }
+}
+
+impl<A: Outputs, B: Outputs, C: Outputs> Outputs for (A, B, C) {
+    fn into_tensors(self) -> Vec<Tensor> {
+        let mut v = self.0.into_tensors();
+        v.extend(self.1.into_tensors());
+        v.extend(self.2.into_tensors());
+        v
+    }
+}
+
+/// The function of a program: `for<'v> fn(&View<'v>, &M) -> O`, with `View` the experiment's
+/// compile view (`DigitsView`). A plain `fn` item coerces to it; a closure that captures a value
+/// does not.
+pub type ProgramFn<E, M, O> = <E as Experiment>::ProgramFn<M, O>;
+
+/// A named program of experiment `E`, receiving traced inputs of type `M` (the tensor mirror of
+/// its input tree: `Tensor` for one array, `BatchMirror<Tensor>` for a `#[derive(Tree)]`
+/// struct `Batch`, `()` for none) and returning `O`.
+pub struct Program<E: Experiment, M = (), O: Outputs = Tensor> {
+    name: &'static str,
+    f: ProgramFn<E, M, O>,
+}
+
+impl<E: Experiment, M, O: Outputs> Clone for Program<E, M, O> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<E: Experiment, M, O: Outputs> Copy for Program<E, M, O> {}
+
+impl<E: Experiment, M, O: Outputs> fmt::Debug for Program<E, M, O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Program({})", self.identity())
+    }
+}
+
+/// The result of tracing a program: its graph, signatures, StableHLO text and fingerprint.
+#[derive(Clone, Debug)]
+pub struct Traced {
+    /// The recorded graph (forward and, if the program differentiates, backward).
+    pub graph: Graph,
+    /// Every input: the experiment's Device leaves (by path), then the program's inputs.
+    pub inputs: Signature,
+    /// The output types, in order.
+    pub outputs: Vec<LeafType>,
+    /// The emitted StableHLO module.
+    pub text: String,
+    /// blake3 of `text`: the program's identity as compiled code.
+    pub fingerprint: Digest,
+}
+
+impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
+    /// A program named `name` running `f`. `#[experiment]` generates `Name::program(name, f)`,
+    /// which spells the view type concretely so that a `fn` item coerces without annotations;
+    /// prefer it.
+    pub const fn new(name: &'static str, f: ProgramFn<E, M, O>) -> Self {
+        Program { name, f }
+    }
+
+    /// The program's name.
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The program's identity: the experiment type with its generic arguments, and the name
+    /// (`my_crate::Digits::grad`).
+    pub fn identity(&self) -> String {
+        format!("{}::{}", std::any::type_name::<E>(), self.name)
+    }
+
+    /// Traces the program on `experiment`'s view and `inputs`' shapes, then emits it.
+    ///
+    /// Only shapes and dtypes of Device leaves and inputs are read, never their values.
+    pub fn trace<I: Tree<Mirror<Tensor> = M>>(&self, experiment: &E, inputs: &I) -> Result<Traced> {
+        let mut names = Signature::default();
+        let graph = trace::trace_with(|| {
+            let view = experiment.view(&mut |_, path, leaf| {
+                names.entries.push(SignatureEntry::from_node(
+                    path,
+                    crate::tree::Node::Leaf(leaf),
+                ));
+                trace::input(path.as_str(), leaf.leaf_type())
+            });
+            let traced_inputs = inputs.mirror(&mut LeafPath::root(""), &mut |path, leaf| {
+                let name = if path.as_str().is_empty() {
+                    "input"
+                } else {
+                    path.as_str()
+                };
+                names.entries.push(SignatureEntry::from_node(
+                    &LeafPath::root(name),
+                    crate::tree::Node::Leaf(leaf),
+                ));
+                trace::input(name, leaf.leaf_type())
+            });
+            E::call_program(self.f, &view, &traced_inputs).into_tensors()
+        })?;
+        let text = crate::emit::emit(&graph);
+        let fingerprint = crate::emit::fingerprint(&text);
+        Ok(Traced {
+            outputs: graph.output_types(),
+            inputs: names,
+            graph,
+            text,
+            fingerprint,
+        })
+    }
+}
