@@ -223,6 +223,79 @@ pub enum Error {
         /// What is accepted.
         accepted: &'static str,
     },
+
+    /// Verify mode found a program whose emitted code changed while its cache key did not: the
+    /// program reads something the key cannot see (a global, a thread-local, the clock).
+    #[error(
+        "program `{program}` changed without its key moving (fingerprint {was} → {now}): it reads \
+         a value the compile key cannot see, such as a global; pass that value as a \
+         #[graph_const] field instead"
+    )]
+    StaleKey {
+        /// The program identity.
+        program: String,
+        /// The fingerprint cached.
+        was: String,
+        /// The fingerprint traced now.
+        now: String,
+    },
+
+    /// Another thread's compile of the same program, which this request waited for, failed.
+    #[error(
+        "compiling `{program}` failed (in another thread that this request waited for): {message}"
+    )]
+    CompileFailedElsewhere {
+        /// The program identity.
+        program: String,
+        /// The failure.
+        message: String,
+    },
+
+    /// The acceptance check failed: programs were compiled after warm-up.
+    #[error(
+        "recompiled after warm-up: {misses} misses for {entries} cached programs, {since_warm} \
+         since warm-up; latest: {recent}. A GraphConst that changes between steps should be \
+         #[device]; a ragged batch should be padded"
+    )]
+    Recompiled {
+        /// Total misses.
+        misses: u64,
+        /// Programs held.
+        entries: u64,
+        /// Misses since the warm-up mark.
+        since_warm: u64,
+        /// The latest misses with their reasons.
+        recent: String,
+    },
+
+    /// Reading or writing the persistent compile cache failed.
+    #[error("compile cache: cannot {what} at {}: {source}", path.display())]
+    CacheIo {
+        /// The file or directory.
+        path: std::path::PathBuf,
+        /// What was being done.
+        what: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+
+    /// A persistent cache entry could not be encoded or decoded.
+    #[error("compile cache entry {} is unusable: {why}", path.display())]
+    CacheCorrupt {
+        /// The entry file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+
+    /// The persistent cache directory cannot be trusted (or is not configured).
+    #[error("compile cache directory {} refused: {why}", path.display())]
+    CacheUntrusted {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// Why.
+        why: String,
+    },
 }
 
 fn describe_trace(e: &crate::trace::TraceError) -> String {

@@ -48,6 +48,7 @@
 extern crate self as nitro;
 
 pub mod backend;
+pub mod cache;
 pub mod emit;
 pub mod error;
 pub mod experiment;

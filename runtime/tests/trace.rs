@@ -40,7 +40,8 @@ fn error_of(inputs: &[LeafType], body: fn(&[Tensor]) -> Vec<Tensor>) -> String {
 
 #[test]
 fn shapes_are_inferred() {
-    let cases: Vec<(Vec<LeafType>, fn(&[Tensor]) -> Vec<Tensor>, &str)> = vec![
+    type Case = (Vec<LeafType>, fn(&[Tensor]) -> Vec<Tensor>, &'static str);
+    let cases: Vec<Case> = vec![
         (
             vec![f32s(&[2, 3]), f32s(&[3])],
             |x| vec![x[0] + x[1]],

@@ -1,4 +1,251 @@
-//! Backends that run graphs: the reference interpreter (and XLA through PJRT).
+//! Backends that run graphs: XLA through a PJRT plugin ([`pjrt`]), and the reference
+//! interpreter ([`interp`]), which is the semantic oracle in tests and the fallback when no plugin
+//! is installed.
+//!
+//! [`current`] picks one: XLA when a plugin is found, else the interpreter (saying so in one log
+//! line); `NITRO_BACKEND=xla|interp` forces one, and forcing XLA without a plugin is an error.
+//! The compile cache sees a backend through the [`Backend`] trait: an identity for its keys,
+//! `compile`, and `load` of a serialized executable.
 
 pub mod interp;
 pub mod pjrt;
+
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+
+use crate::error::{Error, Result};
+use crate::hash::Digest;
+use crate::trace::Graph;
+use crate::tree::{Array, LeafType};
+
+/// What identifies a backend in compile-cache keys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// Digest of everything that makes compiled code valid here: for XLA, the plugin file's
+    /// digest, PJRT API version, platform and host CPU features.
+    pub digest: Digest,
+    /// Digest of the compile options.
+    pub options: Digest,
+    /// The same, in words, for explanations.
+    pub description: String,
+}
+
+/// A backend the compile cache can compile for.
+pub trait Backend: Send + Sync + fmt::Debug {
+    /// The backend's identity (part of every cache key).
+    fn identity(&self) -> &Identity;
+    /// Whether its executables can be stored in the persistent cache.
+    fn persistent(&self) -> bool;
+    /// Compiles a traced graph (whose StableHLO `text` was emitted from it).
+    fn compile(&self, graph: &Graph, text: &str) -> Result<Box<dyn Executable>>;
+    /// Loads an executable that [`Executable::serialize`] produced for `graph`.
+    fn load(&self, payload: &[u8], graph: &Graph) -> Result<Box<dyn Executable>>;
+}
+
+/// A compiled program.
+pub trait Executable: Send + Sync + fmt::Debug {
+    /// Runs on host arrays (checked against the program's input types first).
+    fn run(&self, inputs: &[&Array]) -> Result<Vec<Array>>;
+    /// The bytes the persistent cache stores.
+    fn serialize(&self) -> Result<Vec<u8>>;
+    /// Estimated size in memory, in bytes.
+    fn size_bytes(&self) -> u64;
+    /// The XLA executable, when this is one (for device-resident execution).
+    fn as_pjrt(&self) -> Option<&pjrt::Executable> {
+        None
+    }
+}
+
+/// The reference interpreter as a [`Backend`]. Compiling is keeping the graph; its "serialized
+/// executable" is the StableHLO text, and loading checks that text against the graph, so the
+/// persistent cache behaves the same on both backends.
+#[derive(Debug)]
+pub struct Interpreter {
+    identity: Identity,
+}
+
+#[derive(Debug)]
+struct InterpExecutable {
+    graph: Arc<Graph>,
+    text_len: u64,
+    text: Arc<str>,
+}
+
+impl Executable for InterpExecutable {
+    fn run(&self, inputs: &[&Array]) -> Result<Vec<Array>> {
+        interp::run_refs(&self.graph, inputs)
+    }
+
+    fn serialize(&self) -> Result<Vec<u8>> {
+        Ok(self.text.as_bytes().to_vec())
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.text_len
+    }
+}
+
+impl Backend for Interpreter {
+    fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    fn persistent(&self) -> bool {
+        true
+    }
+
+    fn compile(&self, graph: &Graph, text: &str) -> Result<Box<dyn Executable>> {
+        Ok(Box::new(InterpExecutable {
+            graph: Arc::new(graph.clone()),
+            text_len: text.len() as u64,
+            text: Arc::from(text),
+        }))
+    }
+
+    fn load(&self, payload: &[u8], graph: &Graph) -> Result<Box<dyn Executable>> {
+        let text = crate::emit::emit(graph);
+        if payload != text.as_bytes() {
+            return Err(Error::InvalidSerializedExecutable {
+                reason: "the stored program is not the traced one".into(),
+            });
+        }
+        self.compile(graph, &text)
+    }
+}
+
+/// The interpreter backend.
+pub fn interpreter() -> &'static Interpreter {
+    static INTERP: OnceLock<Interpreter> = OnceLock::new();
+    INTERP.get_or_init(|| {
+        let description = format!("nitro interpreter {}", env!("CARGO_PKG_VERSION"));
+        Interpreter {
+            identity: Identity {
+                digest: Digest::of(description.as_str()),
+                options: Digest::of(""),
+                description,
+            },
+        }
+    })
+}
+
+/// XLA through a PJRT plugin as a [`Backend`].
+#[derive(Debug)]
+pub struct Xla {
+    client: &'static pjrt::Client,
+    identity: Identity,
+}
+
+#[derive(Debug)]
+struct XlaExecutable {
+    exe: pjrt::Executable,
+    size: u64,
+}
+
+impl Executable for XlaExecutable {
+    fn run(&self, inputs: &[&Array]) -> Result<Vec<Array>> {
+        self.exe.execute_host(inputs)
+    }
+
+    fn serialize(&self) -> Result<Vec<u8>> {
+        self.exe.serialize()
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.size
+    }
+
+    fn as_pjrt(&self) -> Option<&pjrt::Executable> {
+        Some(&self.exe)
+    }
+}
+
+fn types_of(graph: &Graph) -> (Vec<LeafType>, Vec<LeafType>) {
+    (graph.input_types(), graph.output_types())
+}
+
+impl Xla {
+    /// The XLA backend on the process-wide client of the discovered plugin.
+    pub fn new(client: &'static pjrt::Client) -> Result<Xla> {
+        let id = client.identity()?;
+        Ok(Xla {
+            client,
+            identity: Identity {
+                digest: id.digest(),
+                options: id.compile_options_digest,
+                description: client.describe(),
+            },
+        })
+    }
+
+    /// The PJRT client.
+    pub fn client(&self) -> &'static pjrt::Client {
+        self.client
+    }
+}
+
+impl Backend for Xla {
+    fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    fn persistent(&self) -> bool {
+        true
+    }
+
+    fn compile(&self, graph: &Graph, text: &str) -> Result<Box<dyn Executable>> {
+        let (inputs, outputs) = types_of(graph);
+        let exe = self.client.compile(text, &inputs, &outputs)?;
+        let size = text.len() as u64;
+        Ok(Box::new(XlaExecutable { exe, size }))
+    }
+
+    fn load(&self, payload: &[u8], graph: &Graph) -> Result<Box<dyn Executable>> {
+        let exe = self.client.deserialize(payload)?;
+        let (inputs, outputs) = types_of(graph);
+        if exe.inputs() != inputs.as_slice() || exe.outputs() != outputs.as_slice() {
+            return Err(Error::InvalidSerializedExecutable {
+                reason: "the stored executable's signature is not the traced program's".into(),
+            });
+        }
+        Ok(Box::new(XlaExecutable {
+            exe,
+            size: payload.len() as u64,
+        }))
+    }
+}
+
+/// The XLA backend, if a plugin is installed (or named by `NITRO_PJRT_PLUGIN`).
+pub fn xla() -> Result<&'static Xla> {
+    // Only success is kept: after a failure (no plugin yet), a later call tries again.
+    static XLA: OnceLock<Xla> = OnceLock::new();
+    if let Some(x) = XLA.get() {
+        return Ok(x);
+    }
+    let made = Xla::new(pjrt::client()?)?;
+    Ok(XLA.get_or_init(|| made))
+}
+
+/// The backend nitro runs on: XLA when a plugin is found (or `NITRO_BACKEND=xla`), else the
+/// interpreter, announced once in the log.
+pub fn current() -> Result<&'static dyn Backend> {
+    match pjrt::selected()? {
+        Some(_) => Ok(xla()? as &'static dyn Backend),
+        None => {
+            static ONCE: OnceLock<()> = OnceLock::new();
+            ONCE.get_or_init(|| {
+                tracing::info!(
+                    "nitro: no XLA plugin selected; running on the reference interpreter"
+                );
+            });
+            Ok(interpreter())
+        }
+    }
+}
+
+/// One line saying which backend [`current`] picks and why.
+pub fn describe() -> String {
+    match current() {
+        Ok(b) => b.identity().description.clone(),
+        Err(e) => format!("no backend: {e}"),
+    }
+}

@@ -60,6 +60,12 @@ use kernels::MatmulShape;
 /// both checked before anything is computed; [`Error::InvalidGraph`] when a node needed by an
 /// output is malformed (never for a graph made by [`crate::trace::trace`]).
 pub fn run(graph: &Graph, inputs: &[Array]) -> Result<Vec<Array>> {
+    let refs: Vec<&Array> = inputs.iter().collect();
+    run_refs(graph, &refs)
+}
+
+/// [`run`] on borrowed inputs (no copies of parameters that live elsewhere).
+pub fn run_refs(graph: &Graph, inputs: &[&Array]) -> Result<Vec<Array>> {
     check_inputs(graph, inputs)?;
 
     let n = graph.nodes.len();
@@ -149,7 +155,7 @@ pub fn run(graph: &Graph, inputs: &[Array]) -> Result<Vec<Array>> {
 }
 
 /// Checks the input count, then each input's dtype and dims against the graph's declaration.
-fn check_inputs(graph: &Graph, inputs: &[Array]) -> Result<()> {
+fn check_inputs(graph: &Graph, inputs: &[&Array]) -> Result<()> {
     if inputs.len() != graph.inputs.len() {
         return Err(Error::InputCount {
             expected: graph.inputs.len(),
@@ -178,14 +184,14 @@ fn array(node: &Node, data: ArrayData) -> std::result::Result<Array, String> {
 fn eval<'a>(
     node: &'a Node,
     operands: &[&Array],
-    inputs: &'a [Array],
+    inputs: &[&'a Array],
 ) -> std::result::Result<Cow<'a, Array>, String> {
     let out_dims = node.ty.dims.as_slice();
     let owned = |data: ArrayData| array(node, data).map(Cow::Owned);
     match &node.op {
         Op::Parameter { index } => inputs
             .get(*index)
-            .map(Cow::Borrowed)
+            .map(|a| Cow::Borrowed(*a))
             .ok_or_else(|| format!("there is no input {index}")),
         Op::Constant(a) => Ok(Cow::Borrowed(&**a)),
         Op::Iota { axis } => {

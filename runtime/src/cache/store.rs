@@ -1,0 +1,484 @@
+//! The persistent level (L2): a content-addressed store of serialized executables.
+//!
+//! [`Store`] is the interface callers use, so a shared remote store can stand behind it without
+//! touching them; [`DirStore`] keeps entries as files in a directory. Its rules:
+//!
+//! - **Atomic writes.** An entry is written to a temporary file in the same directory, synced,
+//!   then renamed over the final name, so readers see a whole entry or none. Concurrent writers
+//!   of one entry are safe (the last rename wins; both wrote the same content).
+//! - **Checked reads.** Each entry carries a checksum (blake3, or blake3 keyed with
+//!   `NITRO_CACHE_KEY` in signed mode) over everything before it, and the key it was stored
+//!   under. A truncated, corrupt, foreign or (in signed mode) unsigned entry is reported as
+//!   [`Lookup::Rejected`], removed, and rebuilt by the caller — never loaded.
+//! - **Bounded size.** Total bytes are kept under a capacity by removing least-recently-used
+//!   entries (last use is the file's modification time, refreshed on every hit).
+//! - **Trust.** A serialized executable is native code, so a directory that other users can
+//!   write (group- or world-writable) is refused.
+//! - **No stampede.** [`Store::lock`] takes an exclusive OS file lock per key; it is released
+//!   when the holder exits or dies, so a crashed compiler never blocks the others.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::error::{Error, Result};
+use crate::hash::Digest;
+
+const MAGIC: &[u8; 8] = b"NITROC1\n";
+const ENTRY_EXT: &str = "entry";
+const TEMP_MARK: &str = ".tmp.";
+
+/// The default capacity of a [`DirStore`]: 1 GiB.
+pub const DEFAULT_CAPACITY_BYTES: u64 = 1 << 30;
+
+/// Metadata stored with each entry: the key's components (so a miss can say what differs) and
+/// bookkeeping.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct EntryMeta {
+    /// The key this entry was stored under (guards against foreign or misplaced files).
+    pub key: Digest,
+    /// Program identity (`crate::Experiment::program`).
+    pub program: String,
+    /// Fingerprint of the emitted program.
+    pub fingerprint: Digest,
+    /// Digest of the backend identity.
+    pub backend: Digest,
+    /// Human-readable backend identity (plugin, platform, CPU features).
+    pub backend_description: String,
+    /// Digest of the compile options.
+    pub options: Digest,
+    /// How long the compile took, in milliseconds.
+    pub compile_ms: f64,
+    /// When the entry was created (seconds since the Unix epoch).
+    pub created: u64,
+}
+
+/// A stored entry: metadata and the serialized executable.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Entry {
+    /// The metadata.
+    pub meta: EntryMeta,
+    /// The serialized executable.
+    pub payload: Vec<u8>,
+}
+
+/// The outcome of a lookup.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Lookup {
+    /// A whole, verified entry.
+    Hit(Entry),
+    /// No entry under this key.
+    Absent,
+    /// An entry existed but was rejected (and removed); the reason says why.
+    Rejected(String),
+}
+
+/// A held cross-process lock on one key; released on drop (or when the process dies).
+#[derive(Debug)]
+pub struct KeyLock {
+    _file: Option<File>,
+}
+
+/// A persistent store of compiled programs, addressed by content.
+pub trait Store: Send + Sync + std::fmt::Debug {
+    /// The entry under `key`, verified.
+    fn get(&self, key: &Digest) -> Result<Lookup>;
+    /// Stores `entry` under `entry.meta.key`, atomically; may evict others to stay in capacity.
+    fn put(&self, entry: &Entry) -> Result<()>;
+    /// Whether an entry exists under `key` (no read, no verification).
+    fn contains(&self, key: &Digest) -> bool;
+    /// Removes every entry and every record.
+    fn clear(&self) -> Result<()>;
+    /// The last fingerprint recorded for a logical program key (to decide `code_changed`
+    /// across processes), and the backend/options digests it was compiled with.
+    fn last_compiled(&self, logical: &Digest) -> Option<(Digest, Digest, Digest)>;
+    /// Records the fingerprint, backend and options digests last compiled for a logical key.
+    fn record_compiled(
+        &self,
+        logical: &Digest,
+        fingerprint: &Digest,
+        backend: &Digest,
+        options: &Digest,
+    ) -> Result<()>;
+    /// Takes the cross-process lock of `key`, waiting at most `wait`. `Ok(None)` when the wait
+    /// ran out (the caller then compiles anyway: a lease, never a deadlock).
+    fn lock(&self, key: &Digest, wait: Duration) -> Result<Option<KeyLock>>;
+    /// Total bytes held.
+    fn size_bytes(&self) -> u64;
+}
+
+/// A [`Store`] in a local directory.
+#[derive(Debug)]
+pub struct DirStore {
+    dir: PathBuf,
+    capacity: u64,
+    signing_key: Option<[u8; 32]>,
+}
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl DirStore {
+    /// Opens (creating with mode 0700 if needed) a store in `dir`, bounded to `capacity` bytes,
+    /// signing entries with `signing_key` when given. Refuses a directory that other users
+    /// can write. Removes temporary files left by writers that died.
+    pub fn open(
+        dir: impl AsRef<Path>,
+        capacity: u64,
+        signing_key: Option<[u8; 32]>,
+    ) -> Result<DirStore> {
+        let dir = dir.as_ref().to_path_buf();
+        let io = |what: &str, e: std::io::Error| Error::CacheIo {
+            path: dir.clone(),
+            what: what.to_owned(),
+            source: e,
+        };
+        if !dir.exists() {
+            let mut b = fs::DirBuilder::new();
+            b.recursive(true);
+            #[cfg(unix)]
+            std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+            b.create(&dir)
+                .map_err(|e| io("create the cache directory", e))?;
+        }
+        check_trust(&dir)?;
+        fs::create_dir_all(dir.join("logical")).map_err(|e| io("create the cache directory", e))?;
+        fs::create_dir_all(dir.join("locks")).map_err(|e| io("create the cache directory", e))?;
+        let store = DirStore {
+            dir,
+            capacity,
+            signing_key,
+        };
+        store.remove_stale_temps();
+        Ok(store)
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn entry_path(&self, key: &Digest) -> PathBuf {
+        self.dir.join(format!("{key}.{ENTRY_EXT}"))
+    }
+
+    fn checksum(&self, bytes: &[u8]) -> [u8; 32] {
+        match &self.signing_key {
+            Some(k) => *blake3::keyed_hash(k, bytes).as_bytes(),
+            None => *blake3::hash(bytes).as_bytes(),
+        }
+    }
+
+    fn encode(&self, entry: &Entry) -> Result<Vec<u8>> {
+        let meta = serde_json::to_vec(&entry.meta).map_err(|e| Error::CacheCorrupt {
+            path: self.entry_path(&entry.meta.key),
+            why: format!("cannot encode metadata: {e}"),
+        })?;
+        let mut out =
+            Vec::with_capacity(MAGIC.len() + 1 + 16 + meta.len() + entry.payload.len() + 32);
+        out.extend_from_slice(MAGIC);
+        out.push(u8::from(self.signing_key.is_some()));
+        out.extend_from_slice(&(meta.len() as u64).to_le_bytes());
+        out.extend_from_slice(&meta);
+        out.extend_from_slice(&(entry.payload.len() as u64).to_le_bytes());
+        out.extend_from_slice(&entry.payload);
+        let sum = self.checksum(&out);
+        out.extend_from_slice(&sum);
+        Ok(out)
+    }
+
+    /// Parses and verifies an entry file; `Err(reason)` when it must be rejected.
+    fn decode(&self, key: &Digest, bytes: &[u8]) -> std::result::Result<Entry, String> {
+        if bytes.len() < MAGIC.len() + 1 + 8 + 8 + 32 || &bytes[..MAGIC.len()] != MAGIC {
+            return Err("not a nitro cache entry, or truncated".into());
+        }
+        let (body, sum) = bytes.split_at(bytes.len() - 32);
+        let signed = body[MAGIC.len()] == 1;
+        if self.signing_key.is_some() && !signed {
+            return Err("unsigned entry in a signed cache".into());
+        }
+        if self.checksum(body) != sum {
+            return Err(if self.signing_key.is_some() {
+                "bad signature or corrupt entry".into()
+            } else {
+                "checksum mismatch (corrupt or truncated entry)".into()
+            });
+        }
+        let mut at = MAGIC.len() + 1;
+        let read_len = |at: &mut usize| -> std::result::Result<usize, String> {
+            let end = *at + 8;
+            let raw = body.get(*at..end).ok_or("truncated lengths")?;
+            *at = end;
+            let mut b = [0u8; 8];
+            b.copy_from_slice(raw);
+            usize::try_from(u64::from_le_bytes(b)).map_err(|_| "length out of range".to_owned())
+        };
+        let meta_len = read_len(&mut at)?;
+        let meta_bytes = body.get(at..at + meta_len).ok_or("truncated metadata")?;
+        at += meta_len;
+        let meta: EntryMeta =
+            serde_json::from_slice(meta_bytes).map_err(|e| format!("unreadable metadata: {e}"))?;
+        let payload_len = read_len(&mut at)?;
+        let payload = body.get(at..at + payload_len).ok_or("truncated payload")?;
+        if at + payload_len != body.len() {
+            return Err("trailing bytes".into());
+        }
+        if meta.key != *key {
+            return Err(format!(
+                "foreign entry: stored under key {} but found at {}",
+                meta.key.short(),
+                key.short()
+            ));
+        }
+        Ok(Entry {
+            meta,
+            payload: payload.to_vec(),
+        })
+    }
+
+    /// Writes `bytes` to `path` atomically (temp file in the same directory, sync, rename).
+    fn write_atomic(&self, path: &Path, bytes: &[u8]) -> Result<()> {
+        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("entry");
+        let tmp = path.with_file_name(format!("{name}{TEMP_MARK}{}.{n}", std::process::id()));
+        let io = |what: &str, e: std::io::Error| Error::CacheIo {
+            path: tmp.clone(),
+            what: what.to_owned(),
+            source: e,
+        };
+        let result = (|| {
+            let mut f = File::create(&tmp).map_err(|e| io("create a temporary entry", e))?;
+            f.write_all(bytes)
+                .map_err(|e| io("write a temporary entry", e))?;
+            f.sync_all().map_err(|e| io("sync a temporary entry", e))?;
+            fs::rename(&tmp, path).map_err(|e| io("rename a temporary entry into place", e))
+        })();
+        if result.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    fn entries(&self) -> Vec<(PathBuf, u64, SystemTime)> {
+        let Ok(rd) = fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        rd.filter_map(|e| e.ok())
+            .filter(|e| e.path().extension().is_some_and(|x| x == ENTRY_EXT))
+            .filter_map(|e| {
+                let m = e.metadata().ok()?;
+                Some((e.path(), m.len(), m.modified().unwrap_or(UNIX_EPOCH)))
+            })
+            .collect()
+    }
+
+    /// Evicts least-recently-used entries until the total is within capacity; returns how many.
+    pub fn enforce_capacity(&self) -> usize {
+        let mut entries = self.entries();
+        let mut total: u64 = entries.iter().map(|e| e.1).sum();
+        if total <= self.capacity {
+            return 0;
+        }
+        entries.sort_by(|a, b| a.2.cmp(&b.2).then_with(|| a.0.cmp(&b.0)));
+        let mut evicted = 0;
+        for (path, len, _) in entries {
+            if total <= self.capacity {
+                break;
+            }
+            if fs::remove_file(&path).is_ok() {
+                total = total.saturating_sub(len);
+                evicted += 1;
+            }
+        }
+        evicted
+    }
+
+    fn remove_stale_temps(&self) {
+        for dir in [self.dir.clone(), self.dir.join("logical")] {
+            let Ok(rd) = fs::read_dir(&dir) else { continue };
+            for e in rd.filter_map(|e| e.ok()) {
+                let name = e.file_name();
+                let Some(name) = name.to_str() else { continue };
+                let Some(pos) = name.find(TEMP_MARK) else {
+                    continue;
+                };
+                // `<name>.tmp.<pid>.<n>`: remove when its writer is gone (or after an hour).
+                let pid: Option<u32> = name[pos + TEMP_MARK.len()..]
+                    .split('.')
+                    .next()
+                    .and_then(|p| p.parse().ok());
+                let alive = pid.is_some_and(|p| {
+                    p == std::process::id() || Path::new(&format!("/proc/{p}")).exists()
+                });
+                let old = e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age > Duration::from_secs(3600));
+                if !alive || old {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
+        }
+    }
+}
+
+/// Refuses a directory other users can write: its entries are native code we would run.
+fn check_trust(dir: &Path) -> Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let meta = fs::metadata(dir).map_err(|e| Error::CacheIo {
+            path: dir.to_path_buf(),
+            what: "read the cache directory's permissions".into(),
+            source: e,
+        })?;
+        let mode = meta.permissions().mode();
+        if mode & 0o022 != 0 {
+            return Err(Error::CacheUntrusted {
+                path: dir.to_path_buf(),
+                why: format!(
+                    "it is writable by {} (mode {:o}); cached executables are native code, so only \
+                     its owner may write it — run `chmod go-w` on it, or choose another NITRO_CACHE_DIR",
+                    if mode & 0o002 != 0 { "every user" } else { "its group" },
+                    mode & 0o777
+                ),
+            });
+        }
+        let _ = meta.uid();
+    }
+    Ok(())
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Seconds since the Unix epoch, for [`EntryMeta::created`].
+pub fn unix_now() -> u64 {
+    now_secs()
+}
+
+impl Store for DirStore {
+    fn get(&self, key: &Digest) -> Result<Lookup> {
+        let path = self.entry_path(key);
+        let mut bytes = Vec::new();
+        match File::open(&path) {
+            Ok(mut f) => {
+                if let Err(e) = f.read_to_end(&mut bytes) {
+                    let _ = fs::remove_file(&path);
+                    return Ok(Lookup::Rejected(format!("unreadable: {e}")));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Lookup::Absent),
+            Err(e) => {
+                return Err(Error::CacheIo {
+                    path,
+                    what: "open a cache entry".into(),
+                    source: e,
+                });
+            }
+        }
+        match self.decode(key, &bytes) {
+            Ok(entry) => {
+                // Refresh last use for LRU; failure only makes eviction less precise.
+                if let Ok(f) = OpenOptions::new().write(true).open(&path) {
+                    let _ = f.set_modified(SystemTime::now());
+                }
+                Ok(Lookup::Hit(entry))
+            }
+            Err(why) => {
+                let _ = fs::remove_file(&path);
+                Ok(Lookup::Rejected(why))
+            }
+        }
+    }
+
+    fn put(&self, entry: &Entry) -> Result<()> {
+        let bytes = self.encode(entry)?;
+        self.write_atomic(&self.entry_path(&entry.meta.key), &bytes)?;
+        self.enforce_capacity();
+        Ok(())
+    }
+
+    fn contains(&self, key: &Digest) -> bool {
+        self.entry_path(key).exists()
+    }
+
+    fn clear(&self) -> Result<()> {
+        for (path, _, _) in self.entries() {
+            let _ = fs::remove_file(path);
+        }
+        if let Ok(rd) = fs::read_dir(self.dir.join("logical")) {
+            for e in rd.filter_map(|e| e.ok()) {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+        Ok(())
+    }
+
+    fn last_compiled(&self, logical: &Digest) -> Option<(Digest, Digest, Digest)> {
+        let text = fs::read_to_string(self.dir.join("logical").join(format!("{logical}"))).ok()?;
+        let mut parts = text.split_whitespace().map(|p| p.parse::<Digest>());
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(Ok(f)), Some(Ok(b)), Some(Ok(o))) => Some((f, b, o)),
+            _ => None,
+        }
+    }
+
+    fn record_compiled(
+        &self,
+        logical: &Digest,
+        fingerprint: &Digest,
+        backend: &Digest,
+        options: &Digest,
+    ) -> Result<()> {
+        let path = self.dir.join("logical").join(format!("{logical}"));
+        self.write_atomic(
+            &path,
+            format!("{fingerprint} {backend} {options}\n").as_bytes(),
+        )
+    }
+
+    fn lock(&self, key: &Digest, wait: Duration) -> Result<Option<KeyLock>> {
+        let path = self.dir.join("locks").join(format!("{key}.lock"));
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| Error::CacheIo {
+                path: path.clone(),
+                what: "open a lock file".into(),
+                source: e,
+            })?;
+        let deadline = Instant::now() + wait;
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Ok(Some(KeyLock { _file: Some(file) })),
+                Err(fs::TryLockError::WouldBlock) => {
+                    if Instant::now() >= deadline {
+                        return Ok(None);
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(fs::TryLockError::Error(e)) => {
+                    return Err(Error::CacheIo {
+                        path,
+                        what: "lock a cache key".into(),
+                        source: e,
+                    });
+                }
+            }
+        }
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.entries().iter().map(|e| e.1).sum()
+    }
+}
