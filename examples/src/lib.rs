@@ -155,3 +155,34 @@ pub fn loss_and_grads(v: &DigitsMlpView<'_>, batch: &BatchMirror<Tensor>) -> Vec
 /// The gradient program of [`DigitsMlp`].
 pub const GRAD: nitro::program::Program<DigitsMlp, BatchMirror<Tensor>, Vec<Tensor>> =
     DigitsMlp::program("grad", loss_and_grads);
+
+/// Number of correct predictions in a batch, as an f32 scalar.
+pub fn correct(v: &DigitsMlpView<'_>, batch: &BatchMirror<Tensor>) -> Tensor {
+    forward(v, batch.x)
+        .argmax(1)
+        .equal(batch.y)
+        .convert(DType::F32)
+        .sum_all()
+}
+
+/// The evaluation program of [`DigitsMlp`].
+pub const EVAL: nitro::program::Program<DigitsMlp, BatchMirror<Tensor>, Tensor> =
+    DigitsMlp::program("eval", correct);
+
+impl Batch {
+    /// The rows at `indices` of the data set.
+    pub fn gather(data: &data::Digits, indices: &[usize]) -> Batch {
+        let x = data.x.as_slice::<f32>().unwrap_or(&[]);
+        let y = data.y.as_slice::<i32>().unwrap_or(&[]);
+        let xs: Vec<f32> = indices
+            .iter()
+            .flat_map(|&i| x[i * 64..(i + 1) * 64].iter().copied())
+            .collect();
+        let ys: Vec<i32> = indices.iter().map(|&i| y[i]).collect();
+        let n = indices.len();
+        Batch {
+            x: Array::from_vec(&[n, 64], xs).unwrap_or_else(|_| Array::zeros(DType::F32, &[n, 64])),
+            y: Array::from_vec(&[n], ys).unwrap_or_else(|_| Array::zeros(DType::I32, &[n])),
+        }
+    }
+}

@@ -184,10 +184,10 @@ fn expand_struct(input: &syn::DeriveInput, fields: &syn::Fields) -> TokenStream 
                 type Mirror<#leaf> = #mirror #mirror_args;
 
                 #[allow(unused_variables)]
-                fn visit(
-                    &self,
+                fn visit<'__a>(
+                    &'__a self,
                     __at: &mut #p::LeafPath,
-                    __f: &mut dyn ::core::ops::FnMut(&#p::LeafPath, #p::Node<'_>),
+                    __f: &mut dyn ::core::ops::FnMut(&#p::LeafPath, #p::Node<'__a>),
                 ) {
                     #(#visit)*
                 }

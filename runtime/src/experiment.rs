@@ -107,7 +107,7 @@ pub trait Experiment {
     fn graph_const_field_digests(&self) -> Vec<(&'static str, Digest)>;
 
     /// Walks every Device field's tree in declaration order, with paths rooted at the field name.
-    fn visit_device(&self, f: &mut dyn FnMut(&FieldInfo, &LeafPath, Node<'_>));
+    fn visit_device<'a>(&'a self, f: &mut dyn FnMut(&FieldInfo, &LeafPath, Node<'a>));
 
     /// Walks every Device leaf mutably, in the order of [`visit_device`](Experiment::visit_device).
     fn visit_device_mut(&mut self, f: &mut dyn FnMut(&FieldInfo, &LeafPath, &mut Array));

@@ -52,7 +52,7 @@ use crate::error::Result;
 use crate::experiment::Experiment;
 use crate::hash::Digest;
 use crate::trace::{self, Graph, Tensor};
-use crate::tree::{LeafPath, LeafType, Signature, SignatureEntry, Tree};
+use crate::tree::{Array, LeafPath, LeafType, Signature, SignatureEntry, Tree};
 
 /// What a program returns: one tensor, several, or a tuple of them.
 pub trait Outputs {
@@ -154,6 +154,23 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
     /// (`my_crate::Digits::grad`).
     pub fn identity(&self) -> String {
         format!("{}::{}", std::any::type_name::<E>(), self.name)
+    }
+
+    /// The arguments of a run, in the traced program's input order: every Device leaf of
+    /// `experiment` (by path), then every leaf of `inputs`. Borrowed, never copied.
+    pub fn arguments<'a, I: Tree<Mirror<Tensor> = M>>(&self, experiment: &'a E, inputs: &'a I) -> Vec<&'a Array> {
+        let mut args = Vec::new();
+        experiment.visit_device(&mut |_, _, node| {
+            if let crate::tree::Node::Leaf(a) = node {
+                args.push(a);
+            }
+        });
+        inputs.visit(&mut LeafPath::root(""), &mut |_, node| {
+            if let crate::tree::Node::Leaf(a) = node {
+                args.push(a);
+            }
+        });
+        args
     }
 
     /// Traces the program on `experiment`'s view and `inputs`' shapes, then emits it.

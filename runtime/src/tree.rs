@@ -587,7 +587,7 @@ pub trait Tree {
     type Mirror<L>;
 
     /// Walks the tree in order, calling `f` with each leaf or empty structural node and its path.
-    fn visit(&self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'_>));
+    fn visit<'a>(&'a self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'a>));
 
     /// Walks the leaves in the same order as [`visit`](Tree::visit), mutably (to write results back).
     fn visit_mut(&mut self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, &mut Array));
@@ -628,7 +628,7 @@ pub trait Tree {
 impl Tree for Array {
     type Mirror<L> = L;
 
-    fn visit(&self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'_>)) {
+    fn visit<'a>(&'a self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'a>)) {
         f(at, Node::Leaf(self));
     }
 
@@ -644,7 +644,7 @@ impl Tree for Array {
 impl<T: Tree> Tree for Vec<T> {
     type Mirror<L> = Vec<T::Mirror<L>>;
 
-    fn visit(&self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'_>)) {
+    fn visit<'a>(&'a self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'a>)) {
         self.as_slice().visit_seq(at, f);
     }
 
@@ -667,11 +667,11 @@ impl<T: Tree> Tree for Vec<T> {
 }
 
 trait VisitSeq {
-    fn visit_seq(&self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'_>));
+    fn visit_seq<'a>(&'a self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'a>));
 }
 
 impl<T: Tree> VisitSeq for [T] {
-    fn visit_seq(&self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'_>)) {
+    fn visit_seq<'a>(&'a self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'a>)) {
         if self.is_empty() {
             f(at, Node::EmptySeq);
         }
@@ -684,7 +684,7 @@ impl<T: Tree> VisitSeq for [T] {
 impl<T: Tree, const N: usize> Tree for [T; N] {
     type Mirror<L> = [T::Mirror<L>; N];
 
-    fn visit(&self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'_>)) {
+    fn visit<'a>(&'a self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'a>)) {
         self.as_slice().visit_seq(at, f);
     }
 
@@ -711,7 +711,7 @@ impl<T: Tree, const N: usize> Tree for [T; N] {
 impl<T: Tree> Tree for Option<T> {
     type Mirror<L> = Option<T::Mirror<L>>;
 
-    fn visit(&self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'_>)) {
+    fn visit<'a>(&'a self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'a>)) {
         match self {
             Some(t) => t.visit(at, f),
             None => f(at, Node::None),
@@ -736,7 +736,7 @@ impl<T: Tree> Tree for Option<T> {
 impl<T: Tree> Tree for Box<T> {
     type Mirror<L> = Box<T::Mirror<L>>;
 
-    fn visit(&self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'_>)) {
+    fn visit<'a>(&'a self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'a>)) {
         (**self).visit(at, f);
     }
 
@@ -757,7 +757,7 @@ impl<T: Tree> Tree for Box<T> {
 impl Tree for () {
     type Mirror<L> = ();
 
-    fn visit(&self, _: &mut LeafPath, _: &mut dyn FnMut(&LeafPath, Node<'_>)) {}
+    fn visit<'a>(&'a self, _: &mut LeafPath, _: &mut dyn FnMut(&LeafPath, Node<'a>)) {}
 
     fn visit_mut(&mut self, _: &mut LeafPath, _: &mut dyn FnMut(&LeafPath, &mut Array)) {}
 
@@ -769,7 +769,7 @@ macro_rules! tuple_trees {
         impl<$($name: Tree),+> Tree for ($($name,)+) {
             type Mirror<L> = ($($name::Mirror<L>,)+);
 
-            fn visit(&self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'_>)) {
+            fn visit<'a>(&'a self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'a>)) {
                 $(at.with_field(stringify!($idx), |at| self.$idx.visit(at, f));)+
             }
 

@@ -143,9 +143,9 @@ pub(crate) fn expand(input: &mut syn::DeriveInput, fields: &[Field]) -> TokenStr
                 }
 
                 #[allow(unused_variables)]
-                fn visit_device(
-                    &self,
-                    __f: &mut dyn ::core::ops::FnMut(&#p::FieldInfo, &#p::LeafPath, #p::Node<'_>),
+                fn visit_device<'__a>(
+                    &'__a self,
+                    __f: &mut dyn ::core::ops::FnMut(&#p::FieldInfo, &#p::LeafPath, #p::Node<'__a>),
                 ) {
                     #(#visit)*
                 }
