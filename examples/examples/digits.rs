@@ -23,10 +23,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let data = data::Digits::load(data::DIGITS_PATH)?;
     let backend = nitro::backend::current()?;
     let cache = cache::global();
-    println!("data     {} rows, digest {}", data.rows(), data.digest.short());
+    println!(
+        "data     {} rows, digest {}",
+        data.rows(),
+        data.digest.short()
+    );
     println!("backend  {}", backend.identity().description);
 
-    let arch = Arch { widths: vec![64, 128, 10], activation: Activation::Tanh };
+    let arch = Arch {
+        widths: vec![64, 128, 10],
+        activation: Activation::Tanh,
+    };
     let mut exp = DigitsMlp {
         layers: glorot(&arch.widths, 1),
         arch,
@@ -62,7 +69,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         let eval = cache.get(backend, &EVAL, &exp, &eval_batch)?;
-        let correct = eval.executable.run(&EVAL.arguments(&exp, &eval_batch))?[0].as_slice::<f32>()?[0];
+        let correct =
+            eval.executable.run(&EVAL.arguments(&exp, &eval_batch))?[0].as_slice::<f32>()?[0];
         println!(
             "epoch {epoch:>2}  loss {:.4}  held-out accuracy {:.2}%",
             loss_sum / batches as f32,
@@ -73,7 +81,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             cache.mark_warm();
         }
     }
-    println!("trained  {step} steps in {:.2} s", started.elapsed().as_secs_f64());
+    println!(
+        "trained  {step} steps in {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
     println!("cache    {}", cache.stats());
     cache.assert_no_recompile_after_warmup()?;
     println!("no recompile after warm-up: ok");

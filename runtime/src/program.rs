@@ -158,7 +158,11 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
 
     /// The arguments of a run, in the traced program's input order: every Device leaf of
     /// `experiment` (by path), then every leaf of `inputs`. Borrowed, never copied.
-    pub fn arguments<'a, I: Tree<Mirror<Tensor> = M>>(&self, experiment: &'a E, inputs: &'a I) -> Vec<&'a Array> {
+    pub fn arguments<'a, I: Tree<Mirror<Tensor> = M>>(
+        &self,
+        experiment: &'a E,
+        inputs: &'a I,
+    ) -> Vec<&'a Array> {
         let mut args = Vec::new();
         experiment.visit_device(&mut |_, _, node| {
             if let crate::tree::Node::Leaf(a) = node {
