@@ -102,6 +102,10 @@ pub trait Experiment {
     where
         Self: 'v;
 
+    /// The address of a program function's code.
+    #[doc(hidden)]
+    fn program_address<M, O>(f: Self::ProgramFn<M, O>) -> usize;
+
     /// The content digest of each GraphConst field's value, in declaration order. Kept with
     /// compiled programs so that a miss can name the fields that moved.
     fn graph_const_field_digests(&self) -> Vec<(&'static str, Digest)>;

@@ -156,6 +156,12 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
         format!("{}::{}", std::any::type_name::<E>(), self.name)
     }
 
+    /// The address of the program's code, which tells two programs of one name apart within a
+    /// process (part of the in-memory cache key only: addresses differ between processes).
+    pub fn code_address(&self) -> usize {
+        E::program_address(self.f)
+    }
+
     /// The arguments of a run, in the traced program's input order: every Device leaf of
     /// `experiment` (by path), then every leaf of `inputs`. Borrowed, never copied.
     pub fn arguments<'a, I: Tree<Mirror<Tensor> = M>>(

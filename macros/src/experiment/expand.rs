@@ -122,6 +122,10 @@ pub(crate) fn expand(input: &mut syn::DeriveInput, fields: &[Field]) -> TokenStr
 
                 type ProgramFn<__M, __O> = for<#lt> fn(&#view #view_args, &__M) -> __O;
 
+                fn program_address<__M, __O>(__f: Self::ProgramFn<__M, __O>) -> ::core::primitive::usize {
+                    __f as ::core::primitive::usize
+                }
+
                 fn call_program<#lt, __M, __O>(
                     __f: Self::ProgramFn<__M, __O>,
                     __view: &Self::View<#lt>,

@@ -96,6 +96,7 @@ pub struct Miss {
 /// What a key is made of, kept per entry so the next miss can name what moved.
 #[derive(Clone, Debug, PartialEq)]
 struct KeyDetails {
+    graph_const: Digest,
     graph_const_fields: Vec<(&'static str, Digest)>,
     settings: Digest,
     signature: Signature,
@@ -105,6 +106,7 @@ struct KeyDetails {
 
 struct Slot {
     compiled: Arc<Compiled>,
+    details: Arc<KeyDetails>,
     tick: u64,
 }
 
@@ -113,12 +115,14 @@ struct State {
     slots: HashMap<Digest, Slot>,
     /// Keys evicted by capacity, oldest first, at most `capacity` of them.
     ledger: VecDeque<Digest>,
-    /// The key details last compiled per program identity (for miss reasons).
-    last: HashMap<String, KeyDetails>,
+    /// The key details last used (compiled or hit) per program identity (for miss reasons).
+    last: HashMap<String, Arc<KeyDetails>>,
     tick: u64,
     stats: CacheStats,
     recent: VecDeque<Miss>,
     warm_mark: Option<u64>,
+    /// `stats.misses` at the last reset: the acceptance check counts misses since then.
+    misses_at_reset: u64,
 }
 
 /// An in-flight compile that other threads wait for.
@@ -126,6 +130,37 @@ struct State {
 struct Flight {
     done: Mutex<Option<std::result::Result<Arc<Compiled>, String>>>,
     ready: Condvar,
+}
+
+impl Flight {
+    fn finish(&self, outcome: std::result::Result<Arc<Compiled>, String>) {
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        if done.is_none() {
+            *done = Some(outcome);
+        }
+        self.ready.notify_all();
+    }
+}
+
+/// The leader's hold on a flight: completes it and removes it from the map when dropped, so a
+/// leader that unwinds (a backend that panics) never leaves its waiters, or later requests for
+/// the same key, blocked forever.
+struct FlightGuard<'a> {
+    cache: &'a Cache,
+    key: Digest,
+    flight: Arc<Flight>,
+}
+
+impl Drop for FlightGuard<'_> {
+    fn drop(&mut self) {
+        self.flight
+            .finish(Err("the compiling thread panicked".into()));
+        self.cache
+            .flights
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.key);
+    }
 }
 
 /// A compile cache: L1 in memory, optionally backed by a persistent [`Store`] (L2).
@@ -317,7 +352,6 @@ impl Cache {
         parts: &KeyParts<'_>,
     ) -> Result<Arc<Compiled>> {
         let identity = backend.identity();
-        let program_id = program.identity();
         // The signature digest walks leaf types, never values: the cost is per leaf, not per byte.
         let mut h = ContentHasher::new();
         experiment.visit_device(&mut |_, path, node| walk_digest(&mut h, path, node));
@@ -326,7 +360,13 @@ impl Cache {
         });
         let signature = h.finish();
         let mut k = ContentHasher::new();
-        k.write_str(&program_id);
+        // Program identity without allocating: the experiment type (with generic arguments),
+        // the name, and the address of the program's code (two different `fn`s given one name
+        // never share an entry; an address that differs for the same `fn` costs a miss, never
+        // a stale hit).
+        k.write_str(std::any::type_name::<E>());
+        k.write_str(program.name());
+        k.write_u64(program.code_address() as u64);
         k.write_digest(&parts.graph_const);
         k.write_digest(&parts.settings);
         k.write_digest(&signature);
@@ -335,25 +375,23 @@ impl Cache {
         let key = k.finish();
 
         if let Some(hit) = self.hit(&key) {
-            if self.verify.load(Ordering::Relaxed) {
-                let traced = program.trace(experiment, inputs)?;
-                if traced.fingerprint != hit.fingerprint {
-                    return Err(Error::StaleKey {
-                        program: program_id,
-                        was: hit.fingerprint.short().to_string(),
-                        now: traced.fingerprint.short().to_string(),
-                    });
-                }
-            }
-            return Ok(hit);
+            return self.verified(hit, program, experiment, inputs);
         }
+        let program_id = program.identity();
 
-        // Single flight: the first requester compiles, the others wait for it.
+        // Single flight: the first requester compiles, the others wait for it. The slot is
+        // checked again under the flights lock: a leader fills its slot before it leaves the
+        // map, so a request that missed above while that leader was finishing sees one or the
+        // other here, and never compiles the key a second time.
         let (flight, leader) = {
             let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
             match flights.get(&key) {
                 Some(f) => (f.clone(), false),
                 None => {
+                    if let Some(hit) = self.hit(&key) {
+                        drop(flights);
+                        return self.verified(hit, program, experiment, inputs);
+                    }
                     let f = Arc::new(Flight::default());
                     flights.insert(key, f.clone());
                     (f, true)
@@ -369,10 +407,14 @@ impl Cache {
                 Some(Ok(c)) => {
                     let c = c.clone();
                     drop(done);
-                    // Count as a hit: the key was compiled once, for everyone.
+                    // Count as a hit: the key was compiled once, for everyone (also when the
+                    // slot is already gone again: capacity 0, or evicted meanwhile).
                     if let Some(hit) = self.hit(&key) {
                         return Ok(hit);
                     }
+                    let mut st = self.lock_state();
+                    st.stats.hits += 1;
+                    st.stats.saved_ms += c.build_time.as_secs_f64() * 1e3;
                     Ok(c)
                 }
                 Some(Err(msg)) => Err(Error::CompileFailedElsewhere {
@@ -385,29 +427,54 @@ impl Cache {
                 }),
             };
         }
+        let guard = FlightGuard {
+            cache: self,
+            key,
+            flight,
+        };
         let result = self.miss(backend, program, experiment, inputs, parts, key, program_id);
-        {
-            let mut done = flight.done.lock().unwrap_or_else(|p| p.into_inner());
-            *done = Some(match &result {
-                Ok(c) => Ok(c.clone()),
-                Err(e) => Err(e.to_string()),
-            });
-            flight.ready.notify_all();
-        }
-        self.flights
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&key);
+        guard.flight.finish(match &result {
+            Ok(c) => Ok(c.clone()),
+            Err(e) => Err(e.to_string()),
+        });
+        drop(guard);
         result
     }
 
+    /// In verify mode, re-traces a hit and refuses it when the program moved without its key.
+    fn verified<E: Experiment, M, O: Outputs, I: Tree<Mirror<Tensor> = M>>(
+        &self,
+        hit: Arc<Compiled>,
+        program: &Program<E, M, O>,
+        experiment: &E,
+        inputs: &I,
+    ) -> Result<Arc<Compiled>> {
+        if self.verify.load(Ordering::Relaxed) {
+            let traced = program.trace(experiment, inputs)?;
+            if traced.fingerprint != hit.fingerprint {
+                return Err(Error::StaleKey {
+                    program: program.identity(),
+                    was: hit.fingerprint.short().to_string(),
+                    now: traced.fingerprint.short().to_string(),
+                });
+            }
+        }
+        Ok(hit)
+    }
+
     fn hit(&self, key: &Digest) -> Option<Arc<Compiled>> {
-        let mut st = self.lock_state();
+        let mut guard = self.lock_state();
+        let st = &mut *guard;
         st.tick += 1;
-        let tick = st.tick;
         let slot = st.slots.get_mut(key)?;
-        slot.tick = tick;
+        slot.tick = st.tick;
         let compiled = slot.compiled.clone();
+        // The program's last-used key, so that the next miss names what moved since then.
+        if let Some(last) = st.last.get_mut(compiled.program.as_str()) {
+            if !Arc::ptr_eq(last, &slot.details) {
+                *last = slot.details.clone();
+            }
+        }
         st.stats.hits += 1;
         st.stats.saved_ms += compiled.build_time.as_secs_f64() * 1e3;
         Some(compiled)
@@ -428,6 +495,7 @@ impl Cache {
         let traced = program.trace(experiment, inputs)?;
         let identity = backend.identity();
         let details = KeyDetails {
+            graph_const: parts.graph_const,
             graph_const_fields: parts.graph_const_fields.to_vec(),
             settings: parts.settings,
             signature: traced.inputs.clone(),
@@ -446,7 +514,10 @@ impl Cache {
         s.write_digest(&identity.options);
         let l2_key = s.finish();
 
-        let reason = self.reason(&key, &program_id, &details, &logical, &traced);
+        // What moved in this process is known before the persistent level is asked; what moved
+        // since another process compiled is asked of the store only when it cannot serve the
+        // program (a load is not explained by an older record of another backend or code).
+        let known = self.reason_here(&key, &program_id, &details);
         let store = self.store.as_ref().filter(|_| backend.persistent());
         let _lock = match store {
             Some(s) => s.lock(&l2_key, COMPILE_LEASE).unwrap_or(None),
@@ -481,6 +552,11 @@ impl Cache {
         };
         let build_time = started.elapsed();
         let ms = build_time.as_secs_f64() * 1e3;
+        let reason = match known {
+            Some(r) => r,
+            None if loaded => MissReason::Empty,
+            None => self.reason_stored(&logical, &details, &traced),
+        };
         if let (Some(store), false) = (store, loaded) {
             match executable.serialize() {
                 Ok(payload) => {
@@ -545,10 +621,11 @@ impl Cache {
             loaded,
             ms,
         });
-        st.last.insert(program_id, details);
+        let details = Arc::new(details);
+        st.last.insert(program_id, details.clone());
         st.ledger.retain(|k| *k != key);
         if self.capacity > 0 {
-            while st.slots.len() >= self.capacity {
+            while !st.slots.contains_key(&key) && st.slots.len() >= self.capacity {
                 // Deterministic LRU: the smallest tick goes.
                 let Some((&victim, _)) = st.slots.iter().min_by_key(|(_, s)| s.tick) else {
                     break;
@@ -566,6 +643,7 @@ impl Cache {
                 key,
                 Slot {
                     compiled: compiled.clone(),
+                    details,
                     tick,
                 },
             );
@@ -579,43 +657,50 @@ impl Cache {
         Ok(compiled)
     }
 
-    /// Names what moved since this program was last compiled.
-    fn reason(
-        &self,
-        key: &Digest,
-        program: &str,
-        now: &KeyDetails,
-        logical: &Digest,
-        traced: &Traced,
-    ) -> MissReason {
-        {
-            let st = self.lock_state();
-            if st.ledger.contains(key) {
-                return MissReason::Evicted;
-            }
-            if let Some(before) = st.last.get(program) {
-                let fields: Vec<String> = now
-                    .graph_const_fields
-                    .iter()
-                    .zip(&before.graph_const_fields)
-                    .filter(|(a, b)| a != b)
-                    .map(|(a, _)| a.0.to_owned())
-                    .chain((now.settings != before.settings).then(|| "<handle>".to_owned()))
-                    .collect();
-                if !fields.is_empty() {
-                    return MissReason::GraphConstChanged { fields };
-                }
-                if let Some((leaf, from, to)) = before.signature.first_difference(&now.signature) {
-                    return MissReason::SignatureChanged { leaf, from, to };
-                }
-                if before.backend != now.backend {
-                    return MissReason::BackendChanged;
-                }
-                if before.options != now.options {
-                    return MissReason::OptionsChanged;
-                }
-            }
+    /// Names what moved in this process since this program was last used (compiled or hit):
+    /// `None` when this process never had it (the persistent level may know more).
+    fn reason_here(&self, key: &Digest, program: &str, now: &KeyDetails) -> Option<MissReason> {
+        let st = self.lock_state();
+        if st.ledger.contains(key) {
+            return Some(MissReason::Evicted);
         }
+        let before = st.last.get(program)?;
+        let fields: Vec<String> = now
+            .graph_const_fields
+            .iter()
+            .zip(&before.graph_const_fields)
+            .filter(|(a, b)| a != b)
+            .map(|(a, _)| a.0.to_owned())
+            .chain((now.settings != before.settings).then(|| "<handle>".to_owned()))
+            .collect();
+        if !fields.is_empty() {
+            return Some(MissReason::GraphConstChanged { fields });
+        }
+        if now.graph_const != before.graph_const {
+            // The digest moved though no field digest did (precomputed parts out of step).
+            return Some(MissReason::GraphConstChanged {
+                fields: vec!["<graph_const>".to_owned()],
+            });
+        }
+        if let Some((leaf, from, to)) = before.signature.first_difference(&now.signature) {
+            return Some(MissReason::SignatureChanged { leaf, from, to });
+        }
+        if before.backend != now.backend {
+            return Some(MissReason::BackendChanged);
+        }
+        if before.options != now.options {
+            return Some(MissReason::OptionsChanged);
+        }
+        // Nothing moved since this very key was last used here, yet it is not held: capacity
+        // pushed it out, and so many others since that the bounded ledger forgot it. (At
+        // capacity 0 nothing is ever held or evicted: every lookup is `empty`.)
+        (self.capacity > 0).then_some(MissReason::Evicted)
+    }
+
+    /// Names what differs from the last compile another process recorded for the same logical
+    /// program (program, GraphConst digest, settings, signature): its backend, its options, or
+    /// its code. `empty` when none was recorded.
+    fn reason_stored(&self, logical: &Digest, now: &KeyDetails, traced: &Traced) -> MissReason {
         if let Some((fingerprint, backend, options)) =
             self.store.as_ref().and_then(|s| s.last_compiled(logical))
         {
@@ -654,6 +739,7 @@ impl Cache {
             st.ledger.clear();
             st.last.clear();
             st.warm_mark = None;
+            st.misses_at_reset = st.stats.misses;
             st.stats.clears += 1;
             st.stats.entries = 0;
             st.stats.estimated_bytes = 0;
@@ -671,16 +757,17 @@ impl Cache {
         st.warm_mark = Some(st.stats.misses);
     }
 
-    /// The acceptance check: every miss produced an entry that is still held
-    /// (`misses == entries`), and no miss happened since [`Cache::mark_warm`]. Fails with the
-    /// misses that broke it.
+    /// The acceptance check: every miss since the last [`Cache::reset`] produced an entry that
+    /// is still held (`misses == entries`), and no miss happened since [`Cache::mark_warm`].
+    /// Fails with the misses that broke it.
     pub fn assert_no_recompile_after_warmup(&self) -> Result<()> {
         let st = self.lock_state();
         let since = st.warm_mark.map(|m| st.stats.misses - m).unwrap_or(0);
-        if st.stats.misses == st.stats.entries && since == 0 {
+        let misses = st.stats.misses - st.misses_at_reset;
+        if misses == st.stats.entries && since == 0 {
             return Ok(());
         }
-        let extra = (st.stats.misses.saturating_sub(st.stats.entries)).max(since) as usize;
+        let extra = (misses.saturating_sub(st.stats.entries)).max(since) as usize;
         let shown: Vec<String> = st
             .recent
             .iter()
@@ -690,7 +777,7 @@ impl Cache {
             .map(|m| format!("{} ({})", m.program, m.reason))
             .collect();
         Err(Error::Recompiled {
-            misses: st.stats.misses,
+            misses,
             entries: st.stats.entries,
             since_warm: since,
             recent: shown.join("; "),

@@ -7,7 +7,9 @@ use std::fmt;
 #[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case", tag = "reason")]
 pub enum MissReason {
-    /// This program was never compiled here.
+    /// This program was never compiled here (in this cache since its last reset). A new
+    /// process that loads the program from the persistent store reports `empty` too: the
+    /// `loaded` flag of the miss says it was not compiled.
     Empty,
     /// The GraphConst digest moved; these fields' digests changed (a handle setting that shapes
     /// the program appears as `<handle>`).
@@ -35,7 +37,10 @@ pub enum MissReason {
     BackendChanged,
     /// The compile options differ.
     OptionsChanged,
-    /// It was here, and capacity pushed it out.
+    /// It was here, and capacity pushed it out: the key is in the eviction ledger (bounded by
+    /// the capacity), or it is exactly the key the program last used. Once the ledger has
+    /// forgotten a key that the program has moved away from since, the miss names what moved
+    /// instead.
     Evicted,
 }
 

@@ -13,7 +13,8 @@
 //! - **Bounded size.** Total bytes are kept under a capacity by removing least-recently-used
 //!   entries (last use is the file's modification time, refreshed on every hit).
 //! - **Trust.** A serialized executable is native code, so a directory that other users can
-//!   write (group- or world-writable) is refused.
+//!   write (group- or world-writable, or owned by another user than this process's, root
+//!   excepted) is refused.
 //! - **No stampede.** [`Store::lock`] takes an exclusive OS file lock per key; it is released
 //!   when the holder exits or dies, so a crashed compiler never blocks the others.
 
@@ -214,14 +215,22 @@ impl DirStore {
             b.copy_from_slice(raw);
             usize::try_from(u64::from_le_bytes(b)).map_err(|_| "length out of range".to_owned())
         };
+        // Lengths come from the file: checked arithmetic, so a crafted length is a rejection,
+        // never an overflow.
         let meta_len = read_len(&mut at)?;
-        let meta_bytes = body.get(at..at + meta_len).ok_or("truncated metadata")?;
-        at += meta_len;
+        let meta_end = at
+            .checked_add(meta_len)
+            .ok_or("metadata length out of range")?;
+        let meta_bytes = body.get(at..meta_end).ok_or("truncated metadata")?;
+        at = meta_end;
         let meta: EntryMeta =
             serde_json::from_slice(meta_bytes).map_err(|e| format!("unreadable metadata: {e}"))?;
         let payload_len = read_len(&mut at)?;
-        let payload = body.get(at..at + payload_len).ok_or("truncated payload")?;
-        if at + payload_len != body.len() {
+        let payload_end = at
+            .checked_add(payload_len)
+            .ok_or("payload length out of range")?;
+        let payload = body.get(at..payload_end).ok_or("truncated payload")?;
+        if payload_end != body.len() {
             return Err("trailing bytes".into());
         }
         if meta.key != *key {
@@ -308,8 +317,11 @@ impl DirStore {
                     .split('.')
                     .next()
                     .and_then(|p| p.parse().ok());
+                // Liveness is read from /proc; where there is none, a temp file is assumed to
+                // belong to a live writer and is removed only once it is old.
+                let proc_fs = Path::new("/proc/self").exists();
                 let alive = pid.is_some_and(|p| {
-                    p == std::process::id() || Path::new(&format!("/proc/{p}")).exists()
+                    p == std::process::id() || !proc_fs || Path::new(&format!("/proc/{p}")).exists()
                 });
                 let old = e
                     .metadata()
@@ -325,7 +337,9 @@ impl DirStore {
     }
 }
 
-/// Refuses a directory other users can write: its entries are native code we would run.
+/// Refuses a directory other users can write: its entries are native code we would run. Other
+/// users can write a directory that is group- or world-writable, and one that they own (unless
+/// that is root, who can write anything anyway).
 fn check_trust(dir: &Path) -> Result<()> {
     #[cfg(unix)]
     {
@@ -347,9 +361,45 @@ fn check_trust(dir: &Path) -> Result<()> {
                 ),
             });
         }
-        let _ = meta.uid();
+        let owner = meta.uid();
+        if owner != 0 {
+            let me = effective_uid(dir)?;
+            if owner != me {
+                return Err(Error::CacheUntrusted {
+                    path: dir.to_path_buf(),
+                    why: format!(
+                        "it belongs to another user (uid {owner}, this process runs as uid {me}); \
+                         cached executables are native code, so use a cache directory you own \
+                         (set NITRO_CACHE_DIR)"
+                    ),
+                });
+            }
+        }
     }
     Ok(())
+}
+
+/// This process's effective user id, without `libc`: the owner of `/proc/self`, or else of a
+/// probe file created in `dir` (named like a temp file, so a crash mid-probe is cleaned up).
+#[cfg(unix)]
+fn effective_uid(dir: &Path) -> Result<u32> {
+    use std::os::unix::fs::MetadataExt;
+    if let Ok(m) = fs::metadata("/proc/self") {
+        return Ok(m.uid());
+    }
+    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let probe = dir.join(format!("owner{TEMP_MARK}{}.{n}", std::process::id()));
+    let io = |e: std::io::Error| Error::CacheIo {
+        path: probe.clone(),
+        what: "create a probe file to learn who owns the cache".into(),
+        source: e,
+    };
+    let uid = File::create(&probe)
+        .and_then(|f| f.metadata())
+        .map(|m| m.uid())
+        .map_err(io);
+    let _ = fs::remove_file(&probe);
+    uid
 }
 
 fn now_secs() -> u64 {
