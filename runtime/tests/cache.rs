@@ -1263,6 +1263,13 @@ fn two_programs_sharing_a_name_never_share_an_entry() {
     assert_eq!(a.program, b.program, "same identity string: {}", a.program);
     let stats = cache.stats();
     assert_eq!((stats.misses, stats.entries, stats.hits), (2, 2, 0));
+    // The second `fn` was never compiled here: `empty`, not a reason borrowed from its twin.
+    let reasons: Vec<MissReason> = cache
+        .recent_misses()
+        .into_iter()
+        .map(|m| m.reason)
+        .collect();
+    assert_eq!(reasons, vec![MissReason::Empty, MissReason::Empty]);
     // Each is then a hit for its own code.
     let again = cache.get(backend::interpreter(), &TWIN_B, &e, &()).unwrap();
     assert_eq!(again.fingerprint, b.fingerprint);

@@ -107,6 +107,8 @@ struct KeyDetails {
 struct Slot {
     compiled: Arc<Compiled>,
     details: Arc<KeyDetails>,
+    /// The program (identity and code address) this slot belongs to: the key of `State::last`.
+    program: Digest,
     tick: u64,
 }
 
@@ -116,7 +118,7 @@ struct State {
     /// Keys evicted by capacity, oldest first, at most `capacity` of them.
     ledger: VecDeque<Digest>,
     /// The key details last used (compiled or hit) per program identity (for miss reasons).
-    last: HashMap<String, Arc<KeyDetails>>,
+    last: HashMap<Digest, Arc<KeyDetails>>,
     tick: u64,
     stats: CacheStats,
     recent: VecDeque<Miss>,
@@ -470,7 +472,7 @@ impl Cache {
         slot.tick = st.tick;
         let compiled = slot.compiled.clone();
         // The program's last-used key, so that the next miss names what moved since then.
-        if let Some(last) = st.last.get_mut(compiled.program.as_str()) {
+        if let Some(last) = st.last.get_mut(&slot.program) {
             if !Arc::ptr_eq(last, &slot.details) {
                 *last = slot.details.clone();
             }
@@ -517,7 +519,12 @@ impl Cache {
         // What moved in this process is known before the persistent level is asked; what moved
         // since another process compiled is asked of the store only when it cannot serve the
         // program (a load is not explained by an older record of another backend or code).
-        let known = self.reason_here(&key, &program_id, &details);
+        // One program is one identity and one `fn`: two `fn`s under one name are two programs.
+        let mut p = ContentHasher::new();
+        p.write_str(&program_id);
+        p.write_u64(program.code_address() as u64);
+        let program_key = p.finish();
+        let known = self.reason_here(&key, &program_key, &details);
         let store = self.store.as_ref().filter(|_| backend.persistent());
         let _lock = match store {
             Some(s) => s.lock(&l2_key, COMPILE_LEASE).unwrap_or(None),
@@ -622,7 +629,7 @@ impl Cache {
             ms,
         });
         let details = Arc::new(details);
-        st.last.insert(program_id, details.clone());
+        st.last.insert(program_key, details.clone());
         st.ledger.retain(|k| *k != key);
         if self.capacity > 0 {
             while !st.slots.contains_key(&key) && st.slots.len() >= self.capacity {
@@ -644,6 +651,7 @@ impl Cache {
                 Slot {
                     compiled: compiled.clone(),
                     details,
+                    program: program_key,
                     tick,
                 },
             );
@@ -659,7 +667,7 @@ impl Cache {
 
     /// Names what moved in this process since this program was last used (compiled or hit):
     /// `None` when this process never had it (the persistent level may know more).
-    fn reason_here(&self, key: &Digest, program: &str, now: &KeyDetails) -> Option<MissReason> {
+    fn reason_here(&self, key: &Digest, program: &Digest, now: &KeyDetails) -> Option<MissReason> {
         let st = self.lock_state();
         if st.ledger.contains(key) {
             return Some(MissReason::Evicted);
