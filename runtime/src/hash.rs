@@ -336,33 +336,26 @@ macro_rules! floats {
 }
 floats!(f32, f64);
 
-impl ContentHash for usize {
-    fn content_hash(&self, h: &mut ContentHasher) {
-        h.write_u64(*self as u64);
-    }
-    fn content_hash_slice(items: &[Self], h: &mut ContentHasher) {
-        #[cfg(all(target_endian = "little", target_pointer_width = "64"))]
-        h.write_bytes(bytemuck::cast_slice(items));
-        #[cfg(not(all(target_endian = "little", target_pointer_width = "64")))]
-        for item in items {
-            item.content_hash(h);
+/// `usize` / `isize` encode as `u64` / `i64`, so digests agree across pointer widths; on a
+/// 64-bit little-endian target that is their memory layout, and slices go as one byte run.
+macro_rules! pointer_sized {
+    ($($t:ty => $wide:ty),*) => {$(
+        impl ContentHash for $t {
+            fn content_hash(&self, h: &mut ContentHasher) {
+                h.write_bytes(&(*self as $wide).to_le_bytes());
+            }
+            fn content_hash_slice(items: &[Self], h: &mut ContentHasher) {
+                #[cfg(all(target_endian = "little", target_pointer_width = "64"))]
+                h.write_bytes(bytemuck::cast_slice(items));
+                #[cfg(not(all(target_endian = "little", target_pointer_width = "64")))]
+                for item in items {
+                    item.content_hash(h);
+                }
+            }
         }
-    }
+    )*};
 }
-
-impl ContentHash for isize {
-    fn content_hash(&self, h: &mut ContentHasher) {
-        h.write_bytes(&(*self as i64).to_le_bytes());
-    }
-    fn content_hash_slice(items: &[Self], h: &mut ContentHasher) {
-        #[cfg(all(target_endian = "little", target_pointer_width = "64"))]
-        h.write_bytes(bytemuck::cast_slice(items));
-        #[cfg(not(all(target_endian = "little", target_pointer_width = "64")))]
-        for item in items {
-            item.content_hash(h);
-        }
-    }
-}
+pointer_sized!(usize => u64, isize => i64);
 
 impl ContentHash for bool {
     fn content_hash(&self, h: &mut ContentHasher) {

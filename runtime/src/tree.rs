@@ -649,9 +649,7 @@ impl<T: Tree> Tree for Vec<T> {
     }
 
     fn visit_mut(&mut self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, &mut Array)) {
-        for (i, t) in self.iter_mut().enumerate() {
-            at.with_index(i, |at| t.visit_mut(at, f));
-        }
+        self.as_mut_slice().visit_seq_mut(at, f);
     }
 
     fn mirror<L>(
@@ -666,8 +664,11 @@ impl<T: Tree> Tree for Vec<T> {
     }
 }
 
+/// The walks shared by sequences (`Vec`, `[T; N]`): elements at `[i]`, an empty sequence as a
+/// node of its own.
 trait VisitSeq {
     fn visit_seq<'a>(&'a self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'a>));
+    fn visit_seq_mut(&mut self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, &mut Array));
 }
 
 impl<T: Tree> VisitSeq for [T] {
@@ -677,6 +678,12 @@ impl<T: Tree> VisitSeq for [T] {
         }
         for (i, t) in self.iter().enumerate() {
             at.with_index(i, |at| t.visit(at, f));
+        }
+    }
+
+    fn visit_seq_mut(&mut self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, &mut Array)) {
+        for (i, t) in self.iter_mut().enumerate() {
+            at.with_index(i, |at| t.visit_mut(at, f));
         }
     }
 }
@@ -689,9 +696,7 @@ impl<T: Tree, const N: usize> Tree for [T; N] {
     }
 
     fn visit_mut(&mut self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, &mut Array)) {
-        for (i, t) in self.iter_mut().enumerate() {
-            at.with_index(i, |at| t.visit_mut(at, f));
-        }
+        self.as_mut_slice().visit_seq_mut(at, f);
     }
 
     fn mirror<L>(
