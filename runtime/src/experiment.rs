@@ -127,15 +127,7 @@ pub trait Experiment {
     /// field's name and content digest. Generic arguments are not part of it (they are part of
     /// the program identity instead); Device and Host fields never are.
     fn graph_const_digest(&self) -> Digest {
-        let fields = self.graph_const_field_digests();
-        let mut h = ContentHasher::new();
-        h.write_str(Self::TYPE_PATH);
-        h.write_len(fields.len());
-        for (name, digest) in &fields {
-            h.write_str(name);
-            h.write_digest(digest);
-        }
-        h.finish()
+        combine_graph_const::<Self>(&self.graph_const_field_digests())
     }
 
     /// The signature of all Device fields: each leaf's path (`layers[1].w`), dtype and dims.
@@ -163,6 +155,20 @@ pub trait Experiment {
                 .collect(),
         }
     }
+}
+
+/// The GraphConst digest of `E` from its field digests (as
+/// [`Experiment::graph_const_field_digests`] returns them), for callers that need both without
+/// hashing the fields' contents twice.
+pub fn combine_graph_const<E: Experiment + ?Sized>(fields: &[(&'static str, Digest)]) -> Digest {
+    let mut h = ContentHasher::new();
+    h.write_str(E::TYPE_PATH);
+    h.write_len(fields.len());
+    for (name, digest) in fields {
+        h.write_str(name);
+        h.write_digest(digest);
+    }
+    h.finish()
 }
 
 /// The key manifest of an experiment type: which field enters the compile key, and how.

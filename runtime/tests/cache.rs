@@ -9,6 +9,8 @@
 //! `NITRO_REQUIRE_XLA=1`.
 #![allow(missing_docs)]
 
+mod common;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,6 +18,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Barrier, OnceLock};
 use std::time::Duration;
 
+use common::TempDir;
 use nitro::backend::{self, Backend, Executable, Identity, Interpreter};
 use nitro::cache::{self, Cache, CacheStats, DirStore, MissReason};
 use nitro::prelude::*;
@@ -141,32 +144,6 @@ fn keyed(k: u32) -> Keyed {
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
-
-/// A directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "nitro-cache-test-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&path);
-        TempDir(path)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
 
 fn dir_cache(dir: &Path, capacity: usize) -> Cache {
     let store = DirStore::open(dir, 1 << 30, None).expect("the store opens");

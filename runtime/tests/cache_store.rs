@@ -5,12 +5,15 @@
 //! entry serves the next process).
 #![allow(missing_docs)]
 
+mod common;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
+use common::TempDir;
 use nitro::backend;
 use nitro::cache::{Cache, DirStore, Entry, EntryMeta, Lookup, MissReason, Store};
 use nitro::prelude::*;
@@ -20,37 +23,6 @@ use nitro::Error;
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
-
-/// A directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "nitro-store-test-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&path);
-        TempDir(path)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let _ = fs::set_permissions(&self.0, fs::Permissions::from_mode(0o700));
-        }
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
 
 const GIB: u64 = 1 << 30;
 

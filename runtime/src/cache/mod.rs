@@ -329,7 +329,7 @@ impl Cache {
         inputs: &I,
     ) -> Result<Arc<Compiled>> {
         let fields = experiment.graph_const_field_digests();
-        let gc = experiment.graph_const_digest();
+        let gc = crate::experiment::combine_graph_const::<E>(&fields);
         self.get_with(
             backend,
             program,
