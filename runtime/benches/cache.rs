@@ -1,6 +1,6 @@
 //! Compile-cache costs.
 //!
-//! - `l1_hit/<size>`: one L1 hit through `Cache::get_with` with the GraphConst digests
+//! - `l1_hit/<size>`: one L1 hit through `Cache::get_prepared` with the GraphConst digests
 //!   precomputed (what a training handle does every step), for a Device table of 1 KB, 1 MB and
 //!   100 MB. Device contents never reach the key, so the three must be flat.
 //! - `warm_start/*`: the digits-sized MLP gradient program (64 → 128 tanh → 10, softmax
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
 use nitro::backend::{self, Backend};
-use nitro::cache::{Cache, DirStore, KeyParts};
+use nitro::cache::{Cache, DirStore, Prepared};
 use nitro::prelude::*;
 use nitro::program::Program;
 
@@ -46,21 +46,16 @@ fn l1_hit(c: &mut Criterion) {
             k: 3,
             table: Array::zeros(DType::F32, &[bytes / 4]),
         };
-        let fields = e.graph_const_field_digests();
-        let parts = KeyParts {
-            graph_const: e.graph_const_digest(),
-            graph_const_fields: &fields,
-            settings: Digest::default(),
-        };
+        let prepared = Prepared::new(&e);
         let cache = Cache::in_memory(16);
         cache
-            .get_with(backend, &SCALE, &e, &(), &parts)
+            .get_prepared(backend, &SCALE, &prepared, &())
             .expect("the program compiles");
         group.throughput(Throughput::Elements(1));
         group.bench_function(label, |b| {
             b.iter(|| {
                 cache
-                    .get_with(backend, &SCALE, std::hint::black_box(&e), &(), &parts)
+                    .get_prepared(backend, &SCALE, std::hint::black_box(&prepared), &())
                     .expect("a hit")
             })
         });

@@ -275,7 +275,17 @@ impl ContentHasher {
     note = "derive `nitro::ContentHash` for your own types and store plain values instead of cells or pointers; \
             a value that does not shape the graph belongs in a `#[device]` (traced input) or `#[host]` field"
 )]
-pub trait ContentHash {
+pub trait ContentHash: sealed::NotATraitObject {
+    /// Makes `ContentHash` — and every trait that has it as a supertrait — impossible to use
+    /// as a trait object (`dyn Layer` where `trait Layer: ContentHash` is a compile error).
+    ///
+    /// Two values of different concrete types behind one `dyn` type could encode equally
+    /// (unit structs `Tanh` and `Relu`, or `Scale(2.0)` and `Shift(2.0)`) and so share a compile
+    /// key while emitting different programs: a stale hit. Use an enum with one variant per
+    /// kind instead — its variant tag is part of the encoding.
+    #[doc(hidden)]
+    const TRAIT_OBJECTS_HAVE_NO_CONTENT_HASH: () = ();
+
     /// Writes this value's canonical encoding into `h`.
     fn content_hash(&self, h: &mut ContentHasher);
 
@@ -293,6 +303,27 @@ pub trait ContentHash {
             item.content_hash(h);
         }
     }
+}
+
+/// The seal that keeps trait objects out of [`ContentHash`]: implemented for every sized type
+/// and the unsized types whose contents are their bytes (`str`, slices, `OsStr`, `Path`), never
+/// for a `dyn Trait`, and not implementable outside this crate.
+mod sealed {
+    #[diagnostic::on_unimplemented(
+        message = "`{Self}` is a trait object (or another unsized type), so it has no content hash",
+        label = "`{Self}` cannot be `ContentHash`",
+        note = "values of different concrete types behind one trait object can encode equally \
+                and would share a compile key while emitting different programs",
+        note = "use an enum with one variant per kind (its tag is part of the content hash), \
+                or a generic parameter with a concrete type"
+    )]
+    pub trait NotATraitObject {}
+
+    impl<T> NotATraitObject for T {}
+    impl NotATraitObject for str {}
+    impl<T> NotATraitObject for [T] {}
+    impl NotATraitObject for std::ffi::OsStr {}
+    impl NotATraitObject for std::path::Path {}
 }
 
 macro_rules! plain_numbers {

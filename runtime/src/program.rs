@@ -95,6 +95,15 @@ impl<A: Outputs, B: Outputs, C: Outputs> Outputs for (A, B, C) {
     }
 }
 
+/// The name of a program input at `path` in its input tree: the path, or `input` at the root.
+pub(crate) fn input_name(path: &str) -> &str {
+    if path.is_empty() {
+        "input"
+    } else {
+        path
+    }
+}
+
 /// The function of a program: `for<'v> fn(&View<'v>, &M) -> O`, with `View` the experiment's
 /// compile view (`DigitsView`). A plain `fn` item coerces to it; a closure that captures a value
 /// does not.
@@ -127,8 +136,12 @@ impl<E: Experiment, M, O: Outputs> fmt::Debug for Program<E, M, O> {
 pub struct Traced {
     /// The recorded graph (forward and, if the program differentiates, backward).
     pub graph: Graph,
-    /// Every input: the experiment's Device leaves (by path), then the program's inputs.
+    /// Every input leaf, in argument order: the experiment's Device leaves (by path), then the
+    /// program's inputs.
     pub inputs: Signature,
+    /// The whole input structure the program was traced on: every node of the Device fields and
+    /// of the inputs (leaves, sequence lengths, option presence), as the compile key sees it.
+    pub structure: Signature,
     /// The output types, in order.
     pub outputs: Vec<LeafType>,
     /// The emitted StableHLO module.
@@ -156,8 +169,10 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
         format!("{}::{}", std::any::type_name::<E>(), self.name)
     }
 
-    /// The address of the program's code, which tells two programs of one name apart within a
-    /// process (part of the in-memory cache key only: addresses differ between processes).
+    /// The address of the program's code. Not an identity: one `fn` can have several
+    /// addresses in one process (an `#[inline]` fn or a closure instantiated in several
+    /// codegen units), so the cache uses it only as a route to a program it already matched
+    /// by fingerprint — a new address costs one trace, never a compile.
     pub fn code_address(&self) -> usize {
         E::program_address(self.f)
     }
@@ -197,11 +212,7 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
                 trace::input(path.as_str(), leaf.leaf_type())
             });
             let traced_inputs = inputs.mirror(&mut LeafPath::root(""), &mut |path, leaf| {
-                let name = if path.as_str().is_empty() {
-                    "input"
-                } else {
-                    path.as_str()
-                };
+                let name = input_name(path.as_str());
                 names.entries.push(SignatureEntry::from_node(
                     &LeafPath::root(name),
                     crate::tree::Node::Leaf(leaf),
@@ -212,9 +223,17 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
         })?;
         let text = crate::emit::emit(&graph);
         let fingerprint = crate::emit::fingerprint(&text);
+        let mut structure = experiment.device_signature();
+        inputs.visit(&mut LeafPath::root(""), &mut |path, node| {
+            structure.entries.push(SignatureEntry::from_node(
+                &LeafPath::root(input_name(path.as_str())),
+                node,
+            ));
+        });
         Ok(Traced {
             outputs: graph.output_types(),
             inputs: names,
+            structure,
             graph,
             text,
             fingerprint,

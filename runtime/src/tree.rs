@@ -436,14 +436,20 @@ impl fmt::Display for LeafPath {
     }
 }
 
-/// What a read-only walk of a [`Tree`] meets: an array leaf, or a structural node with no leaves
-/// under it (kept in the signature so that, say, `vec![]` and `vec![vec![]]` differ).
+/// What a read-only walk of a [`Tree`] meets: an array leaf, or a structural node.
+///
+/// Structural nodes make the signature encode the whole tree, not only its leaves: every
+/// sequence reports its length (also when its elements have no leaves, as in `Vec<()>`) and
+/// every `Option` its presence, at every level (`None` and `Some(None)` differ). Traced code can
+/// branch on all of these, so all of them are in the compile key.
 #[derive(Clone, Copy, Debug)]
 pub enum Node<'a> {
     /// An array leaf.
     Leaf(&'a Array),
-    /// A sequence with no elements.
-    EmptySeq,
+    /// A sequence (`Vec`, `[T; N]`) of this many elements begins here; its elements follow.
+    Seq(usize),
+    /// An `Option` that is `Some`; its content follows.
+    Some,
     /// An `Option` that is `None`.
     None,
 }
@@ -462,7 +468,8 @@ impl SignatureEntry {
     pub fn from_node(path: &LeafPath, node: Node<'_>) -> SignatureEntry {
         let kind = match node {
             Node::Leaf(a) => EntryKind::Leaf(a.leaf_type()),
-            Node::EmptySeq => EntryKind::EmptySeq,
+            Node::Seq(len) => EntryKind::Seq(len),
+            Node::Some => EntryKind::Some,
             Node::None => EntryKind::None,
         };
         SignatureEntry {
@@ -478,14 +485,62 @@ impl SignatureEntry {
 pub enum EntryKind {
     /// An array leaf with this dtype and dims.
     Leaf(LeafType),
-    /// An empty sequence.
-    EmptySeq,
+    /// A sequence of this many elements.
+    Seq(usize),
+    /// `Some`.
+    Some,
     /// `None`.
     None,
 }
 
-/// The signature of a tree: every leaf's path, dtype and dims (and empty structural nodes), in
-/// walk order. This is all the compile key sees of a `#[device]` value.
+impl EntryKind {
+    /// Which kind of node this is: entries of one class at one path describe the same node of
+    /// two trees, so a diff compares them.
+    fn class(&self) -> u8 {
+        match self {
+            EntryKind::Leaf(_) => 0,
+            EntryKind::Seq(_) => 1,
+            EntryKind::Some | EntryKind::None => 2,
+        }
+    }
+}
+
+impl fmt::Display for EntryKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EntryKind::Leaf(t) => write!(f, "{t}"),
+            EntryKind::Seq(len) => write!(f, "len {len}"),
+            EntryKind::Some => f.write_str("Some"),
+            EntryKind::None => f.write_str("None"),
+        }
+    }
+}
+
+/// One difference between two signatures, by path: a node added, removed, or changed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct SignatureChange {
+    /// Where (`layers[2].w`).
+    pub path: String,
+    /// What was there before (`f32[8,8]`, `len 2`, `None`); `None` when the node was added.
+    pub from: Option<String>,
+    /// What is there now; `None` when the node was removed.
+    pub to: Option<String>,
+}
+
+impl fmt::Display for SignatureChange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.from, &self.to) {
+            (None, Some(to)) => write!(f, "added {} {to}", self.path),
+            (Some(from), None) => write!(f, "removed {} {from}", self.path),
+            (Some(from), Some(to)) => write!(f, "{} {from} → {to}", self.path),
+            (None, None) => write!(f, "{}", self.path),
+        }
+    }
+}
+
+/// The signature of a tree: every node's path and kind — array leaves with their dtype and
+/// dims, sequence lengths, option presence — in walk order. This is all the compile key sees of
+/// a `#[device]` value or a program's inputs.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Signature {
     /// The entries in walk order.
@@ -511,41 +566,85 @@ impl Signature {
         self.entries.extend(other.entries);
     }
 
-    /// The first difference from `newer`, as `(path, from, to)` in words; `None` when equal.
-    pub fn first_difference(&self, newer: &Signature) -> Option<(String, String, String)> {
-        let describe = |e: Option<&SignatureEntry>| match e.map(|e| &e.kind) {
-            Some(EntryKind::Leaf(t)) => t.to_string(),
-            Some(EntryKind::EmptySeq) => "empty sequence".to_owned(),
-            Some(EntryKind::None) => "None".to_owned(),
-            None => "absent".to_owned(),
-        };
-        let n = self.entries.len().max(newer.entries.len());
-        (0..n).find_map(|i| {
-            let (a, b) = (self.entries.get(i), newer.entries.get(i));
-            if a == b {
-                return None;
+    /// What differs in `newer`, by path: nodes whose kind or type changed and nodes added (in
+    /// `newer`'s walk order), then nodes removed (in `self`'s). Going from two layers to three
+    /// reads `layers len 2 → len 3`, `added layers[2].w f32[8,8]`, `added layers[2].b f32[8]` —
+    /// never a positional shift of everything after the change. Empty when equal.
+    pub fn diff(&self, newer: &Signature) -> Vec<SignatureChange> {
+        use std::collections::HashMap;
+        // A node is identified by its path, its class and its rank among nodes of that class
+        // at that path (nested options share a path).
+        fn keyed(sig: &Signature) -> Vec<((&str, u8, usize), &EntryKind)> {
+            let mut seen: HashMap<(&str, u8), usize> = HashMap::new();
+            sig.entries
+                .iter()
+                .map(|e| {
+                    let class = e.kind.class();
+                    let n = seen.entry((e.path.as_str(), class)).or_default();
+                    let key = (e.path.as_str(), class, *n);
+                    *n += 1;
+                    (key, &e.kind)
+                })
+                .collect()
+        }
+        let old = keyed(self);
+        let new = keyed(newer);
+        let old_map: HashMap<_, _> = old.iter().copied().collect();
+        let new_map: HashMap<_, _> = new.iter().copied().collect();
+        let mut changes = Vec::new();
+        for (key, kind) in &new {
+            match old_map.get(key) {
+                Some(before) if before == kind => {}
+                before => changes.push(SignatureChange {
+                    path: key.0.to_owned(),
+                    from: before.map(|k| k.to_string()),
+                    to: Some(kind.to_string()),
+                }),
             }
-            let path = match (a, b) {
-                (Some(a), Some(b)) if a.path != b.path => format!("{} / {}", a.path, b.path),
-                (Some(e), _) | (None, Some(e)) => e.path.clone(),
-                (None, None) => String::new(),
-            };
-            Some((path, describe(a), describe(b)))
+        }
+        for (key, kind) in &old {
+            if !new_map.contains_key(key) {
+                changes.push(SignatureChange {
+                    path: key.0.to_owned(),
+                    from: Some(kind.to_string()),
+                    to: None,
+                });
+            }
+        }
+        changes
+    }
+
+    /// The first difference from `newer` (see [`diff`](Signature::diff)), as `(path, from, to)`
+    /// in words (`absent` for a node that one side lacks); `None` when equal.
+    pub fn first_difference(&self, newer: &Signature) -> Option<(String, String, String)> {
+        self.diff(newer).into_iter().next().map(|c| {
+            let absent = || "absent".to_owned();
+            (
+                c.path,
+                c.from.unwrap_or_else(absent),
+                c.to.unwrap_or_else(absent),
+            )
         })
     }
 }
 
+/// Leaves with their types, `[]` for an empty sequence and `None` for an absent option; the
+/// lengths of non-empty sequences and `Some` markers are implied by the paths and left out.
 impl fmt::Display for Signature {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, e) in self.entries.iter().enumerate() {
-            if i > 0 {
+        let mut first = true;
+        for e in &self.entries {
+            let shown = match &e.kind {
+                EntryKind::Leaf(t) => t.to_string(),
+                EntryKind::Seq(0) => "[]".to_owned(),
+                EntryKind::None => "None".to_owned(),
+                EntryKind::Seq(_) | EntryKind::Some => continue,
+            };
+            if !first {
                 f.write_str(", ")?;
             }
-            match &e.kind {
-                EntryKind::Leaf(t) => write!(f, "{}: {t}", e.path)?,
-                EntryKind::EmptySeq => write!(f, "{}: []", e.path)?,
-                EntryKind::None => write!(f, "{}: None", e.path)?,
-            }
+            first = false;
+            write!(f, "{}: {shown}", e.path)?;
         }
         Ok(())
     }
@@ -556,14 +655,24 @@ impl ContentHash for Signature {
         h.write_len(self.entries.len());
         for e in &self.entries {
             h.write_str(&e.path);
-            match &e.kind {
-                EntryKind::Leaf(t) => {
-                    h.write_u8(0);
-                    t.content_hash(h);
-                }
-                EntryKind::EmptySeq => h.write_u8(1),
-                EntryKind::None => h.write_u8(2),
+            e.kind.content_hash(h);
+        }
+    }
+}
+
+impl ContentHash for EntryKind {
+    fn content_hash(&self, h: &mut ContentHasher) {
+        match self {
+            EntryKind::Leaf(t) => {
+                h.write_u8(0);
+                t.content_hash(h);
             }
+            EntryKind::Seq(len) => {
+                h.write_u8(1);
+                h.write_len(*len);
+            }
+            EntryKind::None => h.write_u8(2),
+            EntryKind::Some => h.write_u8(3),
         }
     }
 }
@@ -586,7 +695,8 @@ pub trait Tree {
     /// The same structure with every leaf replaced by an `L`.
     type Mirror<L>;
 
-    /// Walks the tree in order, calling `f` with each leaf or empty structural node and its path.
+    /// Walks the tree in order, calling `f` with each leaf and structural node (see [`Node`])
+    /// and its path.
     fn visit<'a>(&'a self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'a>));
 
     /// Walks the leaves in the same order as [`visit`](Tree::visit), mutably (to write results back).
@@ -673,9 +783,7 @@ trait VisitSeq {
 
 impl<T: Tree> VisitSeq for [T] {
     fn visit_seq<'a>(&'a self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'a>)) {
-        if self.is_empty() {
-            f(at, Node::EmptySeq);
-        }
+        f(at, Node::Seq(self.len()));
         for (i, t) in self.iter().enumerate() {
             at.with_index(i, |at| t.visit(at, f));
         }
@@ -718,7 +826,10 @@ impl<T: Tree> Tree for Option<T> {
 
     fn visit<'a>(&'a self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, Node<'a>)) {
         match self {
-            Some(t) => t.visit(at, f),
+            Some(t) => {
+                f(at, Node::Some);
+                t.visit(at, f);
+            }
             None => f(at, Node::None),
         }
     }

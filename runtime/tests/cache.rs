@@ -25,6 +25,7 @@ use nitro::prelude::*;
 use nitro::program::{Outputs, Program};
 use nitro::trace::Graph;
 use nitro::Error;
+use nitro::SignatureChange;
 
 // ---------------------------------------------------------------------------------------------
 // Experiments and programs
@@ -204,9 +205,29 @@ fn gc(fields: &[&str]) -> MissReason {
     }
 }
 
-fn sig(leaf: &str, from: &str, to: &str) -> MissReason {
+/// A signature change of one or more nodes, by path: `(path, from, to)`, `""` for a side that
+/// lacks the node (added or removed).
+fn sigs(changes: &[(&str, &str, &str)]) -> MissReason {
+    let side = |s: &str| (!s.is_empty()).then(|| s.to_owned());
     MissReason::SignatureChanged {
-        leaf: leaf.into(),
+        changes: changes
+            .iter()
+            .map(|(path, from, to)| SignatureChange {
+                path: (*path).to_owned(),
+                from: side(from),
+                to: side(to),
+            })
+            .collect(),
+    }
+}
+
+fn sig(leaf: &str, from: &str, to: &str) -> MissReason {
+    sigs(&[(leaf, from, to)])
+}
+
+fn backend_changed(component: &str, from: &str, to: &str) -> MissReason {
+    MissReason::BackendChanged {
+        component: component.into(),
         from: from.into(),
         to: to.into(),
     }
@@ -231,6 +252,10 @@ impl Renamed {
                 digest: Digest::of(digest),
                 options: options.map_or(base.options, Digest::of),
                 description: format!("renamed interpreter ({digest})"),
+                components: vec![
+                    ("backend".to_owned(), digest.to_owned()),
+                    ("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
+                ],
             },
         }
     }
@@ -401,7 +426,10 @@ fn must_miss_and_must_hit_table() {
                 e.layer.w = Array::zeros(DType::F32, &[3, 5]);
                 e.layer.b = Array::zeros(DType::F32, &[5]);
             },
-            Miss(sig("layer.w", "f32[3,4]", "f32[3,5]")),
+            Miss(sigs(&[
+                ("layer.w", "f32[3,4]", "f32[3,5]"),
+                ("layer.b", "f32[4]", "f32[5]"),
+            ])),
         ),
         (
             "Device shape back",
@@ -474,7 +502,11 @@ fn a_hit_runs_on_the_current_values() {
     let (first, y1) = run(&exp);
     exp.layer.w = Array::full(&[3, 4], 0.25f32);
     let (second, y2) = run(&exp);
-    assert!(Arc::ptr_eq(&first, &second), "new values are a hit");
+    assert!(
+        Arc::ptr_eq(&first.compiled, &second.compiled),
+        "new values are a hit"
+    );
+    assert_eq!(second.outcome, cache::Outcome::Hit);
     assert_eq!((cache.stats().hits, cache.stats().misses), (1, 1));
     // (3 · 0.5) · 2 and (3 · 0.25) · 2 through tanh.
     assert!(
@@ -500,7 +532,11 @@ fn distinct_programs_and_backends_do_not_share_entries() {
     let other = Renamed::new("another backend", None);
     assert_eq!(
         look_on(&cache, &other, &FORWARD, &exp, &b),
-        Miss(MissReason::BackendChanged)
+        Miss(backend_changed(
+            "backend",
+            "nitro interpreter",
+            "another backend"
+        ))
     );
     let options = Renamed::new("another backend", Some("-O0"));
     assert_eq!(
@@ -945,23 +981,28 @@ fn another_backend_identity_is_backend_changed_across_processes() {
     let tmp = TempDir::new("backend");
     run_child(tmp.path(), &[("NITRO_TEST_BACKEND", "interp")]);
     let other = run_child(tmp.path(), &[("NITRO_TEST_BACKEND", "other")]);
+    // Named: which component of the identity differs, from what to what.
+    let moved = backend_changed("backend", "nitro interpreter", "another backend");
     assert_eq!(
         reasons_of(&other),
-        vec![
-            ("forward", &MissReason::BackendChanged, false),
-            ("grad", &MissReason::BackendChanged, false)
-        ]
+        vec![("forward", &moved, false), ("grad", &moved, false)]
     );
     assert_eq!((other.stats.compiles, other.stats.l2_hits), (2, 0));
     assert_eq!(entry_files(tmp.path()).len(), 4, "one entry per backend");
     let again = run_child(tmp.path(), &[("NITRO_TEST_BACKEND", "other")]);
     assert_eq!((again.stats.compiles, again.stats.l2_hits), (0, 2));
-    // A load is not explained by an older record: both backends' entries are kept.
+    // Nothing moved since the last process used these programs: `empty`, and loaded.
     assert!(reasons_of(&again)
         .iter()
         .all(|(_, r, loaded)| **r == MissReason::Empty && *loaded));
+    // Both backends' entries are kept: going back loads, and says what moved since last time.
     let back = run_child(tmp.path(), &[("NITRO_TEST_BACKEND", "interp")]);
     assert_eq!((back.stats.compiles, back.stats.l2_hits), (0, 2));
+    let moved_back = backend_changed("backend", "another backend", "nitro interpreter");
+    assert_eq!(
+        reasons_of(&back),
+        vec![("forward", &moved_back, true), ("grad", &moved_back, true)]
+    );
 
     // The interpreter's identity with other compile options.
     let options = run_child(tmp.path(), &[("NITRO_TEST_BACKEND", "options")]);
@@ -1015,7 +1056,7 @@ fn concurrent_lookups(
     cache: &Cache,
     backend: &Counting,
     threads: usize,
-) -> Vec<nitro::Result<Arc<cache::Compiled>>> {
+) -> Vec<nitro::Result<cache::Served>> {
     let barrier = Barrier::new(threads);
     let exp = net(Act::Tanh, 2, 3, 4);
     let b = batch(8, 3);
@@ -1040,8 +1081,26 @@ fn concurrent_requests_for_one_key_compile_once() {
     let backend = Counting::new(Duration::from_millis(50));
     let cache = memory_cache(16);
     let results = concurrent_lookups(&cache, &backend, 8);
-    let compiled: Vec<_> = results.into_iter().map(|r| r.unwrap()).collect();
-    assert!(compiled.iter().all(|c| Arc::ptr_eq(c, &compiled[0])));
+    let served: Vec<_> = results.into_iter().map(|r| r.unwrap()).collect();
+    assert!(served
+        .iter()
+        .all(|c| Arc::ptr_eq(&c.compiled, &served[0].compiled)));
+    // Each call says what it did: one compiled, seven were served the shared compile.
+    let outcomes: Vec<_> = served.iter().map(|s| &s.outcome).collect();
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|o| matches!(
+                o,
+                cache::Outcome::Compiled {
+                    reason: MissReason::Empty
+                }
+            ))
+            .count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert_eq!(outcomes.iter().filter(|o| o.is_hit()).count(), 7);
     assert_eq!(backend.compiles.load(Ordering::SeqCst), 1);
     let stats = cache.stats();
     assert_eq!(stats.compiles, 1, "{stats}");
@@ -1208,7 +1267,7 @@ fn verify_mode_reports_a_program_that_moved_without_its_key() {
     let stale = cache
         .get(backend::interpreter(), &READS_A_GLOBAL, &e, &())
         .unwrap();
-    assert!(Arc::ptr_eq(&stale, &first));
+    assert!(Arc::ptr_eq(&stale.compiled, &first.compiled));
     let out = stale.executable.run(&[&Array::full(&[4], 1.0f32)]).unwrap();
     assert_eq!(
         out[0].as_slice::<f32>().unwrap(),
@@ -1230,8 +1289,8 @@ const TWIN_B: Program<Keyed> = Keyed::program("twin", twin_b);
 
 #[test]
 fn two_programs_sharing_a_name_never_share_an_entry() {
-    // The in-memory key holds the address of the program's code besides (experiment type,
-    // name): two bodies under one name are two entries, each running its own code.
+    // Two bodies under one name emit two programs (two fingerprints): two entries, each
+    // running its own code.
     let cache = memory_cache(8);
     let e = keyed(1);
     let a = cache.get(backend::interpreter(), &TWIN_A, &e, &()).unwrap();
@@ -1240,16 +1299,31 @@ fn two_programs_sharing_a_name_never_share_an_entry() {
     assert_eq!(a.program, b.program, "same identity string: {}", a.program);
     let stats = cache.stats();
     assert_eq!((stats.misses, stats.entries, stats.hits), (2, 2, 0));
-    // The second `fn` was never compiled here: `empty`, not a reason borrowed from its twin.
+    // The second is the same program identity with other code: `code_changed`, naming both
+    // fingerprints.
     let reasons: Vec<MissReason> = cache
         .recent_misses()
         .into_iter()
         .map(|m| m.reason)
         .collect();
-    assert_eq!(reasons, vec![MissReason::Empty, MissReason::Empty]);
-    // Each is then a hit for its own code.
-    let again = cache.get(backend::interpreter(), &TWIN_B, &e, &()).unwrap();
-    assert_eq!(again.fingerprint, b.fingerprint);
+    assert_eq!(
+        reasons,
+        vec![
+            MissReason::Empty,
+            MissReason::CodeChanged {
+                from: a.fingerprint.short().to_string(),
+                to: b.fingerprint.short().to_string()
+            }
+        ]
+    );
+    // Each is then a hit for its own code, and runs it.
+    for (program, factor) in [(&TWIN_A, 2.0f32), (&TWIN_B, 3.0), (&TWIN_A, 2.0)] {
+        let again = cache.get(backend::interpreter(), program, &e, &()).unwrap();
+        assert!(again.outcome.is_hit());
+        let w = Array::full(&[4], 1.0f32);
+        let out = again.executable.run(&[&w]).unwrap();
+        assert_eq!(out[0].as_slice::<f32>().unwrap(), &[factor; 4]);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -270,8 +270,8 @@ fn a_leftover_temp_file_is_removed_on_open_and_never_read() {
     fs::write(tmp.path().join(&dead_b), &good[..good.len() / 2]).unwrap();
     fs::write(tmp.path().join(&dead_a), b"garbage").unwrap();
     fs::write(tmp.path().join(&live_b), &good).unwrap();
-    let dead_record = format!("{}.tmp.{dead}.6", key("logical"));
-    fs::write(tmp.path().join("logical").join(&dead_record), b"half").unwrap();
+    let dead_record = format!("{}.tmp.{dead}.6", key("program"));
+    fs::write(tmp.path().join("programs").join(&dead_record), b"half").unwrap();
 
     // Never read: B has no entry, A's entry is the whole one, and temps are not counted.
     assert_eq!(store.get(&b).unwrap(), Lookup::Absent);
@@ -287,7 +287,7 @@ fn a_leftover_temp_file_is_removed_on_open_and_never_read() {
         names.contains(&live_b),
         "a live writer's temp is kept: {names:?}"
     );
-    assert!(!tmp.path().join("logical").join(&dead_record).exists());
+    assert!(!tmp.path().join("programs").join(&dead_record).exists());
     assert_eq!(hit(reopened.get(&a).unwrap()).payload, b"program A");
     assert_eq!(reopened.get(&b).unwrap(), Lookup::Absent);
 
@@ -539,32 +539,36 @@ fn the_size_bound_removes_the_least_recently_used_entries() {
 fn clear_removes_entries_and_records() {
     let tmp = TempDir::new("clear");
     let store = open(tmp.path());
-    let (k, logical) = (key("a"), key("logical"));
+    let (k, program) = (key("a"), key("program"));
     store.put(&entry(k, b"x")).unwrap();
-    store
-        .record_compiled(&logical, &key("f"), &key("b"), &key("o"))
-        .unwrap();
+    store.record_program(&program, b"{\"record\": 1}").unwrap();
     assert_eq!(
-        store.last_compiled(&logical),
-        Some((key("f"), key("b"), key("o")))
+        store.program_record(&program).as_deref(),
+        Some(&b"{\"record\": 1}"[..])
+    );
+    store.record_program(&program, b"{\"record\": 2}").unwrap();
+    assert_eq!(
+        store.program_record(&program).as_deref(),
+        Some(&b"{\"record\": 2}"[..]),
+        "a record replaces the previous one"
     );
     store.clear().unwrap();
     assert_eq!(store.get(&k).unwrap(), Lookup::Absent);
-    assert_eq!(store.last_compiled(&logical), None);
+    assert_eq!(store.program_record(&program), None);
     assert_eq!(store.size_bytes(), 0);
 }
 
 #[test]
-fn a_garbled_record_is_ignored() {
+fn an_oversized_or_odd_record_is_ignored() {
     let tmp = TempDir::new("record");
     let store = open(tmp.path());
-    let logical = key("logical");
-    fs::write(
-        tmp.path().join("logical").join(format!("{logical}")),
-        "not digests",
-    )
-    .unwrap();
-    assert_eq!(store.last_compiled(&logical), None);
+    let program = key("program");
+    let path = tmp.path().join("programs").join(format!("{program}"));
+    fs::write(&path, vec![b' '; (1 << 20) + 1]).unwrap();
+    assert_eq!(store.program_record(&program), None, "over the size cap");
+    fs::remove_file(&path).unwrap();
+    fs::create_dir(&path).unwrap();
+    assert_eq!(store.program_record(&program), None, "a directory");
 }
 
 #[test]
@@ -653,8 +657,8 @@ type Fault = fn(&Path, &Path);
 
 #[test]
 fn every_fault_is_rebuilt_and_counted_through_the_cache() {
-    let faults: Vec<(&str, Fault)> = vec![
-        ("truncated", |step, _| {
+    let faults: Vec<(&str, &str, Fault)> = vec![
+        ("truncated", "checksum", |step, _| {
             let len = fs::metadata(step).unwrap().len();
             fs::OpenOptions::new()
                 .write(true)
@@ -663,21 +667,23 @@ fn every_fault_is_rebuilt_and_counted_through_the_cache() {
                 .set_len(len / 2)
                 .unwrap();
         }),
-        ("flipped byte", |step, _| {
+        ("flipped byte", "checksum", |step, _| {
             let mut b = fs::read(step).unwrap();
             let at = b.len() - 100;
             b[at] ^= 0x20;
             fs::write(step, b).unwrap();
         }),
-        ("garbage", |step, _| {
+        ("garbage", "malformed", |step, _| {
             fs::write(step, b"\0\0garbage\xff").unwrap()
         }),
-        ("foreign", |step, other| {
+        ("foreign", "foreign", |step, other| {
             fs::copy(other, step).unwrap();
         }),
-        ("empty file", |step, _| fs::write(step, b"").unwrap()),
+        ("empty file", "malformed", |step, _| {
+            fs::write(step, b"").unwrap()
+        }),
     ];
-    for (name, fault) in faults {
+    for (name, why, fault) in faults {
         let tmp = TempDir::new("fault");
         let first = cache_on(tmp.path(), None);
         let (e, x) = probe();
@@ -696,7 +702,14 @@ fn every_fault_is_rebuilt_and_counted_through_the_cache() {
             (1, 1, 0),
             "{name}: rejected, recompiled, counted: {stats}"
         );
-        assert_eq!(reason, MissReason::Empty, "{name}");
+        // Named, not `empty`: the program was stored, and the entry was not usable.
+        assert_eq!(
+            reason,
+            MissReason::StoreRejected { why: why.into() },
+            "{name}"
+        );
+        assert_eq!(stats.store_rejected, 1, "{name}: counted");
+        assert_eq!(stats.misses_by_reason.get("store_rejected"), Some(&1));
         assert!(
             step_file.exists(),
             "{name}: the rebuilt entry is stored again"

@@ -52,7 +52,7 @@ fn empty_structure_is_part_of_the_signature() {
     let none: Vec<Vec<Array>> = vec![];
     let one_empty: Vec<Vec<Array>> = vec![vec![]];
     assert_ne!(none.signature_at("x"), one_empty.signature_at("x"));
-    assert_eq!(none.signature_at("x").entries[0].kind, EntryKind::EmptySeq);
+    assert_eq!(none.signature_at("x").entries[0].kind, EntryKind::Seq(0));
     let absent: Option<Array> = None;
     let present = Some(f32s(&[]));
     assert_ne!(absent.signature_at("o"), present.signature_at("o"));

@@ -28,6 +28,33 @@ pub struct Identity {
     pub options: Digest,
     /// The same, in words, for explanations.
     pub description: String,
+    /// The identity's components, named (`plugin file digest`, `PJRT API version`, `platform
+    /// name`, `CPU features`, `devices`, …), so that a `backend_changed` miss can say which one
+    /// differs.
+    pub components: Vec<(String, String)>,
+}
+
+impl Identity {
+    /// The first component that differs between `before` and `now` (as `(name, before's
+    /// value, now's value)`); a component present on one side only counts as differing.
+    /// `None` when they agree.
+    pub fn first_difference(
+        before: &[(String, String)],
+        now: &[(String, String)],
+    ) -> Option<(String, String, String)> {
+        let value = |list: &[(String, String)], name: &str| {
+            list.iter()
+                .find(|(n, _)| n == name)
+                .map_or_else(|| "absent".to_owned(), |(_, v)| v.clone())
+        };
+        now.iter()
+            .map(|(n, _)| n)
+            .chain(before.iter().map(|(n, _)| n))
+            .find_map(|name| {
+                let (a, b) = (value(before, name), value(now, name));
+                (a != b).then(|| (name.clone(), a, b))
+            })
+    }
 }
 
 /// A backend the compile cache can compile for.
@@ -122,6 +149,10 @@ pub fn interpreter() -> &'static Interpreter {
             identity: Identity {
                 digest: Digest::of(description.as_str()),
                 options: Digest::of(""),
+                components: vec![
+                    ("backend".to_owned(), "nitro interpreter".to_owned()),
+                    ("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
+                ],
                 description,
             },
         }
@@ -173,6 +204,11 @@ impl Xla {
                 digest: id.digest(),
                 options: id.compile_options_digest,
                 description: client.describe(),
+                components: id
+                    .components()
+                    .into_iter()
+                    .map(|(name, value)| (name.to_owned(), value))
+                    .collect(),
             },
         })
     }

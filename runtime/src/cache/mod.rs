@@ -43,9 +43,9 @@ use std::time::{Duration, Instant};
 
 pub use reason::MissReason;
 pub use stats::CacheStats;
-pub use store::{DirStore, Entry, EntryMeta, Lookup, Store};
+pub use store::{DirStore, Entry, EntryMeta, Lookup, RejectKind, Rejection, Store};
 
-use crate::backend::{Backend, Executable};
+use crate::backend::{Backend, Executable, Identity};
 use crate::error::{Error, Result};
 use crate::experiment::Experiment;
 use crate::hash::{ContentHasher, Digest};
@@ -80,6 +80,68 @@ pub struct Compiled {
     pub build_time: Duration,
 }
 
+/// What one lookup did: served from memory, loaded from the persistent store, or compiled.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "outcome")]
+pub enum Outcome {
+    /// Served from memory (L1), without compiling. (A program met through a code address this
+    /// cache had not seen yet is traced once to confirm it is the held program; still a hit.)
+    Hit,
+    /// A miss served by loading the program from the persistent store (L2).
+    Loaded {
+        /// Why memory could not serve it.
+        reason: MissReason,
+    },
+    /// A miss that compiled the program.
+    Compiled {
+        /// Why neither level could serve it.
+        reason: MissReason,
+    },
+}
+
+impl Outcome {
+    /// Whether this lookup was a hit.
+    pub fn is_hit(&self) -> bool {
+        matches!(self, Outcome::Hit)
+    }
+
+    /// The miss reason; `None` for a hit.
+    pub fn reason(&self) -> Option<&MissReason> {
+        match self {
+            Outcome::Hit => None,
+            Outcome::Loaded { reason } | Outcome::Compiled { reason } => Some(reason),
+        }
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Outcome::Hit => f.write_str("hit"),
+            Outcome::Loaded { reason } => write!(f, "loaded ({reason})"),
+            Outcome::Compiled { reason } => write!(f, "compiled ({reason})"),
+        }
+    }
+}
+
+/// A program served by [`Cache::get`], and what the lookup did to serve it. Dereferences to
+/// the [`Compiled`] program.
+#[derive(Clone, Debug)]
+pub struct Served {
+    /// The compiled program.
+    pub compiled: Arc<Compiled>,
+    /// What this lookup did.
+    pub outcome: Outcome,
+}
+
+impl std::ops::Deref for Served {
+    type Target = Compiled;
+
+    fn deref(&self) -> &Compiled {
+        &self.compiled
+    }
+}
+
 /// One miss, as kept by [`Cache::recent_misses`].
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Miss {
@@ -93,29 +155,107 @@ pub struct Miss {
     pub ms: f64,
 }
 
-/// What a key is made of, kept per entry so the next miss can name what moved.
-#[derive(Clone, Debug, PartialEq)]
+/// What a key is made of, kept per entry (and, with a store, per program beside it) so that the
+/// next miss can name what moved.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 struct KeyDetails {
+    /// The program identity, in words.
+    program: String,
     graph_const: Digest,
-    graph_const_fields: Vec<(&'static str, Digest)>,
+    graph_const_fields: Vec<(String, Digest)>,
     settings: Digest,
+    /// The whole input structure: Device fields, then the program's inputs.
     signature: Signature,
     backend: Digest,
+    backend_components: Vec<(String, String)>,
     options: Digest,
+    fingerprint: Digest,
 }
 
+impl KeyDetails {
+    /// What moved from `self` (an earlier use) to `now`, in the order a user fixes things:
+    /// GraphConsts and handle settings, the input structure, the backend, the options, the
+    /// code. `None` when nothing did.
+    fn moved_to(&self, now: &KeyDetails) -> Option<MissReason> {
+        let before = |name: &str| {
+            self.graph_const_fields
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, d)| d)
+        };
+        let mut fields: Vec<String> = now
+            .graph_const_fields
+            .iter()
+            .filter(|(name, digest)| before(name) != Some(digest))
+            .map(|(name, _)| name.clone())
+            .collect();
+        fields.extend(
+            self.graph_const_fields
+                .iter()
+                .filter(|(name, _)| !now.graph_const_fields.iter().any(|(n, _)| n == name))
+                .map(|(name, _)| name.clone()),
+        );
+        if now.settings != self.settings {
+            fields.push("<handle>".to_owned());
+        }
+        if fields.is_empty() && now.graph_const != self.graph_const {
+            fields.push("<graph_const>".to_owned());
+        }
+        if !fields.is_empty() {
+            return Some(MissReason::GraphConstChanged { fields });
+        }
+        let changes = self.signature.diff(&now.signature);
+        if !changes.is_empty() {
+            return Some(MissReason::SignatureChanged { changes });
+        }
+        if now.backend != self.backend {
+            let (component, from, to) =
+                Identity::first_difference(&self.backend_components, &now.backend_components)
+                    .unwrap_or_else(|| {
+                        (
+                            "identity".to_owned(),
+                            self.backend.short().to_string(),
+                            now.backend.short().to_string(),
+                        )
+                    });
+            return Some(MissReason::BackendChanged {
+                component,
+                from,
+                to,
+            });
+        }
+        if now.options != self.options {
+            return Some(MissReason::OptionsChanged);
+        }
+        if now.fingerprint != self.fingerprint {
+            return Some(MissReason::CodeChanged {
+                from: self.fingerprint.short().to_string(),
+                to: now.fingerprint.short().to_string(),
+            });
+        }
+        None
+    }
+}
+
+/// A held program: one emitted program (one fingerprint) under one key.
 struct Slot {
     compiled: Arc<Compiled>,
     details: Arc<KeyDetails>,
-    /// The program (identity and code address) this slot belongs to: the key of `State::last`.
+    /// The program identity this slot belongs to: the key of `State::last`.
     program: Digest,
     tick: u64,
 }
 
 #[derive(Default)]
 struct State {
+    /// Held programs by full key (the key's components and the program's fingerprint).
     slots: HashMap<Digest, Slot>,
-    /// Keys evicted by capacity, oldest first, at most `capacity` of them.
+    /// Which held program a key's components and a code address lead to, so that a hit needs
+    /// no tracing. A program reached through a new code address (an inlined copy, a closure
+    /// instantiated in another module) is traced once and routed to the slot of its
+    /// fingerprint.
+    routes: HashMap<(Digest, usize), Digest>,
+    /// Full keys evicted by capacity, oldest first, at most `capacity` of them.
     ledger: VecDeque<Digest>,
     /// The key details last used (compiled or hit) per program identity (for miss reasons).
     last: HashMap<Digest, Arc<KeyDetails>>,
@@ -266,9 +406,11 @@ pub fn assert_no_recompile_after_warmup() -> Result<()> {
     global().assert_no_recompile_after_warmup()
 }
 
-/// The digest of a walk's structure and leaf types (paths included, values never).
-fn walk_digest(h: &mut ContentHasher, path: &LeafPath, node: Node<'_>) {
-    h.write_str(path.as_str());
+/// Feeds one node of a walk into the signature digest: its path and kind (leaf types, sequence
+/// lengths, option presence), never values. Must agree with [`Signature`]'s entries: a walk
+/// that differs in any node gives another digest.
+fn walk_digest(h: &mut ContentHasher, path: &str, node: Node<'_>) {
+    h.write_str(path);
     match node {
         Node::Leaf(a) => {
             h.write_u8(0);
@@ -278,9 +420,26 @@ fn walk_digest(h: &mut ContentHasher, path: &LeafPath, node: Node<'_>) {
                 h.write_len(d);
             }
         }
-        Node::EmptySeq => h.write_u8(1),
+        Node::Seq(len) => {
+            h.write_u8(1);
+            h.write_len(len);
+        }
         Node::None => h.write_u8(2),
+        Node::Some => h.write_u8(3),
     }
+}
+
+/// The path a program's input node is named by: its path, or `input` at the root.
+fn input_path(path: &LeafPath) -> &str {
+    crate::program::input_name(path.as_str())
+}
+
+/// The full key of a held program: the key's components and the emitted program's fingerprint.
+fn full_key(components: &Digest, fingerprint: &Digest) -> Digest {
+    let mut h = ContentHasher::new();
+    h.write_digest(components);
+    h.write_digest(fingerprint);
+    h.finish()
 }
 
 impl Cache {
@@ -319,65 +478,91 @@ impl Cache {
     }
 
     /// The compiled program for `program` on `experiment` and `inputs`: from memory, from the
-    /// persistent store, or compiled now. `settings` is not needed by most callers: see
-    /// [`Cache::get_with`].
+    /// persistent store, or compiled now — and which of the three this call did, with the
+    /// reason of a miss ([`Served::outcome`]).
+    ///
+    /// The key is computed from `experiment` on every call (its GraphConst fields are hashed by
+    /// content); to hash them once for many lookups, see [`Prepared`].
     pub fn get<E: Experiment, M, O: Outputs, I: Tree<Mirror<Tensor> = M>>(
         &self,
         backend: &dyn Backend,
         program: &Program<E, M, O>,
         experiment: &E,
         inputs: &I,
-    ) -> Result<Arc<Compiled>> {
-        let fields = experiment.graph_const_field_digests();
-        let gc = crate::experiment::combine_graph_const::<E>(&fields);
-        self.get_with(
+    ) -> Result<Served> {
+        self.get_prepared(backend, program, &Prepared::new(experiment), inputs)
+    }
+
+    /// Like [`Cache::get`], on an experiment whose GraphConst digests were computed once by
+    /// [`Prepared::new`]. The `Prepared` borrows the experiment, so its GraphConsts cannot
+    /// change while the digests are in use: a precomputed key never describes other values.
+    pub fn get_prepared<E: Experiment, M, O: Outputs, I: Tree<Mirror<Tensor> = M>>(
+        &self,
+        backend: &dyn Backend,
+        program: &Program<E, M, O>,
+        prepared: &Prepared<'_, E>,
+        inputs: &I,
+    ) -> Result<Served> {
+        self.get_keyed(
             backend,
             program,
-            experiment,
+            prepared.experiment,
             inputs,
             &KeyParts {
-                graph_const: gc,
-                graph_const_fields: &fields,
+                graph_const: prepared.graph_const,
+                graph_const_fields: &prepared.fields,
                 settings: Digest::default(),
             },
         )
     }
 
-    /// Like [`Cache::get`], with the GraphConst digests precomputed (a handle computes them
-    /// once, not per step) and the handle settings that shape the program.
-    pub fn get_with<E: Experiment, M, O: Outputs, I: Tree<Mirror<Tensor> = M>>(
+    /// The lookup behind [`Cache::get`], with key parts that a caller inside the crate (the
+    /// training handle, which owns its experiment and recomputes the parts whenever a
+    /// GraphConst changes through it) computed once. Never public: parts detached from the
+    /// values they describe would serve a program for other GraphConst values.
+    pub(crate) fn get_keyed<E: Experiment, M, O: Outputs, I: Tree<Mirror<Tensor> = M>>(
         &self,
         backend: &dyn Backend,
         program: &Program<E, M, O>,
         experiment: &E,
         inputs: &I,
         parts: &KeyParts<'_>,
-    ) -> Result<Arc<Compiled>> {
+    ) -> Result<Served> {
         let identity = backend.identity();
-        // The signature digest walks leaf types, never values: the cost is per leaf, not per byte.
+        // The signature digest walks the structure and leaf types, never values: the cost is
+        // per node, not per byte.
         let mut h = ContentHasher::new();
-        experiment.visit_device(&mut |_, path, node| walk_digest(&mut h, path, node));
+        experiment.visit_device(&mut |_, path, node| walk_digest(&mut h, path.as_str(), node));
         inputs.visit(&mut LeafPath::root(""), &mut |path, node| {
-            walk_digest(&mut h, path, node)
+            walk_digest(&mut h, input_path(path), node)
         });
         let signature = h.finish();
+        // The key's components: program identity (the experiment type with its generic
+        // arguments, and the name), GraphConsts, settings, signature, backend, options. The
+        // program's code is not among them — its address is not an identity (one `fn` can have
+        // several) — so a held program is found by components and code address together, and
+        // a new address is traced once and matched by fingerprint.
         let mut k = ContentHasher::new();
-        // Program identity without allocating: the experiment type (with generic arguments),
-        // the name, and the address of the program's code (two different `fn`s given one name
-        // never share an entry; an address that differs for the same `fn` costs a miss, never
-        // a stale hit).
         k.write_str(std::any::type_name::<E>());
         k.write_str(program.name());
-        k.write_u64(program.code_address() as u64);
         k.write_digest(&parts.graph_const);
         k.write_digest(&parts.settings);
         k.write_digest(&signature);
         k.write_digest(&identity.digest);
         k.write_digest(&identity.options);
-        let key = k.finish();
+        let components = k.finish();
+        let address = program.code_address();
 
-        if let Some(hit) = self.hit(&key) {
+        if let Some(hit) = self.hit_route(&components, address) {
             return self.verified(hit, program, experiment, inputs);
+        }
+
+        // Tracing first: a traced program that asks the cache for a program (its own or
+        // another) fails here with `NestedTrace`, never waits on a compile that waits on it.
+        let traced = program.trace(experiment, inputs)?;
+        let key = full_key(&components, &traced.fingerprint);
+        if let Some(hit) = self.hit_traced(&key, &components, address) {
+            return Ok(hit);
         }
         let program_id = program.identity();
 
@@ -387,13 +572,12 @@ impl Cache {
         // other here, and never compiles the key a second time.
         let (flight, leader) = {
             let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(hit) = self.hit_traced(&key, &components, address) {
+                return Ok(hit);
+            }
             match flights.get(&key) {
                 Some(f) => (f.clone(), false),
                 None => {
-                    if let Some(hit) = self.hit(&key) {
-                        drop(flights);
-                        return self.verified(hit, program, experiment, inputs);
-                    }
                     let f = Arc::new(Flight::default());
                     flights.insert(key, f.clone());
                     (f, true)
@@ -405,19 +589,22 @@ impl Cache {
             while done.is_none() {
                 done = flight.ready.wait(done).unwrap_or_else(|p| p.into_inner());
             }
-            return match done.as_ref() {
+            return match &*done {
                 Some(Ok(c)) => {
                     let c = c.clone();
                     drop(done);
-                    // Count as a hit: the key was compiled once, for everyone (also when the
-                    // slot is already gone again: capacity 0, or evicted meanwhile).
-                    if let Some(hit) = self.hit(&key) {
+                    // Held now unless capacity 0 (or already evicted): a hit either way, the
+                    // compile was shared.
+                    if let Some(hit) = self.hit_traced(&key, &components, address) {
                         return Ok(hit);
                     }
                     let mut st = self.lock_state();
                     st.stats.hits += 1;
                     st.stats.saved_ms += c.build_time.as_secs_f64() * 1e3;
-                    Ok(c)
+                    Ok(Served {
+                        compiled: c,
+                        outcome: Outcome::Hit,
+                    })
                 }
                 Some(Err(msg)) => Err(Error::CompileFailedElsewhere {
                     program: program_id,
@@ -434,9 +621,15 @@ impl Cache {
             key,
             flight,
         };
-        let result = self.miss(backend, program, experiment, inputs, parts, key, program_id);
+        let result = self.miss(
+            backend,
+            program_id,
+            traced,
+            parts,
+            (components, key, address),
+        );
         guard.flight.finish(match &result {
-            Ok(c) => Ok(c.clone()),
+            Ok(c) => Ok(c.compiled.clone()),
             Err(e) => Err(e.to_string()),
         });
         drop(guard);
@@ -450,7 +643,7 @@ impl Cache {
         program: &Program<E, M, O>,
         experiment: &E,
         inputs: &I,
-    ) -> Result<Arc<Compiled>> {
+    ) -> Result<Served> {
         if self.verify.load(Ordering::Relaxed) {
             let traced = program.trace(experiment, inputs)?;
             if traced.fingerprint != hit.fingerprint {
@@ -461,69 +654,81 @@ impl Cache {
                 });
             }
         }
-        Ok(hit)
+        Ok(Served {
+            compiled: hit,
+            outcome: Outcome::Hit,
+        })
     }
 
-    fn hit(&self, key: &Digest) -> Option<Arc<Compiled>> {
-        let mut guard = self.lock_state();
-        let st = &mut *guard;
+    /// A hit through a known route (key components and code address): no tracing.
+    fn hit_route(&self, components: &Digest, address: usize) -> Option<Arc<Compiled>> {
+        let mut st = self.lock_state();
+        let key = *st.routes.get(&(*components, address))?;
+        Some(Self::count_hit(&mut st, &key)?.compiled)
+    }
+
+    /// A hit on the full key of a traced program; learns the route of its code address.
+    fn hit_traced(&self, key: &Digest, components: &Digest, address: usize) -> Option<Served> {
+        let mut st = self.lock_state();
+        let served = Self::count_hit(&mut st, key)?;
+        st.routes.insert((*components, address), *key);
+        Some(served)
+    }
+
+    fn count_hit(st: &mut State, key: &Digest) -> Option<Served> {
         st.tick += 1;
+        let tick = st.tick;
         let slot = st.slots.get_mut(key)?;
-        slot.tick = st.tick;
+        slot.tick = tick;
         let compiled = slot.compiled.clone();
+        let (program, details) = (slot.program, slot.details.clone());
         // The program's last-used key, so that the next miss names what moved since then.
-        if let Some(last) = st.last.get_mut(&slot.program) {
-            if !Arc::ptr_eq(last, &slot.details) {
-                *last = slot.details.clone();
+        if let Some(last) = st.last.get_mut(&program) {
+            if !Arc::ptr_eq(last, &details) {
+                *last = details;
             }
         }
         st.stats.hits += 1;
         st.stats.saved_ms += compiled.build_time.as_secs_f64() * 1e3;
-        Some(compiled)
+        Some(Served {
+            compiled,
+            outcome: Outcome::Hit,
+        })
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn miss<E: Experiment, M, O: Outputs, I: Tree<Mirror<Tensor> = M>>(
+    fn miss(
         &self,
         backend: &dyn Backend,
-        program: &Program<E, M, O>,
-        experiment: &E,
-        inputs: &I,
-        parts: &KeyParts<'_>,
-        key: Digest,
         program_id: String,
-    ) -> Result<Arc<Compiled>> {
-        // Failures (trace or compile errors) are never cached: the next request tries again.
-        let traced = program.trace(experiment, inputs)?;
+        traced: Traced,
+        parts: &KeyParts<'_>,
+        (components, key, address): (Digest, Digest, usize),
+    ) -> Result<Served> {
         let identity = backend.identity();
         let details = KeyDetails {
+            program: program_id.clone(),
             graph_const: parts.graph_const,
-            graph_const_fields: parts.graph_const_fields.to_vec(),
+            graph_const_fields: parts
+                .graph_const_fields
+                .iter()
+                .map(|(n, d)| ((*n).to_owned(), *d))
+                .collect(),
             settings: parts.settings,
-            signature: traced.inputs.clone(),
+            signature: traced.structure.clone(),
             backend: identity.digest,
+            backend_components: identity.components.clone(),
             options: identity.options,
+            fingerprint: traced.fingerprint,
         };
-        let mut l = ContentHasher::new();
-        l.write_str(&program_id);
-        l.write_digest(&parts.graph_const);
-        l.write_digest(&parts.settings);
-        l.write_digest(&traced.inputs.digest());
-        let logical = l.finish();
         let mut s = ContentHasher::new();
         s.write_digest(&traced.fingerprint);
         s.write_digest(&identity.digest);
         s.write_digest(&identity.options);
         let l2_key = s.finish();
+        let program_key = Digest::of(program_id.as_str());
 
         // What moved in this process is known before the persistent level is asked; what moved
-        // since another process compiled is asked of the store only when it cannot serve the
-        // program (a load is not explained by an older record of another backend or code).
-        // One program is one identity and one `fn`: two `fn`s under one name are two programs.
-        let mut p = ContentHasher::new();
-        p.write_str(&program_id);
-        p.write_u64(program.code_address() as u64);
-        let program_key = p.finish();
+        // since another process used this program is asked of the store's record of it.
         let known = self.reason_here(&key, &program_key, &details);
         let store = self.store.as_ref().filter(|_| backend.persistent());
         let _lock = match store {
@@ -531,28 +736,31 @@ impl Cache {
             None => None,
         };
         let started = Instant::now();
-        let mut loaded = false;
         let mut executable = None;
+        let mut rejected = None;
         if let Some(store) = store {
             match store.get(&l2_key) {
-                Ok(Lookup::Hit(entry)) => match backend.load(&entry.payload, &traced.graph) {
-                    Ok(exe) => {
-                        executable = Some(exe);
-                        loaded = true;
-                    }
-                    Err(e) => {
-                        tracing::warn!(program = %program_id, "nitro: discarding a stored program that failed to load: {e}")
-                    }
-                },
-                Ok(Lookup::Rejected(why)) => {
-                    tracing::warn!(program = %program_id, "nitro: discarded a stored program ({why}); recompiling")
+                Ok(Lookup::Hit(entry)) if entry.meta.fingerprint != traced.fingerprint => {
+                    rejected = Some(Rejection::new(
+                        RejectKind::Foreign,
+                        "the stored program's fingerprint is not the traced program's",
+                    ));
                 }
+                Ok(Lookup::Hit(entry)) => match backend.load(&entry.payload, &traced.graph) {
+                    Ok(exe) => executable = Some(exe),
+                    Err(e) => rejected = Some(Rejection::new(RejectKind::Load, e.to_string())),
+                },
+                Ok(Lookup::Rejected(why)) => rejected = Some(why),
                 Ok(Lookup::Absent) => {}
                 Err(e) => {
                     tracing::warn!(program = %program_id, "nitro: persistent cache unreadable: {e}")
                 }
             }
         }
+        if let Some(why) = &rejected {
+            tracing::warn!(program = %program_id, "nitro: did not load a stored program ({why}); recompiling");
+        }
+        let loaded = executable.is_some();
         let executable = match executable {
             Some(exe) => exe,
             None => backend.compile(&traced.graph, &traced.text)?,
@@ -561,10 +769,19 @@ impl Cache {
         let ms = build_time.as_secs_f64() * 1e3;
         let reason = match known {
             Some(r) => r,
-            None if loaded => MissReason::Empty,
-            None => self.reason_stored(&logical, &details, &traced),
+            None => self.reason_stored(&program_key, &details),
         };
-        if let (Some(store), false) = (store, loaded) {
+        // A program that was stored but could not be used is not `empty`: name the fault.
+        let reason = match (reason, &rejected) {
+            (MissReason::Empty | MissReason::Evicted, Some(why)) => MissReason::StoreRejected {
+                why: why.kind.name().to_owned(),
+            },
+            (reason, _) => reason,
+        };
+        let keep_stored = rejected
+            .as_ref()
+            .is_some_and(|r| r.kind == RejectKind::SignedNoKey);
+        if let (Some(store), false, false) = (store, loaded, keep_stored) {
             match executable.serialize() {
                 Ok(payload) => {
                     let entry = Entry {
@@ -590,20 +807,17 @@ impl Cache {
             }
         }
         if let Some(store) = store {
-            let _ = store.record_compiled(
-                &logical,
-                &traced.fingerprint,
-                &identity.digest,
-                &identity.options,
-            );
+            if let Ok(record) = serde_json::to_vec(&details) {
+                let _ = store.record_program(&program_key, &record);
+            }
         }
         tracing::info!(program = %program_id, reason = %reason, ms, loaded, "nitro: compile-cache miss");
 
         let compiled = Arc::new(Compiled {
             program: program_id.clone(),
             fingerprint: traced.fingerprint,
-            inputs: traced.inputs.clone(),
-            outputs: traced.outputs.clone(),
+            inputs: traced.inputs,
+            outputs: traced.outputs,
             executable,
             build_time,
         });
@@ -613,6 +827,9 @@ impl Cache {
             .misses_by_reason
             .entry(reason.name().to_owned())
             .or_default() += 1;
+        if rejected.is_some() {
+            st.stats.store_rejected += 1;
+        }
         if loaded {
             st.stats.l2_hits += 1;
         } else {
@@ -623,8 +840,8 @@ impl Cache {
             st.recent.pop_front();
         }
         st.recent.push_back(Miss {
-            program: program_id.clone(),
-            reason,
+            program: program_id,
+            reason: reason.clone(),
             loaded,
             ms,
         });
@@ -638,6 +855,7 @@ impl Cache {
                     break;
                 };
                 st.slots.remove(&victim);
+                st.routes.retain(|_, k| *k != victim);
                 st.stats.evictions += 1;
                 st.ledger.push_back(victim);
                 while st.ledger.len() > self.capacity {
@@ -655,6 +873,7 @@ impl Cache {
                     tick,
                 },
             );
+            st.routes.insert((components, address), key);
         }
         st.stats.entries = st.slots.len() as u64;
         st.stats.estimated_bytes = st
@@ -662,7 +881,12 @@ impl Cache {
             .values()
             .map(|s| s.compiled.executable.size_bytes())
             .sum();
-        Ok(compiled)
+        let outcome = if loaded {
+            Outcome::Loaded { reason }
+        } else {
+            Outcome::Compiled { reason }
+        };
+        Ok(Served { compiled, outcome })
     }
 
     /// Names what moved in this process since this program was last used (compiled or hit):
@@ -673,59 +897,25 @@ impl Cache {
             return Some(MissReason::Evicted);
         }
         let before = st.last.get(program)?;
-        let fields: Vec<String> = now
-            .graph_const_fields
-            .iter()
-            .zip(&before.graph_const_fields)
-            .filter(|(a, b)| a != b)
-            .map(|(a, _)| a.0.to_owned())
-            .chain((now.settings != before.settings).then(|| "<handle>".to_owned()))
-            .collect();
-        if !fields.is_empty() {
-            return Some(MissReason::GraphConstChanged { fields });
-        }
-        if now.graph_const != before.graph_const {
-            // The digest moved though no field digest did (precomputed parts out of step).
-            return Some(MissReason::GraphConstChanged {
-                fields: vec!["<graph_const>".to_owned()],
-            });
-        }
-        if let Some((leaf, from, to)) = before.signature.first_difference(&now.signature) {
-            return Some(MissReason::SignatureChanged { leaf, from, to });
-        }
-        if before.backend != now.backend {
-            return Some(MissReason::BackendChanged);
-        }
-        if before.options != now.options {
-            return Some(MissReason::OptionsChanged);
-        }
         // Nothing moved since this very key was last used here, yet it is not held: capacity
         // pushed it out, and so many others since that the bounded ledger forgot it. (At
         // capacity 0 nothing is ever held or evicted: every lookup is `empty`.)
-        (self.capacity > 0).then_some(MissReason::Evicted)
+        before
+            .moved_to(now)
+            .or_else(|| (self.capacity > 0).then_some(MissReason::Evicted))
+            .or(Some(MissReason::Empty))
     }
 
-    /// Names what differs from the last compile another process recorded for the same logical
-    /// program (program, GraphConst digest, settings, signature): its backend, its options, or
-    /// its code. `empty` when none was recorded.
-    fn reason_stored(&self, logical: &Digest, now: &KeyDetails, traced: &Traced) -> MissReason {
-        if let Some((fingerprint, backend, options)) =
-            self.store.as_ref().and_then(|s| s.last_compiled(logical))
-        {
-            if backend != now.backend {
-                return MissReason::BackendChanged;
-            }
-            if options != now.options {
-                return MissReason::OptionsChanged;
-            }
-            if fingerprint != traced.fingerprint {
-                return MissReason::CodeChanged {
-                    from: fingerprint.short().to_string(),
-                    to: traced.fingerprint.short().to_string(),
-                };
-            }
-        }
-        MissReason::Empty
+    /// Names what moved since the last process that shared the store used this program, from
+    /// the store's record of it: `empty` when there is none, or nothing moved.
+    fn reason_stored(&self, program: &Digest, now: &KeyDetails) -> MissReason {
+        self.store
+            .as_ref()
+            .and_then(|s| s.program_record(program))
+            .and_then(|bytes| serde_json::from_slice::<KeyDetails>(&bytes).ok())
+            .filter(|before| before.program == now.program)
+            .and_then(|before| before.moved_to(now))
+            .unwrap_or(MissReason::Empty)
     }
 
     /// The statistics.
@@ -793,10 +983,69 @@ impl Cache {
     }
 }
 
-/// Key parts a caller may precompute: the GraphConst digests (once per handle) and the digest
-/// of the handle settings that shape the program.
+/// An experiment with its GraphConst digests computed once, for many lookups
+/// ([`Cache::get_prepared`]).
+///
+/// It borrows the experiment, so no GraphConst can change while it lives: the digests always
+/// describe the values the program is traced from. (GraphConst types have no interior
+/// mutability — `ContentHash` rules it out — so a shared borrow freezes them.)
+///
+/// ```
+/// use nitro::prelude::*;
+/// use nitro::cache::{Cache, Prepared};
+/// use nitro::program::Program;
+///
+/// #[experiment]
+/// pub struct Scale { #[graph_const] pub k: u32, #[device] pub w: Array }
+///
+/// fn apply(v: &ScaleView<'_>, x: &Tensor) -> Tensor { *x * v.w * f64::from(*v.k) }
+/// const APPLY: Program<Scale, Tensor> = Scale::program("apply", apply);
+///
+/// let cache = Cache::in_memory(4);
+/// let exp = Scale { k: 2, w: Array::full(&[3], 1.0f32) };
+/// let prepared = Prepared::new(&exp);
+/// for _ in 0..3 {
+///     let x = Array::full(&[3], 0.5f32);
+///     cache.get_prepared(nitro::backend::interpreter(), &APPLY, &prepared, &x)?;
+/// }
+/// assert_eq!((cache.stats().misses, cache.stats().hits), (1, 2));
+/// # Ok::<(), nitro::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct Prepared<'e, E: Experiment> {
+    experiment: &'e E,
+    fields: Vec<(&'static str, Digest)>,
+    graph_const: Digest,
+}
+
+impl<'e, E: Experiment> Prepared<'e, E> {
+    /// Hashes `experiment`'s GraphConst fields.
+    pub fn new(experiment: &'e E) -> Prepared<'e, E> {
+        let fields = experiment.graph_const_field_digests();
+        let graph_const = crate::experiment::combine_graph_const::<E>(&fields);
+        Prepared {
+            experiment,
+            fields,
+            graph_const,
+        }
+    }
+
+    /// The experiment.
+    pub fn experiment(&self) -> &'e E {
+        self.experiment
+    }
+
+    /// Its GraphConst digest ([`Experiment::graph_const_digest`]).
+    pub fn graph_const_digest(&self) -> Digest {
+        self.graph_const
+    }
+}
+
+/// Key parts computed once by their owner: the GraphConst digests of an experiment it holds
+/// (and recomputes whenever a GraphConst changes) and the digest of the handle settings that
+/// shape the program. Crate-internal: see [`Cache::get_keyed`].
 #[derive(Clone, Copy, Debug)]
-pub struct KeyParts<'a> {
+pub(crate) struct KeyParts<'a> {
     /// [`Experiment::graph_const_digest`].
     pub graph_const: Digest,
     /// [`Experiment::graph_const_field_digests`].

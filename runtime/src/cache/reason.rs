@@ -2,6 +2,11 @@
 
 use std::fmt;
 
+use crate::tree::SignatureChange;
+
+/// How many signature changes a reason's text shows (all are kept).
+const SHOWN_CHANGES: usize = 8;
+
 /// The reason of a cache miss. Each variant names what moved, so a recompile can always be
 /// explained — and a user can match on it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -17,14 +22,12 @@ pub enum MissReason {
         /// The fields whose content digests differ.
         fields: Vec<String>,
     },
-    /// A Device leaf's shape or dtype moved (a ragged batch, a new width).
+    /// The structure of the inputs moved: a Device or input leaf's shape or dtype (a ragged
+    /// batch, a new width), a sequence's length, an option's presence. Named by path: leaves
+    /// added, removed and changed (`added layers[2].w f32[8,8]`).
     SignatureChanged {
-        /// The leaf's path.
-        leaf: String,
-        /// Its previous type.
-        from: String,
-        /// Its new type.
-        to: String,
+        /// What differs, by path, in walk order.
+        changes: Vec<SignatureChange>,
     },
     /// Same program, config and signature, but a different emitted program: the code changed.
     CodeChanged {
@@ -33,8 +36,15 @@ pub enum MissReason {
         /// The fingerprint now (short form).
         to: String,
     },
-    /// The plugin, API version, platform or CPU features differ.
-    BackendChanged,
+    /// The backend differs: plugin file, API version, platform, CPU features or device count.
+    BackendChanged {
+        /// The first component that differs (`plugin file digest`, `CPU features`, …).
+        component: String,
+        /// Its value before.
+        from: String,
+        /// Its value now.
+        to: String,
+    },
     /// The compile options differ.
     OptionsChanged,
     /// It was here, and capacity pushed it out: the key is in the eviction ledger (bounded by
@@ -42,6 +52,15 @@ pub enum MissReason {
     /// forgotten a key that the program has moved away from since, the miss names what moved
     /// instead.
     Evicted,
+    /// The program was stored, but the stored entry could not be used and was rebuilt: its
+    /// checksum or signature did not match, it was stored under another key, unreadable, or
+    /// signed with a key this process does not have. The name of the fault is in `why`
+    /// (`checksum`, `signature`, `unsigned`, `signed_no_key`, `foreign`, `malformed`, `metadata`,
+    /// `unreadable`, `load`).
+    StoreRejected {
+        /// The kind of fault ([`RejectKind::name`](super::RejectKind::name)).
+        why: String,
+    },
 }
 
 impl MissReason {
@@ -52,9 +71,10 @@ impl MissReason {
             MissReason::GraphConstChanged { .. } => "graph_const_changed",
             MissReason::SignatureChanged { .. } => "signature_changed",
             MissReason::CodeChanged { .. } => "code_changed",
-            MissReason::BackendChanged => "backend_changed",
+            MissReason::BackendChanged { .. } => "backend_changed",
             MissReason::OptionsChanged => "options_changed",
             MissReason::Evicted => "evicted",
+            MissReason::StoreRejected { .. } => "store_rejected",
         }
     }
 }
@@ -66,15 +86,30 @@ impl fmt::Display for MissReason {
             MissReason::GraphConstChanged { fields } => {
                 write!(f, "graph_const_changed: {}", fields.join(", "))
             }
-            MissReason::SignatureChanged { leaf, from, to } => {
-                write!(f, "signature_changed: {leaf} {from} → {to}")
+            MissReason::SignatureChanged { changes } => {
+                f.write_str("signature_changed: ")?;
+                for (i, c) in changes.iter().take(SHOWN_CHANGES).enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{c}")?;
+                }
+                if changes.len() > SHOWN_CHANGES {
+                    write!(f, " and {} more", changes.len() - SHOWN_CHANGES)?;
+                }
+                Ok(())
             }
             MissReason::CodeChanged { from, to } => {
                 write!(f, "code_changed: program {from} → {to}")
             }
-            MissReason::BackendChanged => f.write_str("backend_changed"),
+            MissReason::BackendChanged {
+                component,
+                from,
+                to,
+            } => write!(f, "backend_changed: {component} {from} → {to}"),
             MissReason::OptionsChanged => f.write_str("options_changed"),
             MissReason::Evicted => f.write_str("evicted (capacity)"),
+            MissReason::StoreRejected { why } => write!(f, "store_rejected: {why}"),
         }
     }
 }

@@ -18,6 +18,10 @@ pub struct CacheStats {
     pub compiles: u64,
     /// Misses by reason name (`empty`, `graph_const_changed`, …).
     pub misses_by_reason: BTreeMap<String, u64>,
+    /// Stored entries that could not be used (corrupt, foreign, badly signed, unreadable) and
+    /// were rebuilt.
+    #[serde(default)]
+    pub store_rejected: u64,
     /// Programs pushed out by capacity.
     pub evictions: u64,
     /// Times the cache was reset.
@@ -46,6 +50,9 @@ impl fmt::Display for CacheStats {
                 .map(|(k, v)| format!("{k} {v}"))
                 .collect();
             write!(f, " · reasons: {}", reasons.join(", "))?;
+        }
+        if self.store_rejected > 0 {
+            write!(f, " · store rejected {}", self.store_rejected)?;
         }
         if self.evictions > 0 {
             write!(f, " · evictions {}", self.evictions)?;

@@ -9,7 +9,9 @@
 //! - **Checked reads.** Each entry carries a checksum (blake3, or blake3 keyed with
 //!   `NITRO_CACHE_KEY` in signed mode) over everything before it, and the key it was stored
 //!   under. A truncated, corrupt, foreign or (in signed mode) unsigned entry is reported as
-//!   [`Lookup::Rejected`], removed, and rebuilt by the caller — never loaded.
+//!   [`Lookup::Rejected`] with its [`RejectKind`], removed, and rebuilt by the caller — never
+//!   loaded. (A signed entry met by a process without a key is rejected but kept: it is not
+//!   damaged, and a process with the key can use it.)
 //! - **Bounded size.** Total bytes are kept under a capacity by removing least-recently-used
 //!   entries (last use is the file's modification time, refreshed on every hit).
 //! - **Trust.** A serialized executable is native code, so a directory that other users can
@@ -30,6 +32,10 @@ use crate::hash::Digest;
 const MAGIC: &[u8; 8] = b"NITROC1\n";
 const ENTRY_EXT: &str = "entry";
 const TEMP_MARK: &str = ".tmp.";
+/// The subdirectory of per-program records.
+const PROGRAMS: &str = "programs";
+/// The largest program record read back (records are a few KiB).
+const MAX_RECORD_BYTES: u64 = 1 << 20;
 
 /// The default capacity of a [`DirStore`]: 1 GiB.
 pub const DEFAULT_CAPACITY_BYTES: u64 = 1 << 30;
@@ -72,8 +78,85 @@ pub enum Lookup {
     Hit(Entry),
     /// No entry under this key.
     Absent,
-    /// An entry existed but was rejected (and removed); the reason says why.
-    Rejected(String),
+    /// An entry existed but was rejected (and removed unless another configuration can use it).
+    Rejected(Rejection),
+}
+
+/// Why a stored entry was not loaded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    /// The kind of fault.
+    pub kind: RejectKind,
+    /// Details, in words.
+    pub detail: String,
+}
+
+impl Rejection {
+    /// A rejection of `kind` with `detail`.
+    pub fn new(kind: RejectKind, detail: impl Into<String>) -> Rejection {
+        Rejection {
+            kind,
+            detail: detail.into(),
+        }
+    }
+
+    /// Whether the words of this rejection contain `needle` (its kind's name or its detail).
+    pub fn contains(&self, needle: &str) -> bool {
+        self.to_string().contains(needle)
+    }
+}
+
+impl std::fmt::Display for Rejection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.kind.name(), self.detail)
+    }
+}
+
+/// The kinds of [`Rejection`], as `store_rejected` misses name them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RejectKind {
+    /// Not an entry, or cut short: bad magic, truncated lengths or sections, trailing bytes.
+    Malformed,
+    /// The checksum does not match (an unsigned store): the bytes were damaged.
+    Checksum,
+    /// The signature does not match (a signed store): damaged, or signed with another key.
+    Signature,
+    /// An unsigned entry in a signed store.
+    Unsigned,
+    /// A signed entry, and this process has no key configured to check it.
+    SignedNoKey,
+    /// Stored under another key (a misplaced or foreign file).
+    Foreign,
+    /// Metadata that does not parse.
+    Metadata,
+    /// The file could not be read.
+    Unreadable,
+    /// The backend refused to load the stored program.
+    Load,
+}
+
+impl RejectKind {
+    /// The kind's name (`checksum`, `signature`, …).
+    pub const fn name(self) -> &'static str {
+        match self {
+            RejectKind::Malformed => "malformed",
+            RejectKind::Checksum => "checksum",
+            RejectKind::Signature => "signature",
+            RejectKind::Unsigned => "unsigned",
+            RejectKind::SignedNoKey => "signed_no_key",
+            RejectKind::Foreign => "foreign",
+            RejectKind::Metadata => "metadata",
+            RejectKind::Unreadable => "unreadable",
+            RejectKind::Load => "load",
+        }
+    }
+}
+
+impl std::fmt::Display for RejectKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// A held cross-process lock on one key; released on drop (or when the process dies).
@@ -92,17 +175,21 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn contains(&self, key: &Digest) -> bool;
     /// Removes every entry and every record.
     fn clear(&self) -> Result<()>;
-    /// The last fingerprint recorded for a logical program key (to decide `code_changed`
-    /// across processes), and the backend/options digests it was compiled with.
-    fn last_compiled(&self, logical: &Digest) -> Option<(Digest, Digest, Digest)>;
-    /// Records the fingerprint, backend and options digests last compiled for a logical key.
-    fn record_compiled(
-        &self,
-        logical: &Digest,
-        fingerprint: &Digest,
-        backend: &Digest,
-        options: &Digest,
-    ) -> Result<()>;
+    /// The record last written for a program identity by [`Store::record_program`]: what its
+    /// key was made of when some process last compiled or loaded it, so that a miss in a fresh
+    /// process can name what moved. `None` when none is kept.
+    ///
+    /// Records explain misses; they never decide what is served, so a store may drop them.
+    fn program_record(&self, program: &Digest) -> Option<Vec<u8>> {
+        let _ = program;
+        None
+    }
+    /// Records what a program identity's key was made of (opaque bytes, a few KiB), replacing
+    /// the previous record.
+    fn record_program(&self, program: &Digest, record: &[u8]) -> Result<()> {
+        let _ = (program, record);
+        Ok(())
+    }
     /// Takes the cross-process lock of `key`, waiting at most `wait`. `Ok(None)` when the wait
     /// ran out (the caller then compiles anyway: a lease, never a deadlock).
     fn lock(&self, key: &Digest, wait: Duration) -> Result<Option<KeyLock>>;
@@ -144,7 +231,7 @@ impl DirStore {
                 .map_err(|e| io("create the cache directory", e))?;
         }
         check_trust(&dir)?;
-        fs::create_dir_all(dir.join("logical")).map_err(|e| io("create the cache directory", e))?;
+        fs::create_dir_all(dir.join(PROGRAMS)).map_err(|e| io("create the cache directory", e))?;
         fs::create_dir_all(dir.join("locks")).map_err(|e| io("create the cache directory", e))?;
         let store = DirStore {
             dir,
@@ -189,55 +276,85 @@ impl DirStore {
         Ok(out)
     }
 
-    /// Parses and verifies an entry file; `Err(reason)` when it must be rejected.
-    fn decode(&self, key: &Digest, bytes: &[u8]) -> std::result::Result<Entry, String> {
+    /// Parses and verifies an entry file; `Err(rejection)` when it must not be loaded.
+    fn decode(&self, key: &Digest, bytes: &[u8]) -> std::result::Result<Entry, Rejection> {
+        use RejectKind::{
+            Checksum, Foreign, Malformed, Metadata, Signature, SignedNoKey, Unsigned,
+        };
+        let reject = |kind, detail: &str| Rejection::new(kind, detail);
         if bytes.len() < MAGIC.len() + 1 + 8 + 8 + 32 || &bytes[..MAGIC.len()] != MAGIC {
-            return Err("not a nitro cache entry, or truncated".into());
+            return Err(reject(Malformed, "not a nitro cache entry, or truncated"));
         }
         let (body, sum) = bytes.split_at(bytes.len() - 32);
         let signed = body[MAGIC.len()] == 1;
-        if self.signing_key.is_some() && !signed {
-            return Err("unsigned entry in a signed cache".into());
+        match (&self.signing_key, signed) {
+            (Some(_), false) => return Err(reject(Unsigned, "unsigned entry in a signed cache")),
+            (None, true) => {
+                // An unsigned entry whose flag byte was damaged is not a signed one: its plain
+                // checksum still matches with the flag cleared.
+                let mut h = blake3::Hasher::new();
+                h.update(&body[..MAGIC.len()]);
+                h.update(&[0]);
+                h.update(&body[MAGIC.len() + 1..]);
+                if h.finalize().as_bytes() == sum {
+                    return Err(reject(Checksum, "damaged signing flag"));
+                }
+                return Err(reject(
+                    SignedNoKey,
+                    "signed entry, no key configured (set NITRO_CACHE_KEY to use it; it is kept)",
+                ));
+            }
+            _ => {}
         }
         if self.checksum(body) != sum {
             return Err(if self.signing_key.is_some() {
-                "bad signature or corrupt entry".into()
+                reject(Signature, "bad signature (another key) or corrupt entry")
             } else {
-                "checksum mismatch (corrupt or truncated entry)".into()
+                reject(Checksum, "checksum mismatch (corrupt or truncated entry)")
             });
         }
         let mut at = MAGIC.len() + 1;
-        let read_len = |at: &mut usize| -> std::result::Result<usize, String> {
+        let read_len = |at: &mut usize| -> std::result::Result<usize, Rejection> {
             let end = *at + 8;
-            let raw = body.get(*at..end).ok_or("truncated lengths")?;
+            let raw = body
+                .get(*at..end)
+                .ok_or_else(|| reject(Malformed, "truncated lengths"))?;
             *at = end;
             let mut b = [0u8; 8];
             b.copy_from_slice(raw);
-            usize::try_from(u64::from_le_bytes(b)).map_err(|_| "length out of range".to_owned())
+            usize::try_from(u64::from_le_bytes(b))
+                .map_err(|_| reject(Malformed, "length out of range"))
         };
         // Lengths come from the file: checked arithmetic, so a crafted length is a rejection,
         // never an overflow.
         let meta_len = read_len(&mut at)?;
         let meta_end = at
             .checked_add(meta_len)
-            .ok_or("metadata length out of range")?;
-        let meta_bytes = body.get(at..meta_end).ok_or("truncated metadata")?;
+            .ok_or_else(|| reject(Malformed, "metadata length out of range"))?;
+        let meta_bytes = body
+            .get(at..meta_end)
+            .ok_or_else(|| reject(Malformed, "truncated metadata"))?;
         at = meta_end;
-        let meta: EntryMeta =
-            serde_json::from_slice(meta_bytes).map_err(|e| format!("unreadable metadata: {e}"))?;
+        let meta: EntryMeta = serde_json::from_slice(meta_bytes)
+            .map_err(|e| reject(Metadata, &format!("unreadable metadata: {e}")))?;
         let payload_len = read_len(&mut at)?;
         let payload_end = at
             .checked_add(payload_len)
-            .ok_or("payload length out of range")?;
-        let payload = body.get(at..payload_end).ok_or("truncated payload")?;
+            .ok_or_else(|| reject(Malformed, "payload length out of range"))?;
+        let payload = body
+            .get(at..payload_end)
+            .ok_or_else(|| reject(Malformed, "truncated payload"))?;
         if payload_end != body.len() {
-            return Err("trailing bytes".into());
+            return Err(reject(Malformed, "trailing bytes"));
         }
         if meta.key != *key {
-            return Err(format!(
-                "foreign entry: stored under key {} but found at {}",
-                meta.key.short(),
-                key.short()
+            return Err(reject(
+                Foreign,
+                &format!(
+                    "foreign entry: stored under key {} but found at {}",
+                    meta.key.short(),
+                    key.short()
+                ),
             ));
         }
         Ok(Entry {
@@ -304,7 +421,7 @@ impl DirStore {
     }
 
     fn remove_stale_temps(&self) {
-        for dir in [self.dir.clone(), self.dir.join("logical")] {
+        for dir in [self.dir.clone(), self.dir.join(PROGRAMS)] {
             let Ok(rd) = fs::read_dir(&dir) else { continue };
             for e in rd.filter_map(|e| e.ok()) {
                 let name = e.file_name();
@@ -422,7 +539,10 @@ impl Store for DirStore {
             Ok(mut f) => {
                 if let Err(e) = f.read_to_end(&mut bytes) {
                     let _ = fs::remove_file(&path);
-                    return Ok(Lookup::Rejected(format!("unreadable: {e}")));
+                    return Ok(Lookup::Rejected(Rejection::new(
+                        RejectKind::Unreadable,
+                        format!("unreadable: {e}"),
+                    )));
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Lookup::Absent),
@@ -443,7 +563,10 @@ impl Store for DirStore {
                 Ok(Lookup::Hit(entry))
             }
             Err(why) => {
-                let _ = fs::remove_file(&path);
+                // A signed entry is not damaged: a process configured with the key can use it.
+                if why.kind != RejectKind::SignedNoKey {
+                    let _ = fs::remove_file(&path);
+                }
                 Ok(Lookup::Rejected(why))
             }
         }
@@ -464,7 +587,7 @@ impl Store for DirStore {
         for (path, _, _) in self.entries() {
             let _ = fs::remove_file(path);
         }
-        if let Ok(rd) = fs::read_dir(self.dir.join("logical")) {
+        if let Ok(rd) = fs::read_dir(self.dir.join(PROGRAMS)) {
             for e in rd.filter_map(|e| e.ok()) {
                 let _ = fs::remove_file(e.path());
             }
@@ -472,27 +595,20 @@ impl Store for DirStore {
         Ok(())
     }
 
-    fn last_compiled(&self, logical: &Digest) -> Option<(Digest, Digest, Digest)> {
-        let text = fs::read_to_string(self.dir.join("logical").join(format!("{logical}"))).ok()?;
-        let mut parts = text.split_whitespace().map(|p| p.parse::<Digest>());
-        match (parts.next(), parts.next(), parts.next()) {
-            (Some(Ok(f)), Some(Ok(b)), Some(Ok(o))) => Some((f, b, o)),
-            _ => None,
+    fn program_record(&self, program: &Digest) -> Option<Vec<u8>> {
+        let file = File::open(self.dir.join(PROGRAMS).join(format!("{program}"))).ok()?;
+        let meta = file.metadata().ok()?;
+        if !meta.is_file() || meta.len() > MAX_RECORD_BYTES {
+            return None;
         }
+        let mut bytes = Vec::new();
+        file.take(MAX_RECORD_BYTES).read_to_end(&mut bytes).ok()?;
+        Some(bytes)
     }
 
-    fn record_compiled(
-        &self,
-        logical: &Digest,
-        fingerprint: &Digest,
-        backend: &Digest,
-        options: &Digest,
-    ) -> Result<()> {
-        let path = self.dir.join("logical").join(format!("{logical}"));
-        self.write_atomic(
-            &path,
-            format!("{fingerprint} {backend} {options}\n").as_bytes(),
-        )
+    fn record_program(&self, program: &Digest, record: &[u8]) -> Result<()> {
+        let path = self.dir.join(PROGRAMS).join(format!("{program}"));
+        self.write_atomic(&path, record)
     }
 
     fn lock(&self, key: &Digest, wait: Duration) -> Result<Option<KeyLock>> {

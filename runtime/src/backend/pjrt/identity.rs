@@ -41,45 +41,36 @@ impl BackendIdentity {
         Digest::of(self)
     }
 
+    /// The components, named, in a fixed order: plugin file digest, PJRT API version,
+    /// platform name and version, CPU features, compile options, and the device count programs
+    /// run on.
+    pub fn components(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("plugin file digest", self.plugin_digest.to_string()),
+            (
+                "PJRT API version",
+                format!("{}.{}", self.api_version.0, self.api_version.1),
+            ),
+            ("platform name", self.platform_name.clone()),
+            ("platform version", self.platform_version.clone()),
+            ("CPU features", self.cpu_features.clone()),
+            ("compile options", self.compile_options_digest.to_string()),
+            // Programs are compiled for one device (1 replica, 1 partition).
+            ("devices", "1".to_owned()),
+        ]
+    }
+
     /// The first component that differs from `other`, as `(name, self's value, other's value)`;
     /// `None` when the identities are equal.
     pub fn first_difference(
         &self,
         other: &BackendIdentity,
     ) -> Option<(&'static str, String, String)> {
-        let fields: [(&'static str, String, String); 6] = [
-            (
-                "plugin file digest",
-                self.plugin_digest.to_string(),
-                other.plugin_digest.to_string(),
-            ),
-            (
-                "PJRT API version",
-                format!("{}.{}", self.api_version.0, self.api_version.1),
-                format!("{}.{}", other.api_version.0, other.api_version.1),
-            ),
-            (
-                "platform name",
-                self.platform_name.clone(),
-                other.platform_name.clone(),
-            ),
-            (
-                "platform version",
-                self.platform_version.clone(),
-                other.platform_version.clone(),
-            ),
-            (
-                "CPU features",
-                self.cpu_features.clone(),
-                other.cpu_features.clone(),
-            ),
-            (
-                "compile options",
-                self.compile_options_digest.to_string(),
-                other.compile_options_digest.to_string(),
-            ),
-        ];
-        fields.into_iter().find(|(_, a, b)| a != b)
+        self.components()
+            .into_iter()
+            .zip(other.components())
+            .find(|((_, a), (_, b))| a != b)
+            .map(|((name, a), (_, b))| (name, a, b))
     }
 }
 
