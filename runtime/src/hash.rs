@@ -266,6 +266,15 @@ impl ContentHasher {
 /// #[derive(nitro::ContentHash)]
 /// struct Cache { seen: std::cell::RefCell<Vec<u8>> }
 /// ```
+///
+/// So is a trait object: a trait with `ContentHash` as a supertrait cannot be made into one
+/// (unit structs `Tanh` and `Relu` behind `Box<dyn Layer>` would hash equal), and no impl can
+/// give a `dyn Trait` a content hash. Use an enum with a variant per kind:
+///
+/// ```compile_fail
+/// trait Layer: nitro::ContentHash {}
+/// fn layers(_: Vec<Box<dyn Layer>>) {}
+/// ```
 #[diagnostic::on_unimplemented(
     message = "`{Self}` has no content hash, so it cannot be part of a compile key",
     label = "`{Self}` is not `ContentHash`",

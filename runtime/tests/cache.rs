@@ -1404,6 +1404,45 @@ fn no_recompile_after_warmup_fails_on_a_graph_const_change() {
 // 8. Failures are never cached
 // ---------------------------------------------------------------------------------------------
 
+/// The cache a re-entrant program asks, and what its nested request returned.
+static REENTRANT_CACHE: OnceLock<Cache> = OnceLock::new();
+static NESTED: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// A traced program that asks the cache for its own key while being traced.
+fn asks_for_itself(v: &KeyedView<'_>, _: &()) -> Tensor {
+    let cache = REENTRANT_CACHE.get().expect("set by the test");
+    let outcome = cache.get(backend::interpreter(), &ASKS_FOR_ITSELF, &keyed(1), &());
+    *NESTED.lock().unwrap() = Some(match outcome {
+        Ok(s) => format!("served: {}", s.outcome),
+        Err(e) => format!("{e:?}"),
+    });
+    v.w * 2.0
+}
+const ASKS_FOR_ITSELF: Program<Keyed> = Keyed::program("asks_for_itself", asks_for_itself);
+
+#[test]
+fn a_program_asking_for_its_own_key_gets_an_error_not_a_deadlock() {
+    let cache = REENTRANT_CACHE.get_or_init(|| memory_cache(4));
+    let (done, finished) = mpsc::channel();
+    std::thread::spawn(move || {
+        let served = cache.get(backend::interpreter(), &ASKS_FOR_ITSELF, &keyed(1), &());
+        let _ = done.send(served.map(|s| s.outcome));
+    });
+    let outcome = finished
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the lookup finishes: no deadlock on its own compile")
+        .unwrap();
+    assert_eq!(
+        outcome,
+        cache::Outcome::Compiled {
+            reason: MissReason::Empty
+        }
+    );
+    let nested = NESTED.lock().unwrap().clone().unwrap();
+    assert_eq!(nested, "NestedTrace", "the nested request failed, typed");
+    assert_eq!(cache.stats().compiles, 1);
+}
+
 #[test]
 fn a_trace_error_is_reported_every_time_and_never_cached() {
     let tmp = TempDir::new("errors");

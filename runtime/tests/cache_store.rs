@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::TempDir;
 use nitro::backend;
-use nitro::cache::{Cache, DirStore, Entry, EntryMeta, Lookup, MissReason, Store};
+use nitro::cache::{Cache, DirStore, Entry, EntryMeta, Lookup, MissReason, RejectKind, Store};
 use nitro::prelude::*;
 use nitro::program::Program;
 use nitro::Error;
@@ -779,6 +779,53 @@ fn signing_through_the_cache() {
     );
     let (stats, _) = fresh_lookup(tmp.path(), Some(k2));
     assert_eq!((stats.compiles, stats.l2_hits), (0, 1));
+
+    // A process without a key meets the signed entry: it says so, compiles, and leaves the
+    // entry for the configuration that can use it.
+    let (stats, reason) = fresh_lookup(tmp.path(), None);
+    assert_eq!((stats.compiles, stats.l2_hits), (1, 0));
+    assert_eq!(
+        reason,
+        MissReason::StoreRejected {
+            why: "signed_no_key".into()
+        }
+    );
+    let (stats, _) = fresh_lookup(tmp.path(), Some(k2));
+    assert_eq!(
+        (stats.compiles, stats.l2_hits),
+        (0, 1),
+        "the signed entry is still there"
+    );
+}
+
+#[test]
+fn a_signed_entry_without_a_key_is_named_and_kept() {
+    let tmp = TempDir::new("signed-no-key");
+    let signed = DirStore::open(tmp.path(), 1 << 30, Some([9u8; 32])).unwrap();
+    let k = key("a");
+    signed.put(&entry(k, b"signed program")).unwrap();
+    let plain = open(tmp.path());
+    match plain.get(&k).unwrap() {
+        Lookup::Rejected(r) => {
+            assert_eq!(r.kind, RejectKind::SignedNoKey);
+            assert!(r.contains("no key configured"), "{r}");
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    assert!(entry_path(tmp.path(), &k).exists(), "not deleted");
+    assert_eq!(hit(signed.get(&k).unwrap()).payload, b"signed program");
+
+    // But an unsigned entry whose flag byte was damaged is corrupt, not signed: removed.
+    plain.put(&entry(k, b"plain program")).unwrap();
+    let path = entry_path(tmp.path(), &k);
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[8] = 1;
+    fs::write(&path, &bytes).unwrap();
+    match plain.get(&k).unwrap() {
+        Lookup::Rejected(r) => assert_eq!(r.kind, RejectKind::Checksum, "{r}"),
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    assert!(!path.exists());
 }
 
 #[test]

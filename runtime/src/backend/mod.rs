@@ -204,9 +204,8 @@ impl Xla {
                 digest: id.digest(),
                 options: id.compile_options_digest,
                 description: client.describe(),
-                components: id
-                    .components()
-                    .into_iter()
+                components: std::iter::once(("backend", "XLA (PJRT plugin)".to_owned()))
+                    .chain(id.components())
                     .map(|(name, value)| (name.to_owned(), value))
                     .collect(),
             },

@@ -1011,6 +1011,18 @@ impl Cache {
 /// assert_eq!((cache.stats().misses, cache.stats().hits), (1, 2));
 /// # Ok::<(), nitro::Error>(())
 /// ```
+///
+/// A GraphConst cannot change while its digests are in use:
+///
+/// ```compile_fail
+/// # use nitro::prelude::*;
+/// # use nitro::cache::Prepared;
+/// # #[experiment] pub struct Scale { #[graph_const] pub k: u32, #[device] pub w: Array }
+/// let mut exp = Scale { k: 2, w: Array::full(&[3], 1.0f32) };
+/// let prepared = Prepared::new(&exp);
+/// exp.k = 3; // error: `exp` is borrowed by `prepared`
+/// drop(prepared);
+/// ```
 #[derive(Debug)]
 pub struct Prepared<'e, E: Experiment> {
     experiment: &'e E,

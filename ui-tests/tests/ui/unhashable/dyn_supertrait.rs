@@ -1,18 +1,10 @@
 // A trait with `ContentHash` as a supertrait cannot become a trait object: two lists of
-// different concrete layers with equal contents would share a compile key.
+// different concrete layers with equal contents (`Tanh` and `Relu` unit structs) would share a
+// compile key while emitting different programs.
 use nitro::{ContentHash, Tensor};
 
 trait Layer: ContentHash {
     fn apply(&self, x: Tensor) -> Tensor;
-}
-
-#[derive(ContentHash)]
-struct TanhL;
-
-impl Layer for TanhL {
-    fn apply(&self, x: Tensor) -> Tensor {
-        x.tanh()
-    }
 }
 
 #[nitro::experiment]
@@ -21,6 +13,4 @@ struct Net {
     layers: Vec<Box<dyn Layer>>,
 }
 
-fn main() {
-    let _ = Net { layers: vec![Box::new(TanhL)] };
-}
+fn main() {}

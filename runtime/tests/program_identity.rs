@@ -1,0 +1,202 @@
+//! One program, one compile — however and wherever it is referenced.
+//!
+//! A `const` [`Program`] is copied into every place that names it, and the `fn` inside it may be
+//! too: in a release build an `#[inline]` fn or a non-capturing closure referenced from two
+//! modules can have two code addresses. The cache must compile such a program once (the second
+//! address is traced once and matched by fingerprint), while two different bodies under one
+//! name never share an entry. CI runs this file in a release build too
+//! (`cargo test --release -p nitro --test program_identity`).
+#![allow(missing_docs)]
+
+use nitro::backend::{self, Backend};
+use nitro::cache::{Cache, MissReason, Outcome, Served};
+use nitro::prelude::*;
+use nitro::program::Program;
+
+#[experiment]
+pub struct Id {
+    #[graph_const]
+    pub k: u32,
+    #[device]
+    pub w: Array,
+}
+
+#[inline]
+fn scaled(v: &IdView<'_>, _: &()) -> Tensor {
+    v.w * f64::from(*v.k)
+}
+
+#[inline(always)]
+fn shifted(v: &IdView<'_>, _: &()) -> Tensor {
+    v.w + f64::from(*v.k)
+}
+
+/// A marker with a constant, for a generic program.
+pub trait Factor {
+    const VALUE: f64;
+}
+pub struct Three;
+impl Factor for Three {
+    const VALUE: f64 = 3.0;
+}
+
+fn times<F: Factor>(v: &IdView<'_>, _: &()) -> Tensor {
+    v.w * F::VALUE
+}
+
+pub const INLINE: Program<Id> = Id::program("inline", scaled);
+pub const ALWAYS: Program<Id> = Id::program("always", shifted);
+pub const CLOSURE: Program<Id> = Id::program("closure", |v: &IdView<'_>, _: &()| v.w * 5.0 + 1.0);
+pub const GENERIC: Program<Id> = Id::program("generic", times::<Three>);
+
+/// Each module names the programs itself, so each has its own copies of the constants.
+mod first {
+    use super::*;
+
+    pub fn lookups(cache: &Cache, backend: &dyn Backend, e: &Id) -> Vec<Served> {
+        [INLINE, ALWAYS, CLOSURE, GENERIC]
+            .iter()
+            .map(|p| cache.get(backend, p, e, &()).unwrap())
+            .collect()
+    }
+
+    pub fn addresses() -> [usize; 4] {
+        [
+            INLINE.code_address(),
+            ALWAYS.code_address(),
+            CLOSURE.code_address(),
+            GENERIC.code_address(),
+        ]
+    }
+}
+
+mod second {
+    use super::*;
+
+    pub fn lookups(cache: &Cache, backend: &dyn Backend, e: &Id) -> Vec<Served> {
+        [INLINE, ALWAYS, CLOSURE, GENERIC]
+            .iter()
+            .map(|p| cache.get(backend, p, e, &()).unwrap())
+            .collect()
+    }
+
+    pub fn addresses() -> [usize; 4] {
+        [
+            INLINE.code_address(),
+            ALWAYS.code_address(),
+            CLOSURE.code_address(),
+            GENERIC.code_address(),
+        ]
+    }
+}
+
+fn check(backend: &dyn Backend) {
+    let cache = Cache::in_memory(16);
+    cache.set_verify(true);
+    let e = Id {
+        k: 2,
+        w: Array::full(&[3], 1.0f32),
+    };
+    let (a, b) = (first::addresses(), second::addresses());
+    println!(
+        "code addresses from two modules: {a:x?} / {b:x?} (equal: {})",
+        a == b
+    );
+
+    let from_first = first::lookups(&cache, backend, &e);
+    assert!(from_first.iter().all(|s| s.outcome
+        == Outcome::Compiled {
+            reason: MissReason::Empty
+        }));
+    for round in 0..3 {
+        let from_second = second::lookups(&cache, backend, &e);
+        let again = first::lookups(&cache, backend, &e);
+        for (i, s) in from_second.iter().chain(&again).enumerate() {
+            assert!(
+                s.outcome.is_hit(),
+                "round {round}, lookup {i}: {}",
+                s.outcome
+            );
+        }
+    }
+    let stats = cache.stats();
+    assert_eq!(stats.compiles, 4, "one compile per program: {stats}");
+    assert_eq!((stats.misses, stats.entries), (4, 4), "{stats}");
+    cache.assert_no_recompile_after_warmup().unwrap();
+
+    // And each runs its own code.
+    let want = [[2.0f32; 3], [3.0; 3], [6.0; 3], [3.0; 3]];
+    for (s, want) in second::lookups(&cache, backend, &e).iter().zip(want) {
+        let out = s.executable.run(&[&e.w]).unwrap();
+        assert_eq!(out[0].as_slice::<f32>().unwrap(), &want, "{}", s.program);
+    }
+}
+
+#[test]
+fn one_program_compiles_once_from_every_module_on_the_interpreter() {
+    check(backend::interpreter());
+}
+
+#[test]
+fn one_program_compiles_once_from_every_module_on_xla() {
+    match backend::xla() {
+        Ok(xla) => check(xla),
+        Err(e) => {
+            let required = std::env::var("NITRO_REQUIRE_XLA").is_ok_and(|v| v.trim() == "1");
+            assert!(!required, "NITRO_REQUIRE_XLA=1 but XLA is unavailable: {e}");
+            println!("skip: one_program_compiles_once_from_every_module_on_xla: {e}");
+        }
+    }
+}
+
+/// A second `fn` with the same body under the same name: a second code address for one
+/// program, whatever the build. (What an inlined copy looks like to the cache.)
+#[inline(never)]
+fn scaled_copy(v: &IdView<'_>, _: &()) -> Tensor {
+    v.w * f64::from(*v.k)
+}
+const INLINE_COPY: Program<Id> = Id::program("inline", scaled_copy);
+
+/// Another body under the same name: another program.
+fn scaled_differently(v: &IdView<'_>, _: &()) -> Tensor {
+    v.w * f64::from(*v.k) * 10.0
+}
+const INLINE_OTHER: Program<Id> = Id::program("inline", scaled_differently);
+
+#[test]
+fn a_second_address_of_one_program_is_traced_once_and_never_compiled() {
+    let cache = Cache::in_memory(16);
+    let backend = backend::interpreter();
+    let e = Id {
+        k: 2,
+        w: Array::full(&[3], 1.0f32),
+    };
+    let a = cache.get(backend, &INLINE, &e, &()).unwrap();
+    let b = cache.get(backend, &INLINE_COPY, &e, &()).unwrap();
+    assert!(!a.outcome.is_hit());
+    assert!(b.outcome.is_hit(), "{}", b.outcome);
+    assert!(std::sync::Arc::ptr_eq(&a.compiled, &b.compiled));
+    assert_eq!(cache.stats().compiles, 1);
+
+    // Another body under the same name is another program: compiled, held beside the first,
+    // each running its own code.
+    let c = cache.get(backend, &INLINE_OTHER, &e, &()).unwrap();
+    assert!(matches!(
+        c.outcome,
+        Outcome::Compiled {
+            reason: MissReason::CodeChanged { .. }
+        }
+    ));
+    for (program, want) in [
+        (&INLINE, 2.0f32),
+        (&INLINE_OTHER, 20.0),
+        (&INLINE_COPY, 2.0),
+    ] {
+        let s = cache.get(backend, program, &e, &()).unwrap();
+        assert!(s.outcome.is_hit());
+        let out = s.executable.run(&[&e.w]).unwrap();
+        assert_eq!(out[0].as_slice::<f32>().unwrap(), &[want; 3]);
+    }
+    let stats = cache.stats();
+    assert_eq!((stats.compiles, stats.entries), (2, 2), "{stats}");
+}
