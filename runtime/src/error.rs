@@ -288,6 +288,25 @@ pub enum Error {
         why: String,
     },
 
+    /// The process-wide compile cache could not be configured as the environment asks; every
+    /// lookup on it fails until the setting is fixed.
+    #[error("the process-wide compile cache is misconfigured: {message}")]
+    Misconfigured {
+        /// The setting that could not be honoured, and why.
+        message: String,
+    },
+
+    /// An environment variable holds a value nitro does not accept.
+    #[error("{variable}={value:?} is not a valid setting: {expected}")]
+    InvalidSetting {
+        /// The variable (`NITRO_VERIFY_KEYS`, …).
+        variable: &'static str,
+        /// The value it holds.
+        value: String,
+        /// What it accepts, in words.
+        expected: String,
+    },
+
     /// The persistent cache directory cannot be trusted (or is not configured).
     #[error("compile cache directory {} refused: {why}", path.display())]
     CacheUntrusted {

@@ -54,6 +54,7 @@ pub mod error;
 pub mod experiment;
 pub mod hash;
 pub mod program;
+pub mod settings;
 pub mod trace;
 pub mod tree;
 

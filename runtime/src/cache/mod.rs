@@ -315,6 +315,9 @@ pub struct Cache {
     state: Mutex<State>,
     flights: Mutex<HashMap<Digest, Arc<Flight>>>,
     verify: AtomicBool,
+    /// A setting of the environment that could not be honoured (the process-wide cache only):
+    /// every lookup fails with it.
+    misconfigured: Option<String>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -327,68 +330,96 @@ impl std::fmt::Debug for Cache {
     }
 }
 
-/// The settings of the process-wide cache read from the environment:
-/// `NITRO_CACHE=off` disables the persistent level; `NITRO_CACHE_DIR` moves it;
-/// `NITRO_CACHE_KEY` (64 hex digits) signs its entries; `NITRO_VERIFY_KEYS=1` turns on verify
-/// mode.
+/// The process-wide cache, configured from the environment:
+///
+/// - `NITRO_CACHE=off` (or `0`, `false`, `no`; any case) disables the persistent level;
+/// - `NITRO_CACHE_DIR` moves it (default: [`default_cache_dir`]);
+/// - `NITRO_CACHE_KEY` (64 hex digits) signs its entries;
+/// - `NITRO_VERIFY_KEYS=1` (or `true`, `yes`, `on`) turns on verify mode.
+///
+/// A setting the user gave that cannot be honoured — a value that is not a switch, a malformed
+/// key, a cache directory that is refused — makes every lookup on this cache fail with
+/// [`Error::Misconfigured`] naming it (it is never silently ignored). A default that cannot be
+/// honoured (no cache directory, or the default one refused) disables the persistent level and
+/// says so once on stderr.
 pub fn global() -> &'static Cache {
     static GLOBAL: OnceLock<Cache> = OnceLock::new();
     GLOBAL.get_or_init(|| {
-        let store = match default_store() {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!("nitro: persistent compile cache disabled: {e}");
-                None
-            }
+        let (store, mut problem) = match default_store() {
+            Ok(s) => (s, None),
+            Err(e) => (None, Some(e.to_string())),
         };
-        let cache = Cache::new(DEFAULT_CAPACITY, store);
-        cache.set_verify(std::env::var("NITRO_VERIFY_KEYS").is_ok_and(|v| v == "1"));
+        let mut cache = Cache::new(DEFAULT_CAPACITY, store);
+        match crate::settings::switch("NITRO_VERIFY_KEYS") {
+            Ok(on) => cache.set_verify(on.unwrap_or(false)),
+            Err(e) => problem = problem.or(Some(e.to_string())),
+        }
+        cache.misconfigured = problem;
         cache
     })
 }
 
-/// The persistent store the environment asks for (`None` when `NITRO_CACHE=off`).
+/// The persistent store the environment asks for (`None` when `NITRO_CACHE` is off, or when
+/// the default directory cannot be used — said once on stderr). An explicit setting that
+/// cannot be honoured is an error.
 pub fn default_store() -> Result<Option<Arc<dyn Store>>> {
-    if std::env::var("NITRO_CACHE").is_ok_and(|v| v == "off" || v == "0") {
+    if crate::settings::switch("NITRO_CACHE")? == Some(false) {
         return Ok(None);
     }
-    let dir = match std::env::var_os("NITRO_CACHE_DIR") {
-        Some(d) => std::path::PathBuf::from(d),
-        None => default_cache_dir().ok_or(Error::CacheUntrusted {
-            path: std::path::PathBuf::new(),
-            why: "no cache directory: set NITRO_CACHE_DIR, or HOME".into(),
-        })?,
-    };
     let key = match std::env::var("NITRO_CACHE_KEY") {
-        Ok(hex) => Some(
+        Ok(hex) if !hex.trim().is_empty() => Some(
             *hex.trim()
                 .parse::<Digest>()
-                .map_err(|e| Error::CacheUntrusted {
-                    path: dir.clone(),
-                    why: format!("NITRO_CACHE_KEY must be 64 hex digits (a 32-byte key): {e}"),
+                .map_err(|e| Error::InvalidSetting {
+                    variable: "NITRO_CACHE_KEY",
+                    value: "<redacted>".into(),
+                    expected: format!("64 hex digits (a 32-byte signing key): {e}"),
                 })?
                 .as_bytes(),
         ),
-        Err(_) => None,
+        _ => None,
     };
-    Ok(Some(Arc::new(DirStore::open(
-        dir,
-        store::DEFAULT_CAPACITY_BYTES,
-        key,
-    )?)))
+    let open = |dir: std::path::PathBuf| -> Result<Arc<dyn Store>> {
+        Ok(Arc::new(DirStore::open(
+            dir,
+            store::DEFAULT_CAPACITY_BYTES,
+            key,
+        )?))
+    };
+    match std::env::var_os("NITRO_CACHE_DIR").filter(|d| !d.is_empty()) {
+        Some(dir) => open(std::path::PathBuf::from(dir)).map(Some),
+        None => {
+            let Some(dir) = default_cache_dir() else {
+                crate::settings::notice_once(
+                    "cache-dir",
+                    "no cache directory could be found (no home directory), so compiled programs \
+                     are not kept between runs; set NITRO_CACHE_DIR to keep them",
+                );
+                return Ok(None);
+            };
+            match open(dir) {
+                Ok(s) => Ok(Some(s)),
+                Err(e) => {
+                    crate::settings::notice_once(
+                        "cache-dir",
+                        &format!(
+                            "the default compile cache is not usable, so compiled programs are \
+                             not kept between runs ({e}); set NITRO_CACHE_DIR to another directory"
+                        ),
+                    );
+                    Ok(None)
+                }
+            }
+        }
+    }
 }
 
-/// The platform's cache directory for nitro: `$XDG_CACHE_HOME/nitro`, `~/.cache/nitro`, or
-/// `~/Library/Caches/nitro` on macOS.
+/// The platform's cache directory for nitro: `nitro` inside [`dirs::cache_dir`] —
+/// `$XDG_CACHE_HOME` when it is an absolute path (a relative one is ignored, as the XDG spec
+/// asks), else `~/.cache` on Linux, `~/Library/Caches` on macOS, `{FOLDERID_LocalAppData}` on
+/// Windows. The home directory is found without `HOME` where the platform allows.
 pub fn default_cache_dir() -> Option<std::path::PathBuf> {
-    let home = std::env::var_os("HOME").map(std::path::PathBuf::from);
-    if cfg!(target_os = "macos") {
-        return home.map(|h| h.join("Library/Caches/nitro"));
-    }
-    match std::env::var_os("XDG_CACHE_HOME") {
-        Some(x) if !x.is_empty() => Some(std::path::PathBuf::from(x).join("nitro")),
-        _ => home.map(|h| h.join(".cache/nitro")),
-    }
+    dirs::cache_dir().map(|d| d.join("nitro"))
 }
 
 /// The process-wide cache's statistics.
@@ -451,6 +482,7 @@ impl Cache {
             state: Mutex::new(State::default()),
             flights: Mutex::new(HashMap::new()),
             verify: AtomicBool::new(false),
+            misconfigured: None,
         }
     }
 
@@ -464,6 +496,11 @@ impl Cache {
     /// that changed without its key moving is reported as [`Error::StaleKey`].
     pub fn set_verify(&self, on: bool) {
         self.verify.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether verify mode is on.
+    pub fn verify(&self) -> bool {
+        self.verify.load(Ordering::Relaxed)
     }
 
     /// The persistent store, if any.
@@ -528,6 +565,11 @@ impl Cache {
         inputs: &I,
         parts: &KeyParts<'_>,
     ) -> Result<Served> {
+        if let Some(message) = &self.misconfigured {
+            return Err(Error::Misconfigured {
+                message: message.clone(),
+            });
+        }
         let identity = backend.identity();
         // The signature digest walks the structure and leaf types, never values: the cost is
         // per node, not per byte.

@@ -36,6 +36,15 @@ const TEMP_MARK: &str = ".tmp.";
 const PROGRAMS: &str = "programs";
 /// The largest program record read back (records are a few KiB).
 const MAX_RECORD_BYTES: u64 = 1 << 20;
+/// About this many program records are kept (the least recently written go first; see
+/// `RECORD_CHECK_EVERY`).
+const MAX_RECORDS: usize = 4096;
+/// The subdirectory of lock files.
+const LOCKS: &str = "locks";
+/// Keys share this many lock files (by their first hex digits), so `locks/` stays bounded.
+const LOCK_STRIPES_HEX: usize = 3;
+/// The largest entry ever read, whatever the capacity: larger files are rejected unread.
+const MAX_ENTRY_BYTES: u64 = 4 << 30;
 
 /// The default capacity of a [`DirStore`]: 1 GiB.
 pub const DEFAULT_CAPACITY_BYTES: u64 = 1 << 30;
@@ -198,14 +207,32 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 }
 
 /// A [`Store`] in a local directory.
-#[derive(Debug)]
 pub struct DirStore {
     dir: PathBuf,
     capacity: u64,
     signing_key: Option<[u8; 32]>,
 }
 
+/// The signing key never reaches logs: only whether there is one.
+impl std::fmt::Debug for DirStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirStore")
+            .field("dir", &self.dir)
+            .field("capacity", &self.capacity)
+            .field(
+                "signing_key",
+                &self.signing_key.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+/// Record writes in this process, to check the records' bound every few writes.
+static RECORD_WRITES: AtomicU64 = AtomicU64::new(0);
+/// The records' bound is checked every this many writes, so at most `MAX_RECORDS +
+/// RECORD_CHECK_EVERY` records exist at any time.
+const RECORD_CHECK_EVERY: u64 = 32;
 
 impl DirStore {
     /// Opens (creating with mode 0700 if needed) a store in `dir`, bounded to `capacity` bytes,
@@ -223,16 +250,14 @@ impl DirStore {
             source: e,
         };
         if !dir.exists() {
-            let mut b = fs::DirBuilder::new();
-            b.recursive(true);
-            #[cfg(unix)]
-            std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
-            b.create(&dir)
+            private_dir_builder(true)
+                .create(&dir)
                 .map_err(|e| io("create the cache directory", e))?;
         }
         check_trust(&dir)?;
-        fs::create_dir_all(dir.join(PROGRAMS)).map_err(|e| io("create the cache directory", e))?;
-        fs::create_dir_all(dir.join("locks")).map_err(|e| io("create the cache directory", e))?;
+        for sub in [PROGRAMS, LOCKS] {
+            private_subdir(&dir.join(sub))?;
+        }
         let store = DirStore {
             dir,
             capacity,
@@ -363,8 +388,9 @@ impl DirStore {
         })
     }
 
-    /// Writes `bytes` to `path` atomically (temp file in the same directory, sync, rename).
-    fn write_atomic(&self, path: &Path, bytes: &[u8]) -> Result<()> {
+    /// Writes `bytes` to `path` atomically (temp file in the same directory, sync when
+    /// `durable`, rename).
+    fn write_atomic(&self, path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
         let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("entry");
         let tmp = path.with_file_name(format!("{name}{TEMP_MARK}{}.{n}", std::process::id()));
@@ -374,10 +400,20 @@ impl DirStore {
             source: e,
         };
         let result = (|| {
-            let mut f = File::create(&tmp).map_err(|e| io("create a temporary entry", e))?;
+            let mut f = private_file()
+                .create_new(true)
+                .open(&tmp)
+                .map_err(|e| io("create a temporary entry", e))?;
             f.write_all(bytes)
                 .map_err(|e| io("write a temporary entry", e))?;
-            f.sync_all().map_err(|e| io("sync a temporary entry", e))?;
+            if durable {
+                f.sync_all().map_err(|e| io("sync a temporary entry", e))?;
+            }
+            // Something that is not a file in the way (a directory left where an entry was)
+            // would make every rename fail, and every run recompile: repair it.
+            if fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+                let _ = fs::remove_dir_all(path);
+            }
             fs::rename(&tmp, path).map_err(|e| io("rename a temporary entry into place", e))
         })();
         if result.is_err() {
@@ -399,7 +435,92 @@ impl DirStore {
             .collect()
     }
 
+    /// The program records, with size and last write.
+    fn records(&self) -> Vec<(PathBuf, u64, SystemTime)> {
+        let Ok(rd) = fs::read_dir(self.dir.join(PROGRAMS)) else {
+            return Vec::new();
+        };
+        rd.filter_map(|e| e.ok())
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| !n.contains(TEMP_MARK))
+            })
+            .filter_map(|e| {
+                let m = e.metadata().ok()?;
+                Some((e.path(), m.len(), m.modified().unwrap_or(UNIX_EPOCH)))
+            })
+            .collect()
+    }
+
+    /// Opens an entry or record for reading, refusing anything but a regular file this user
+    /// owns and no one else can write, no larger than `max` bytes: a symbolic link is not
+    /// followed, a FIFO or device is never read from (opened non-blocking, then refused), and
+    /// a huge or sparse file is refused before any read. Returns the file and its length.
+    fn open_checked(&self, path: &Path, max: u64) -> std::io::Result<Checked> {
+        let file = open_no_follow(path)?;
+        let meta = file.metadata()?;
+        if meta.is_dir() {
+            return Ok(Checked::Refused(
+                RejectKind::Unreadable,
+                "a directory, not an entry",
+            ));
+        }
+        if !meta.is_file() {
+            return Ok(Checked::Refused(
+                RejectKind::Unreadable,
+                "not a regular file (a FIFO, socket or device)",
+            ));
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::{MetadataExt, PermissionsExt};
+            if meta.uid() != effective_uid() {
+                return Ok(Checked::Refused(
+                    RejectKind::Unreadable,
+                    "owned by another user",
+                ));
+            }
+            if meta.permissions().mode() & 0o022 != 0 {
+                return Ok(Checked::Refused(
+                    RejectKind::Unreadable,
+                    "writable by other users",
+                ));
+            }
+        }
+        if meta.len() > max {
+            return Ok(Checked::Refused(
+                RejectKind::Malformed,
+                "larger than any entry this store can hold",
+            ));
+        }
+        Ok(Checked::File(file, meta.len()))
+    }
+
+    /// Removes whatever is at `path` (a file, a link, a FIFO or a directory).
+    fn remove_any(path: &Path) {
+        match fs::symlink_metadata(path) {
+            Ok(m) if m.is_dir() => {
+                let _ = fs::remove_dir_all(path);
+            }
+            Ok(_) => {
+                let _ = fs::remove_file(path);
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// The lock file of `key`: keys share one of 4096 files by their first hex digits.
+    fn lock_path(&self, key: &Digest) -> PathBuf {
+        let hex = key.to_string();
+        self.dir
+            .join(LOCKS)
+            .join(format!("{}.lock", &hex[..LOCK_STRIPES_HEX]))
+    }
+
     /// Evicts least-recently-used entries until the total is within capacity; returns how many.
+    /// (Program records and lock files are bounded by number instead: at most about 4096 of
+    /// each, a few KiB or nothing each.)
     pub fn enforce_capacity(&self) -> usize {
         let mut entries = self.entries();
         let mut total: u64 = entries.iter().map(|e| e.1).sum();
@@ -480,7 +601,7 @@ fn check_trust(dir: &Path) -> Result<()> {
         }
         let owner = meta.uid();
         if owner != 0 {
-            let me = effective_uid(dir)?;
+            let me = effective_uid();
             if owner != me {
                 return Err(Error::CacheUntrusted {
                     path: dir.to_path_buf(),
@@ -496,27 +617,130 @@ fn check_trust(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// This process's effective user id, without `libc`: the owner of `/proc/self`, or else of a
-/// probe file created in `dir` (named like a temp file, so a crash mid-probe is cleaned up).
+/// This process's effective user id.
 #[cfg(unix)]
-fn effective_uid(dir: &Path) -> Result<u32> {
-    use std::os::unix::fs::MetadataExt;
-    if let Ok(m) = fs::metadata("/proc/self") {
-        return Ok(m.uid());
-    }
-    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-    let probe = dir.join(format!("owner{TEMP_MARK}{}.{n}", std::process::id()));
-    let io = |e: std::io::Error| Error::CacheIo {
-        path: probe.clone(),
-        what: "create a probe file to learn who owns the cache".into(),
+fn effective_uid() -> u32 {
+    rustix::process::geteuid().as_raw()
+}
+
+/// How long a process waits on another's compile lock before saying so.
+const LOCK_NOTICE_AFTER: Duration = Duration::from_secs(1);
+
+/// What [`DirStore::open_checked`] found.
+enum Checked {
+    /// A regular file of ours, and its length.
+    File(File, u64),
+    /// Something that must not be read.
+    Refused(RejectKind, &'static str),
+}
+
+/// Options for a file only its owner can read and write, whatever the umask.
+fn private_file() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.write(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    o
+}
+
+/// A builder of directories only their owner can enter and write, whatever the umask.
+fn private_dir_builder(recursive: bool) -> fs::DirBuilder {
+    let mut b = fs::DirBuilder::new();
+    b.recursive(recursive);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+    b
+}
+
+/// Makes `path` a private subdirectory of the store: created owner-only; if it exists, a real
+/// directory (not a link) of this user, which is made owner-only when it is not (a store
+/// created by an older version under a permissive umask); another user's is refused.
+fn private_subdir(path: &Path) -> Result<()> {
+    let io = |what: &str, e: std::io::Error| Error::CacheIo {
+        path: path.to_path_buf(),
+        what: what.to_owned(),
         source: e,
     };
-    let uid = File::create(&probe)
-        .and_then(|f| f.metadata())
-        .map(|m| m.uid())
-        .map_err(io);
-    let _ = fs::remove_file(&probe);
-    uid
+    match fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => private_dir_builder(false)
+            .create(path)
+            .map_err(|e| io("create a cache subdirectory", e)),
+        Err(e) => Err(io("inspect a cache subdirectory", e)),
+        Ok(m) if !m.is_dir() => {
+            // Not a directory (a file, a link): ours to repair, inside a directory we own.
+            let _ = fs::remove_file(path);
+            private_dir_builder(false)
+                .create(path)
+                .map_err(|e| io("create a cache subdirectory", e))
+        }
+        Ok(m) => {
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::{MetadataExt, PermissionsExt};
+                if m.uid() != effective_uid() {
+                    return Err(Error::CacheUntrusted {
+                        path: path.to_path_buf(),
+                        why: format!(
+                            "it belongs to another user (uid {}); remove it, or choose another \
+                             NITRO_CACHE_DIR",
+                            m.uid()
+                        ),
+                    });
+                }
+                if m.permissions().mode() & 0o077 != 0 {
+                    fs::set_permissions(path, fs::Permissions::from_mode(0o700))
+                        .map_err(|e| io("make a cache subdirectory owner-only", e))?;
+                }
+            }
+            let _ = m;
+            Ok(())
+        }
+    }
+}
+
+/// Opens `path` read-only without following a symbolic link and without blocking on a FIFO.
+#[cfg(unix)]
+fn open_no_follow(path: &Path) -> std::io::Result<File> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    Ok(File::from(fd))
+}
+
+#[cfg(not(unix))]
+fn open_no_follow(path: &Path) -> std::io::Result<File> {
+    if fs::symlink_metadata(path)?.file_type().is_symlink() {
+        return Err(std::io::Error::other("a symbolic link"));
+    }
+    File::open(path)
+}
+
+/// Whether an open failed because `path` is a symbolic link (refused, not followed).
+fn is_symlink_refusal(e: &std::io::Error, path: &Path) -> bool {
+    let _ = e;
+    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+}
+
+/// The process id written in a lock file by its holder, if readable.
+fn lock_holder(path: &Path) -> Option<u32> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Whether process `pid` is stopped (job control or a tracer): it will not finish its compile
+/// until someone resumes it, so waiting for its lock is pointless. Linux `/proc` only; elsewhere
+/// `false`.
+fn process_is_stopped(pid: u32) -> bool {
+    let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // `pid (comm) S …`: the command may hold spaces and parentheses; the state follows the
+    // last `)`.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|state| state == "T" || state == "t")
 }
 
 fn now_secs() -> u64 {
@@ -534,18 +758,21 @@ pub fn unix_now() -> u64 {
 impl Store for DirStore {
     fn get(&self, key: &Digest) -> Result<Lookup> {
         let path = self.entry_path(key);
-        let mut bytes = Vec::new();
-        match File::open(&path) {
-            Ok(mut f) => {
-                if let Err(e) = f.read_to_end(&mut bytes) {
-                    let _ = fs::remove_file(&path);
-                    return Ok(Lookup::Rejected(Rejection::new(
-                        RejectKind::Unreadable,
-                        format!("unreadable: {e}"),
-                    )));
-                }
+        let max = self.capacity.min(MAX_ENTRY_BYTES);
+        let (mut file, len) = match self.open_checked(&path, max) {
+            Ok(Checked::File(f, len)) => (f, len),
+            Ok(Checked::Refused(kind, why)) => {
+                Self::remove_any(&path);
+                return Ok(Lookup::Rejected(Rejection::new(kind, why)));
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Lookup::Absent),
+            Err(e) if is_symlink_refusal(&e, &path) => {
+                Self::remove_any(&path);
+                return Ok(Lookup::Rejected(Rejection::new(
+                    RejectKind::Unreadable,
+                    "a symbolic link, not an entry",
+                )));
+            }
             Err(e) => {
                 return Err(Error::CacheIo {
                     path,
@@ -553,13 +780,27 @@ impl Store for DirStore {
                     source: e,
                 });
             }
+        };
+        let mut bytes = Vec::new();
+        let read = usize::try_from(len)
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::OutOfMemory))
+            .and_then(|n| {
+                bytes
+                    .try_reserve_exact(n)
+                    .map_err(|_| std::io::Error::from(std::io::ErrorKind::OutOfMemory))
+            })
+            .and_then(|()| (&mut file).take(len).read_to_end(&mut bytes));
+        if let Err(e) = read {
+            Self::remove_any(&path);
+            return Ok(Lookup::Rejected(Rejection::new(
+                RejectKind::Unreadable,
+                format!("unreadable: {e}"),
+            )));
         }
         match self.decode(key, &bytes) {
             Ok(entry) => {
                 // Refresh last use for LRU; failure only makes eviction less precise.
-                if let Ok(f) = OpenOptions::new().write(true).open(&path) {
-                    let _ = f.set_modified(SystemTime::now());
-                }
+                let _ = file.set_modified(SystemTime::now());
                 Ok(Lookup::Hit(entry))
             }
             Err(why) => {
@@ -574,7 +815,7 @@ impl Store for DirStore {
 
     fn put(&self, entry: &Entry) -> Result<()> {
         let bytes = self.encode(entry)?;
-        self.write_atomic(&self.entry_path(&entry.meta.key), &bytes)?;
+        self.write_atomic(&self.entry_path(&entry.meta.key), &bytes, true)?;
         self.enforce_capacity();
         Ok(())
     }
@@ -596,11 +837,10 @@ impl Store for DirStore {
     }
 
     fn program_record(&self, program: &Digest) -> Option<Vec<u8>> {
-        let file = File::open(self.dir.join(PROGRAMS).join(format!("{program}"))).ok()?;
-        let meta = file.metadata().ok()?;
-        if !meta.is_file() || meta.len() > MAX_RECORD_BYTES {
+        let path = self.dir.join(PROGRAMS).join(format!("{program}"));
+        let Ok(Checked::File(file, _)) = self.open_checked(&path, MAX_RECORD_BYTES) else {
             return None;
-        }
+        };
         let mut bytes = Vec::new();
         file.take(MAX_RECORD_BYTES).read_to_end(&mut bytes).ok()?;
         Some(bytes)
@@ -608,26 +848,70 @@ impl Store for DirStore {
 
     fn record_program(&self, program: &Digest, record: &[u8]) -> Result<()> {
         let path = self.dir.join(PROGRAMS).join(format!("{program}"));
-        self.write_atomic(&path, record)
+        // Records only explain misses: not worth a sync each.
+        self.write_atomic(&path, record, false)?;
+        // Bounded, checked every few writes (a directory listing is not free).
+        if !RECORD_WRITES
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(RECORD_CHECK_EVERY)
+        {
+            return Ok(());
+        }
+        let mut records = self.records();
+        if records.len() > MAX_RECORDS {
+            records.sort_by(|a, b| a.2.cmp(&b.2).then_with(|| a.0.cmp(&b.0)));
+            for (old, _, _) in &records[..records.len() - MAX_RECORDS] {
+                let _ = fs::remove_file(old);
+            }
+        }
+        Ok(())
     }
 
     fn lock(&self, key: &Digest, wait: Duration) -> Result<Option<KeyLock>> {
-        let path = self.dir.join("locks").join(format!("{key}.lock"));
-        let file = OpenOptions::new()
+        let path = self.lock_path(key);
+        let mut file = private_file()
             .create(true)
             .truncate(false)
-            .write(true)
+            .read(true)
             .open(&path)
             .map_err(|e| Error::CacheIo {
                 path: path.clone(),
                 what: "open a lock file".into(),
                 source: e,
             })?;
-        let deadline = Instant::now() + wait;
+        let started = Instant::now();
+        let deadline = started + wait;
+        let mut announced = false;
         loop {
             match file.try_lock() {
-                Ok(()) => return Ok(Some(KeyLock { _file: Some(file) })),
+                Ok(()) => {
+                    // Say who holds it, for the processes that wait.
+                    let _ = file.set_len(0);
+                    let _ = file.write_all(format!("{}\n", std::process::id()).as_bytes());
+                    return Ok(Some(KeyLock { _file: Some(file) }));
+                }
                 Err(fs::TryLockError::WouldBlock) => {
+                    let holder = lock_holder(&path);
+                    if let Some(pid) = holder.filter(|&p| process_is_stopped(p)) {
+                        crate::settings::notice_once(
+                            &format!("lock-stopped-{pid}"),
+                            &format!(
+                                "process {pid} holds the compile lock of a program this process                                  needs but is stopped (Ctrl-Z?); compiling here instead of waiting"
+                            ),
+                        );
+                        return Ok(None);
+                    }
+                    if !announced && started.elapsed() >= LOCK_NOTICE_AFTER {
+                        announced = true;
+                        let who = holder.map_or_else(
+                            || "another process".to_owned(),
+                            |p| format!("process {p}"),
+                        );
+                        eprintln!(
+                            "nitro: waiting for {who}, which is compiling a program this process                              needs (at most {} s more; then this process compiles it itself)",
+                            deadline.saturating_duration_since(Instant::now()).as_secs()
+                        );
+                    }
                     if Instant::now() >= deadline {
                         return Ok(None);
                     }

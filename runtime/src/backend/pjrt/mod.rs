@@ -99,7 +99,8 @@ pub fn selected() -> Result<Option<&'static Plugin>> {
     let discovery = Discovery::from_env()?;
     match discovery.find()? {
         Some(path) => Plugin::load(path).map(Some),
-        None if required => Err(discovery.not_found()),
+        // A platform the user asked for explicitly is required too: no silent fallback.
+        None if required || discovery.platform.is_some() => Err(discovery.not_found()),
         None => {
             static SAID: OnceLock<()> = OnceLock::new();
             SAID.get_or_init(|| {
