@@ -159,6 +159,11 @@ impl Executable for XlaExecutable {
     }
 }
 
+/// The graph's input names (leaf paths), for input-type errors.
+fn input_names(graph: &Graph) -> impl Iterator<Item = String> + '_ {
+    graph.inputs.iter().map(|i| i.name.clone())
+}
+
 fn types_of(graph: &Graph) -> (Vec<LeafType>, Vec<LeafType>) {
     (graph.input_types(), graph.output_types())
 }
@@ -194,7 +199,10 @@ impl Backend for Xla {
 
     fn compile(&self, graph: &Graph, text: &str) -> Result<Box<dyn Executable>> {
         let (inputs, outputs) = types_of(graph);
-        let exe = self.client.compile(text, &inputs, &outputs)?;
+        let exe = self
+            .client
+            .compile(text, &inputs, &outputs)?
+            .with_input_names(input_names(graph));
         let size = text.len() as u64;
         Ok(Box::new(XlaExecutable { exe, size }))
     }
@@ -208,7 +216,7 @@ impl Backend for Xla {
             });
         }
         Ok(Box::new(XlaExecutable {
-            exe,
+            exe: exe.with_input_names(input_names(graph)),
             size: payload.len() as u64,
         }))
     }
