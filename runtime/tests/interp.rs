@@ -1495,7 +1495,7 @@ fn values_too_large_for_memory_are_errors_not_aborts() {
     let graph = graph_of(&[("x", &x)], |i| {
         vec![i[0].broadcast_to(&[1 << 29, 1 << 30]).sum_all()]
     });
-    match interp::run(&graph, &[x.clone()]) {
+    match interp::run(&graph, std::slice::from_ref(&x)) {
         Err(e @ Error::OutOfMemory { .. }) => {
             let text = e.to_string();
             assert!(text.contains("2305843009213693952 bytes"), "{text}");
@@ -1518,7 +1518,7 @@ fn values_too_large_for_memory_are_errors_not_aborts() {
         vec![u.matmul(u.t())]
     });
     assert!(matches!(
-        interp::run(&graph, &[col.clone()]),
+        interp::run(&graph, std::slice::from_ref(&col)),
         Err(Error::OutOfMemory { .. })
     ));
 }
