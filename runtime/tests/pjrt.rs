@@ -802,3 +802,37 @@ fn input_type_errors_name_the_input_path() {
     let err = plain.execute_host(&[&w, &wrong_x]).unwrap_err();
     assert!(err.to_string().contains("input 1 (`arg1`)"), "{err}");
 }
+
+/// A hand-built graph with a tensor over the size limit never reaches XLA (which aborted on
+/// tensors over 2^63 bytes); traced graphs cannot hold one.
+#[test]
+fn hand_built_graphs_over_the_size_limit_are_refused_before_xla() {
+    use nitro::backend::{self, Backend};
+    use nitro::trace::{Graph, Op, ReduceOp};
+    if client_or_skip("hand_built_graphs_over_the_size_limit_are_refused_before_xla").is_none() {
+        return;
+    }
+    let mut g = Graph::default();
+    let big = g.push(Op::Iota { axis: 0 }, vec![], f32_type(&[1 << 31, 1 << 31]));
+    let sum = g.push(
+        Op::Reduce {
+            kind: ReduceOp::Sum,
+            axes: vec![0, 1],
+        },
+        vec![big],
+        f32_type(&[]),
+    );
+    g.outputs.push(sum);
+    let text = nitro::emit::emit(&g);
+    match backend::xla().unwrap().compile(&g, &text) {
+        Err(Error::InvalidGraph {
+            node: 0,
+            op,
+            message,
+        }) => {
+            assert_eq!(op, "iota");
+            assert!(message.contains("f32[2147483648,2147483648]"), "{message}");
+        }
+        other => panic!("expected InvalidGraph, got {other:?}"),
+    }
+}

@@ -159,6 +159,35 @@ impl Executable for XlaExecutable {
     }
 }
 
+/// Refuses a graph holding a type over the size limit ([`crate::MAX_TENSOR_BYTES`]), which
+/// XLA would abort on. Traced graphs never hold one (tracing checks every node); this guards
+/// hand-built ones.
+fn check_sizes(graph: &Graph) -> Result<()> {
+    let inputs = graph.inputs.iter().map(|i| &i.ty);
+    let nodes = graph.nodes.iter().map(|n| &n.ty);
+    match inputs
+        .chain(nodes)
+        .enumerate()
+        .find(|(_, t)| !t.within_limit())
+    {
+        None => Ok(()),
+        Some((k, ty)) => {
+            let (node, op) = match k.checked_sub(graph.inputs.len()) {
+                Some(id) => (id as u32, graph.nodes[id].op.name()),
+                None => (graph.inputs[k].node, "parameter"),
+            };
+            Err(Error::InvalidGraph {
+                node,
+                op,
+                message: format!(
+                    "its type {ty} is over the size limit (nitro::MAX_TENSOR_BYTES, 2^63 - 1 \
+                     bytes), which XLA cannot hold"
+                ),
+            })
+        }
+    }
+}
+
 /// The graph's input names (leaf paths), for input-type errors.
 fn input_names(graph: &Graph) -> impl Iterator<Item = String> + '_ {
     graph.inputs.iter().map(|i| i.name.clone())
@@ -198,6 +227,7 @@ impl Backend for Xla {
     }
 
     fn compile(&self, graph: &Graph, text: &str) -> Result<Box<dyn Executable>> {
+        check_sizes(graph)?;
         let (inputs, outputs) = types_of(graph);
         let exe = self
             .client

@@ -612,7 +612,8 @@ fn nested(out: &mut String, v: &[bool], dims: &[usize]) {
         });
         return;
     };
-    let step = inner.iter().product::<usize>();
+    // Constants are `Array`s, within the size limit, so this never saturates.
+    let step = inner.iter().fold(1usize, |n, &d| n.saturating_mul(d));
     out.push('[');
     for i in 0..n {
         if i > 0 {
