@@ -1512,14 +1512,13 @@ fn values_too_large_for_memory_are_errors_not_aborts() {
         interp::run(&graph, &[]),
         Err(Error::OutOfMemory { bytes, .. }) if bytes == 1 << 61
     ));
-    let col = Array::zeros(DType::F32, &[1, 1]);
-    let graph = graph_of(&[("c", &col)], |i| {
-        let u = i[0].broadcast_to(&[1 << 29, 1]);
-        vec![u.matmul(u.t())]
-    });
+    // Empty operands, a 2^62-byte product: only the result is large.
+    let a = Array::zeros(DType::F32, &[1 << 30, 0]);
+    let b = Array::zeros(DType::F32, &[0, 1 << 30]);
+    let graph = graph_of(&[("a", &a), ("b", &b)], |i| vec![i[0].matmul(i[1])]);
     assert!(matches!(
-        interp::run(&graph, std::slice::from_ref(&col)),
-        Err(Error::OutOfMemory { .. })
+        interp::run(&graph, &[a, b]),
+        Err(Error::OutOfMemory { bytes, .. }) if bytes == 1 << 62
     ));
 }
 
