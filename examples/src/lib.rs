@@ -156,13 +156,10 @@ pub fn loss_and_grads(v: &DigitsMlpView<'_>, batch: &BatchMirror<Tensor>) -> Vec
 pub const GRAD: nitro::program::Program<DigitsMlp, BatchMirror<Tensor>, Vec<Tensor>> =
     DigitsMlp::program("grad", loss_and_grads);
 
-/// Number of correct predictions in a batch, as an f32 scalar.
+/// Number of correct predictions in a batch, as an f32 scalar. Labels must be `[batch]`
+/// (checked while tracing, never broadcast).
 pub fn correct(v: &DigitsMlpView<'_>, batch: &BatchMirror<Tensor>) -> Tensor {
-    forward(v, batch.x)
-        .argmax(1)
-        .equal(batch.y)
-        .convert(DType::F32)
-        .sum_all()
+    nitro::trace::nn::correct(forward(v, batch.x), batch.y).sum_all()
 }
 
 /// The evaluation program of [`DigitsMlp`].

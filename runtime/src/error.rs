@@ -20,6 +20,31 @@ pub enum Error {
         got: usize,
     },
 
+    /// Dims whose size is over nitro's limit ([`crate::MAX_TENSOR_BYTES`]), or whose element
+    /// count overflows.
+    #[error(
+        "{ty} is too large: its element size times its dims (each counted as at least 1) is \
+         {}, over the limit of {} bytes (nitro::MAX_TENSOR_BYTES, 2^63 - 1); use smaller dims",
+        ty.describe_size(),
+        crate::MAX_TENSOR_BYTES
+    )]
+    ShapeTooLarge {
+        /// The dtype and dims asked for.
+        ty: crate::tree::LeafType,
+    },
+
+    /// Memory could not be allocated.
+    #[error(
+        "cannot allocate {bytes} bytes for {what}: not enough memory; use smaller shapes or \
+         batches, or free memory"
+    )]
+    OutOfMemory {
+        /// What the memory was for.
+        what: String,
+        /// How much was asked for.
+        bytes: u64,
+    },
+
     /// An array was read as the wrong element type.
     #[error(
         "the array holds {got} elements, not {expected}; read it as {got} or convert it first"

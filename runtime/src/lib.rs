@@ -66,6 +66,7 @@ pub use hash::{ContentHash, ContentHasher, Digest, ShortDigest};
 pub use trace::{Operand, Tensor};
 pub use tree::{
     Array, ArrayData, DType, Element, LeafPath, LeafType, Node, Signature, SignatureChange, Tree,
+    MAX_TENSOR_BYTES,
 };
 
 /// Derives [`ContentHash`](trait@ContentHash) for a struct or enum whose fields are all

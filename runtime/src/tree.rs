@@ -210,15 +210,18 @@ pub struct Array {
 }
 
 impl Array {
-    /// An array of the given dims from row-major data; errors when the element count differs
-    /// from the product of `dims`.
+    /// An array of the given dims from row-major data.
+    ///
+    /// Errors: [`Error::ShapeTooLarge`] when the dims are over the size limit
+    /// ([`MAX_TENSOR_BYTES`]), so their element count cannot be trusted; [`Error::ArrayLength`]
+    /// when the element count differs from the product of `dims`.
     pub fn from_vec<T: Element>(dims: &[usize], data: Vec<T>) -> Result<Array> {
         Array::from_data(dims, T::wrap(data))
     }
 
-    /// An array from typed storage; errors when the element count differs from the product of `dims`.
+    /// An array from typed storage; errors as [`Array::from_vec`].
     pub fn from_data(dims: &[usize], data: ArrayData) -> Result<Array> {
-        let expected = element_count(dims);
+        let expected = checked_count(data.dtype(), dims)?;
         if data.len() != expected {
             return Err(Error::ArrayLength {
                 dims: dims.to_vec(),
@@ -241,28 +244,67 @@ impl Array {
     }
 
     /// An array of zeros (or `false`).
+    ///
+    /// # Panics
+    ///
+    /// When the dims are over the size limit ([`MAX_TENSOR_BYTES`]) or the memory cannot be
+    /// allocated, with the message of the error [`Array::try_zeros`] returns. Use `try_zeros`
+    /// for dims that come from data or users.
     pub fn zeros(dtype: DType, dims: &[usize]) -> Array {
-        let n = element_count(dims);
-        let data = match dtype {
-            DType::F32 => ArrayData::F32(vec![0.0; n]),
-            DType::F64 => ArrayData::F64(vec![0.0; n]),
-            DType::I32 => ArrayData::I32(vec![0; n]),
-            DType::I64 => ArrayData::I64(vec![0; n]),
-            DType::U8 => ArrayData::U8(vec![0; n]),
-            DType::Bool => ArrayData::Bool(vec![false; n]),
-        };
-        Array {
-            dims: dims.to_vec(),
-            data,
-        }
+        Array::try_zeros(dtype, dims).unwrap_or_else(|e| {
+            panic!("Array::zeros: {e} (Array::try_zeros returns this as an error)")
+        })
+    }
+
+    /// An array of zeros (or `false`), or an error: [`Error::ShapeTooLarge`] when the dims are
+    /// over the size limit ([`MAX_TENSOR_BYTES`]), [`Error::OutOfMemory`] when the memory cannot
+    /// be allocated. Never panics or aborts.
+    ///
+    /// ```
+    /// use nitro::{Array, DType, Error};
+    /// assert_eq!(Array::try_zeros(DType::F32, &[2, 3])?.len(), 6);
+    /// // 2^62 · 4 elements overflow: refused, never wrapped to an empty array.
+    /// let err = Array::try_zeros(DType::F32, &[1 << 62, 4]).unwrap_err();
+    /// assert!(matches!(err, Error::ShapeTooLarge { .. }));
+    /// # Ok::<(), nitro::Error>(())
+    /// ```
+    pub fn try_zeros(dtype: DType, dims: &[usize]) -> Result<Array> {
+        Ok(match dtype {
+            DType::F32 => Array::try_full(dims, 0.0f32)?,
+            DType::F64 => Array::try_full(dims, 0.0f64)?,
+            DType::I32 => Array::try_full(dims, 0i32)?,
+            DType::I64 => Array::try_full(dims, 0i64)?,
+            DType::U8 => Array::try_full(dims, 0u8)?,
+            DType::Bool => Array::try_full(dims, false)?,
+        })
     }
 
     /// An array with every element equal to `value`.
+    ///
+    /// # Panics
+    ///
+    /// As [`Array::zeros`]; [`Array::try_full`] returns the error instead.
     pub fn full<T: Element>(dims: &[usize], value: T) -> Array {
-        Array {
-            dims: dims.to_vec(),
-            data: T::wrap(vec![value; element_count(dims)]),
+        Array::try_full(dims, value).unwrap_or_else(|e| {
+            panic!("Array::full: {e} (Array::try_full returns this as an error)")
+        })
+    }
+
+    /// An array with every element equal to `value`, or an error as [`Array::try_zeros`].
+    pub fn try_full<T: Element>(dims: &[usize], value: T) -> Result<Array> {
+        let n = checked_count(T::DTYPE, dims)?;
+        let mut v = Vec::new();
+        if v.try_reserve_exact(n).is_err() {
+            return Err(Error::OutOfMemory {
+                what: format!("an array {}", LeafType::new(T::DTYPE, dims)),
+                bytes: (n as u64).saturating_mul(T::DTYPE.size_bytes() as u64),
+            });
         }
+        v.resize(n, value);
+        Ok(Array {
+            dims: dims.to_vec(),
+            data: T::wrap(v),
+        })
     }
 
     /// The element type.
@@ -332,9 +374,40 @@ impl Array {
     }
 }
 
-fn element_count(dims: &[usize]) -> usize {
-    dims.iter().product()
+/// The element count of `dtype` with `dims`, or [`Error::ShapeTooLarge`] when the type is over
+/// the size limit.
+fn checked_count(dtype: DType, dims: &[usize]) -> Result<usize> {
+    LeafType::new(dtype, dims)
+        .element_count()
+        .ok_or_else(|| Error::ShapeTooLarge {
+            ty: LeafType::new(dtype, dims),
+        })
 }
+
+/// The product of `dims`, or `None` when it overflows `usize`.
+pub(crate) fn dims_product(dims: &[usize]) -> Option<usize> {
+    dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+}
+
+/// The largest tensor nitro handles, in bytes: 2^63 − 1 (`i64::MAX`), the largest size XLA's
+/// signed 64-bit sizes hold.
+///
+/// A type is within the limit when its element size times the product of its dims, **each dim
+/// counted as at least 1**, is at most this many bytes. (Counting a 0 as 1 keeps the other
+/// dims bounded too, so strides and offsets never overflow, even in an empty tensor.)
+/// Every tensor made while tracing, every program input and every [`Array`] must be within
+/// it: tracing fails with [`Error::Trace`] naming the op, and `Array` constructors return
+/// [`Error::ShapeTooLarge`]. A tensor within the limit can still be too large for the memory
+/// at hand; then running it fails with [`Error::OutOfMemory`] (interpreter) or an XLA error.
+///
+/// ```
+/// use nitro::{DType, LeafType, MAX_TENSOR_BYTES};
+/// assert_eq!(MAX_TENSOR_BYTES, i64::MAX as u64);
+/// assert_eq!(LeafType::new(DType::F32, &[1 << 30, 1 << 30]).size_bytes(), Some(1 << 62));
+/// assert_eq!(LeafType::new(DType::F32, &[1 << 31, 1 << 31]).size_bytes(), None); // 2^64 bytes
+/// assert_eq!(LeafType::new(DType::F32, &[0, 1 << 62]).element_count(), None); // 0 counts as 1
+/// ```
+pub const MAX_TENSOR_BYTES: u64 = i64::MAX as u64;
 
 impl fmt::Debug for Array {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -363,6 +436,59 @@ pub struct LeafType {
     pub dtype: DType,
     /// Dims, outermost first (empty for a scalar).
     pub dims: Vec<usize>,
+}
+
+impl LeafType {
+    /// A type of `dtype` with `dims`.
+    pub fn new(dtype: DType, dims: &[usize]) -> LeafType {
+        LeafType {
+            dtype,
+            dims: dims.to_vec(),
+        }
+    }
+
+    /// Whether the type is within the size limit ([`MAX_TENSOR_BYTES`]).
+    pub fn within_limit(&self) -> bool {
+        self.dims
+            .iter()
+            .try_fold(self.dtype.size_bytes() as u64, |n, &d| {
+                n.checked_mul(u64::try_from(d.max(1)).ok()?)
+            })
+            .is_some_and(|bound| bound <= MAX_TENSOR_BYTES)
+    }
+
+    /// The number of elements (the product of the dims), or `None` when the type is over the
+    /// size limit ([`MAX_TENSOR_BYTES`]) or the count does not fit a `usize`.
+    pub fn element_count(&self) -> Option<usize> {
+        if self.within_limit() {
+            dims_product(&self.dims)
+        } else {
+            None
+        }
+    }
+
+    /// The size in bytes, or `None` when the type is over the size limit
+    /// ([`MAX_TENSOR_BYTES`]).
+    pub fn size_bytes(&self) -> Option<u64> {
+        let n = self.element_count()?;
+        (n as u64).checked_mul(self.dtype.size_bytes() as u64)
+    }
+
+    /// The quantity [`MAX_TENSOR_BYTES`] bounds (the element size times the dims, each counted
+    /// as at least 1), in words and exact even past the limit: `"32 bytes"`, or
+    /// `"more than 2^128 bytes"` when not even a `u128` holds it.
+    pub(crate) fn describe_size(&self) -> String {
+        let bytes = self
+            .dims
+            .iter()
+            .try_fold(self.dtype.size_bytes() as u128, |n, &d| {
+                n.checked_mul(d.max(1) as u128)
+            });
+        match bytes {
+            Some(b) => format!("{b} bytes"),
+            None => "more than 2^128 bytes".to_owned(),
+        }
+    }
 }
 
 impl fmt::Display for LeafType {

@@ -1311,3 +1311,125 @@ fn donated_sgd_update() {
     group.compare(&format!("{STEPS} donated SGD steps"), &[got], &[want]);
     group.finish();
 }
+
+// ---- NaN in max, min and argmax --------------------------------------------------------------------
+
+/// NaN propagates in `max`/`min` reductions and `argmax` picks the first NaN (NumPy/JAX), on
+/// both backends. XLA's CPU backend dropped NaN in a bare `maximum` reduction (x = [1, NaN, -2,
+/// 0.5]: max 1.0 and argmax 0, against NaN and 1 on the interpreter); the emitter now writes a
+/// NaN-propagating reducer. Positions vary (first, middle, last, in long rows that XLA
+/// vectorizes), with all-NaN rows, -inf and ±0.
+#[test]
+fn nan_in_max_min_and_argmax() {
+    let mut g = Group::new("nan_in_max_min_and_argmax");
+    let (nan, inf) = (f64::NAN, f64::INFINITY);
+    // Rows: the issue's, NaN first, NaN last, all NaN, -inf with a NaN, all -inf, no NaN, ±0.
+    let rows: [[f64; 4]; 8] = [
+        [1.0, nan, -2.0, 0.5],
+        [nan, 1.0, 2.0, 3.0],
+        [3.0, 2.0, 1.0, nan],
+        [nan, nan, nan, nan],
+        [-inf, nan, -inf, -inf],
+        [-inf, -inf, -inf, -inf],
+        [0.25, -1.0, 4.0, 4.0],
+        [-0.0, 0.0, -0.0, 0.0],
+    ];
+    let flat: Vec<f64> = rows.iter().flatten().copied().collect();
+    let x64 = Array::from_vec(&[8, 4], flat.clone()).unwrap();
+    let x32 = Array::from_vec(&[8, 4], flat.iter().map(|&v| v as f32).collect::<Vec<_>>()).unwrap();
+    for x in [&x32, &x64] {
+        let dt = x.dtype();
+        let out = g.check(&format!("{dt} max/min/argmax along rows"), &[x], |t| {
+            vec![
+                t[0].max(&[1]),
+                t[0].min(&[1]),
+                t[0].argmax(1),
+                t[0].max_keep(&[1]),
+            ]
+        });
+        // The interpreter's values, as NumPy gives them.
+        let max = out[0].data().clone();
+        let argmax = out[2].as_slice::<i32>().unwrap().to_vec();
+        assert_eq!(argmax, [1, 0, 3, 0, 1, 0, 2, 0], "{dt} argmax");
+        let max: Vec<f64> = match max {
+            ArrayData::F32(v) => v.iter().map(|&v| v as f64).collect(),
+            ArrayData::F64(v) => v,
+            _ => unreachable!(),
+        };
+        let nans: Vec<bool> = max.iter().map(|v| v.is_nan()).collect();
+        assert_eq!(
+            nans,
+            [true, true, true, true, true, false, false, false],
+            "{dt} max"
+        );
+        assert_eq!(&max[5..7], &[-inf, 4.0]);
+        g.check(&format!("{dt} max/min/argmax along columns"), &[x], |t| {
+            vec![t[0].max(&[0]), t[0].min(&[0]), t[0].argmax(0)]
+        });
+        g.check(&format!("{dt} max/min of everything"), &[x], |t| {
+            vec![t[0].max(&[0, 1]), t[0].min(&[0, 1])]
+        });
+        g.check(&format!("{dt} softmax of rows with NaN"), &[x], |t| {
+            vec![nn::log_softmax(t[0], 1)]
+        });
+    }
+    // Long rows, which XLA reduces in vector lanes: one NaN at several positions per row.
+    let mut rng = Rng(21);
+    for n in [17usize, 1000] {
+        let base = rng.f64s(&[5, n], -1.0, 1.0);
+        let mut v = base.as_slice::<f64>().unwrap().to_vec();
+        for (r, pos) in [0, 1, n / 2, n - 2, n - 1].into_iter().enumerate() {
+            v[r * n + pos] = nan;
+        }
+        let x64 = Array::from_vec(&[5, n], v.clone()).unwrap();
+        let x32 =
+            Array::from_vec(&[5, n], v.iter().map(|&v| v as f32).collect::<Vec<_>>()).unwrap();
+        for x in [&x32, &x64] {
+            let out = g.check(
+                &format!("{} rows of {n} with a NaN", x.dtype()),
+                &[x],
+                |t| {
+                    vec![
+                        t[0].max(&[1]),
+                        t[0].min(&[1]),
+                        t[0].argmax(1),
+                        t[0].max(&[0]),
+                    ]
+                },
+            );
+            assert_eq!(
+                out[2].as_slice::<i32>().unwrap(),
+                &[0, 1, n as i32 / 2, n as i32 - 2, n as i32 - 1]
+            );
+        }
+    }
+    // Element-wise maximum/minimum (and relu): NaN on either side gives NaN on both backends.
+    let a = Array::from_vec(&[6], vec![nan, 1.0, nan, -inf, -0.0, 0.0]).unwrap();
+    let b = Array::from_vec(&[6], vec![1.0, nan, nan, nan, 0.0, -0.0]).unwrap();
+    let to32 = |a: &Array| {
+        let v: Vec<f32> = a
+            .as_slice::<f64>()
+            .unwrap()
+            .iter()
+            .map(|&v| v as f32)
+            .collect();
+        Array::from_vec(a.dims(), v).unwrap()
+    };
+    for (a, b) in [(to32(&a), to32(&b)), (a.clone(), b.clone())] {
+        let out = g.check(
+            &format!("{} element-wise maximum/minimum", a.dtype()),
+            &[&a, &b],
+            |t| vec![t[0].maximum(t[1]), t[0].minimum(t[1]), t[0].relu()],
+        );
+        let nan_at = |k: usize| -> Vec<bool> {
+            match out[k].data() {
+                ArrayData::F32(v) => v.iter().map(|v| v.is_nan()).collect(),
+                ArrayData::F64(v) => v.iter().map(|v| v.is_nan()).collect(),
+                _ => unreachable!(),
+            }
+        };
+        assert_eq!(nan_at(0), [true, true, true, true, false, false]);
+        assert_eq!(nan_at(1), [true, true, true, true, false, false]);
+    }
+    g.finish();
+}

@@ -1483,3 +1483,141 @@ fn a_select_of_two_scalars_never_panics() {
         }
     }
 }
+
+// ---- allocation failures -------------------------------------------------------------------------
+
+/// A broadcast within the size limit but beyond any machine's memory used to abort the process
+/// (an infallible allocation); it is an `OutOfMemory` error naming the node.
+#[test]
+fn values_too_large_for_memory_are_errors_not_aborts() {
+    let x = Array::scalar(1.0f32);
+    // 2^61 bytes: more than any x86-64 or aarch64 address space, whatever the overcommit policy.
+    let graph = graph_of(&[("x", &x)], |i| {
+        vec![i[0].broadcast_to(&[1 << 29, 1 << 30]).sum_all()]
+    });
+    match interp::run(&graph, std::slice::from_ref(&x)) {
+        Err(e @ Error::OutOfMemory { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains("2305843009213693952 bytes"), "{text}");
+            assert!(text.contains("`broadcast_in_dim`"), "{text}");
+            assert!(text.contains("f32[536870912,1073741824]"), "{text}");
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    // Every kernel allocates fallibly: an iota and a matmul of that size fail the same way.
+    let graph = graph_of(&[], |_| {
+        vec![Tensor::iota(DType::I64, &[1 << 28, 1 << 30], 1)]
+    });
+    assert!(matches!(
+        interp::run(&graph, &[]),
+        Err(Error::OutOfMemory { bytes, .. }) if bytes == 1 << 61
+    ));
+    // Empty operands, a 2^62-byte product: only the result is large.
+    let a = Array::zeros(DType::F32, &[1 << 30, 0]);
+    let b = Array::zeros(DType::F32, &[0, 1 << 30]);
+    let graph = graph_of(&[("a", &a), ("b", &b)], |i| vec![i[0].matmul(i[1])]);
+    assert!(matches!(
+        interp::run(&graph, &[a, b]),
+        Err(Error::OutOfMemory { bytes, .. }) if bytes == 1 << 62
+    ));
+}
+
+/// A hand-built graph whose node type is over the size limit is malformed, not an overflow.
+#[test]
+fn hand_built_nodes_over_the_size_limit_are_malformed() {
+    let mut g = Graph::default();
+    let big = ty(DType::F32, &[1 << 62, 4]);
+    let n = g.push(Op::Iota { axis: 0 }, vec![], big);
+    g.outputs.push(n);
+    match interp::run(&g, &[]) {
+        Err(Error::InvalidGraph { message, .. }) => {
+            assert!(message.contains("size limit"), "{message}")
+        }
+        other => panic!("expected InvalidGraph, got {other:?}"),
+    }
+}
+
+// ---- NaN in max, min and argmax ------------------------------------------------------------------
+
+/// NaN propagates (NumPy and JAX semantics): `max`/`min` of a group holding NaN are NaN, and
+/// `argmax` is the first NaN's index. XLA agrees (`tests/differential.rs`).
+#[test]
+fn nan_propagates_through_max_min_and_argmax() {
+    let nan = f32::NAN;
+    let inf = f32::INFINITY;
+    // The row, a row without NaN, an all-NaN row, and -inf with NaN last.
+    let x = arr(
+        &[4, 4],
+        &[
+            1.0f32, nan, -2.0, 0.5, //
+            1.0, 3.0, -2.0, 3.0, //
+            nan, nan, nan, nan, //
+            -inf, -inf, -inf, nan,
+        ],
+    );
+    let out = run(&[("x", &x)], |i| {
+        vec![
+            i[0].max(&[1]),
+            i[0].min(&[1]),
+            i[0].argmax(1),
+            i[0].max(&[0, 1]),
+            i[0].max_keep(&[1]),
+        ]
+    });
+    check_f32(&out[0], &[4], &[nan, 3.0, nan, nan]);
+    check_f32(&out[1], &[4], &[nan, -2.0, nan, nan]);
+    check_exact(&out[2], &[4], &[1i32, 1, 0, 3]);
+    check_f32(&out[3], &[], &[nan]);
+    check_f32(&out[4], &[4, 1], &[nan, 3.0, nan, nan]);
+
+    // -inf rows without NaN: the max is -inf, the first position wins.
+    let y = arr(&[2, 3], &[-inf, -inf, -inf, -inf, -1.0, -inf]);
+    let out = run(&[("y", &y)], |i| {
+        vec![i[0].max(&[1]), i[0].argmax(1), i[0].min(&[1])]
+    });
+    check_f32(&out[0], &[2], &[-inf, -1.0]);
+    check_exact(&out[1], &[2], &[0i32, 1]);
+    check_f32(&out[2], &[2], &[-inf, -inf]);
+
+    // f64, along axis 0.
+    let z = arr(&[3, 2], &[2.0f64, f64::NAN, f64::NAN, 1.0, 5.0, 7.0]);
+    let out = run(&[("z", &z)], |i| {
+        vec![i[0].max(&[0]), i[0].min(&[0]), i[0].argmax(0)]
+    });
+    check_f64(&out[0], &[2], &[f64::NAN, f64::NAN]);
+    check_f64(&out[1], &[2], &[f64::NAN, f64::NAN]);
+    check_exact(&out[2], &[2], &[1i32, 0]);
+
+    // Element-wise maximum/minimum: NaN on either side gives NaN.
+    let a = arr(&[3], &[nan, 1.0f32, nan]);
+    let b = arr(&[3], &[1.0f32, nan, nan]);
+    let out = run(&[("a", &a), ("b", &b)], |i| {
+        vec![i[0].maximum(i[1]), i[0].minimum(i[1]), i[0].relu()]
+    });
+    check_f32(&out[0], &[3], &[nan, nan, nan]);
+    check_f32(&out[1], &[3], &[nan, nan, nan]);
+    check_f32(&out[2], &[3], &[nan, 1.0, nan]);
+}
+
+/// Out-of-range labels (documented on `softmax_cross_entropy`): a zero one-hot row, so that
+/// example's loss is 0 and it has no gradient.
+#[test]
+fn out_of_range_labels_give_zero_loss_and_zero_gradient() {
+    let logits = arr(&[3, 3], &[1.0f32, 2.0, 3.0, 0.5, 0.5, 0.5, 3.0, 2.0, 1.0]);
+    let labels = arr(&[3], &[99i32, -1, 0]);
+    let out = run(&[("logits", &logits), ("labels", &labels)], |i| {
+        let per = nn::softmax_cross_entropy(i[0], i[1]);
+        let g = nitro::trace::grad(per.sum_all(), &[i[0]]);
+        vec![per, g[0], nn::correct(i[0], i[1])]
+    });
+    // Row 2: -log_softmax([3, 2, 1])[0] = 0.4076059644.
+    check_f32(&out[0], &[3], &[0.0, 0.0, 0.407_606]);
+    let g = out[1].as_slice::<f32>().unwrap();
+    assert_eq!(
+        &g[..6],
+        &[0.0; 6],
+        "out-of-range rows have no gradient: {g:?}"
+    );
+    assert!(g[6..].iter().any(|&v| v != 0.0));
+    check_f32(&out[2], &[3], &[0.0, 0.0, 1.0]);
+}

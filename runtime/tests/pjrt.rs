@@ -743,3 +743,96 @@ fn stress_in_own_process() {
         mib(rss2.saturating_sub(rss0))
     );
 }
+
+/// Input-type errors on XLA name the input's path, as the interpreter's do (they said `argN`).
+#[test]
+fn input_type_errors_name_the_input_path() {
+    use nitro::backend::{self, interp, Backend};
+    if client_or_skip("input_type_errors_name_the_input_path").is_none() {
+        return;
+    }
+    let xla = backend::xla().unwrap();
+    let inputs = vec![
+        ("layers[0].w".to_owned(), f32_type(&[3, 2])),
+        ("batch.x".to_owned(), f32_type(&[4, 3])),
+    ];
+    let graph = nitro::trace::trace(&inputs, |x| vec![x[1].matmul(x[0])]).unwrap();
+    let text = nitro::emit::emit(&graph);
+    let exe = xla.compile(&graph, &text).unwrap();
+    let w = Array::zeros(DType::F32, &[3, 2]);
+    let wrong_x = Array::zeros(DType::F32, &[5, 3]);
+
+    let on_xla = exe.run(&[&w, &wrong_x]).unwrap_err();
+    let on_interp = interp::run_refs(&graph, &[&w, &wrong_x]).unwrap_err();
+    assert!(
+        matches!(&on_xla, Error::InputType { index: 1, name, .. } if name == "batch.x"),
+        "{on_xla}"
+    );
+    // The same words on both backends.
+    assert_eq!(on_xla.to_string(), on_interp.to_string());
+    assert!(
+        on_xla.to_string().contains("input 1 (`batch.x`)"),
+        "{on_xla}"
+    );
+
+    // Device buffers through the PJRT executable, and a wrong dtype.
+    let pj = exe.as_pjrt().unwrap();
+    assert_eq!(pj.input_names(), ["layers[0].w", "batch.x"]);
+    let client = pj.client();
+    let ints = client
+        .upload(&Array::from_vec(&[3, 2], vec![1i32; 6]).unwrap())
+        .unwrap();
+    let x = client.upload(&Array::zeros(DType::F32, &[4, 3])).unwrap();
+    let err = pj.execute(&[&ints, &x]).unwrap_err();
+    assert!(err.to_string().contains("input 0 (`layers[0].w`)"), "{err}");
+
+    // The names survive serialization, through the backend and through the bare client.
+    let bytes = exe.serialize().unwrap();
+    let loaded = xla.load(&bytes, &graph).unwrap();
+    let err = loaded.run(&[&w, &wrong_x]).unwrap_err();
+    assert!(err.to_string().contains("(`batch.x`)"), "{err}");
+    let bare = client.deserialize(&bytes).unwrap();
+    assert_eq!(bare.input_names(), ["layers[0].w", "batch.x"]);
+
+    // A program compiled from text alone has no names: arguments are `argN`.
+    let plain = client
+        .compile(&text, &graph.input_types(), &graph.output_types())
+        .unwrap();
+    assert_eq!(plain.input_names(), ["arg0", "arg1"]);
+    let err = plain.execute_host(&[&w, &wrong_x]).unwrap_err();
+    assert!(err.to_string().contains("input 1 (`arg1`)"), "{err}");
+}
+
+/// A hand-built graph with a tensor over the size limit never reaches XLA (which aborted on
+/// tensors over 2^63 bytes); traced graphs cannot hold one.
+#[test]
+fn hand_built_graphs_over_the_size_limit_are_refused_before_xla() {
+    use nitro::backend::{self, Backend};
+    use nitro::trace::{Graph, Op, ReduceOp};
+    if client_or_skip("hand_built_graphs_over_the_size_limit_are_refused_before_xla").is_none() {
+        return;
+    }
+    let mut g = Graph::default();
+    let big = g.push(Op::Iota { axis: 0 }, vec![], f32_type(&[1 << 31, 1 << 31]));
+    let sum = g.push(
+        Op::Reduce {
+            kind: ReduceOp::Sum,
+            axes: vec![0, 1],
+        },
+        vec![big],
+        f32_type(&[]),
+    );
+    g.outputs.push(sum);
+    let text = nitro::emit::emit(&g);
+    match backend::xla().unwrap().compile(&g, &text) {
+        Err(Error::InvalidGraph {
+            node: 0,
+            op,
+            message,
+        }) => {
+            assert_eq!(op, "iota");
+            assert!(message.contains("f32[2147483648,2147483648]"), "{message}");
+        }
+        other => panic!("expected InvalidGraph, got {other:?}"),
+    }
+}

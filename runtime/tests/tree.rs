@@ -201,3 +201,98 @@ fn leaf_values_enter_array_content_hash_but_not_signature() {
     assert_ne!(nitro::Digest::of(&a), nitro::Digest::of(&b));
     assert_eq!(a.signature_at("a"), b.signature_at("a"));
 }
+
+// ---- sizes ---------------------------------------------------------------------------------------
+
+/// `[1 << 62, 4]` claims 2^64 elements: it used to wrap to 0 and hold nothing. Every Array
+/// constructor refuses it with a typed error (checked arithmetic), never an empty array.
+#[test]
+fn array_dims_whose_count_overflows_are_refused() {
+    use nitro::{Error, LeafType};
+    let too_large = |r: Result<Array, Error>| match r {
+        Err(Error::ShapeTooLarge { ty }) => ty,
+        other => panic!("expected ShapeTooLarge, got {other:?}"),
+    };
+    let ty = too_large(Array::from_vec(&[1 << 62, 4], Vec::<f32>::new()));
+    assert_eq!(ty, LeafType::new(DType::F32, &[1 << 62, 4]));
+    let e = Array::from_vec(&[1 << 62, 4], Vec::<f32>::new()).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("f32[4611686018427387904,4] is too large"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("use smaller dims"), "{e}");
+    too_large(Array::from_vec(&[usize::MAX, usize::MAX], Vec::<u8>::new()));
+    too_large(Array::from_data(
+        &[1 << 32, 1 << 32],
+        nitro::ArrayData::Bool(vec![]),
+    ));
+    // Within usize, but over 2^63 - 1 bytes.
+    too_large(Array::from_vec(&[1 << 61], Vec::<f32>::new()));
+    // A zero dim counts as 1 for the limit, so the other dims stay bounded.
+    too_large(Array::from_vec(&[0, 1 << 62], Vec::<f32>::new()));
+    too_large(Array::try_zeros(DType::F32, &[1 << 62, 4]));
+    too_large(Array::try_full(&[1 << 62, 4], 1.5f64));
+
+    // The infallible constructors panic with the same message rather than wrap.
+    let panicked = std::panic::catch_unwind(|| Array::zeros(DType::F32, &[1 << 62, 4]));
+    let message = panicked.expect_err("zeros must not return an array");
+    let text = message
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        text.contains("Array::zeros: f32[4611686018427387904,4] is too large"),
+        "{text}"
+    );
+
+    // Small and empty shapes are fine.
+    assert_eq!(Array::try_zeros(DType::I64, &[2, 0, 3]).unwrap().len(), 0);
+    assert_eq!(
+        Array::from_vec(&[0, 5], Vec::<f32>::new()).unwrap().dims(),
+        &[0, 5]
+    );
+    assert_eq!(
+        Array::try_full(&[2, 2], 7u8)
+            .unwrap()
+            .as_slice::<u8>()
+            .unwrap(),
+        &[7; 4]
+    );
+}
+
+/// A shape within the limit that no machine can hold is an allocation error, not an abort.
+#[test]
+fn array_allocations_that_fail_are_errors() {
+    // 2^61 bytes: more than any x86-64 or aarch64 address space, whatever the overcommit policy.
+    match Array::try_zeros(DType::F32, &[1 << 29, 1 << 30]) {
+        Err(nitro::Error::OutOfMemory { bytes, what }) => {
+            assert_eq!(bytes, 1 << 61);
+            assert!(what.contains("f32[536870912,1073741824]"), "{what}");
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+}
+
+#[test]
+fn leaf_type_sizes_are_checked() {
+    use nitro::{LeafType, MAX_TENSOR_BYTES};
+    assert_eq!(MAX_TENSOR_BYTES, i64::MAX as u64);
+    let t = LeafType::new(DType::F64, &[3, 4]);
+    assert_eq!(t.element_count(), Some(12));
+    assert_eq!(t.size_bytes(), Some(96));
+    assert!(t.within_limit());
+    let scalar = LeafType::new(DType::U8, &[]);
+    assert_eq!(
+        (scalar.element_count(), scalar.size_bytes()),
+        (Some(1), Some(1))
+    );
+    // Exactly at the limit: 2^63 - 1 one-byte elements.
+    let edge = LeafType::new(DType::U8, &[i64::MAX as usize]);
+    assert_eq!(edge.size_bytes(), Some(MAX_TENSOR_BYTES));
+    let over = LeafType::new(DType::U8, &[1 << 63]);
+    assert!(!over.within_limit());
+    assert_eq!((over.element_count(), over.size_bytes()), (None, None));
+    let empty_but_wide = LeafType::new(DType::F32, &[0, 1 << 62]);
+    assert_eq!(empty_but_wide.element_count(), None);
+}

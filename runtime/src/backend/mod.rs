@@ -190,6 +190,40 @@ impl Executable for XlaExecutable {
     }
 }
 
+/// Refuses a graph holding a type over the size limit ([`crate::MAX_TENSOR_BYTES`]), which
+/// XLA would abort on. Traced graphs never hold one (tracing checks every node); this guards
+/// hand-built ones.
+fn check_sizes(graph: &Graph) -> Result<()> {
+    let inputs = graph.inputs.iter().map(|i| &i.ty);
+    let nodes = graph.nodes.iter().map(|n| &n.ty);
+    match inputs
+        .chain(nodes)
+        .enumerate()
+        .find(|(_, t)| !t.within_limit())
+    {
+        None => Ok(()),
+        Some((k, ty)) => {
+            let (node, op) = match k.checked_sub(graph.inputs.len()) {
+                Some(id) => (id as u32, graph.nodes[id].op.name()),
+                None => (graph.inputs[k].node, "parameter"),
+            };
+            Err(Error::InvalidGraph {
+                node,
+                op,
+                message: format!(
+                    "its type {ty} is over the size limit (nitro::MAX_TENSOR_BYTES, 2^63 - 1 \
+                     bytes), which XLA cannot hold"
+                ),
+            })
+        }
+    }
+}
+
+/// The graph's input names (leaf paths), for input-type errors.
+fn input_names(graph: &Graph) -> impl Iterator<Item = String> + '_ {
+    graph.inputs.iter().map(|i| i.name.clone())
+}
+
 fn types_of(graph: &Graph) -> (Vec<LeafType>, Vec<LeafType>) {
     (graph.input_types(), graph.output_types())
 }
@@ -228,8 +262,12 @@ impl Backend for Xla {
     }
 
     fn compile(&self, graph: &Graph, text: &str) -> Result<Box<dyn Executable>> {
+        check_sizes(graph)?;
         let (inputs, outputs) = types_of(graph);
-        let exe = self.client.compile(text, &inputs, &outputs)?;
+        let exe = self
+            .client
+            .compile(text, &inputs, &outputs)?
+            .with_input_names(input_names(graph));
         let size = text.len() as u64;
         Ok(Box::new(XlaExecutable { exe, size }))
     }
@@ -243,7 +281,7 @@ impl Backend for Xla {
             });
         }
         Ok(Box::new(XlaExecutable {
-            exe,
+            exe: exe.with_input_names(input_names(graph)),
             size: payload.len() as u64,
         }))
     }

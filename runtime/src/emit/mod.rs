@@ -36,11 +36,20 @@
 //!   plugins disagree on `i1` hex. A constant with no elements is `dense<>`.
 //! - Comparisons carry their type: `FLOAT` for floats, `SIGNED` for `i32`/`i64`, `UNSIGNED` for
 //!   `ui8` and `i1`.
+//! - Float `maximum`/`minimum` propagate NaN from either operand (as NumPy and the interpreter
+//!   do), which XLA's CPU backend does not guarantee for the bare op: the op is written as
+//!   `%rawN`, then `%nan_aN`/`%nan_bN` compare each operand with itself (`NE`), and two
+//!   `select`s (`%pickN`, then the result) return a NaN operand where there is one.
+//! - Reductions are one line, `stablehlo.reduce(%x init: %initN) applies stablehlo.add across
+//!   dimensions = [..] : ...`, except float max/min: XLA's CPU backend drops NaN elements in a
+//!   reduction by a bare `maximum`/`minimum`, so those take a reducer block that propagates NaN
+//!   (as NumPy and JAX do, and as the interpreter does): `reducer(%acc: T, %e: T) { … }`
+//!   returning `%acc` when it is NaN, else `%e` when it is NaN, else `maximum(%acc, %e)`.
 
 use std::fmt::{self, Write as _};
 
 use crate::hash::Digest;
-use crate::trace::ir::{CmpOp, DotDims, Graph, Node, NodeId, Op, ReduceOp};
+use crate::trace::ir::{BinaryOp, CmpOp, DotDims, Graph, Node, NodeId, Op, ReduceOp};
 use crate::tree::{ArrayData, DType, LeafType};
 
 /// How to emit a program beyond its graph.
@@ -282,10 +291,47 @@ impl<'g> Emitter<'g> {
             Op::Unary(u) => writeln!(out, "    {me} = stablehlo.{} {an} : {ty}", u.name()),
             Op::Binary(b) => {
                 let bn = self.name(Self::input(node, 1));
+                let float_extremum =
+                    matches!(b, BinaryOp::Max | BinaryOp::Min) && node.ty.dtype.is_float();
+                if !float_extremum {
+                    return writeln!(
+                        self.out,
+                        "    {me} = stablehlo.{} {an}, {bn} : {ty}",
+                        b.name()
+                    );
+                }
+                // XLA's CPU backend does not propagate a NaN in every operand position of
+                // `maximum`/`minimum` (it can return the other operand), so NaN propagation is
+                // spelled out: `a` if it is NaN, else `b` if it is NaN, else the op.
+                let n = match me {
+                    Ssa::Value(n) => n.to_string(),
+                    _ => String::new(),
+                };
+                let pred = Ty(Some(&LeafType {
+                    dtype: DType::Bool,
+                    dims: node.ty.dims.clone(),
+                }));
+                let out = &mut self.out;
                 writeln!(
-                    self.out,
-                    "    {me} = stablehlo.{} {an}, {bn} : {ty}",
+                    out,
+                    "    %raw{n} = stablehlo.{} {an}, {bn} : {ty}",
                     b.name()
+                )?;
+                writeln!(
+                    out,
+                    "    %nan_a{n} = stablehlo.compare NE, {an}, {an}, FLOAT : ({ty}, {ty}) -> {pred}"
+                )?;
+                writeln!(
+                    out,
+                    "    %nan_b{n} = stablehlo.compare NE, {bn}, {bn}, FLOAT : ({ty}, {ty}) -> {pred}"
+                )?;
+                writeln!(
+                    out,
+                    "    %pick{n} = stablehlo.select %nan_b{n}, {bn}, %raw{n} : {pred}, {ty}"
+                )?;
+                writeln!(
+                    out,
+                    "    {me} = stablehlo.select %nan_a{n}, {an}, %pick{n} : {pred}, {ty}"
                 )
             }
             Op::Compare(c) => {
@@ -397,11 +443,39 @@ impl<'g> Emitter<'g> {
                     ReduceOp::Max => "maximum",
                     ReduceOp::Min => "minimum",
                 };
+                if *kind == ReduceOp::Sum || !dtype.is_float() {
+                    return writeln!(
+                        out,
+                        "    {me} = stablehlo.reduce({an} init: {init}) applies stablehlo.{applies} across dimensions = {} : ({at}, {st}) -> {ty}",
+                        List(axes)
+                    );
+                }
+                // XLA's CPU backend drops a NaN element in a reduction by a bare
+                // `stablehlo.maximum`/`minimum` (element-wise, the same ops propagate NaN), so
+                // float max/min reductions spell NaN propagation out in the reducer.
                 writeln!(
                     out,
-                    "    {me} = stablehlo.reduce({an} init: {init}) applies stablehlo.{applies} across dimensions = {} : ({at}, {st}) -> {ty}",
+                    "    {me} = stablehlo.reduce({an} init: {init}) across dimensions = {} : ({at}, {st}) -> {ty}",
                     List(axes)
-                )
+                )?;
+                writeln!(out, "     reducer(%acc: {st}, %e: {st}) {{")?;
+                let cmp = format!("FLOAT : ({st}, {st}) -> tensor<i1>");
+                writeln!(
+                    out,
+                    "      %acc_nan = stablehlo.compare NE, %acc, %acc, {cmp}"
+                )?;
+                writeln!(out, "      %e_nan = stablehlo.compare NE, %e, %e, {cmp}")?;
+                writeln!(out, "      %m = stablehlo.{applies} %acc, %e : {st}")?;
+                writeln!(
+                    out,
+                    "      %m_e = stablehlo.select %e_nan, %e, %m : tensor<i1>, {st}"
+                )?;
+                writeln!(
+                    out,
+                    "      %r = stablehlo.select %acc_nan, %acc, %m_e : tensor<i1>, {st}"
+                )?;
+                writeln!(out, "      stablehlo.return %r : {st}")?;
+                writeln!(out, "    }}")
             }
         }
     }
@@ -538,7 +612,8 @@ fn nested(out: &mut String, v: &[bool], dims: &[usize]) {
         });
         return;
     };
-    let step = inner.iter().product::<usize>();
+    // Constants are `Array`s, within the size limit, so this never saturates.
+    let step = inner.iter().fold(1usize, |n, &d| n.saturating_mul(d));
     out.push('[');
     for i in 0..n {
         if i > 0 {

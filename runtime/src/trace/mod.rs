@@ -148,8 +148,22 @@ impl Recording {
         }
     }
 
-    fn push(&mut self, op: Op, inputs: Vec<NodeId>, ty: LeafType) -> Tensor {
-        let node = self.graph.push(op, inputs, ty);
+    /// Appends a node of type `ty`, or, when `ty` is over the size limit
+    /// ([`crate::MAX_TENSOR_BYTES`]), records that as the error of `op` (the user's op) at `at`
+    /// and returns a stand-in.
+    fn push(
+        &mut self,
+        node: Op,
+        inputs: Vec<NodeId>,
+        ty: LeafType,
+        op: &'static str,
+        at: &Location<'_>,
+    ) -> Tensor {
+        if !ty.within_limit() {
+            let message = too_large(&ty, &inputs, &self.graph);
+            return self.fail(op, message, at, ty);
+        }
+        let node = self.graph.push(node, inputs, ty);
         Tensor {
             node,
             trace: self.id,
@@ -176,19 +190,38 @@ impl Recording {
     }
 }
 
+/// The message for a result type over the size limit, with the operands' types.
+fn too_large(ty: &LeafType, inputs: &[NodeId], graph: &Graph) -> String {
+    let mut message = format!(
+        "the result {ty} is too large: its element size times its dims (each counted as at \
+         least 1) is {}, over the limit of {} bytes (nitro::MAX_TENSOR_BYTES, 2^63 - 1)",
+        ty.describe_size(),
+        crate::MAX_TENSOR_BYTES
+    );
+    if !inputs.is_empty() {
+        let operands: Vec<String> = inputs.iter().map(|&i| graph.ty(i).to_string()).collect();
+        message.push_str(&format!(" (operands {})", operands.join(", ")));
+    }
+    message.push_str("; use smaller dims");
+    message
+}
+
 /// Records a program: creates one parameter per `(name, type)` input, runs `body` on them, and
 /// returns the graph with `body`'s tensors as outputs.
 ///
-/// Errors: the first shape or dtype mistake in `body` ([`Error::Trace`]), a panic in `body`
-/// ([`Error::TracePanic`]), or a trace already active on this thread.
+/// Errors: the first shape or dtype mistake in `body` ([`Error::Trace`]), an input or a tensor
+/// over the size limit ([`crate::MAX_TENSOR_BYTES`], also [`Error::Trace`]), a panic in
+/// `body` ([`Error::TracePanic`]), or a trace already active on this thread.
+#[track_caller]
 pub fn trace(
     inputs: &[(String, LeafType)],
     body: impl FnOnce(&[Tensor]) -> Vec<Tensor>,
 ) -> Result<Graph> {
+    let at = Location::caller();
     trace_with(|| {
         let tensors: Vec<Tensor> = inputs
             .iter()
-            .map(|(name, ty)| input(name, ty.clone()))
+            .map(|(name, ty)| with_recording(|r| r.input(name, ty.clone(), at)))
             .collect();
         body(&tensors)
     })
@@ -245,18 +278,37 @@ pub fn trace_with(body: impl FnOnce() -> Vec<Tensor>) -> Result<Graph> {
 }
 
 /// Creates the next program input, named `name` (a leaf path such as `layers[0].w`). Must be
-/// called while a trace is active ([`trace_with`]).
+/// called while a trace is active ([`trace_with`]). An input type over the size limit
+/// ([`crate::MAX_TENSOR_BYTES`]) fails the trace, naming the input and the caller's line.
+#[track_caller]
 pub fn input(name: &str, ty: LeafType) -> Tensor {
-    with_recording(|r| {
-        let index = r.graph.inputs.len();
-        let t = r.push(Op::Parameter { index }, Vec::new(), ty.clone());
-        r.graph.inputs.push(Input {
+    let at = Location::caller();
+    with_recording(|r| r.input(name, ty, at))
+}
+
+impl Recording {
+    fn input(&mut self, name: &str, ty: LeafType, at: &Location<'_>) -> Tensor {
+        if !ty.within_limit() {
+            let message = format!(
+                "input `{name}`: {}",
+                too_large(&ty, &[], &self.graph).trim_start_matches("the result ")
+            );
+            return self.fail("input", message, at, ty);
+        }
+        let index = self.graph.inputs.len();
+        let node = self
+            .graph
+            .push(Op::Parameter { index }, Vec::new(), ty.clone());
+        self.graph.inputs.push(Input {
             name: name.to_owned(),
             ty,
-            node: t.node,
+            node,
         });
-        t
-    })
+        Tensor {
+            node,
+            trace: self.id,
+        }
+    }
 }
 
 /// Whether a trace is active on this thread.

@@ -4,7 +4,10 @@
 //! Losses return **per-example** values (shape `[batch]`); averaging, and masking the padding of
 //! a ragged last batch, is the caller's (the training handle's) business.
 
-use super::Tensor;
+use std::panic::Location;
+
+use super::{with_recording, Tensor};
+use crate::tree::{DType, LeafType};
 
 /// `max(x, 0)`.
 #[track_caller]
@@ -32,15 +35,107 @@ pub fn softmax(x: Tensor, axis: usize) -> Tensor {
     e / e.sum_keep(&[axis])
 }
 
-/// Cross-entropy of `logits` `[batch, classes]` against integer `labels` `[batch]`, per example
-/// (shape `[batch]`).
+/// Checks that `labels` fit `logits` for a classification op: integer labels of shape exactly
+/// `logits.dims()[..rank - 1]`. On a mistake, records it as `op`'s trace error at `at` (naming
+/// both types) and returns `false`.
+fn labels_fit(logits: Tensor, labels: Tensor, op: &'static str, at: &Location<'_>) -> bool {
+    with_recording(|r| {
+        if !r.owns(logits, op, at) || !r.owns(labels, op, at) {
+            return false;
+        }
+        let (lt, yt) = (r.ty_of(logits), r.ty_of(labels));
+        let message = if !lt.dtype.is_float() || lt.dims.is_empty() {
+            format!(
+                "the logits must be a float tensor of rank at least 1 ([.., classes]), got {lt}"
+            )
+        } else if yt.dtype.is_float() || yt.dtype == DType::Bool {
+            format!("the labels must be integer class indices, got {yt} (logits {lt})")
+        } else if yt.dims != lt.dims[..lt.dims.len() - 1] {
+            format!(
+                "the labels {yt} do not fit the logits {lt}: labels must have exactly the \
+                 logits' dims without the last (class) dim, {:?}; reshape them (labels of \
+                 shape [batch, 1] would otherwise broadcast against every row)",
+                &lt.dims[..lt.dims.len() - 1]
+            )
+        } else {
+            return true;
+        };
+        r.fail(op, message, at, lt);
+        false
+    })
+}
+
+/// The per-example stand-in result (shape `logits.dims()[..rank - 1]`) of a failed op.
+fn per_example_stand_in(logits: Tensor) -> Tensor {
+    with_recording(|r| {
+        let ty = match r.graph.nodes.get(logits.node as usize) {
+            Some(n) if logits.trace == r.id => n.ty.clone(),
+            _ => LeafType::new(DType::F32, &[]),
+        };
+        let keep = ty.dims.len().saturating_sub(1);
+        r.stand_in(LeafType::new(ty.dtype, &ty.dims[..keep]))
+    })
+}
+
+/// Cross-entropy of `logits` `[.., classes]` against integer class `labels` `[..]`, per example
+/// (shape `[..]`, the logits' dims without the last).
+///
+/// The labels must be an integer tensor whose dims are **exactly** the logits' dims without the
+/// last: labels `i32[32, 1]` for logits `f32[32, 10]` are a trace-time error (naming this op,
+/// both types and your line), never broadcast into a `[32, 32]` loss.
+///
+/// A label outside `0..classes` (negative, or `classes` and above) matches no class: its
+/// one-hot row is all zeros, so that example's loss is **0** and it contributes **no
+/// gradient**, silently. The training handle checks label ranges when it loads data; check
+/// them yourself when you call this directly on other data.
+///
+/// ```
+/// use nitro::trace::{nn, trace};
+/// use nitro::{DType, LeafType};
+///
+/// let logits = ("logits".to_owned(), LeafType::new(DType::F32, &[32, 10]));
+/// let labels = ("labels".to_owned(), LeafType::new(DType::I32, &[32, 1]));
+/// let err = trace(&[logits, labels], |x| vec![nn::softmax_cross_entropy(x[0], x[1])]).unwrap_err();
+/// assert!(err.to_string().contains("softmax_cross_entropy"));
+/// assert!(err.to_string().contains("i32[32,1]"));
+/// ```
 #[track_caller]
 pub fn softmax_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor {
+    let at = Location::caller();
+    if !labels_fit(logits, labels, "softmax_cross_entropy", at) {
+        return per_example_stand_in(logits);
+    }
     let dims = logits.dims();
     let classes = dims.last().copied().unwrap_or(0);
     let axis = dims.len().saturating_sub(1);
     let targets = labels.one_hot(classes, logits.dtype());
     -(targets * log_softmax(logits, axis)).sum(&[axis])
+}
+
+/// Whether each example is classified right, per example: `1` where the first maximum of
+/// `logits` along the last dim is at the `labels` class, else `0`, in the logits' dtype (shape
+/// `[..]`, the logits' dims without the last). Sum it for the number of correct predictions.
+///
+/// The labels must fit the logits exactly as for [`softmax_cross_entropy`] (a mismatch is a
+/// trace-time error, never a broadcast). An out-of-range label is never right (`0`). A row
+/// holding NaN predicts the first NaN's position (see [`Tensor::argmax`]).
+#[track_caller]
+pub fn correct(logits: Tensor, labels: Tensor) -> Tensor {
+    let at = Location::caller();
+    if !labels_fit(logits, labels, "correct", at) {
+        return per_example_stand_in(logits);
+    }
+    let axis = logits.rank() - 1;
+    let index = if labels.dtype() == DType::I64 {
+        DType::I64
+    } else {
+        DType::I32
+    };
+    logits
+        .argmax(axis)
+        .convert(index)
+        .equal(labels.convert(index))
+        .convert(logits.dtype())
 }
 
 /// Squared error per example: the mean of `(pred - target)^2` over every dim but the first

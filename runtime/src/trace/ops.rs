@@ -8,7 +8,7 @@ use super::ir::{
     is_float, reduced_dims, with_dims, BinaryOp, CmpOp, DotDims, Op, ReduceOp, UnaryOp,
 };
 use super::{with_recording, Recording, Tensor};
-use crate::tree::{Array, DType, LeafType};
+use crate::tree::{dims_product, Array, DType, LeafType};
 
 /// An operand of a binary op: a tensor, or an `f64` scalar that takes the other operand's dtype.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -108,13 +108,20 @@ pub(crate) fn broadcast_dims(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
 }
 
 impl Recording {
-    fn ty_of(&self, t: Tensor) -> LeafType {
+    pub(super) fn ty_of(&self, t: Tensor) -> LeafType {
         self.graph.ty(t.node).clone()
     }
 
     fn constant(&mut self, array: Array) -> Tensor {
         let ty = array.leaf_type();
-        self.push(Op::Constant(Arc::new(array)), Vec::new(), ty)
+        // Every `Array` is within the size limit, so no check is needed here.
+        let node = self
+            .graph
+            .push(Op::Constant(Arc::new(array)), Vec::new(), ty);
+        Tensor {
+            node,
+            trace: self.id,
+        }
     }
 
     fn scalar(&mut self, value: f64, dtype: DType, op: &'static str, at: &Location<'_>) -> Tensor {
@@ -125,7 +132,13 @@ impl Recording {
     }
 
     /// Broadcasts `t` to `dims` NumPy-style (trailing dims align); a no-op when already there.
-    fn broadcast_to(&mut self, t: Tensor, dims: &[usize]) -> Tensor {
+    fn broadcast_to(
+        &mut self,
+        t: Tensor,
+        dims: &[usize],
+        op: &'static str,
+        at: &Location<'_>,
+    ) -> Tensor {
         let ty = self.ty_of(t);
         if ty.dims == dims {
             return t;
@@ -136,6 +149,8 @@ impl Recording {
             Op::BroadcastInDim { dims: map },
             vec![t.node],
             with_dims(ty.dtype, dims.to_vec()),
+            op,
+            at,
         )
     }
 
@@ -218,7 +233,7 @@ impl Recording {
         Some(
             tensors
                 .into_iter()
-                .map(|t| self.broadcast_to(t, &dims))
+                .map(|t| self.broadcast_to(t, &dims, op, at))
                 .collect(),
         )
     }
@@ -236,7 +251,13 @@ impl Recording {
                 ty,
             );
         }
-        self.push(Op::Binary(op), vec![ts[0].node, ts[1].node], ty)
+        self.push(
+            Op::Binary(op),
+            vec![ts[0].node, ts[1].node],
+            ty,
+            op.name(),
+            at,
+        )
     }
 
     fn compare(&mut self, op: CmpOp, a: Operand, b: Operand, at: &Location<'_>) -> Tensor {
@@ -250,6 +271,8 @@ impl Recording {
             Op::Compare(op),
             vec![ts[0].node, ts[1].node],
             with_dims(DType::Bool, dims),
+            "compare",
+            at,
         )
     }
 
@@ -292,7 +315,7 @@ impl Recording {
                 ty,
             );
         }
-        self.push(Op::Unary(op), vec![a.node], ty)
+        self.push(Op::Unary(op), vec![a.node], ty, op.name(), at)
     }
 
     pub(super) fn dot_general(
@@ -369,6 +392,8 @@ impl Recording {
             Op::DotGeneral(d),
             vec![a.node, b.node],
             with_dims(ta.dtype, dims),
+            op,
+            at,
         )
     }
 
@@ -402,6 +427,8 @@ impl Recording {
             },
             vec![a.node],
             out,
+            op,
+            at,
         );
         if keep {
             let kept = ty
@@ -410,7 +437,7 @@ impl Recording {
                 .enumerate()
                 .map(|(i, &d)| if axes.contains(&i) { 1 } else { d })
                 .collect();
-            self.push(Op::Reshape, vec![r.node], with_dims(ty.dtype, kept))
+            self.push(Op::Reshape, vec![r.node], with_dims(ty.dtype, kept), op, at)
         } else {
             r
         }
@@ -418,11 +445,11 @@ impl Recording {
 
     pub(super) fn reshape(&mut self, a: Tensor, dims: &[usize], at: &Location<'_>) -> Tensor {
         let ty = self.ty_of(a);
-        let (have, want) = (
-            ty.dims.iter().product::<usize>(),
-            dims.iter().product::<usize>(),
-        );
-        if have != want {
+        // The operand is within the size limit, so its count is too; the new dims may not be.
+        let have = dims_product(&ty.dims).unwrap_or(usize::MAX);
+        let want = dims_product(dims);
+        if want != Some(have) {
+            let want = want.map_or_else(|| "more than 2^64".to_owned(), |n| n.to_string());
             return self.fail(
                 "reshape",
                 format!(
@@ -440,6 +467,8 @@ impl Recording {
             Op::Reshape,
             vec![a.node],
             with_dims(ty.dtype, dims.to_vec()),
+            "reshape",
+            at,
         )
     }
 
@@ -462,6 +491,8 @@ impl Recording {
             },
             vec![a.node],
             with_dims(ty.dtype, dims),
+            "transpose",
+            at,
         )
     }
 
@@ -498,6 +529,8 @@ impl Recording {
             },
             vec![a.node],
             with_dims(ty.dtype, dims),
+            "slice",
+            at,
         )
     }
 
@@ -524,7 +557,7 @@ impl Recording {
                 t0,
             );
         }
-        let mut total = 0;
+        let mut total: usize = 0;
         for &p in parts {
             let t = self.ty_of(p);
             let same_rest = t.dims.len() == t0.dims.len()
@@ -537,7 +570,18 @@ impl Recording {
                     t0,
                 );
             }
-            total += t.dims[axis];
+            let Some(sum) = total.checked_add(t.dims[axis]) else {
+                return self.fail(
+                    "concatenate",
+                    format!(
+                        "the joined dim {axis} of {parts} parts overflows",
+                        parts = parts.len()
+                    ),
+                    at,
+                    t0,
+                );
+            };
+            total = sum;
         }
         let mut dims = t0.dims.clone();
         dims[axis] = total;
@@ -545,15 +589,24 @@ impl Recording {
             Op::Concatenate { axis },
             parts.iter().map(|p| p.node).collect(),
             with_dims(t0.dtype, dims),
+            "concatenate",
+            at,
         )
     }
 
-    pub(super) fn convert(&mut self, a: Tensor, dtype: DType) -> Tensor {
+    pub(super) fn convert(&mut self, a: Tensor, dtype: DType, at: &Location<'_>) -> Tensor {
         let ty = self.ty_of(a);
         if ty.dtype == dtype {
             return a;
         }
-        self.push(Op::Convert, vec![a.node], with_dims(dtype, ty.dims))
+        // A wider dtype can take a type over the size limit.
+        self.push(
+            Op::Convert,
+            vec![a.node],
+            with_dims(dtype, ty.dims),
+            "convert",
+            at,
+        )
     }
 
     pub(super) fn iota(
@@ -572,7 +625,7 @@ impl Recording {
                 ty,
             );
         }
-        self.push(Op::Iota { axis }, Vec::new(), ty)
+        self.push(Op::Iota { axis }, Vec::new(), ty, "iota", at)
     }
 
     pub(super) fn select(
@@ -608,13 +661,15 @@ impl Recording {
                 vt,
             );
         };
-        let p = self.broadcast_to(pred, &dims);
-        let a = self.broadcast_to(vals[0], &dims);
-        let b = self.broadcast_to(vals[1], &dims);
+        let p = self.broadcast_to(pred, &dims, "select", at);
+        let a = self.broadcast_to(vals[0], &dims, "select", at);
+        let b = self.broadcast_to(vals[1], &dims, "select", at);
         self.push(
             Op::Select,
             vec![p.node, a.node, b.node],
             with_dims(vt.dtype, dims),
+            "select",
+            at,
         )
     }
 }
@@ -646,7 +701,7 @@ impl Tensor {
         let at = at!();
         with_recording(|r| {
             let s = r.scalar(value, dtype, "constant", at);
-            r.broadcast_to(s, dims)
+            r.broadcast_to(s, dims, "full", at)
         })
     }
 
@@ -721,14 +776,16 @@ impl Tensor {
         with_recording(|r| r.binary(BinaryOp::Pow, self.into(), rhs.into(), at))
     }
 
-    /// Element-wise maximum, broadcasting.
+    /// Element-wise maximum, broadcasting. A NaN operand gives NaN (as NumPy's `maximum`), on
+    /// every backend; `-0` orders below `+0`.
     #[track_caller]
     pub fn maximum(self, rhs: impl Into<Operand>) -> Tensor {
         let at = at!();
         with_recording(|r| r.binary(BinaryOp::Max, self.into(), rhs.into(), at))
     }
 
-    /// Element-wise minimum, broadcasting.
+    /// Element-wise minimum, broadcasting. A NaN operand gives NaN (as NumPy's `minimum`), on
+    /// every backend; `-0` orders below `+0`.
     #[track_caller]
     pub fn minimum(self, rhs: impl Into<Operand>) -> Tensor {
         let at = at!();
@@ -742,8 +799,10 @@ impl Tensor {
     }
 
     /// Converts to another element type (floats to ints truncate toward zero; to bool is `x != 0`).
+    #[track_caller]
     pub fn convert(self, dtype: DType) -> Tensor {
-        with_recording(|r| r.convert(self, dtype))
+        let at = at!();
+        with_recording(|r| r.convert(self, dtype, at))
     }
 
     // ---- comparisons and selection ---------------------------------------------------------
@@ -925,7 +984,7 @@ impl Tensor {
         with_recording(|r| {
             let ty = r.ty_of(self);
             match broadcast_dims(&ty.dims, dims) {
-                Some(d) if d == dims => r.broadcast_to(self, dims),
+                Some(d) if d == dims => r.broadcast_to(self, dims, "broadcast", at),
                 _ => r.fail(
                     "broadcast",
                     format!("cannot broadcast {ty} to {dims:?}"),
@@ -959,21 +1018,24 @@ impl Tensor {
         self.sum(&axes)
     }
 
-    /// Maximum over `axes` (removed).
+    /// Maximum over `axes` (removed). NaN propagates, as in NumPy's and JAX's `max`: a group
+    /// holding a NaN gives NaN, on every backend. An empty group gives −∞ (or the integer type's
+    /// minimum).
     #[track_caller]
     pub fn max(self, axes: &[usize]) -> Tensor {
         let at = at!();
         with_recording(|r| r.reduce(ReduceOp::Max, self, axes, false, "max", at))
     }
 
-    /// Maximum over `axes`, kept as dims of size 1.
+    /// Maximum over `axes`, kept as dims of size 1 (NaN propagates, as in [`Tensor::max`]).
     #[track_caller]
     pub fn max_keep(self, axes: &[usize]) -> Tensor {
         let at = at!();
         with_recording(|r| r.reduce(ReduceOp::Max, self, axes, true, "max", at))
     }
 
-    /// Minimum over `axes` (removed).
+    /// Minimum over `axes` (removed). NaN propagates, as in [`Tensor::max`]; an empty group gives
+    /// +∞ (or the integer type's maximum).
     #[track_caller]
     pub fn min(self, axes: &[usize]) -> Tensor {
         let at = at!();
@@ -1010,25 +1072,35 @@ impl Tensor {
                     ty,
                 );
             }
-            let count: usize = axes.iter().filter_map(|&a| ty.dims.get(a)).product();
+            // A sub-product of a type within the size limit: it cannot overflow.
+            let reduced: Vec<usize> = axes
+                .iter()
+                .filter_map(|&a| ty.dims.get(a).copied())
+                .collect();
+            let count = dims_product(&reduced).unwrap_or(usize::MAX);
             let s = r.reduce(ReduceOp::Sum, self, axes, keep, "mean", at);
             let dims = r.ty_of(s).dims;
             let n = r.scalar(count as f64, ty.dtype, "mean", at);
-            let n = r.broadcast_to(n, &dims);
+            let n = r.broadcast_to(n, &dims, "mean", at);
             r.push(
                 Op::Binary(BinaryOp::Div),
                 vec![s.node, n.node],
                 with_dims(ty.dtype, dims),
+                "mean",
+                at,
             )
         })
     }
 
-    /// The index of the maximum along `axis` (the first on ties), as `i32`. Not differentiable.
+    /// The index of the maximum along `axis` (the first on ties), as `i32`. NaN counts as the
+    /// maximum, as in NumPy's `argmax`: a row holding NaN gives the index of its **first** NaN.
+    /// Not differentiable.
     #[track_caller]
     pub fn argmax(self, axis: usize) -> Tensor {
         let ty = self.ty();
         let m = self.max_keep(&[axis]);
-        // A NaN is the maximum (as in XLA): its position wins over every number.
+        // NaN propagates (as in NumPy): a NaN maximum (`m`) equals nothing, so the positions
+        // that win are the NaNs themselves (`x != x`), and the first NaN is the answer.
         let is_max = self.equal(m).maximum(self.not_equal(self));
         let idx = Tensor::iota(
             DType::I32,

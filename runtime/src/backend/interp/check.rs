@@ -3,7 +3,7 @@
 //! error instead of a panic or a wrong answer.
 
 use crate::trace::ir::{BinaryOp, DotDims, Graph, Op};
-use crate::tree::{DType, LeafType};
+use crate::tree::{dims_product, DType, LeafType};
 
 fn arity(n: usize, have: usize) -> Result<(), String> {
     if n == have {
@@ -90,6 +90,12 @@ pub(super) fn node(graph: &Graph, id: usize) -> Result<(), String> {
     }
     let ins: Vec<&LeafType> = node.inputs.iter().map(|&i| graph.ty(i)).collect();
     let out = &node.ty;
+    // Every type within the size limit bounds every product of dims the kernels compute.
+    if let Some(big) = ins.iter().copied().chain([out]).find(|t| !t.within_limit()) {
+        return Err(format!(
+            "{big} is over the size limit (nitro::MAX_TENSOR_BYTES, 2^63 - 1 bytes)"
+        ));
+    }
     let expected = match &node.op {
         Op::Parameter { index } => {
             arity(0, ins.len())?;
@@ -185,7 +191,7 @@ pub(super) fn node(graph: &Graph, id: usize) -> Result<(), String> {
         Op::Reshape => {
             arity(1, ins.len())?;
             let t = ins[0];
-            if t.dims.iter().product::<usize>() != out.dims.iter().product::<usize>() {
+            if dims_product(&t.dims) != dims_product(&out.dims) {
                 return Err(format!("{t} and {out} have different element counts"));
             }
             LeafType {

@@ -2,12 +2,15 @@
 //! matrix product, with StableHLO's semantics as XLA implements them on CPU.
 //!
 //! Each function takes typed storage whose shapes [`super::check`] has verified and returns the
-//! result's storage, or a message when the dtypes do not fit the op.
+//! result's storage (allocated fallibly), or a [`Fault`]: a message when the dtypes do not fit
+//! the op, or an allocation that failed.
 
 use crate::trace::ir::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
 use crate::tree::{ArrayData, DType};
 
+use super::alloc::{collect, filled, with_capacity};
 use super::layout::transpose_vec;
+use super::Fault;
 
 /// Floating-point element types.
 trait Float: Copy + PartialOrd + std::fmt::Debug {
@@ -184,52 +187,71 @@ int!(i32, true);
 int!(i64, true);
 int!(u8, false);
 
-fn zip<T: Copy, U>(a: &[T], b: &[T], f: impl Fn(T, T) -> U) -> Vec<U> {
-    a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
+fn zip<T: Copy, U>(a: &[T], b: &[T], f: impl Fn(T, T) -> U) -> Result<Vec<U>, Fault> {
+    collect(
+        a.len().min(b.len()),
+        a.iter().zip(b).map(|(&x, &y)| f(x, y)),
+    )
 }
 
-fn int_unary<T: Int>(op: UnaryOp, v: &[T]) -> Result<Vec<T>, String> {
-    v.iter()
-        .map(|&x| x.unary(op))
-        .collect::<Option<Vec<T>>>()
-        .ok_or_else(|| format!("`{}` is defined only for floats", op.name()))
+fn map<T: Copy, U>(a: &[T], f: impl Fn(T) -> U) -> Result<Vec<U>, Fault> {
+    collect(a.len(), a.iter().map(|&x| f(x)))
+}
+
+fn int_unary<T: Int>(op: UnaryOp, v: &[T]) -> Result<Vec<T>, Fault> {
+    let mut out = with_capacity(v.len())?;
+    for &x in v {
+        match x.unary(op) {
+            Some(y) => out.push(y),
+            None => return Err(format!("`{}` is defined only for floats", op.name()).into()),
+        }
+    }
+    Ok(out)
 }
 
 /// An element-wise unary function.
-pub(super) fn unary(op: UnaryOp, a: &ArrayData) -> Result<ArrayData, String> {
+pub(super) fn unary(op: UnaryOp, a: &ArrayData) -> Result<ArrayData, Fault> {
     Ok(match a {
-        ArrayData::F32(v) => ArrayData::F32(v.iter().map(|&x| x.unary(op)).collect()),
-        ArrayData::F64(v) => ArrayData::F64(v.iter().map(|&x| x.unary(op)).collect()),
+        ArrayData::F32(v) => ArrayData::F32(map(v, |x| x.unary(op))?),
+        ArrayData::F64(v) => ArrayData::F64(map(v, |x| x.unary(op))?),
         ArrayData::I32(v) => ArrayData::I32(int_unary(op, v)?),
         ArrayData::I64(v) => ArrayData::I64(int_unary(op, v)?),
         ArrayData::U8(v) => ArrayData::U8(int_unary(op, v)?),
-        ArrayData::Bool(_) => return Err(format!("`{}` is not defined for bool", op.name())),
+        ArrayData::Bool(_) => return Err(format!("`{}` is not defined for bool", op.name()).into()),
     })
 }
 
 /// An element-wise binary function of two operands of one shape and dtype.
-pub(super) fn binary(op: BinaryOp, a: &ArrayData, b: &ArrayData) -> Result<ArrayData, String> {
+pub(super) fn binary(op: BinaryOp, a: &ArrayData, b: &ArrayData) -> Result<ArrayData, Fault> {
     Ok(match (a, b) {
-        (ArrayData::F32(x), ArrayData::F32(y)) => ArrayData::F32(zip(x, y, |p, q| p.binary(q, op))),
-        (ArrayData::F64(x), ArrayData::F64(y)) => ArrayData::F64(zip(x, y, |p, q| p.binary(q, op))),
-        (ArrayData::I32(x), ArrayData::I32(y)) => ArrayData::I32(zip(x, y, |p, q| p.binary(q, op))),
-        (ArrayData::I64(x), ArrayData::I64(y)) => ArrayData::I64(zip(x, y, |p, q| p.binary(q, op))),
-        (ArrayData::U8(x), ArrayData::U8(y)) => ArrayData::U8(zip(x, y, |p, q| p.binary(q, op))),
+        (ArrayData::F32(x), ArrayData::F32(y)) => {
+            ArrayData::F32(zip(x, y, |p, q| p.binary(q, op))?)
+        }
+        (ArrayData::F64(x), ArrayData::F64(y)) => {
+            ArrayData::F64(zip(x, y, |p, q| p.binary(q, op))?)
+        }
+        (ArrayData::I32(x), ArrayData::I32(y)) => {
+            ArrayData::I32(zip(x, y, |p, q| p.binary(q, op))?)
+        }
+        (ArrayData::I64(x), ArrayData::I64(y)) => {
+            ArrayData::I64(zip(x, y, |p, q| p.binary(q, op))?)
+        }
+        (ArrayData::U8(x), ArrayData::U8(y)) => ArrayData::U8(zip(x, y, |p, q| p.binary(q, op))?),
         (ArrayData::Bool(x), ArrayData::Bool(y)) => match op {
-            BinaryOp::Max => ArrayData::Bool(zip(x, y, |p, q| p | q)),
-            BinaryOp::Min => ArrayData::Bool(zip(x, y, |p, q| p & q)),
-            _ => return Err(format!("`{}` is not defined for bool", op.name())),
+            BinaryOp::Max => ArrayData::Bool(zip(x, y, |p, q| p | q)?),
+            BinaryOp::Min => ArrayData::Bool(zip(x, y, |p, q| p & q)?),
+            _ => return Err(format!("`{}` is not defined for bool", op.name()).into()),
         },
         _ => return Err(mismatch(a, b)),
     })
 }
 
-fn mismatch(a: &ArrayData, b: &ArrayData) -> String {
-    format!(
+fn mismatch(a: &ArrayData, b: &ArrayData) -> Fault {
+    Fault::from(format!(
         "operands have different dtypes ({} and {})",
         a.dtype(),
         b.dtype()
-    )
+    ))
 }
 
 fn compare_one<T: PartialOrd>(op: CmpOp, a: T, b: T) -> bool {
@@ -245,41 +267,44 @@ fn compare_one<T: PartialOrd>(op: CmpOp, a: T, b: T) -> bool {
 }
 
 /// An element-wise comparison giving `bool`.
-pub(super) fn compare(op: CmpOp, a: &ArrayData, b: &ArrayData) -> Result<ArrayData, String> {
+pub(super) fn compare(op: CmpOp, a: &ArrayData, b: &ArrayData) -> Result<ArrayData, Fault> {
     Ok(ArrayData::Bool(match (a, b) {
-        (ArrayData::F32(x), ArrayData::F32(y)) => zip(x, y, |p, q| compare_one(op, p, q)),
-        (ArrayData::F64(x), ArrayData::F64(y)) => zip(x, y, |p, q| compare_one(op, p, q)),
-        (ArrayData::I32(x), ArrayData::I32(y)) => zip(x, y, |p, q| compare_one(op, p, q)),
-        (ArrayData::I64(x), ArrayData::I64(y)) => zip(x, y, |p, q| compare_one(op, p, q)),
-        (ArrayData::U8(x), ArrayData::U8(y)) => zip(x, y, |p, q| compare_one(op, p, q)),
-        (ArrayData::Bool(x), ArrayData::Bool(y)) => zip(x, y, |p, q| compare_one(op, p, q)),
+        (ArrayData::F32(x), ArrayData::F32(y)) => zip(x, y, |p, q| compare_one(op, p, q))?,
+        (ArrayData::F64(x), ArrayData::F64(y)) => zip(x, y, |p, q| compare_one(op, p, q))?,
+        (ArrayData::I32(x), ArrayData::I32(y)) => zip(x, y, |p, q| compare_one(op, p, q))?,
+        (ArrayData::I64(x), ArrayData::I64(y)) => zip(x, y, |p, q| compare_one(op, p, q))?,
+        (ArrayData::U8(x), ArrayData::U8(y)) => zip(x, y, |p, q| compare_one(op, p, q))?,
+        (ArrayData::Bool(x), ArrayData::Bool(y)) => zip(x, y, |p, q| compare_one(op, p, q))?,
         _ => return Err(mismatch(a, b)),
     }))
 }
 
-fn select_vec<T: Copy>(pred: &[bool], a: &[T], b: &[T]) -> Vec<T> {
+fn select_vec<T: Copy>(pred: &[bool], a: &[T], b: &[T]) -> Result<Vec<T>, Fault> {
     if let [p] = pred {
         // A scalar predicate picks a whole operand.
-        return if *p { a.to_vec() } else { b.to_vec() };
+        let whole = if *p { a } else { b };
+        return collect(whole.len(), whole.iter().copied());
     }
-    pred.iter()
-        .zip(a.iter().zip(b))
-        .map(|(&p, (&x, &y))| if p { x } else { y })
-        .collect()
+    collect(
+        pred.len(),
+        pred.iter()
+            .zip(a.iter().zip(b))
+            .map(|(&p, (&x, &y))| if p { x } else { y }),
+    )
 }
 
 /// `on_true` where `pred` holds, else `on_false`; `pred` has their shape, or is a scalar.
-pub(super) fn select(pred: &ArrayData, a: &ArrayData, b: &ArrayData) -> Result<ArrayData, String> {
+pub(super) fn select(pred: &ArrayData, a: &ArrayData, b: &ArrayData) -> Result<ArrayData, Fault> {
     let ArrayData::Bool(p) = pred else {
-        return Err(format!("the predicate must be bool, not {}", pred.dtype()));
+        return Err(format!("the predicate must be bool, not {}", pred.dtype()).into());
     };
     Ok(match (a, b) {
-        (ArrayData::F32(x), ArrayData::F32(y)) => ArrayData::F32(select_vec(p, x, y)),
-        (ArrayData::F64(x), ArrayData::F64(y)) => ArrayData::F64(select_vec(p, x, y)),
-        (ArrayData::I32(x), ArrayData::I32(y)) => ArrayData::I32(select_vec(p, x, y)),
-        (ArrayData::I64(x), ArrayData::I64(y)) => ArrayData::I64(select_vec(p, x, y)),
-        (ArrayData::U8(x), ArrayData::U8(y)) => ArrayData::U8(select_vec(p, x, y)),
-        (ArrayData::Bool(x), ArrayData::Bool(y)) => ArrayData::Bool(select_vec(p, x, y)),
+        (ArrayData::F32(x), ArrayData::F32(y)) => ArrayData::F32(select_vec(p, x, y)?),
+        (ArrayData::F64(x), ArrayData::F64(y)) => ArrayData::F64(select_vec(p, x, y)?),
+        (ArrayData::I32(x), ArrayData::I32(y)) => ArrayData::I32(select_vec(p, x, y)?),
+        (ArrayData::I64(x), ArrayData::I64(y)) => ArrayData::I64(select_vec(p, x, y)?),
+        (ArrayData::U8(x), ArrayData::U8(y)) => ArrayData::U8(select_vec(p, x, y)?),
+        (ArrayData::Bool(x), ArrayData::Bool(y)) => ArrayData::Bool(select_vec(p, x, y)?),
         _ => return Err(mismatch(a, b)),
     })
 }
@@ -290,29 +315,29 @@ pub(super) fn select(pred: &ArrayData, a: &ArrayData, b: &ArrayData) -> Result<A
 macro_rules! convert_all {
     ($v:expr, $to:expr, $zero:expr) => {
         match $to {
-            DType::F32 => ArrayData::F32($v.iter().map(|&x| x as f32).collect()),
-            DType::F64 => ArrayData::F64($v.iter().map(|&x| x as f64).collect()),
-            DType::I32 => ArrayData::I32($v.iter().map(|&x| x as i32).collect()),
-            DType::I64 => ArrayData::I64($v.iter().map(|&x| x as i64).collect()),
-            DType::U8 => ArrayData::U8($v.iter().map(|&x| x as u8).collect()),
-            DType::Bool => ArrayData::Bool($v.iter().map(|&x| x != $zero).collect()),
+            DType::F32 => ArrayData::F32(map(&$v, |x| x as f32)?),
+            DType::F64 => ArrayData::F64(map(&$v, |x| x as f64)?),
+            DType::I32 => ArrayData::I32(map(&$v, |x| x as i32)?),
+            DType::I64 => ArrayData::I64(map(&$v, |x| x as i64)?),
+            DType::U8 => ArrayData::U8(map(&$v, |x| x as u8)?),
+            DType::Bool => ArrayData::Bool(map(&$v, |x| x != $zero)?),
         }
     };
 }
 
 /// Element type conversion (see `convert_all!` for the rules; bool → number is 0 or 1).
-pub(super) fn convert(a: &ArrayData, to: DType) -> ArrayData {
-    match a {
+pub(super) fn convert(a: &ArrayData, to: DType) -> Result<ArrayData, Fault> {
+    Ok(match a {
         ArrayData::F32(v) => convert_all!(v, to, 0.0),
         ArrayData::F64(v) => convert_all!(v, to, 0.0),
         ArrayData::I32(v) => convert_all!(v, to, 0),
         ArrayData::I64(v) => convert_all!(v, to, 0),
         ArrayData::U8(v) => convert_all!(v, to, 0),
         ArrayData::Bool(v) => {
-            let bytes: Vec<u8> = v.iter().map(|&b| u8::from(b)).collect();
+            let bytes: Vec<u8> = map(v, u8::from)?;
             convert_all!(bytes, to, 0)
         }
-    }
+    })
 }
 
 /// Folds a non-empty slice pairwise (halves, then halves of halves), which keeps float sums
@@ -333,22 +358,35 @@ fn reduce_vec<T: Copy>(
     axes: &[usize],
     init: T,
     f: impl Fn(T, T) -> T,
-) -> Vec<T> {
+) -> Result<Vec<T>, Fault> {
     let mut perm: Vec<usize> = (0..dims.len()).filter(|d| !axes.contains(d)).collect();
-    let out_len: usize = perm.iter().map(|&d| dims[d]).product();
+    // Sub-products of a checked type's dims (see `layout::strides`): they cannot overflow.
+    let size = |ds: &[usize]| {
+        ds.iter()
+            .map(|&d| dims[d])
+            .fold(1usize, usize::saturating_mul)
+    };
+    let out_len = size(&perm);
     perm.extend_from_slice(axes);
-    let group: usize = axes.iter().map(|&d| dims[d]).product();
+    let group = size(axes);
     if group == 0 {
-        return vec![init; out_len];
+        return filled(out_len, init);
     }
-    let moved = transpose_vec(v, dims, &perm);
-    moved
-        .chunks_exact(group)
-        .map(|c| f(init, fold_pairwise(c, &f)))
-        .collect()
+    let moved = transpose_vec(v, dims, &perm)?;
+    collect(
+        out_len,
+        moved
+            .chunks_exact(group)
+            .map(|c| f(init, fold_pairwise(c, &f))),
+    )
 }
 
-fn reduce_float<T: Float>(kind: ReduceOp, v: &[T], dims: &[usize], axes: &[usize]) -> Vec<T> {
+fn reduce_float<T: Float>(
+    kind: ReduceOp,
+    v: &[T],
+    dims: &[usize],
+    axes: &[usize],
+) -> Result<Vec<T>, Fault> {
     match kind {
         ReduceOp::Sum => reduce_vec(v, dims, axes, T::ZERO, |a, b| a.binary(b, BinaryOp::Add)),
         ReduceOp::Max => reduce_vec(v, dims, axes, T::NEG_INF, |a, b| a.binary(b, BinaryOp::Max)),
@@ -356,7 +394,12 @@ fn reduce_float<T: Float>(kind: ReduceOp, v: &[T], dims: &[usize], axes: &[usize
     }
 }
 
-fn reduce_int<T: Int>(kind: ReduceOp, v: &[T], dims: &[usize], axes: &[usize]) -> Vec<T> {
+fn reduce_int<T: Int>(
+    kind: ReduceOp,
+    v: &[T],
+    dims: &[usize],
+    axes: &[usize],
+) -> Result<Vec<T>, Fault> {
     match kind {
         ReduceOp::Sum => reduce_vec(v, dims, axes, T::ZERO, |a, b| a.binary(b, BinaryOp::Add)),
         ReduceOp::Max => reduce_vec(v, dims, axes, T::MIN, |a, b| a.binary(b, BinaryOp::Max)),
@@ -367,18 +410,23 @@ fn reduce_int<T: Int>(kind: ReduceOp, v: &[T], dims: &[usize], axes: &[usize]) -
 /// A reduction over `axes` (ascending) of storage of shape `dims`. Inits: sum 0; max −∞ or the
 /// type's minimum; min +∞ or the type's maximum (an empty reduction gives the init). On bool,
 /// sum and max are `or`, min is `and`.
-pub(super) fn reduce(kind: ReduceOp, a: &ArrayData, dims: &[usize], axes: &[usize]) -> ArrayData {
-    match a {
-        ArrayData::F32(v) => ArrayData::F32(reduce_float(kind, v, dims, axes)),
-        ArrayData::F64(v) => ArrayData::F64(reduce_float(kind, v, dims, axes)),
-        ArrayData::I32(v) => ArrayData::I32(reduce_int(kind, v, dims, axes)),
-        ArrayData::I64(v) => ArrayData::I64(reduce_int(kind, v, dims, axes)),
-        ArrayData::U8(v) => ArrayData::U8(reduce_int(kind, v, dims, axes)),
+pub(super) fn reduce(
+    kind: ReduceOp,
+    a: &ArrayData,
+    dims: &[usize],
+    axes: &[usize],
+) -> Result<ArrayData, Fault> {
+    Ok(match a {
+        ArrayData::F32(v) => ArrayData::F32(reduce_float(kind, v, dims, axes)?),
+        ArrayData::F64(v) => ArrayData::F64(reduce_float(kind, v, dims, axes)?),
+        ArrayData::I32(v) => ArrayData::I32(reduce_int(kind, v, dims, axes)?),
+        ArrayData::I64(v) => ArrayData::I64(reduce_int(kind, v, dims, axes)?),
+        ArrayData::U8(v) => ArrayData::U8(reduce_int(kind, v, dims, axes)?),
         ArrayData::Bool(v) => ArrayData::Bool(match kind {
-            ReduceOp::Sum | ReduceOp::Max => reduce_vec(v, dims, axes, false, |a, b| a | b),
-            ReduceOp::Min => reduce_vec(v, dims, axes, true, |a, b| a & b),
+            ReduceOp::Sum | ReduceOp::Max => reduce_vec(v, dims, axes, false, |a, b| a | b)?,
+            ReduceOp::Min => reduce_vec(v, dims, axes, true, |a, b| a & b)?,
         }),
-    }
+    })
 }
 
 /// The shape of a batched product after the operands are laid out as `[B, M, K]` and `[B, K, N]`.
@@ -402,11 +450,15 @@ fn matmul<T: Copy>(
     s: MatmulShape,
     zero: T,
     mul_add: impl Fn(T, T, T) -> T,
-) -> Vec<T> {
+) -> Result<Vec<T>, Fault> {
     let MatmulShape { b, m, k, n } = s;
-    let mut out = vec![zero; b * m * n];
+    let len = b
+        .checked_mul(m)
+        .and_then(|x| x.checked_mul(n))
+        .ok_or_else(|| Fault::from(format!("the product shape {s:?} overflows")))?;
+    let mut out = filled(len, zero)?;
     if out.is_empty() || k == 0 {
-        return out;
+        return Ok(out);
     }
     for (bi, out_b) in out.chunks_exact_mut(m * n).enumerate() {
         let l = &lhs[bi * m * k..(bi + 1) * m * k];
@@ -419,7 +471,7 @@ fn matmul<T: Copy>(
             }
         }
     }
-    out
+    Ok(out)
 }
 
 /// The batched product of storage already laid out as `[B, M, K]` and `[B, K, N]`; the result is
@@ -428,23 +480,27 @@ pub(super) fn batched_matmul(
     lhs: &ArrayData,
     rhs: &ArrayData,
     s: MatmulShape,
-) -> Result<ArrayData, String> {
+) -> Result<ArrayData, Fault> {
     Ok(match (lhs, rhs) {
         (ArrayData::F32(x), ArrayData::F32(y)) => {
-            ArrayData::F32(matmul(x, y, s, 0.0, <f32 as Float>::mac))
+            ArrayData::F32(matmul(x, y, s, 0.0, <f32 as Float>::mac)?)
         }
         (ArrayData::F64(x), ArrayData::F64(y)) => {
-            ArrayData::F64(matmul(x, y, s, 0.0, <f64 as Float>::mac))
+            ArrayData::F64(matmul(x, y, s, 0.0, <f64 as Float>::mac)?)
         }
         (ArrayData::I32(x), ArrayData::I32(y)) => {
-            ArrayData::I32(matmul(x, y, s, 0, <i32 as Int>::mac))
+            ArrayData::I32(matmul(x, y, s, 0, <i32 as Int>::mac)?)
         }
         (ArrayData::I64(x), ArrayData::I64(y)) => {
-            ArrayData::I64(matmul(x, y, s, 0, <i64 as Int>::mac))
+            ArrayData::I64(matmul(x, y, s, 0, <i64 as Int>::mac)?)
         }
-        (ArrayData::U8(x), ArrayData::U8(y)) => ArrayData::U8(matmul(x, y, s, 0, <u8 as Int>::mac)),
+        (ArrayData::U8(x), ArrayData::U8(y)) => {
+            ArrayData::U8(matmul(x, y, s, 0, <u8 as Int>::mac)?)
+        }
         (ArrayData::Bool(_), ArrayData::Bool(_)) => {
-            return Err("dot_general is not defined for bool".into())
+            return Err(Fault::from(
+                "dot_general is not defined for bool".to_owned(),
+            ))
         }
         _ => return Err(mismatch(lhs, rhs)),
     })

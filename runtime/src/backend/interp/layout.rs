@@ -3,24 +3,28 @@
 //! Every function here is generic over the element type and assumes its arguments were checked
 //! by [`super::check`]: dims, permutations and windows fit the operand.
 
-use crate::tree::{Array, ArrayData, DType, Element};
+use crate::tree::{dims_product, Array, ArrayData, DType, Element};
+
+use super::alloc::{collect, with_capacity};
+use super::Fault;
 
 /// Applies `$body` to the elements of `$data` (bound to `$v`, a `&Vec<T>`), wrapping the
-/// resulting `Vec<T>` in the same `ArrayData` variant.
+/// resulting `Result<Vec<T>, Fault>` (after `?`) in the same `ArrayData` variant.
 macro_rules! map_data {
     ($data:expr, $v:ident => $body:expr) => {
         match $data {
-            ArrayData::F32($v) => ArrayData::F32($body),
-            ArrayData::F64($v) => ArrayData::F64($body),
-            ArrayData::I32($v) => ArrayData::I32($body),
-            ArrayData::I64($v) => ArrayData::I64($body),
-            ArrayData::U8($v) => ArrayData::U8($body),
-            ArrayData::Bool($v) => ArrayData::Bool($body),
+            ArrayData::F32($v) => ArrayData::F32($body?),
+            ArrayData::F64($v) => ArrayData::F64($body?),
+            ArrayData::I32($v) => ArrayData::I32($body?),
+            ArrayData::I64($v) => ArrayData::I64($body?),
+            ArrayData::U8($v) => ArrayData::U8($body?),
+            ArrayData::Bool($v) => ArrayData::Bool($body?),
         }
     };
 }
 
-/// Row-major strides of `dims`, in elements.
+/// Row-major strides of `dims`, in elements. The products cannot overflow: every type the
+/// interpreter meets is within the size limit (`check::node`), which bounds them.
 pub(super) fn strides(dims: &[usize]) -> Vec<usize> {
     let mut s = vec![1; dims.len()];
     for i in (0..dims.len().saturating_sub(1)).rev() {
@@ -31,15 +35,20 @@ pub(super) fn strides(dims: &[usize]) -> Vec<usize> {
 
 /// The elements `src[base + Σ idx[d] * strides[d]]` for every index `idx` of `dims`, in
 /// row-major order.
-pub(super) fn gather<T: Copy>(src: &[T], dims: &[usize], strides: &[usize], base: usize) -> Vec<T> {
-    let n: usize = dims.iter().product();
-    let mut out = Vec::with_capacity(n);
+pub(super) fn gather<T: Copy>(
+    src: &[T],
+    dims: &[usize],
+    strides: &[usize],
+    base: usize,
+) -> Result<Vec<T>, Fault> {
+    let n = dims_product(dims).ok_or_else(|| Fault::from(format!("{dims:?} overflow")))?;
+    let mut out = with_capacity(n)?;
     if n == 0 {
-        return out;
+        return Ok(out);
     }
     let Some(last) = dims.len().checked_sub(1) else {
         out.push(src[base]);
-        return out;
+        return Ok(out);
     };
     let (inner, inner_stride) = (dims[last], strides[last]);
     let mut idx = vec![0usize; last];
@@ -54,7 +63,7 @@ pub(super) fn gather<T: Copy>(src: &[T], dims: &[usize], strides: &[usize], base
         let mut d = last;
         loop {
             if d == 0 {
-                return out;
+                return Ok(out);
             }
             d -= 1;
             idx[d] += 1;
@@ -74,9 +83,13 @@ pub(super) fn is_identity(perm: &[usize]) -> bool {
 }
 
 /// Result dim `i` is operand dim `perm[i]`.
-pub(super) fn transpose_vec<T: Copy>(src: &[T], dims: &[usize], perm: &[usize]) -> Vec<T> {
+pub(super) fn transpose_vec<T: Copy>(
+    src: &[T],
+    dims: &[usize],
+    perm: &[usize],
+) -> Result<Vec<T>, Fault> {
     if is_identity(perm) {
-        return src.to_vec();
+        return collect(src.len(), src.iter().copied());
     }
     let s = strides(dims);
     let out_dims: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
@@ -85,8 +98,12 @@ pub(super) fn transpose_vec<T: Copy>(src: &[T], dims: &[usize], perm: &[usize]) 
 }
 
 /// Transposes typed storage of shape `dims`.
-pub(super) fn transpose(data: &ArrayData, dims: &[usize], perm: &[usize]) -> ArrayData {
-    map_data!(data, v => transpose_vec(v, dims, perm))
+pub(super) fn transpose(
+    data: &ArrayData,
+    dims: &[usize],
+    perm: &[usize],
+) -> Result<ArrayData, Fault> {
+    Ok(map_data!(data, v => transpose_vec(v, dims, perm)))
 }
 
 /// Broadcasts storage of shape `in_dims` to `out_dims`: operand dim `i` becomes result dim
@@ -96,7 +113,7 @@ pub(super) fn broadcast(
     in_dims: &[usize],
     out_dims: &[usize],
     map: &[usize],
-) -> ArrayData {
+) -> Result<ArrayData, Fault> {
     let s = strides(in_dims);
     let mut out_strides = vec![0; out_dims.len()];
     for (i, &d) in map.iter().enumerate() {
@@ -104,7 +121,7 @@ pub(super) fn broadcast(
             out_strides[d] = s[i];
         }
     }
-    map_data!(data, v => gather(v, out_dims, &out_strides, 0))
+    Ok(map_data!(data, v => gather(v, out_dims, &out_strides, 0)))
 }
 
 /// The strided window `start..limit` step `steps` of storage of shape `dims`; `out_dims` is the
@@ -115,34 +132,38 @@ pub(super) fn slice(
     start: &[usize],
     steps: &[usize],
     out_dims: &[usize],
-) -> ArrayData {
+) -> Result<ArrayData, Fault> {
     let s = strides(dims);
     let base = start.iter().zip(&s).map(|(a, b)| a * b).sum();
     let out_strides: Vec<usize> = s.iter().zip(steps).map(|(a, b)| a * b).collect();
-    map_data!(data, v => gather(v, out_dims, &out_strides, base))
+    Ok(map_data!(data, v => gather(v, out_dims, &out_strides, base)))
 }
 
-fn concat_vec<T: Element>(parts: &[&Array], axis: usize) -> Option<Vec<T>> {
-    let first = parts.first()?;
-    let outer: usize = first.dims()[..axis].iter().product();
-    let inner: usize = first.dims()[axis + 1..].iter().product();
+fn concat_vec<T: Element>(parts: &[&Array], axis: usize) -> Result<Vec<T>, Fault> {
+    let differ = || Fault::from("its operands have different dtypes".to_owned());
+    let first = parts.first().ok_or_else(differ)?;
+    // Sub-products of checked types (see `strides`) and a sum bounded by the checked result.
+    let outer = dims_product(&first.dims()[..axis]).unwrap_or(0);
+    let inner = dims_product(&first.dims()[axis + 1..]).unwrap_or(0);
     let total: usize = parts.iter().map(|p| p.len()).sum();
     let slices = parts
         .iter()
         .map(|p| Some((T::unwrap(p.data())?, p.dims()[axis] * inner)))
-        .collect::<Option<Vec<_>>>()?;
-    let mut out = Vec::with_capacity(total);
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(differ)?;
+    let mut out = with_capacity(total)?;
     for o in 0..outer {
         for &(v, chunk) in &slices {
             out.extend_from_slice(&v[o * chunk..(o + 1) * chunk]);
         }
     }
-    Some(out)
+    Ok(out)
 }
 
-/// Joins arrays of one dtype along `axis` (all other dims equal); `None` when dtypes differ.
-pub(super) fn concatenate(parts: &[&Array], axis: usize, dtype: DType) -> Option<ArrayData> {
-    Some(match dtype {
+/// Joins arrays of one dtype along `axis` (all other dims equal); an invalid-graph fault when
+/// dtypes differ.
+pub(super) fn concatenate(parts: &[&Array], axis: usize, dtype: DType) -> Result<ArrayData, Fault> {
+    Ok(match dtype {
         DType::F32 => ArrayData::F32(concat_vec(parts, axis)?),
         DType::F64 => ArrayData::F64(concat_vec(parts, axis)?),
         DType::I32 => ArrayData::I32(concat_vec(parts, axis)?),
@@ -153,18 +174,18 @@ pub(super) fn concatenate(parts: &[&Array], axis: usize, dtype: DType) -> Option
 }
 
 /// Iota: element `[i0, i1, …]` is `i_axis`, converted to `dtype` as by `as` (integers wrap).
-/// `None` for `bool`, which has no iota.
-pub(super) fn iota(dtype: DType, dims: &[usize], axis: usize) -> Option<ArrayData> {
-    let n: usize = dims.iter().product();
-    let stride: usize = dims[axis + 1..].iter().product();
-    let size = dims[axis];
+/// An invalid-graph fault for `bool`, which has no iota.
+pub(super) fn iota(dtype: DType, dims: &[usize], axis: usize) -> Result<ArrayData, Fault> {
+    let n = dims_product(dims).ok_or_else(|| Fault::from(format!("{dims:?} overflow")))?;
+    let stride = dims_product(&dims[axis + 1..]).unwrap_or(1).max(1);
+    let size = dims[axis].max(1);
     let index = (0..n).map(move |i| (i / stride) % size);
-    Some(match dtype {
-        DType::F32 => ArrayData::F32(index.map(|i| i as f32).collect()),
-        DType::F64 => ArrayData::F64(index.map(|i| i as f64).collect()),
-        DType::I32 => ArrayData::I32(index.map(|i| i as i32).collect()),
-        DType::I64 => ArrayData::I64(index.map(|i| i as i64).collect()),
-        DType::U8 => ArrayData::U8(index.map(|i| i as u8).collect()),
-        DType::Bool => return None,
+    Ok(match dtype {
+        DType::F32 => ArrayData::F32(collect(n, index.map(|i| i as f32))?),
+        DType::F64 => ArrayData::F64(collect(n, index.map(|i| i as f64))?),
+        DType::I32 => ArrayData::I32(collect(n, index.map(|i| i as i32))?),
+        DType::I64 => ArrayData::I64(collect(n, index.map(|i| i as i64))?),
+        DType::U8 => ArrayData::U8(collect(n, index.map(|i| i as u8))?),
+        DType::Bool => return Err(Fault::from("iota is not defined for bool".to_owned())),
     })
 }

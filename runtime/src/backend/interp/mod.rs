@@ -27,6 +27,11 @@
 //! - Reductions start from the init value (sum 0, max −∞ or the type's minimum, min +∞ or the
 //!   type's maximum), so reducing an empty dim gives the init. Float sums add pairwise.
 //! - `dot_general` accumulates in the element type (integers wrap).
+//! - Float max/min reductions propagate NaN (a group holding NaN gives NaN), as NumPy and JAX
+//!   do; the emitter spells the same rule out for XLA, whose CPU backend would drop the NaN.
+//!
+//! Every buffer is allocated fallibly (`try_reserve`): a value too large for the memory at hand
+//! fails the run with [`Error::OutOfMemory`], naming the node, instead of aborting the process.
 //!
 //! ```
 //! use nitro::backend::interp;
@@ -40,6 +45,7 @@
 //! # Ok::<(), nitro::Error>(())
 //! ```
 
+mod alloc;
 mod check;
 mod kernels;
 mod layout;
@@ -58,7 +64,8 @@ use kernels::MatmulShape;
 /// Errors: [`Error::InputCount`] when the number of inputs differs from the graph's;
 /// [`Error::InputType`], naming the input, when one has another dtype or dims than declared —
 /// both checked before anything is computed; [`Error::InvalidGraph`] when a node needed by an
-/// output is malformed (never for a graph made by [`crate::trace::trace`]).
+/// output is malformed (never for a graph made by [`crate::trace::trace`]);
+/// [`Error::OutOfMemory`], naming the node, when a value cannot be allocated.
 pub fn run(graph: &Graph, inputs: &[Array]) -> Result<Vec<Array>> {
     let refs: Vec<&Array> = inputs.iter().collect();
     run_refs(graph, &refs)
@@ -115,6 +122,17 @@ pub fn run_refs(graph: &Graph, inputs: &[&Array]) -> Result<Vec<Array>> {
             op: node.op.name(),
             message,
         };
+        let fault = |f: Fault| match f {
+            Fault::Invalid(message) => invalid(message),
+            Fault::Alloc { bytes } => Error::OutOfMemory {
+                what: format!(
+                    "the value of node %{id} (`{}`, {}) in the interpreter",
+                    node.op.name(),
+                    node.ty
+                ),
+                bytes,
+            },
+        };
         check::node(graph, id).map_err(invalid)?;
         let operands = node
             .inputs
@@ -122,7 +140,7 @@ pub fn run_refs(graph: &Graph, inputs: &[&Array]) -> Result<Vec<Array>> {
             .map(|&i| values[i as usize].as_deref())
             .collect::<Option<Vec<&Array>>>()
             .ok_or_else(|| invalid("an operand was not computed before it".into()))?;
-        let value = eval(node, &operands, inputs).map_err(invalid)?;
+        let value = eval(node, &operands, inputs).map_err(fault)?;
         if value.dims() != node.ty.dims.as_slice() || value.dtype() != node.ty.dtype {
             return Err(invalid(format!(
                 "it computed {} but declares {}",
@@ -138,20 +156,78 @@ pub fn run_refs(graph: &Graph, inputs: &[&Array]) -> Result<Vec<Array>> {
         values[id] = Some(value);
     }
 
-    graph
-        .outputs
-        .iter()
-        .map(|&o| {
-            values[o as usize]
-                .as_deref()
-                .cloned()
-                .ok_or_else(|| Error::InvalidGraph {
+    let mut outputs = Vec::with_capacity(graph.outputs.len());
+    for (k, &o) in graph.outputs.iter().enumerate() {
+        // The last use of a value moves it out; an earlier one (an output listed twice), or a
+        // borrowed parameter or constant, is copied, fallibly.
+        let last = !graph.outputs[k + 1..].contains(&o);
+        let value = if last {
+            values[o as usize].take()
+        } else {
+            values[o as usize].as_deref().map(Cow::Borrowed)
+        };
+        let Some(value) = value else {
+            return Err(Error::InvalidGraph {
+                node: o,
+                op: "output",
+                message: "the output was not computed".into(),
+            });
+        };
+        let array = match value {
+            Cow::Owned(a) => a,
+            Cow::Borrowed(a) => copy(a).map_err(|f| match f {
+                Fault::Invalid(message) => Error::InvalidGraph {
                     node: o,
                     op: "output",
-                    message: "the output was not computed".into(),
-                })
-        })
-        .collect()
+                    message,
+                },
+                Fault::Alloc { bytes } => Error::OutOfMemory {
+                    what: format!(
+                        "a copy of output {k} ({}) in the interpreter",
+                        a.leaf_type()
+                    ),
+                    bytes,
+                },
+            })?,
+        };
+        outputs.push(array);
+    }
+    Ok(outputs)
+}
+
+/// Why a node could not be evaluated.
+#[derive(Debug)]
+enum Fault {
+    /// The node is malformed (the message says how).
+    Invalid(String),
+    /// A buffer of `bytes` bytes could not be allocated.
+    Alloc {
+        /// The size asked for.
+        bytes: u64,
+    },
+}
+
+impl From<String> for Fault {
+    fn from(message: String) -> Fault {
+        Fault::Invalid(message)
+    }
+}
+
+/// A copy of typed storage, allocated fallibly.
+fn copy_data(data: &ArrayData) -> std::result::Result<ArrayData, Fault> {
+    Ok(match data {
+        ArrayData::F32(v) => ArrayData::F32(alloc::collect(v.len(), v.iter().copied())?),
+        ArrayData::F64(v) => ArrayData::F64(alloc::collect(v.len(), v.iter().copied())?),
+        ArrayData::I32(v) => ArrayData::I32(alloc::collect(v.len(), v.iter().copied())?),
+        ArrayData::I64(v) => ArrayData::I64(alloc::collect(v.len(), v.iter().copied())?),
+        ArrayData::U8(v) => ArrayData::U8(alloc::collect(v.len(), v.iter().copied())?),
+        ArrayData::Bool(v) => ArrayData::Bool(alloc::collect(v.len(), v.iter().copied())?),
+    })
+}
+
+/// A copy of an array, allocated fallibly.
+fn copy(a: &Array) -> std::result::Result<Array, Fault> {
+    Array::from_data(a.dims(), copy_data(a.data())?).map_err(|e| Fault::Invalid(e.to_string()))
 }
 
 /// Checks the input count, then each input's dtype and dims against the graph's declaration.
@@ -176,8 +252,8 @@ fn check_inputs(graph: &Graph, inputs: &[&Array]) -> Result<()> {
 }
 
 /// An array of the node's declared dims holding `data`.
-fn array(node: &Node, data: ArrayData) -> std::result::Result<Array, String> {
-    Array::from_data(&node.ty.dims, data).map_err(|e| e.to_string())
+fn array(node: &Node, data: ArrayData) -> std::result::Result<Array, Fault> {
+    Array::from_data(&node.ty.dims, data).map_err(|e| Fault::Invalid(e.to_string()))
 }
 
 /// Evaluates one checked node on its operands' values.
@@ -185,20 +261,16 @@ fn eval<'a>(
     node: &'a Node,
     operands: &[&Array],
     inputs: &[&'a Array],
-) -> std::result::Result<Cow<'a, Array>, String> {
+) -> std::result::Result<Cow<'a, Array>, Fault> {
     let out_dims = node.ty.dims.as_slice();
     let owned = |data: ArrayData| array(node, data).map(Cow::Owned);
     match &node.op {
         Op::Parameter { index } => inputs
             .get(*index)
             .map(|a| Cow::Borrowed(*a))
-            .ok_or_else(|| format!("there is no input {index}")),
+            .ok_or_else(|| Fault::Invalid(format!("there is no input {index}"))),
         Op::Constant(a) => Ok(Cow::Borrowed(&**a)),
-        Op::Iota { axis } => {
-            let data = layout::iota(node.ty.dtype, out_dims, *axis)
-                .ok_or_else(|| format!("iota is not defined for {}", node.ty.dtype))?;
-            owned(data)
-        }
+        Op::Iota { axis } => owned(layout::iota(node.ty.dtype, out_dims, *axis)?),
         Op::Unary(u) => owned(kernels::unary(*u, operands[0].data())?),
         Op::Binary(b) => owned(kernels::binary(*b, operands[0].data(), operands[1].data())?),
         Op::Compare(c) => owned(kernels::compare(
@@ -211,25 +283,21 @@ fn eval<'a>(
             operands[1].data(),
             operands[2].data(),
         )?),
-        Op::Convert => owned(kernels::convert(operands[0].data(), node.ty.dtype)),
+        Op::Convert => owned(kernels::convert(operands[0].data(), node.ty.dtype)?),
         Op::BroadcastInDim { dims } => {
             let a = operands[0];
-            owned(layout::broadcast(a.data(), a.dims(), out_dims, dims))
+            owned(layout::broadcast(a.data(), a.dims(), out_dims, dims)?)
         }
-        Op::Reshape => owned(operands[0].data().clone()),
+        Op::Reshape => owned(copy_data(operands[0].data())?),
         Op::Transpose { perm } => {
             let a = operands[0];
-            owned(layout::transpose(a.data(), a.dims(), perm))
+            owned(layout::transpose(a.data(), a.dims(), perm)?)
         }
         Op::Slice { start, strides, .. } => {
             let a = operands[0];
-            owned(layout::slice(a.data(), a.dims(), start, strides, out_dims))
+            owned(layout::slice(a.data(), a.dims(), start, strides, out_dims)?)
         }
-        Op::Concatenate { axis } => {
-            let data = layout::concatenate(operands, *axis, node.ty.dtype)
-                .ok_or_else(|| "its operands have different dtypes".to_owned())?;
-            owned(data)
-        }
+        Op::Concatenate { axis } => owned(layout::concatenate(operands, *axis, node.ty.dtype)?),
         Op::DotGeneral(d) => {
             let (l, r) = (operands[0], operands[1]);
             let free = |rank: usize, batch: &[usize], contract: &[usize]| -> Vec<usize> {
@@ -239,8 +307,12 @@ fn eval<'a>(
             };
             let l_free = free(l.rank(), &d.lhs_batch, &d.lhs_contract);
             let r_free = free(r.rank(), &d.rhs_batch, &d.rhs_contract);
-            let size =
-                |a: &Array, axes: &[usize]| axes.iter().map(|&i| a.dims()[i]).product::<usize>();
+            // Sub-products of a checked type's dims: they cannot overflow.
+            let size = |a: &Array, axes: &[usize]| {
+                axes.iter()
+                    .map(|&i| a.dims()[i])
+                    .fold(1usize, usize::saturating_mul)
+            };
             let shape = MatmulShape {
                 b: size(l, &d.lhs_batch),
                 m: size(l, &l_free),
@@ -251,22 +323,22 @@ fn eval<'a>(
             // the batched product is then [batch, lhs free, rhs free], the result's order.
             let l_perm: Vec<usize> = [&d.lhs_batch[..], &l_free, &d.lhs_contract].concat();
             let r_perm: Vec<usize> = [&d.rhs_batch[..], &d.rhs_contract, &r_free].concat();
-            let lt = permuted(l, &l_perm);
-            let rt = permuted(r, &r_perm);
+            let lt = permuted(l, &l_perm)?;
+            let rt = permuted(r, &r_perm)?;
             owned(kernels::batched_matmul(&lt, &rt, shape)?)
         }
         Op::Reduce { kind, axes } => {
             let a = operands[0];
-            owned(kernels::reduce(*kind, a.data(), a.dims(), axes))
+            owned(kernels::reduce(*kind, a.data(), a.dims(), axes)?)
         }
     }
 }
 
 /// The array's storage with its dims permuted, borrowed when `perm` is the identity.
-fn permuted<'a>(a: &'a Array, perm: &[usize]) -> Cow<'a, ArrayData> {
-    if layout::is_identity(perm) {
+fn permuted<'a>(a: &'a Array, perm: &[usize]) -> std::result::Result<Cow<'a, ArrayData>, Fault> {
+    Ok(if layout::is_identity(perm) {
         Cow::Borrowed(a.data())
     } else {
-        Cow::Owned(layout::transpose(a.data(), a.dims(), perm))
-    }
+        Cow::Owned(layout::transpose(a.data(), a.dims(), perm)?)
+    })
 }

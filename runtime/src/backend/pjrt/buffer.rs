@@ -136,8 +136,14 @@ impl DeviceBuffer {
     pub fn to_host(&self) -> Result<Array> {
         let plugin = self.client.plugin;
         let f = plugin.func(plugin.api.fns.buffer_to_host, names::buffer_to_host)?;
-        let n: usize = self.ty.dims.iter().product();
-        let want = n * self.ty.dtype.size_bytes();
+        // Checked: a declared output type over the size limit is refused, never wrapped.
+        let want = self
+            .ty
+            .size_bytes()
+            .and_then(|b| usize::try_from(b).ok())
+            .ok_or_else(|| Error::ShapeTooLarge {
+                ty: self.ty.clone(),
+            })?;
         let mut q = ffi::BufferToHostArgs::new();
         q.src = self.raw;
         // SAFETY: `q` is a valid `PJRT_Buffer_ToHostBuffer_Args` with a null `dst`: the plugin
@@ -151,18 +157,24 @@ impl DeviceBuffer {
                 ),
             });
         }
-        let data = match self.ty.dtype {
-            DType::F32 => ArrayData::F32(self.copy_into(vec![0f32; n])?),
-            DType::F64 => ArrayData::F64(self.copy_into(vec![0f64; n])?),
-            DType::I32 => ArrayData::I32(self.copy_into(vec![0i32; n])?),
-            DType::I64 => ArrayData::I64(self.copy_into(vec![0i64; n])?),
-            DType::U8 => ArrayData::U8(self.copy_into(vec![0u8; n])?),
-            DType::Bool => ArrayData::Bool(
-                self.copy_into(vec![0u8; n])?
-                    .into_iter()
-                    .map(|b| b != 0)
-                    .collect(),
-            ),
+        // The host copy is allocated fallibly (`Error::OutOfMemory`, never an abort); `bool`
+        // elements arrive as bytes.
+        let dims = &self.ty.dims;
+        let host = match self.ty.dtype {
+            DType::Bool => DType::U8,
+            dtype => dtype,
+        };
+        let data = match Array::try_zeros(host, dims)?.into_parts().1 {
+            ArrayData::F32(v) => ArrayData::F32(self.copy_into(v)?),
+            ArrayData::F64(v) => ArrayData::F64(self.copy_into(v)?),
+            ArrayData::I32(v) => ArrayData::I32(self.copy_into(v)?),
+            ArrayData::I64(v) => ArrayData::I64(self.copy_into(v)?),
+            ArrayData::U8(v) if self.ty.dtype == DType::Bool => {
+                // Collected in place (same size and alignment): no second allocation.
+                ArrayData::Bool(self.copy_into(v)?.into_iter().map(|b| b != 0).collect())
+            }
+            ArrayData::U8(v) => ArrayData::U8(self.copy_into(v)?),
+            ArrayData::Bool(v) => ArrayData::Bool(v),
         };
         Array::from_data(&self.ty.dims, data)
     }

@@ -23,6 +23,8 @@ pub struct Executable {
     client: Arc<ClientInner>,
     raw: *mut RawLoadedExecutable,
     inputs: Vec<LeafType>,
+    /// The inputs' names (leaf paths) for errors; `argN` where none was given.
+    input_names: Vec<String>,
     outputs: Vec<LeafType>,
 }
 
@@ -37,6 +39,7 @@ impl std::fmt::Debug for Executable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Executable")
             .field("inputs", &self.inputs)
+            .field("input_names", &self.input_names)
             .field("outputs", &self.outputs)
             .finish()
     }
@@ -113,6 +116,9 @@ const MAGIC: &[u8; 16] = b"NITRO-PJRT-EXE\x00\x01";
 struct Header {
     identity: BackendIdentity,
     inputs: Vec<LeafType>,
+    /// The inputs' names; absent in executables serialized before names were kept.
+    #[serde(default)]
+    input_names: Vec<String>,
     outputs: Vec<LeafType>,
     payload_len: u64,
     payload_digest: Digest,
@@ -154,6 +160,11 @@ fn parse(bytes: &[u8]) -> Result<(Header, &[u8])> {
 /// loading anything (for caches that keep entries of several backends).
 pub fn serialized_identity(bytes: &[u8]) -> Result<BackendIdentity> {
     parse(bytes).map(|(h, _)| h.identity)
+}
+
+/// `arg0`, `arg1`, …: the names of inputs nobody named.
+fn default_names(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("arg{i}")).collect()
 }
 
 /// The first non-empty line of an XLA message.
@@ -212,6 +223,7 @@ impl Executable {
             client: client.clone(),
             raw: a.executable,
             inputs: inputs.to_vec(),
+            input_names: default_names(inputs.len()),
             outputs: outputs.to_vec(),
         };
         exe.check_outputs()?;
@@ -221,6 +233,24 @@ impl Executable {
     /// The declared input types, in argument order.
     pub fn inputs(&self) -> &[LeafType] {
         &self.inputs
+    }
+
+    /// The inputs' names (leaf paths such as `layers[0].w`), in argument order: what input-type
+    /// errors call them. `arg0`, `arg1`, … unless set with
+    /// [`with_input_names`](Executable::with_input_names).
+    pub fn input_names(&self) -> &[String] {
+        &self.input_names
+    }
+
+    /// The executable with its inputs named `names` (in argument order), so that an argument of
+    /// the wrong type is reported by its path, as the interpreter does. Names beyond the input
+    /// count are ignored; inputs without one keep `argN`. The names are kept by
+    /// [`serialize`](Executable::serialize).
+    pub fn with_input_names(mut self, names: impl IntoIterator<Item = String>) -> Executable {
+        for (slot, name) in self.input_names.iter_mut().zip(names) {
+            *slot = name;
+        }
+        self
     }
 
     /// The declared output types, in `return` order.
@@ -351,6 +381,14 @@ impl Executable {
         Ok(())
     }
 
+    /// The name of input `index`, for errors.
+    fn input_name(&self, index: usize) -> String {
+        self.input_names
+            .get(index)
+            .cloned()
+            .unwrap_or_else(|| format!("arg{index}"))
+    }
+
     /// Checks the arguments' count, client, dtypes and dims against the declared inputs.
     fn check_args<'b>(&self, args: impl ExactSizeIterator<Item = &'b DeviceBuffer>) -> Result<()> {
         if args.len() != self.inputs.len() {
@@ -366,7 +404,7 @@ impl Executable {
             if b.leaf_type() != want {
                 return Err(Error::InputType {
                     index,
-                    name: format!("arg{index}"),
+                    name: self.input_name(index),
                     expected: want.clone(),
                     got: b.leaf_type().clone(),
                 });
@@ -426,7 +464,7 @@ impl Executable {
             if &got != want {
                 return Err(Error::InputType {
                     index,
-                    name: format!("arg{index}"),
+                    name: self.input_name(index),
                     expected: want.clone(),
                     got,
                 });
@@ -550,6 +588,7 @@ impl Executable {
         let header = Header {
             identity,
             inputs: self.inputs.clone(),
+            input_names: self.input_names.clone(),
             outputs: self.outputs.clone(),
             payload_len: payload.len() as u64,
             payload_digest: Digest::from(blake3::hash(&payload)),
@@ -607,12 +646,15 @@ impl Executable {
                 message: "the plugin returned no executable and no error".into(),
             });
         }
+        let names = default_names(header.inputs.len());
         let exe = Executable {
             client: inner.clone(),
             raw: a.loaded_executable,
             inputs: header.inputs,
+            input_names: names,
             outputs: header.outputs,
-        };
+        }
+        .with_input_names(header.input_names);
         exe.check_outputs()?;
         Ok(exe)
     }
