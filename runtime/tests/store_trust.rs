@@ -442,6 +442,26 @@ fn a_stopped_lock_holder_is_not_waited_for() {
 }
 
 #[test]
+fn an_older_stores_unbounded_bookkeeping_is_removed_on_open() {
+    let tmp = TempDir::new("legacy");
+    open(tmp.path());
+    let logical = tmp.path().join("logical");
+    fs::create_dir(&logical).unwrap();
+    fs::write(logical.join(Digest::of("a").to_string()), b"f b o").unwrap();
+    let per_key = tmp
+        .path()
+        .join("locks")
+        .join(format!("{}.lock", Digest::of("b")));
+    fs::write(&per_key, b"").unwrap();
+    let shared = tmp.path().join("locks").join("abc.lock");
+    fs::write(&shared, b"").unwrap();
+    open(tmp.path());
+    assert!(!logical.exists());
+    assert!(!per_key.exists());
+    assert!(shared.exists(), "a current lock file is kept");
+}
+
+#[test]
 fn rejections_are_named_by_kind() {
     let tmp = TempDir::new("kinds");
     let store = open(tmp.path());

@@ -258,6 +258,7 @@ impl DirStore {
         for sub in [PROGRAMS, LOCKS] {
             private_subdir(&dir.join(sub))?;
         }
+        remove_legacy(&dir);
         let store = DirStore {
             dir,
             capacity,
@@ -722,6 +723,25 @@ fn open_no_follow(path: &Path) -> std::io::Result<File> {
 fn is_symlink_refusal(e: &std::io::Error, path: &Path) -> bool {
     let _ = e;
     fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
+}
+
+/// Removes what older versions of the store kept and this one does not: `logical/` records
+/// (one file per program configuration, never bounded) and per-key lock files (replaced by
+/// shared ones named by a key prefix).
+fn remove_legacy(dir: &Path) {
+    let _ = fs::remove_dir_all(dir.join("logical"));
+    if let Ok(rd) = fs::read_dir(dir.join(LOCKS)) {
+        for e in rd.filter_map(|e| e.ok()) {
+            let name = e.file_name();
+            let per_key = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(".lock"))
+                .is_some_and(|stem| stem.len() == 64);
+            if per_key {
+                let _ = fs::remove_file(e.path());
+            }
+        }
+    }
 }
 
 /// The process id written in a lock file by its holder, if readable.
