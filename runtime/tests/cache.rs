@@ -18,14 +18,13 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Barrier, OnceLock};
 use std::time::Duration;
 
-use common::TempDir;
+use common::{sigs, xla_or_skip, TempDir};
 use nitro::backend::{self, Backend, Executable, Identity, Interpreter};
 use nitro::cache::{self, Cache, CacheStats, DirStore, MissReason};
 use nitro::prelude::*;
 use nitro::program::{Outputs, Program};
 use nitro::trace::Graph;
 use nitro::Error;
-use nitro::SignatureChange;
 
 // ---------------------------------------------------------------------------------------------
 // Experiments and programs
@@ -205,22 +204,6 @@ fn gc(fields: &[&str]) -> MissReason {
     }
 }
 
-/// A signature change of one or more nodes, by path: `(path, from, to)`, `""` for a side that
-/// lacks the node (added or removed).
-fn sigs(changes: &[(&str, &str, &str)]) -> MissReason {
-    let side = |s: &str| (!s.is_empty()).then(|| s.to_owned());
-    MissReason::SignatureChanged {
-        changes: changes
-            .iter()
-            .map(|(path, from, to)| SignatureChange {
-                path: (*path).to_owned(),
-                from: side(from),
-                to: side(to),
-            })
-            .collect(),
-    }
-}
-
 fn sig(leaf: &str, from: &str, to: &str) -> MissReason {
     sigs(&[(leaf, from, to)])
 }
@@ -322,21 +305,6 @@ impl Backend for Counting {
     }
     fn load(&self, payload: &[u8], graph: &Graph) -> nitro::Result<Box<dyn Executable>> {
         Counting::inner().load(payload, graph)
-    }
-}
-
-fn xla_or_skip(test: &str) -> bool {
-    match backend::xla() {
-        Ok(_) => true,
-        Err(e) => {
-            let required = std::env::var("NITRO_REQUIRE_XLA").is_ok_and(|v| v.trim() == "1");
-            assert!(
-                !required,
-                "{test}: NITRO_REQUIRE_XLA=1 but XLA is unavailable: {e}"
-            );
-            println!("skip: {test}: {e}");
-            false
-        }
     }
 }
 
@@ -944,7 +912,7 @@ fn l2_warm_start_across_processes_on_the_interpreter() {
 
 #[test]
 fn l2_warm_start_across_processes_on_xla() {
-    if xla_or_skip("l2_warm_start_across_processes_on_xla") {
+    if xla_or_skip("l2_warm_start_across_processes_on_xla").is_some() {
         warm_start_across_processes("xla");
     }
 }

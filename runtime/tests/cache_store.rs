@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
+use common::probe::{probe, Probe, OTHER, STEP};
 use common::TempDir;
 use nitro::backend;
 use nitro::cache::{Cache, DirStore, Entry, EntryMeta, Lookup, MissReason, RejectKind, Store};
@@ -596,33 +597,6 @@ fn the_key_lock_is_exclusive_and_leased() {
 // ---------------------------------------------------------------------------------------------
 // Faults seen through a cache: rebuilt, counted, and served again
 // ---------------------------------------------------------------------------------------------
-
-#[experiment]
-pub struct Probe {
-    #[graph_const]
-    pub k: u32,
-    #[device]
-    pub w: Array,
-}
-
-fn step(v: &ProbeView<'_>, x: &Tensor) -> Tensor {
-    (*x * v.w).tanh() * f64::from(*v.k)
-}
-fn other_step(v: &ProbeView<'_>, x: &Tensor) -> Tensor {
-    *x + v.w
-}
-const STEP: Program<Probe, Tensor> = Probe::program("step", step);
-const OTHER: Program<Probe, Tensor> = Probe::program("other", other_step);
-
-fn probe() -> (Probe, Array) {
-    (
-        Probe {
-            k: 3,
-            w: Array::full(&[4], 0.5f32),
-        },
-        Array::full(&[4], 2.0f32),
-    )
-}
 
 fn cache_on(dir: &Path, signing: Option<[u8; 32]>) -> Cache {
     let cache = Cache::new(

@@ -16,53 +16,23 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
-use common::TempDir;
+use common::{sigs, xla_or_skip, TempDir};
 use nitro::backend::{self, Backend};
 use nitro::cache::{Cache, DirStore, MissReason, Outcome, Prepared};
 use nitro::prelude::*;
 use nitro::program::Program;
-use nitro::{LeafPath, SignatureChange};
+use nitro::LeafPath;
 use proptest::prelude::*;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
 
-fn xla_or_skip(test: &str) -> Option<&'static dyn Backend> {
-    match backend::xla() {
-        Ok(x) => Some(x),
-        Err(e) => {
-            let required = std::env::var("NITRO_REQUIRE_XLA").is_ok_and(|v| v.trim() == "1");
-            assert!(
-                !required,
-                "{test}: NITRO_REQUIRE_XLA=1 but XLA is unavailable: {e}"
-            );
-            println!("skip: {test}: {e}");
-            None
-        }
-    }
-}
-
 /// The backends a test runs on: the interpreter, and XLA when a plugin is installed.
 fn backends(test: &str) -> Vec<&'static dyn Backend> {
     let mut v: Vec<&'static dyn Backend> = vec![backend::interpreter()];
     v.extend(xla_or_skip(test));
     v
-}
-
-/// `(path, from, to)` with `""` for a side that lacks the node.
-fn sigs(changes: &[(&str, &str, &str)]) -> MissReason {
-    let side = |s: &str| (!s.is_empty()).then(|| s.to_owned());
-    MissReason::SignatureChanged {
-        changes: changes
-            .iter()
-            .map(|(path, from, to)| SignatureChange {
-                path: (*path).to_owned(),
-                from: side(from),
-                to: side(to),
-            })
-            .collect(),
-    }
 }
 
 fn ones(n: usize) -> Array {

@@ -49,46 +49,32 @@ pub const ALWAYS: Program<Id> = Id::program("always", shifted);
 pub const CLOSURE: Program<Id> = Id::program("closure", |v: &IdView<'_>, _: &()| v.w * 5.0 + 1.0);
 pub const GENERIC: Program<Id> = Id::program("generic", times::<Three>);
 
-/// Each module names the programs itself, so each has its own copies of the constants.
-mod first {
-    use super::*;
+/// A module that names the programs itself, so it has its own copies of the constants.
+macro_rules! naming_module {
+    ($name:ident) => {
+        mod $name {
+            use super::*;
 
-    pub fn lookups(cache: &Cache, backend: &dyn Backend, e: &Id) -> Vec<Served> {
-        [INLINE, ALWAYS, CLOSURE, GENERIC]
-            .iter()
-            .map(|p| cache.get(backend, p, e, &()).unwrap())
-            .collect()
-    }
+            pub fn lookups(cache: &Cache, backend: &dyn Backend, e: &Id) -> Vec<Served> {
+                [INLINE, ALWAYS, CLOSURE, GENERIC]
+                    .iter()
+                    .map(|p| cache.get(backend, p, e, &()).unwrap())
+                    .collect()
+            }
 
-    pub fn addresses() -> [usize; 4] {
-        [
-            INLINE.code_address(),
-            ALWAYS.code_address(),
-            CLOSURE.code_address(),
-            GENERIC.code_address(),
-        ]
-    }
+            pub fn addresses() -> [usize; 4] {
+                [
+                    INLINE.code_address(),
+                    ALWAYS.code_address(),
+                    CLOSURE.code_address(),
+                    GENERIC.code_address(),
+                ]
+            }
+        }
+    };
 }
-
-mod second {
-    use super::*;
-
-    pub fn lookups(cache: &Cache, backend: &dyn Backend, e: &Id) -> Vec<Served> {
-        [INLINE, ALWAYS, CLOSURE, GENERIC]
-            .iter()
-            .map(|p| cache.get(backend, p, e, &()).unwrap())
-            .collect()
-    }
-
-    pub fn addresses() -> [usize; 4] {
-        [
-            INLINE.code_address(),
-            ALWAYS.code_address(),
-            CLOSURE.code_address(),
-            GENERIC.code_address(),
-        ]
-    }
-}
+naming_module!(first);
+naming_module!(second);
 
 fn check(backend: &dyn Backend) {
     let cache = Cache::in_memory(16);
@@ -139,13 +125,12 @@ fn one_program_compiles_once_from_every_module_on_the_interpreter() {
 
 #[test]
 fn one_program_compiles_once_from_every_module_on_xla() {
-    match backend::xla() {
-        Ok(xla) => check(xla),
-        Err(e) => {
-            let required = std::env::var("NITRO_REQUIRE_XLA").is_ok_and(|v| v.trim() == "1");
-            assert!(!required, "NITRO_REQUIRE_XLA=1 but XLA is unavailable: {e}");
-            println!("skip: one_program_compiles_once_from_every_module_on_xla: {e}");
-        }
+    if let Ok(xla) = backend::xla() {
+        check(xla);
+    } else {
+        let required = std::env::var("NITRO_REQUIRE_XLA").is_ok_and(|v| v.trim() == "1");
+        assert!(!required, "NITRO_REQUIRE_XLA=1 but XLA is unavailable");
+        println!("skip: one_program_compiles_once_from_every_module_on_xla: no XLA plugin");
     }
 }
 

@@ -14,38 +14,11 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::TempDir;
+use common::probe::{probe, OTHER, STEP};
+use common::{xla_or_skip, TempDir};
 use nitro::backend::{self, Backend};
 use nitro::cache::{Cache, DirStore, Entry, EntryMeta, Lookup, MissReason, RejectKind, Store};
 use nitro::prelude::*;
-use nitro::program::Program;
-
-#[experiment]
-pub struct Probe {
-    #[graph_const]
-    pub k: u32,
-    #[device]
-    pub w: Array,
-}
-
-fn step(v: &ProbeView<'_>, x: &Tensor) -> Tensor {
-    (*x * v.w).tanh() * f64::from(*v.k)
-}
-fn other_step(v: &ProbeView<'_>, x: &Tensor) -> Tensor {
-    *x + v.w
-}
-const STEP: Program<Probe, Tensor> = Probe::program("step", step);
-const OTHER: Program<Probe, Tensor> = Probe::program("other", other_step);
-
-fn probe() -> (Probe, Array) {
-    (
-        Probe {
-            k: 3,
-            w: Array::full(&[4], 0.5f32),
-        },
-        Array::full(&[4], 2.0f32),
-    )
-}
 
 fn open(dir: &Path) -> DirStore {
     DirStore::open(dir, 1 << 30, None).unwrap()
@@ -87,18 +60,6 @@ fn lookup_step(dir: &Path, backend: &dyn Backend) -> nitro::cache::Outcome {
         out[0]
     );
     served.outcome.clone()
-}
-
-fn xla_or_skip(test: &str) -> Option<&'static dyn Backend> {
-    match backend::xla() {
-        Ok(x) => Some(x),
-        Err(e) => {
-            let required = std::env::var("NITRO_REQUIRE_XLA").is_ok_and(|v| v.trim() == "1");
-            assert!(!required, "{test}: NITRO_REQUIRE_XLA=1 but no XLA: {e}");
-            println!("skip: {test}: {e}");
-            None
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

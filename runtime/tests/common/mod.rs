@@ -1,4 +1,9 @@
-//! Helpers shared by the integration tests that need a scratch directory.
+//! Helpers shared by the integration tests: a scratch directory, the XLA backend or a `skip:`,
+//! signature-change reasons, and a small experiment for store tests. Each test crate uses a
+//! part.
+#![allow(dead_code)]
+
+pub mod probe;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -35,5 +40,38 @@ impl Drop for TempDir {
             let _ = fs::set_permissions(&self.0, fs::Permissions::from_mode(0o700));
         }
         let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The XLA backend, or `None` after printing a `skip:` line when no plugin is installed; with
+/// `NITRO_REQUIRE_XLA=1` a missing plugin fails the test instead.
+pub fn xla_or_skip(test: &str) -> Option<&'static dyn nitro::backend::Backend> {
+    match nitro::backend::xla() {
+        Ok(x) => Some(x),
+        Err(e) => {
+            let required = std::env::var("NITRO_REQUIRE_XLA").is_ok_and(|v| v.trim() == "1");
+            assert!(
+                !required,
+                "{test}: NITRO_REQUIRE_XLA=1 but XLA is unavailable: {e}"
+            );
+            println!("skip: {test}: {e}");
+            None
+        }
+    }
+}
+
+/// A `signature_changed` reason from `(path, from, to)` triples, `""` for a side that lacks
+/// the node (added or removed).
+pub fn sigs(changes: &[(&str, &str, &str)]) -> nitro::cache::MissReason {
+    let side = |s: &str| (!s.is_empty()).then(|| s.to_owned());
+    nitro::cache::MissReason::SignatureChanged {
+        changes: changes
+            .iter()
+            .map(|(path, from, to)| nitro::SignatureChange {
+                path: (*path).to_owned(),
+                from: side(from),
+                to: side(to),
+            })
+            .collect(),
     }
 }
