@@ -49,10 +49,14 @@ extern crate self as nitro;
 
 pub mod backend;
 pub mod cache;
+pub mod checkpoint;
+pub mod data;
 pub mod emit;
 pub mod error;
 pub mod experiment;
 pub mod hash;
+pub mod init;
+pub mod optim;
 pub mod program;
 pub mod settings;
 pub mod trace;

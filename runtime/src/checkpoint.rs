@@ -1,0 +1,2 @@
+//! Checkpoints in `safetensors` format: Device fields, optimizer state, step and the GraphConst
+//! digests, written atomically.

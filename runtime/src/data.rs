@@ -1,0 +1,1 @@
+//! In-memory datasets: arrays with a content digest, batching, shuffling and splits.

@@ -1,0 +1,1 @@
+//! Seeded, reproducible parameter initializers.

@@ -1,0 +1,1 @@
+//! Optimizers, learning-rate schedules and gradient clipping.
