@@ -102,6 +102,14 @@ pub trait Experiment {
     where
         Self: 'v;
 
+    /// A program function written generically over experiments (`fn f<E: MyTrait>(v:
+    /// &E::View<'_>, …)`) as this experiment's program function type (see
+    /// [`Program::generic`](crate::program::Program::generic)).
+    #[doc(hidden)]
+    fn erase_program<M, O>(f: for<'v> fn(&Self::View<'v>, &M) -> O) -> Self::ProgramFn<M, O>
+    where
+        Self: 'static;
+
     /// The address of a program function's code.
     #[doc(hidden)]
     fn program_address<M, O>(f: Self::ProgramFn<M, O>) -> usize;

@@ -158,6 +158,52 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
         Program { name, f }
     }
 
+    /// A program from a `fn` written generically over experiments — what library code (a
+    /// training handle, a metric) uses to build programs for any experiment that implements
+    /// its trait. The `fn` is still a plain `fn` item: nothing enters it but the view and the
+    /// inputs.
+    ///
+    /// ```
+    /// use nitro::prelude::*;
+    /// use nitro::program::Program;
+    ///
+    /// /// What a library needs of an experiment: a score over its view.
+    /// pub trait Scored: Experiment + 'static {
+    ///     fn score(v: &Self::View<'_>, x: &Tensor) -> Tensor;
+    /// }
+    ///
+    /// /// A library program for every `Scored` experiment.
+    /// fn doubled<E: Scored>(v: &E::View<'_>, x: &Tensor) -> Tensor {
+    ///     E::score(v, x) * 2.0
+    /// }
+    ///
+    /// #[experiment]
+    /// pub struct Line { #[device] pub w: Array }
+    /// impl Scored for Line {
+    ///     fn score(v: &LineView<'_>, x: &Tensor) -> Tensor { *x * v.w }
+    /// }
+    ///
+    /// /// The library names its program for any `E` (build it in generic code, as here: the
+    /// /// compiler matches `E::View` with the view type there).
+    /// fn doubled_program<E: Scored>() -> Program<E, Tensor> {
+    ///     Program::generic("doubled", doubled::<E>)
+    /// }
+    ///
+    /// let p = doubled_program::<Line>();
+    /// let traced = p.trace(&Line { w: Array::full(&[2], 3.0f32) }, &Array::zeros(DType::F32, &[2]))?;
+    /// assert_eq!(traced.outputs[0].to_string(), "f32[2]");
+    /// # Ok::<(), nitro::Error>(())
+    /// ```
+    pub fn generic(name: &'static str, f: for<'v> fn(&E::View<'v>, &M) -> O) -> Self
+    where
+        E: 'static,
+    {
+        Program {
+            name,
+            f: E::erase_program(f),
+        }
+    }
+
     /// The program's name.
     pub const fn name(&self) -> &'static str {
         self.name

@@ -135,3 +135,79 @@ fn a_shape_bug_in_a_program_is_a_trace_error() {
         "names the program's source line: {msg}"
     );
 }
+
+/// What a library needs of an experiment: a per-example score over its view.
+pub trait Scored: Experiment + 'static {
+    fn score(v: &Self::View<'_>, x: &Tensor) -> Tensor;
+}
+
+/// A library program for every `Scored` experiment.
+fn doubled<E: Scored>(v: &E::View<'_>, x: &Tensor) -> Tensor {
+    E::score(v, x) * 2.0
+}
+
+fn doubled_program<E: Scored>() -> Program<E, Tensor> {
+    Program::generic("doubled", doubled::<E>)
+}
+
+#[experiment]
+pub struct Times {
+    #[device]
+    pub w: Array,
+}
+
+impl Scored for Times {
+    fn score(v: &TimesView<'_>, x: &Tensor) -> Tensor {
+        *x * v.w
+    }
+}
+
+#[experiment]
+pub struct Plus {
+    #[graph_const]
+    pub k: u32,
+    #[device]
+    pub w: Array,
+}
+
+impl Scored for Plus {
+    fn score(v: &PlusView<'_>, x: &Tensor) -> Tensor {
+        *x + v.w + f64::from(*v.k)
+    }
+}
+
+#[test]
+fn generic_programs_serve_every_experiment_that_implements_the_trait() {
+    let cache = nitro::cache::Cache::in_memory(8);
+    let backend = nitro::backend::interpreter();
+    let x = Array::full(&[2], 3.0f32);
+    let times = Times {
+        w: Array::full(&[2], 2.0f32),
+    };
+    let plus = Plus {
+        k: 1,
+        w: Array::full(&[2], 2.0f32),
+    };
+    for round in 0..2 {
+        let a = cache
+            .get(backend, &doubled_program::<Times>(), &times, &x)
+            .unwrap();
+        let b = cache
+            .get(backend, &doubled_program::<Plus>(), &plus, &x)
+            .unwrap();
+        assert_eq!(a.outcome.is_hit(), round == 1);
+        assert_eq!(b.outcome.is_hit(), round == 1);
+        assert!(a.program.ends_with("Times::doubled"), "{}", a.program);
+        assert!(b.program.ends_with("Plus::doubled"), "{}", b.program);
+        let run = |s: &nitro::cache::Served, w: &Array| s.executable.run(&[w, &x]).unwrap();
+        assert_eq!(
+            run(&a, &times.w)[0].as_slice::<f32>().unwrap(),
+            &[12.0, 12.0]
+        );
+        assert_eq!(
+            run(&b, &plus.w)[0].as_slice::<f32>().unwrap(),
+            &[12.0, 12.0]
+        );
+    }
+    assert_eq!(cache.stats().compiles, 2, "one per experiment type");
+}

@@ -122,6 +122,15 @@ pub(crate) fn expand(input: &mut syn::DeriveInput, fields: &[Field]) -> TokenStr
 
                 type ProgramFn<__M, __O> = for<#lt> fn(&#view #view_args, &__M) -> __O;
 
+                fn erase_program<__M, __O>(
+                    __f: for<#lt> fn(&<Self as #p::Experiment>::View<#lt>, &__M) -> __O,
+                ) -> Self::ProgramFn<__M, __O>
+                where
+                    Self: 'static,
+                {
+                    __f
+                }
+
                 fn program_address<__M, __O>(__f: Self::ProgramFn<__M, __O>) -> ::core::primitive::usize {
                     __f as ::core::primitive::usize
                 }
