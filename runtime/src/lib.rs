@@ -60,6 +60,7 @@ pub mod optim;
 pub mod program;
 pub mod settings;
 pub mod trace;
+pub mod train;
 pub mod tree;
 
 pub use error::{Error, Result};

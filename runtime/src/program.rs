@@ -95,6 +95,53 @@ impl<A: Outputs, B: Outputs, C: Outputs> Outputs for (A, B, C) {
     }
 }
 
+thread_local! {
+    /// The trainable Device leaves of the experiment whose program is being traced.
+    static TRAINABLE: std::cell::RefCell<Vec<Tensor>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Sets [`TRAINABLE`] for the length of a program's call, and clears it after (also when the
+/// program panics).
+struct TrainableGuard;
+
+impl TrainableGuard {
+    fn set(leaves: Vec<Tensor>) -> TrainableGuard {
+        TRAINABLE.with(|t| *t.borrow_mut() = leaves);
+        TrainableGuard
+    }
+}
+
+impl Drop for TrainableGuard {
+    fn drop(&mut self) {
+        TRAINABLE.with(|t| t.borrow_mut().clear());
+    }
+}
+
+/// The trainable Device leaves (`#[device(trainable)]` fields) of the experiment whose program
+/// is being traced, as tensors, in walk order: what a gradient program differentiates with
+/// respect to, without knowing the experiment's fields. Empty outside a program's trace.
+///
+/// ```
+/// use nitro::prelude::*;
+/// use nitro::program::{self, Program};
+///
+/// #[experiment]
+/// pub struct Fit { #[device(trainable)] pub w: Array, #[device] pub lr: Array }
+///
+/// fn grads(v: &FitView<'_>, x: &Tensor) -> Vec<Tensor> {
+///     let loss = (*x * v.w).sum_all();
+///     nitro::trace::grad(loss, &program::trainable_leaves())
+/// }
+/// const GRADS: Program<Fit, Tensor, Vec<Tensor>> = Fit::program("grads", grads);
+/// let e = Fit { w: Array::full(&[3], 1.0f32), lr: Array::scalar(0.1f32) };
+/// let traced = GRADS.trace(&e, &Array::zeros(DType::F32, &[3]))?;
+/// assert_eq!(traced.outputs.len(), 1, "one trainable leaf: `w`, not `lr`");
+/// # Ok::<(), nitro::Error>(())
+/// ```
+pub fn trainable_leaves() -> Vec<Tensor> {
+    TRAINABLE.with(|t| t.borrow().clone())
+}
+
 /// The name of a program input at `path` in its input tree: the path, or `input` at the root.
 pub(crate) fn input_name(path: &str) -> &str {
     if path.is_empty() {
@@ -115,6 +162,7 @@ pub type ProgramFn<E, M, O> = <E as Experiment>::ProgramFn<M, O>;
 pub struct Program<E: Experiment, M = (), O: Outputs = Tensor> {
     name: &'static str,
     f: ProgramFn<E, M, O>,
+    donates_device: bool,
 }
 
 impl<E: Experiment, M, O: Outputs> Clone for Program<E, M, O> {
@@ -155,7 +203,26 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
     /// which spells the view type concretely so that a `fn` item coerces without annotations;
     /// prefer it.
     pub const fn new(name: &'static str, f: ProgramFn<E, M, O>) -> Self {
-        Program { name, f }
+        Program {
+            name,
+            f,
+            donates_device: false,
+        }
+    }
+
+    /// This program with every Device leaf donated to the output at its position: output `i`
+    /// (the program must return the new value of Device leaf `i` first, in walk order, each of
+    /// its leaf's type) may reuse the memory of Device leaf `i`. For update steps whose state
+    /// never needs to exist twice; the inputs passed by value are consumed by the run. It
+    /// changes the emitted program, so it is part of the program's key.
+    pub const fn donating_device(mut self) -> Self {
+        self.donates_device = true;
+        self
+    }
+
+    /// Whether Device leaves are donated (see [`donating_device`](Program::donating_device)).
+    pub const fn donates_device(&self) -> bool {
+        self.donates_device
     }
 
     /// A program from a `fn` written generically over experiments — what library code (a
@@ -201,6 +268,7 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
         Program {
             name,
             f: E::erase_program(f),
+            donates_device: false,
         }
     }
 
@@ -249,14 +317,22 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
     /// Only shapes and dtypes of Device leaves and inputs are read, never their values.
     pub fn trace<I: Tree<Mirror<Tensor> = M>>(&self, experiment: &E, inputs: &I) -> Result<Traced> {
         let mut names = Signature::default();
+        let mut device_leaves = 0usize;
         let graph = trace::trace_with(|| {
-            let view = experiment.view(&mut |_, path, leaf| {
+            let mut trainable = Vec::new();
+            let view = experiment.view(&mut |field, path, leaf| {
                 names.entries.push(SignatureEntry::from_node(
                     path,
                     crate::tree::Node::Leaf(leaf),
                 ));
-                trace::input(path.as_str(), leaf.leaf_type())
+                device_leaves += 1;
+                let t = trace::input(path.as_str(), leaf.leaf_type());
+                if field.role == (crate::experiment::Role::Device { trainable: true }) {
+                    trainable.push(t);
+                }
+                t
             });
+            let _trainable = TrainableGuard::set(trainable);
             let traced_inputs = inputs.mirror(&mut LeafPath::root(""), &mut |path, leaf| {
                 let name = input_name(path.as_str());
                 names.entries.push(SignatureEntry::from_node(
@@ -267,7 +343,14 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
             });
             E::call_program(self.f, &view, &traced_inputs).into_tensors()
         })?;
-        let text = crate::emit::emit(&graph);
+        let options = crate::emit::EmitOptions {
+            donate: if self.donates_device {
+                (0..device_leaves).map(|i| (i, i)).collect()
+            } else {
+                Vec::new()
+            },
+        };
+        let text = crate::emit::emit_with(&graph, &options);
         let fingerprint = crate::emit::fingerprint(&text);
         let mut structure = experiment.device_signature();
         inputs.visit(&mut LeafPath::root(""), &mut |path, node| {

@@ -67,6 +67,11 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn compile(&self, graph: &Graph, text: &str) -> Result<Box<dyn Executable>>;
     /// Loads an executable that [`Executable::serialize`] produced for `graph`.
     fn load(&self, payload: &[u8], graph: &Graph) -> Result<Box<dyn Executable>>;
+    /// The PJRT client whose device buffers this backend's executables take, when values can
+    /// stay on a device between runs; `None` for the interpreter (its values are host arrays).
+    fn device(&self) -> Option<&'static pjrt::Client> {
+        None
+    }
 }
 
 /// A compiled program.
@@ -270,6 +275,10 @@ impl Backend for Xla {
             .with_input_names(input_names(graph));
         let size = text.len() as u64;
         Ok(Box::new(XlaExecutable { exe, size }))
+    }
+
+    fn device(&self) -> Option<&'static pjrt::Client> {
+        Some(self.client)
     }
 
     fn load(&self, payload: &[u8], graph: &Graph) -> Result<Box<dyn Executable>> {

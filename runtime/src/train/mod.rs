@@ -1,0 +1,733 @@
+//! The training handle: [`Nitro`] owns an experiment and an optimizer, compiles each of its
+//! programs once, keeps parameters and optimizer state on the device between steps, and says
+//! what it compiled.
+//!
+//! A [`Model`] names its batch type and its per-example loss (and, optionally, per-example
+//! correctness). The handle derives its programs from them — plain `fn` items written once for
+//! every model ([`Program::generic`]), so nothing enters a program that the key cannot see:
+//!
+//! | program | inputs | outputs | key |
+//! | --- | --- | --- | --- |
+//! | `grad` | every Device leaf, the batch, a row mask | mean loss over real rows, gradient of each trainable leaf | the experiment's GraphConsts, the signature |
+//! | `update` | trainable leaves and optimizer state (donated), gradients, learning rate, step | new leaves, new state | the optimizer's type and constants, the leaf types |
+//! | `eval` | every Device leaf, the batch, a row mask | summed loss and correct count over real rows | as `grad` |
+//!
+//! A ragged final batch is padded to the batch size and masked, so it needs no program of its
+//! own: the gradient of a padded step equals that of the real rows alone. The learning rate and
+//! the step number are traced inputs: schedules never recompile.
+//!
+//! On XLA the trainable leaves and the optimizer state live as device buffers between steps;
+//! a step uploads the batch, the mask and two scalars, and the update program reuses the
+//! memory of the state it replaces (donation). The host sees parameters only when asked
+//! ([`Nitro::sync`], [`Nitro::experiment`]).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::backend::pjrt::{Arg, DeviceBuffer};
+use crate::backend::Backend;
+use crate::cache::{Cache, Compiled, Outcome, Served};
+use crate::error::{Error, Result};
+use crate::experiment::{Experiment, Role};
+use crate::optim::{Optimizer, Step};
+use crate::program::{self, Program};
+use crate::trace::{self, Tensor};
+use crate::tree::{Array, DType, Node, Tree};
+
+/// A model the training handle can train: an experiment with a batch type and a per-example
+/// loss over its compile view.
+///
+/// Both functions are traced (once per program), never run per step: they build the graph.
+pub trait Model: Experiment + Sync + 'static {
+    /// What one step sees of the data: a tree of arrays whose first dimension is the batch
+    /// (`#[derive(Tree)] struct Batch { x: Array, y: Array }`).
+    type Batch: Tree + Sync + 'static;
+
+    /// The loss of every example of the batch, shape `[batch]`. The handle masks padded rows
+    /// and averages over the real ones.
+    fn loss(v: &Self::View<'_>, batch: &<Self::Batch as Tree>::Mirror<Tensor>) -> Tensor;
+
+    /// Whether every example is classified correctly (`1.0`) or not (`0.0`), shape `[batch]`,
+    /// for the accuracy metric; `None` (the default) when the model has no such notion.
+    fn correct(
+        v: &Self::View<'_>,
+        batch: &<Self::Batch as Tree>::Mirror<Tensor>,
+    ) -> Option<Tensor> {
+        let _ = (v, batch);
+        None
+    }
+}
+
+/// The inputs of the per-batch programs: the batch and its row mask.
+type BatchInputs<E> = (<<E as Model>::Batch as Tree>::Mirror<Tensor>, Tensor);
+
+/// The mean loss over the real rows, then the gradient of every trainable leaf.
+fn grad_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E>) -> Vec<Tensor> {
+    let (batch, mask) = inputs;
+    let losses = E::loss(v, batch);
+    let mask = mask.convert(losses.dtype());
+    let mean = (losses * mask).sum_all() / mask.sum_all().maximum(1.0);
+    let grads = trace::grad(mean, &program::trainable_leaves());
+    std::iter::once(mean).chain(grads).collect()
+}
+
+/// The summed loss over the real rows, and the number of them classified correctly.
+fn eval_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E>) -> Vec<Tensor> {
+    let (batch, mask) = inputs;
+    let losses = E::loss(v, batch);
+    let mask_l = mask.convert(losses.dtype());
+    let mut out = vec![(losses * mask_l).sum_all()];
+    if let Some(correct) = E::correct(v, batch) {
+        out.push((correct.convert(DType::F32) * *mask).sum_all());
+    }
+    out
+}
+
+fn grad_program<E: Model>() -> Program<E, BatchInputs<E>, Vec<Tensor>> {
+    Program::generic("nitro.grad", grad_fn::<E>)
+}
+
+fn eval_program<E: Model>() -> Program<E, BatchInputs<E>, Vec<Tensor>> {
+    Program::generic("nitro.eval", eval_fn::<E>)
+}
+
+/// The optimizer program's experiment: the optimizer's constants shape it (GraphConst), the
+/// trainable leaves and the state are its Device leaves — donated to its outputs.
+#[crate::experiment]
+pub struct OptimizerStep<O: Optimizer> {
+    /// The optimizer: its type and constants are the program's key.
+    #[graph_const]
+    pub optimizer: O,
+    /// The trainable leaves.
+    #[device]
+    pub params: Vec<Array>,
+    /// The optimizer state, slot by slot, leaf by leaf.
+    #[device]
+    pub state: Vec<Array>,
+}
+
+/// The inputs of the update program: the gradients, the learning rate and the step number.
+type UpdateInputs = (Vec<Tensor>, Tensor, Tensor);
+
+fn update_fn<O: Optimizer>(v: &OptimizerStepView<'_, O>, inputs: &UpdateInputs) -> Vec<Tensor> {
+    let (grads, lr, number) = inputs;
+    let n = v.params.len();
+    let slots = v.optimizer.slots().len();
+    let state: Vec<Vec<Tensor>> = (0..slots)
+        .map(|s| v.state[s * n..(s + 1) * n].to_vec())
+        .collect();
+    let dtype = v.params.first().map_or(DType::F32, |t| t.dtype());
+    let step = Step {
+        lr: lr.convert(dtype),
+        number: number.convert(dtype),
+    };
+    let (params, state) = v.optimizer.update(step, &v.params, grads, &state);
+    params
+        .into_iter()
+        .chain(state.into_iter().flatten())
+        .collect()
+}
+
+fn update_program<O: Optimizer>() -> Program<OptimizerStep<O>, UpdateInputs, Vec<Tensor>> {
+    OptimizerStep::<O>::program("nitro.update", update_fn::<O>).donating_device()
+}
+
+/// How a handle trains.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// Rows per step (the last batch of an epoch is padded to it).
+    pub batch: usize,
+    /// The learning rate (a traced scalar: changing it never recompiles).
+    pub lr: f64,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            batch: 32,
+            lr: 1e-3,
+        }
+    }
+}
+
+impl Config {
+    /// The default configuration: batch 32, learning rate 1e-3.
+    pub fn new() -> Config {
+        Config::default()
+    }
+
+    /// Rows per step.
+    pub fn batch(mut self, rows: usize) -> Config {
+        self.batch = rows;
+        self
+    }
+
+    /// The learning rate.
+    pub fn lr(mut self, lr: f64) -> Config {
+        self.lr = lr;
+        self
+    }
+}
+
+/// Where a handle's values live between steps.
+enum Values {
+    /// On the host (the interpreter's "device").
+    Host(Vec<Array>),
+    /// In device buffers (XLA).
+    Device(Vec<DeviceBuffer>),
+}
+
+impl Values {
+    fn len(&self) -> usize {
+        match self {
+            Values::Host(v) => v.len(),
+            Values::Device(v) => v.len(),
+        }
+    }
+}
+
+/// The programs of a handle, once compiled for a batch shape.
+struct Programs {
+    grad: Arc<Compiled>,
+    update: Arc<Compiled>,
+    /// Compiled on the first evaluation: a train-only run compiles two programs.
+    eval: Option<Arc<Compiled>>,
+    /// The batch leaf types they were compiled for.
+    batch_types: Vec<crate::tree::LeafType>,
+}
+
+/// What one training step returned.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepResult {
+    /// The mean loss over the batch's real rows.
+    pub loss: f64,
+}
+
+/// The result of evaluating a batch: summed loss and correct count over real rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EvalResult {
+    /// The sum of per-example losses over real rows.
+    pub loss_sum: f64,
+    /// How many real rows were classified correctly (0 when the model has no `correct`).
+    pub correct: f64,
+    /// How many real rows there were.
+    pub rows: usize,
+}
+
+/// The training handle. See the [module docs](self).
+pub struct Nitro<E: Model, O: Optimizer> {
+    experiment: E,
+    optimizer: O,
+    config: Config,
+    backend: &'static dyn Backend,
+    cache: &'static Cache,
+    /// Every Device leaf of the experiment in walk order: whether trainable, and its index in
+    /// `trainable` or `frozen`.
+    order: Vec<(bool, usize)>,
+    trainable: Values,
+    frozen: Values,
+    state: Values,
+    /// Whether the experiment's trainable leaves are stale (the device holds newer values).
+    host_stale: bool,
+    step: u64,
+    programs: Option<Programs>,
+    compile_time: Duration,
+}
+
+impl<E: Model, O: Optimizer> std::fmt::Debug for Nitro<E, O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Nitro")
+            .field("experiment", &E::TYPE_PATH)
+            .field("optimizer", &self.optimizer)
+            .field("config", &self.config)
+            .field("backend", &self.backend.identity().description)
+            .field("step", &self.step)
+            .finish()
+    }
+}
+
+impl<E: Model, O: Optimizer> Nitro<E, O> {
+    /// A handle training `experiment` with `optimizer` on the current backend
+    /// ([`crate::backend::current`]) through the process-wide cache.
+    pub fn new(experiment: E, optimizer: O, config: Config) -> Result<Nitro<E, O>> {
+        Nitro::with_backend(
+            experiment,
+            optimizer,
+            config,
+            crate::backend::current()?,
+            crate::cache::global(),
+        )
+    }
+
+    /// A handle on an explicit backend and cache.
+    pub fn with_backend(
+        experiment: E,
+        optimizer: O,
+        config: Config,
+        backend: &'static dyn Backend,
+        cache: &'static Cache,
+    ) -> Result<Nitro<E, O>> {
+        if config.batch == 0 {
+            return Err(Error::InvalidSetting {
+                variable: "Config::batch",
+                value: "0".into(),
+                expected: "at least one row per step".into(),
+            });
+        }
+        let mut order = Vec::new();
+        let (mut trainable, mut frozen) = (Vec::new(), Vec::new());
+        experiment.visit_device(&mut |field, _, node| {
+            if let Node::Leaf(a) = node {
+                if field.role == (Role::Device { trainable: true }) {
+                    order.push((true, trainable.len()));
+                    trainable.push(a.clone());
+                } else {
+                    order.push((false, frozen.len()));
+                    frozen.push(a.clone());
+                }
+            }
+        });
+        let slots = optimizer.slots().len();
+        let state: Vec<Array> = (0..slots)
+            .flat_map(|_| trainable.iter().map(|a| Array::zeros(a.dtype(), a.dims())))
+            .collect();
+        let (trainable, frozen, state) = match backend.device() {
+            Some(client) => {
+                let up = |v: Vec<Array>| -> Result<Values> {
+                    Ok(Values::Device(
+                        v.iter().map(|a| client.upload(a)).collect::<Result<_>>()?,
+                    ))
+                };
+                (up(trainable)?, up(frozen)?, up(state)?)
+            }
+            None => (
+                Values::Host(trainable),
+                Values::Host(frozen),
+                Values::Host(state),
+            ),
+        };
+        Ok(Nitro {
+            experiment,
+            optimizer,
+            config,
+            backend,
+            cache,
+            order,
+            trainable,
+            frozen,
+            state,
+            host_stale: false,
+            step: 0,
+            programs: None,
+            compile_time: Duration::ZERO,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Steps taken so far.
+    pub fn steps(&self) -> u64 {
+        self.step
+    }
+
+    /// Time spent getting programs (tracing, loading, compiling).
+    pub fn compile_time(&self) -> Duration {
+        self.compile_time
+    }
+
+    /// Sets the learning rate of the next steps (a traced scalar: never recompiles).
+    pub fn set_lr(&mut self, lr: f64) {
+        self.config.lr = lr;
+    }
+
+    /// Gets (or compiles) the training programs — gradient and update — for batches like
+    /// `sample`, concurrently, and returns what each lookup did. Called by the first step; call
+    /// it earlier to pay for compiles before training. The evaluation program is compiled by
+    /// the first [`evaluate`](Nitro::evaluate).
+    pub fn prepare(&mut self, sample: &E::Batch) -> Result<Vec<Outcome>> {
+        let rows = batch_rows(sample)?;
+        if rows != self.config.batch {
+            return Err(Error::InvalidSetting {
+                variable: "batch",
+                value: rows.to_string(),
+                expected: format!("batches of {} rows (Config::batch)", self.config.batch),
+            });
+        }
+        let batch_types = leaf_types(sample);
+        if let Some(p) = &self.programs {
+            if p.batch_types == batch_types {
+                return Ok(Vec::new());
+            }
+        }
+        // Tracing reads the experiment's leaf types only, which steps never change: no sync.
+        let started = Instant::now();
+        let mask = Array::zeros(DType::F32, &[rows]);
+        let inputs = BatchRef(sample, &mask);
+        let opt = self.optimizer_step_shape()?;
+        let (backend, cache, experiment) = (self.backend, self.cache, &self.experiment);
+        let update_inputs = update_inputs_shape(&opt);
+        // Compile the inventory concurrently: the first step waits for the slowest program,
+        // not their sum.
+        let (grad, update) = std::thread::scope(|s| {
+            let update =
+                s.spawn(|| cache.get(backend, &update_program::<O>(), &opt, &update_inputs));
+            let grad = cache.get(backend, &grad_program::<E>(), experiment, &inputs);
+            (grad, join(update))
+        });
+        let (grad, update): (Served, Served) = (grad?, update?);
+        self.compile_time += started.elapsed();
+        let outcomes = vec![grad.outcome.clone(), update.outcome.clone()];
+        self.programs = Some(Programs {
+            grad: grad.compiled,
+            update: update.compiled,
+            eval: None,
+            batch_types,
+        });
+        Ok(outcomes)
+    }
+
+    /// Gets (or compiles) the evaluation program for batches like `sample`.
+    fn prepare_eval(&mut self, sample: &E::Batch) -> Result<Arc<Compiled>> {
+        self.prepare(sample)?;
+        if let Some(eval) = self.programs.as_ref().and_then(|p| p.eval.clone()) {
+            return Ok(eval);
+        }
+        let started = Instant::now();
+        let mask = Array::zeros(DType::F32, &[self.config.batch]);
+        let served = self.cache.get(
+            self.backend,
+            &eval_program::<E>(),
+            &self.experiment,
+            &BatchRef(sample, &mask),
+        )?;
+        self.compile_time += started.elapsed();
+        if let Some(p) = &mut self.programs {
+            p.eval = Some(served.compiled.clone());
+        }
+        Ok(served.compiled)
+    }
+
+    /// The optimizer program's experiment, with arrays of the right types (values unused).
+    fn optimizer_step_shape(&self) -> Result<OptimizerStep<O>> {
+        let params = self.types_of(&self.trainable)?;
+        let state = self.types_of(&self.state)?;
+        Ok(OptimizerStep {
+            optimizer: self.optimizer.clone(),
+            params: params
+                .iter()
+                .map(|t| Array::zeros(t.dtype, &t.dims))
+                .collect(),
+            state: state
+                .iter()
+                .map(|t| Array::zeros(t.dtype, &t.dims))
+                .collect(),
+        })
+    }
+
+    fn types_of(&self, values: &Values) -> Result<Vec<crate::tree::LeafType>> {
+        Ok(match values {
+            Values::Host(v) => v.iter().map(Array::leaf_type).collect(),
+            Values::Device(v) => v.iter().map(|b| b.leaf_type().clone()).collect(),
+        })
+    }
+
+    /// One training step on `batch` (exactly `Config::batch` rows) whose real rows are the
+    /// first `real` (the rest is padding): gradient, then the optimizer update. Returns the
+    /// mean loss over the real rows.
+    pub fn step(&mut self, batch: &E::Batch, real: usize) -> Result<StepResult> {
+        self.prepare(batch)?;
+        let rows = self.config.batch;
+        let mask = mask_of(rows, real)?;
+        self.step += 1;
+        let lr = Array::scalar(self.config.lr as f32);
+        let number = Array::scalar(self.step as f32);
+        let Some(programs) = &self.programs else {
+            return Err(Error::Misconfigured {
+                message: "no programs after prepare".into(),
+            });
+        };
+        let n = self.trainable.len();
+        let loss = match (&mut self.trainable, &self.frozen, &mut self.state) {
+            (Values::Host(trainable), Values::Host(frozen), Values::Host(state)) => {
+                let mut args: Vec<&Array> = self
+                    .order
+                    .iter()
+                    .map(|&(t, i)| if t { &trainable[i] } else { &frozen[i] })
+                    .collect();
+                args.extend(leaves(batch));
+                args.push(&mask);
+                let out = programs.grad.executable.run(&args)?;
+                let (loss, grads) = out.split_first().ok_or_else(no_output)?;
+                let mut uargs: Vec<&Array> = trainable.iter().chain(state.iter()).collect();
+                uargs.extend(grads.iter());
+                uargs.push(&lr);
+                uargs.push(&number);
+                let mut new = programs.update.executable.run(&uargs)?;
+                let new_state = new.split_off(n);
+                *trainable = new;
+                *state = new_state;
+                scalar_of(loss)?
+            }
+            (Values::Device(trainable), Values::Device(frozen), Values::Device(state)) => {
+                let grad_exe = pjrt_of(&programs.grad)?;
+                let update_exe = pjrt_of(&programs.update)?;
+                let client = grad_exe.client();
+                let mut uploads: Vec<DeviceBuffer> = leaves(batch)
+                    .into_iter()
+                    .map(|a| client.upload(a))
+                    .collect::<Result<_>>()?;
+                uploads.push(client.upload(&mask)?);
+                let args: Vec<&DeviceBuffer> = self
+                    .order
+                    .iter()
+                    .map(|&(t, i)| if t { &trainable[i] } else { &frozen[i] })
+                    .chain(uploads.iter())
+                    .collect();
+                let out = grad_exe.execute(&args)?;
+                let mut out = out.into_iter();
+                let loss = out.next().ok_or_else(no_output)?;
+                let grads: Vec<DeviceBuffer> = out.collect();
+                let lr_b = client.upload(&lr)?;
+                let number_b = client.upload(&number)?;
+                let mut uargs: Vec<Arg<'_>> = Vec::with_capacity(2 * n + state.len() + 2);
+                uargs.extend(std::mem::take(trainable).into_iter().map(Arg::Donate));
+                uargs.extend(std::mem::take(state).into_iter().map(Arg::Donate));
+                uargs.extend(grads.iter().map(Arg::Borrow));
+                uargs.push(Arg::Borrow(&lr_b));
+                uargs.push(Arg::Borrow(&number_b));
+                let mut new = update_exe.execute_donating(uargs)?.outputs;
+                let new_state = new.split_off(n);
+                *trainable = new;
+                *state = new_state;
+                scalar_of(&loss.to_host()?)?
+            }
+            _ => {
+                return Err(Error::Misconfigured {
+                    message: "a handle's values are split between host and device".into(),
+                })
+            }
+        };
+        self.host_stale = true;
+        Ok(StepResult { loss })
+    }
+
+    /// Evaluates `batch` (its first `real` rows) without training: summed loss and correct
+    /// count over the real rows.
+    pub fn evaluate(&mut self, batch: &E::Batch, real: usize) -> Result<EvalResult> {
+        let eval = self.prepare_eval(batch)?;
+        let mask = mask_of(self.config.batch, real)?;
+        let out = match (&self.trainable, &self.frozen) {
+            (Values::Host(trainable), Values::Host(frozen)) => {
+                let mut args: Vec<&Array> = self
+                    .order
+                    .iter()
+                    .map(|&(t, i)| if t { &trainable[i] } else { &frozen[i] })
+                    .collect();
+                args.extend(leaves(batch));
+                args.push(&mask);
+                eval.executable.run(&args)?
+            }
+            (Values::Device(trainable), Values::Device(frozen)) => {
+                let exe = pjrt_of(&eval)?;
+                let client = exe.client();
+                let mut uploads: Vec<DeviceBuffer> = leaves(batch)
+                    .into_iter()
+                    .map(|a| client.upload(a))
+                    .collect::<Result<_>>()?;
+                uploads.push(client.upload(&mask)?);
+                let args: Vec<&DeviceBuffer> = self
+                    .order
+                    .iter()
+                    .map(|&(t, i)| if t { &trainable[i] } else { &frozen[i] })
+                    .chain(uploads.iter())
+                    .collect();
+                exe.execute(&args)?
+                    .iter()
+                    .map(DeviceBuffer::to_host)
+                    .collect::<Result<_>>()?
+            }
+            _ => return Err(no_output()),
+        };
+        Ok(EvalResult {
+            loss_sum: scalar_of(out.first().ok_or_else(no_output)?)?,
+            correct: out.get(1).map(scalar_of).transpose()?.unwrap_or(0.0),
+            rows: real,
+        })
+    }
+
+    /// Copies the trainable leaves back into the experiment (from the device on XLA).
+    pub fn sync(&mut self) -> Result<()> {
+        if !self.host_stale {
+            return Ok(());
+        }
+        let values: Vec<Array> = match &self.trainable {
+            Values::Host(v) => v.clone(),
+            Values::Device(v) => v.iter().map(DeviceBuffer::to_host).collect::<Result<_>>()?,
+        };
+        let mut it = values.into_iter();
+        self.experiment.visit_device_mut(&mut |field, _, leaf| {
+            if field.role == (Role::Device { trainable: true }) {
+                if let Some(v) = it.next() {
+                    *leaf = v;
+                }
+            }
+        });
+        self.host_stale = false;
+        Ok(())
+    }
+
+    /// The experiment, with its trainable leaves as of the last step (copied from the device).
+    pub fn experiment(&mut self) -> Result<&E> {
+        self.sync()?;
+        Ok(&self.experiment)
+    }
+
+    /// Ends the handle, returning the experiment with its trained leaves.
+    pub fn into_experiment(mut self) -> Result<E> {
+        self.sync()?;
+        Ok(self.experiment)
+    }
+
+    /// The number of trainable leaves and of optimizer-state arrays.
+    pub fn state_len(&self) -> (usize, usize) {
+        (self.trainable.len(), self.state.len())
+    }
+}
+
+/// A batch and its mask as one input tree, borrowed.
+struct BatchRef<'a, B>(&'a B, &'a Array);
+
+impl<B: Tree> Tree for BatchRef<'_, B> {
+    type Mirror<L> = (B::Mirror<L>, L);
+
+    fn visit<'a>(
+        &'a self,
+        at: &mut crate::tree::LeafPath,
+        f: &mut dyn FnMut(&crate::tree::LeafPath, Node<'a>),
+    ) {
+        at.with_field("0", |at| self.0.visit(at, f));
+        at.with_field("1", |at| self.1.visit(at, f));
+    }
+
+    fn visit_mut(
+        &mut self,
+        _: &mut crate::tree::LeafPath,
+        _: &mut dyn FnMut(&crate::tree::LeafPath, &mut Array),
+    ) {
+        // A borrowed batch is read-only; the handle never writes into it.
+    }
+
+    fn mirror<L>(
+        &self,
+        at: &mut crate::tree::LeafPath,
+        f: &mut dyn FnMut(&crate::tree::LeafPath, &Array) -> L,
+    ) -> Self::Mirror<L> {
+        (
+            at.with_field("0", |at| self.0.mirror(at, f)),
+            at.with_field("1", |at| self.1.mirror(at, f)),
+        )
+    }
+}
+
+/// The update program's inputs with the types of `opt`'s leaves (values unused).
+fn update_inputs_shape<O: Optimizer>(opt: &OptimizerStep<O>) -> (Vec<Array>, Array, Array) {
+    (
+        opt.params
+            .iter()
+            .map(|a| Array::zeros(a.dtype(), a.dims()))
+            .collect(),
+        Array::scalar(0.0f32),
+        Array::scalar(0.0f32),
+    )
+}
+
+fn join<T>(h: std::thread::ScopedJoinHandle<'_, Result<T>>) -> Result<T> {
+    h.join().unwrap_or_else(|_| {
+        Err(Error::Misconfigured {
+            message: "a compiling thread panicked".into(),
+        })
+    })
+}
+
+fn no_output() -> Error {
+    Error::Misconfigured {
+        message: "a training program returned no output".into(),
+    }
+}
+
+fn pjrt_of(c: &Compiled) -> Result<&crate::backend::pjrt::Executable> {
+    c.executable.as_pjrt().ok_or_else(|| Error::Misconfigured {
+        message: "device-resident values need an XLA executable".into(),
+    })
+}
+
+/// The rows of a batch: the first dimension shared by its leaves.
+fn batch_rows<B: Tree>(batch: &B) -> Result<usize> {
+    let mut rows = None;
+    let mut bad = None;
+    batch.for_each_leaf("", &mut |path, a| {
+        let r = a.dims().first().copied().unwrap_or(0);
+        match rows {
+            None => rows = Some(r),
+            Some(prev) if prev != r && bad.is_none() => {
+                bad = Some(format!("{path} has {r} rows, not {prev}"));
+            }
+            _ => {}
+        }
+    });
+    if let Some(why) = bad {
+        return Err(Error::InvalidSetting {
+            variable: "batch",
+            value: why,
+            expected: "every leaf of a batch with the same first dimension".into(),
+        });
+    }
+    rows.ok_or_else(|| Error::InvalidSetting {
+        variable: "batch",
+        value: "no leaves".into(),
+        expected: "a batch with at least one array".into(),
+    })
+}
+
+/// The leaves of a batch, in walk order (the order of the programs' inputs).
+fn leaves<B: Tree>(batch: &B) -> Vec<&Array> {
+    let mut v = Vec::new();
+    batch.visit(&mut crate::tree::LeafPath::root(""), &mut |_, node| {
+        if let Node::Leaf(a) = node {
+            v.push(a);
+        }
+    });
+    v
+}
+
+fn leaf_types<B: Tree>(batch: &B) -> Vec<crate::tree::LeafType> {
+    let mut v = Vec::new();
+    batch.for_each_leaf("", &mut |_, a| v.push(a.leaf_type()));
+    v
+}
+
+/// `1.0` for the first `real` of `rows` rows, `0.0` after.
+fn mask_of(rows: usize, real: usize) -> Result<Array> {
+    if real == 0 || real > rows {
+        return Err(Error::InvalidSetting {
+            variable: "real rows",
+            value: real.to_string(),
+            expected: format!("between 1 and the batch size {rows}"),
+        });
+    }
+    let values: Vec<f32> = (0..rows)
+        .map(|i| if i < real { 1.0 } else { 0.0 })
+        .collect();
+    Array::from_vec(&[rows], values)
+}
+
+fn scalar_of(a: &Array) -> Result<f64> {
+    Ok(match a.dtype() {
+        DType::F32 => f64::from(a.as_slice::<f32>()?.first().copied().unwrap_or(0.0)),
+        DType::F64 => a.as_slice::<f64>()?.first().copied().unwrap_or(0.0),
+        _ => 0.0,
+    })
+}

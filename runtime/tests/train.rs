@@ -1,0 +1,398 @@
+//! The training handle: its program inventory, no recompile after the first step, padding that
+//! does not change the gradient, learning-rate changes that never recompile, a second handle
+//! that compiles nothing, a GraphConst change that recompiles exactly what depends on it, the
+//! interpreter and XLA agreeing, and training that learns.
+#![allow(missing_docs)]
+
+mod common;
+
+use common::xla_or_skip;
+use nitro::backend::{self, Backend};
+use nitro::cache::{Cache, MissReason, Outcome};
+use nitro::init::{self, Rng, Seed};
+use nitro::optim::{Adam, Optimizer, Sgd};
+use nitro::prelude::*;
+use nitro::trace::nn;
+use nitro::train::{Config, Model, Nitro};
+
+#[derive(ContentHash, Clone, Copy, Debug, PartialEq)]
+pub enum Act {
+    Tanh,
+    Relu,
+}
+
+#[derive(Tree, Clone, Debug, PartialEq)]
+pub struct Dense {
+    pub w: Array,
+    pub b: Array,
+}
+
+#[derive(Tree, Clone, Debug)]
+pub struct Batch {
+    pub x: Array,
+    pub y: Array,
+}
+
+/// A two-layer classifier of 4 features into 3 classes, with a frozen (non-trainable) input
+/// scale to show that Device leaves that are not trained stay as they are.
+#[experiment]
+#[derive(Clone)]
+pub struct Mlp {
+    #[graph_const]
+    pub act: Act,
+    #[device(trainable)]
+    pub layers: Vec<Dense>,
+    #[device]
+    pub scale: Array,
+}
+
+impl Model for Mlp {
+    type Batch = Batch;
+
+    fn loss(v: &MlpView<'_>, b: &BatchMirror<Tensor>) -> Tensor {
+        nn::softmax_cross_entropy(logits(v, b.x), b.y)
+    }
+
+    fn correct(v: &MlpView<'_>, b: &BatchMirror<Tensor>) -> Option<Tensor> {
+        Some(nn::correct(logits(v, b.x), b.y))
+    }
+}
+
+fn logits(v: &MlpView<'_>, x: Tensor) -> Tensor {
+    let x = x * v.scale;
+    let (last, hidden) = v.layers.split_last().expect("layers");
+    let h = hidden.iter().fold(x, |h, l| {
+        let z = h.matmul(l.w) + l.b;
+        match v.act {
+            Act::Tanh => z.tanh(),
+            Act::Relu => z.relu(),
+        }
+    });
+    h.matmul(last.w) + last.b
+}
+
+fn mlp(act: Act) -> Mlp {
+    Mlp {
+        act,
+        layers: vec![
+            Dense {
+                w: init::glorot_uniform(4, 16, Seed(1)),
+                b: Array::zeros(DType::F32, &[16]),
+            },
+            Dense {
+                w: init::glorot_uniform(16, 3, Seed(2)),
+                b: Array::zeros(DType::F32, &[3]),
+            },
+        ],
+        scale: Array::full(&[4], 1.0f32),
+    }
+}
+
+/// A learnable problem: the class is which of the first three features is largest.
+fn data(rows: usize, seed: u64) -> (Vec<f32>, Vec<i32>) {
+    let mut rng = Rng::new(Seed(seed));
+    let mut x = Vec::with_capacity(rows * 4);
+    let mut y = Vec::with_capacity(rows);
+    for _ in 0..rows {
+        let row: Vec<f32> = (0..4).map(|_| rng.next_f64() as f32 * 2.0 - 1.0).collect();
+        let class = (0..3)
+            .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+            .unwrap_or(0);
+        x.extend(&row);
+        y.push(class as i32);
+    }
+    (x, y)
+}
+
+/// Rows `start..start + real` of `(x, y)`, padded with zeros to `rows`.
+fn batch(x: &[f32], y: &[i32], start: usize, real: usize, rows: usize) -> Batch {
+    let mut bx = x[start * 4..(start + real) * 4].to_vec();
+    bx.resize(rows * 4, 0.0);
+    let mut by = y[start..start + real].to_vec();
+    by.resize(rows, 0);
+    Batch {
+        x: Array::from_vec(&[rows, 4], bx).unwrap(),
+        y: Array::from_vec(&[rows], by).unwrap(),
+    }
+}
+
+fn own_cache() -> &'static Cache {
+    Box::leak(Box::new(Cache::in_memory(32)))
+}
+
+fn handle<O: Optimizer>(
+    backend: &'static dyn Backend,
+    cache: &'static Cache,
+    e: Mlp,
+    o: O,
+    rows: usize,
+    lr: f64,
+) -> Nitro<Mlp, O> {
+    Nitro::with_backend(e, o, Config::new().batch(rows).lr(lr), backend, cache).unwrap()
+}
+
+fn leaves(e: &Mlp) -> Vec<Vec<f32>> {
+    e.layers
+        .iter()
+        .flat_map(|l| [&l.w, &l.b])
+        .map(|a| a.as_slice::<f32>().unwrap().to_vec())
+        .collect()
+}
+
+#[track_caller]
+fn assert_close(a: &[Vec<f32>], b: &[Vec<f32>], tol: f32, what: &str) {
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        for (j, (p, q)) in x.iter().zip(y).enumerate() {
+            assert!(
+                (p - q).abs() <= tol * (1.0 + q.abs()),
+                "{what}: leaf {i}[{j}]: {p} vs {q}"
+            );
+        }
+    }
+}
+
+fn inventory_on(backend: &'static dyn Backend) {
+    let cache = own_cache();
+    let (x, y) = data(96, 3);
+    let mut run = handle(backend, cache, mlp(Act::Tanh), Adam::default(), 32, 0.01);
+    let outcomes = run.prepare(&batch(&x, &y, 0, 32, 32)).unwrap();
+    assert_eq!(
+        outcomes.len(),
+        2,
+        "a train-only run: gradient and update programs"
+    );
+    assert!(outcomes.iter().all(|o| !o.is_hit()));
+    // Three epochs of three steps, the last batch of each ragged; a learning-rate change.
+    for epoch in 0..3 {
+        for (start, real) in [(0, 32), (32, 32), (64, 20)] {
+            run.step(&batch(&x, &y, start, real, 32), real).unwrap();
+        }
+        run.set_lr(0.01 / (epoch + 2) as f64);
+    }
+    let stats = cache.stats();
+    assert_eq!(
+        (stats.misses, stats.entries),
+        (2, 2),
+        "train-only: two programs, compiled once: {stats}"
+    );
+    // Validation adds one program, once.
+    for _ in 0..3 {
+        run.evaluate(&batch(&x, &y, 64, 20, 32), 20).unwrap();
+    }
+    let stats = cache.stats();
+    assert_eq!((stats.misses, stats.entries), (3, 3), "{stats}");
+    cache.assert_no_recompile_after_warmup().unwrap();
+    assert_eq!(run.steps(), 9);
+}
+
+#[test]
+fn the_inventory_is_two_programs_then_three_on_the_interpreter() {
+    inventory_on(backend::interpreter());
+}
+
+#[test]
+fn the_inventory_is_two_programs_then_three_on_xla() {
+    if let Some(xla) = xla_or_skip("the_inventory_is_two_programs_then_three_on_xla") {
+        inventory_on(xla);
+    }
+}
+
+#[test]
+fn a_padded_step_equals_the_unpadded_step_on_the_real_rows() {
+    let (x, y) = data(8, 5);
+    // Five real rows padded to eight, against a handle whose batch is exactly those five.
+    let mut padded = handle(
+        backend::interpreter(),
+        own_cache(),
+        mlp(Act::Tanh),
+        Sgd,
+        8,
+        0.5,
+    );
+    let mut exact = handle(
+        backend::interpreter(),
+        own_cache(),
+        mlp(Act::Tanh),
+        Sgd,
+        5,
+        0.5,
+    );
+    let lp = padded.step(&batch(&x, &y, 0, 5, 8), 5).unwrap().loss;
+    let le = exact.step(&batch(&x, &y, 0, 5, 5), 5).unwrap().loss;
+    assert!((lp - le).abs() < 1e-6, "{lp} vs {le}");
+    let (p, e) = (
+        padded.into_experiment().unwrap(),
+        exact.into_experiment().unwrap(),
+    );
+    assert_close(&leaves(&p), &leaves(&e), 1e-6, "padded vs exact");
+    assert_ne!(
+        leaves(&p),
+        leaves(&mlp(Act::Tanh)),
+        "the step moved the parameters"
+    );
+    assert_eq!(
+        p.scale,
+        mlp(Act::Tanh).scale,
+        "a frozen leaf is not trained"
+    );
+}
+
+#[test]
+fn a_second_handle_compiles_nothing_and_a_graph_const_change_recompiles_only_the_gradient() {
+    let cache = own_cache();
+    let b = backend::interpreter();
+    let (x, y) = data(32, 7);
+    let first = batch(&x, &y, 0, 32, 32);
+    let mut one = handle(b, cache, mlp(Act::Tanh), Adam::default(), 32, 0.01);
+    one.step(&first, 32).unwrap();
+    let mut two = handle(b, cache, mlp(Act::Tanh), Adam::default(), 32, 0.05);
+    let outcomes = two.prepare(&first).unwrap();
+    assert!(outcomes.iter().all(Outcome::is_hit), "{outcomes:?}");
+    // Another activation: the gradient program moves, the update program (keyed on the
+    // optimizer and the leaf types) does not.
+    let mut three = handle(b, cache, mlp(Act::Relu), Adam::default(), 32, 0.01);
+    let outcomes = three.prepare(&first).unwrap();
+    assert_eq!(
+        outcomes[0],
+        Outcome::Compiled {
+            reason: MissReason::GraphConstChanged {
+                fields: vec!["act".into()]
+            }
+        }
+    );
+    assert!(outcomes[1].is_hit(), "{}", outcomes[1]);
+    // Another optimizer constant: only the update program moves.
+    let mut four = handle(
+        b,
+        cache,
+        mlp(Act::Tanh),
+        Adam {
+            beta1: 0.8,
+            ..Adam::default()
+        },
+        32,
+        0.01,
+    );
+    let outcomes = four.prepare(&first).unwrap();
+    assert!(outcomes[0].is_hit());
+    assert!(
+        matches!(
+            &outcomes[1],
+            Outcome::Compiled {
+                reason: MissReason::GraphConstChanged { fields }
+            } if fields == &["optimizer".to_owned()]
+        ),
+        "{}",
+        outcomes[1]
+    );
+}
+
+#[test]
+fn the_interpreter_and_xla_agree_on_the_first_steps() {
+    let Some(xla) = xla_or_skip("the_interpreter_and_xla_agree_on_the_first_steps") else {
+        return;
+    };
+    let (x, y) = data(64, 11);
+    let mut on_interp = handle(
+        backend::interpreter(),
+        own_cache(),
+        mlp(Act::Tanh),
+        Adam::default(),
+        32,
+        0.01,
+    );
+    let mut on_xla = handle(xla, own_cache(), mlp(Act::Tanh), Adam::default(), 32, 0.01);
+    for (start, real) in [(0, 32), (32, 20)] {
+        let bt = batch(&x, &y, start, real, 32);
+        let a = on_interp.step(&bt, real).unwrap().loss;
+        let b = on_xla.step(&bt, real).unwrap().loss;
+        assert!((a - b).abs() < 1e-5 * (1.0 + a.abs()), "loss {a} vs {b}");
+    }
+    let (i, x_) = (
+        on_interp.into_experiment().unwrap(),
+        on_xla.into_experiment().unwrap(),
+    );
+    // Documented tolerance: f32, two Adam steps.
+    assert_close(&leaves(&i), &leaves(&x_), 1e-5, "interpreter vs XLA");
+}
+
+fn learns_on(backend: &'static dyn Backend) {
+    let (x, y) = data(256, 13);
+    let (vx, vy) = data(96, 17);
+    let mut run = handle(
+        backend,
+        own_cache(),
+        mlp(Act::Tanh),
+        Adam::default(),
+        32,
+        0.05,
+    );
+    let before = run.evaluate(&batch(&vx, &vy, 0, 96, 96).clone(), 96);
+    // The evaluation batch is larger than the training batch: refused, typed.
+    assert!(before.is_err());
+    let eval = |run: &mut Nitro<Mlp, Adam>| {
+        let mut correct = 0.0;
+        for start in (0..96).step_by(32) {
+            correct += run
+                .evaluate(&batch(&vx, &vy, start, 32, 32), 32)
+                .unwrap()
+                .correct;
+        }
+        correct / 96.0
+    };
+    let first = eval(&mut run);
+    for _ in 0..15 {
+        for start in (0..256).step_by(32) {
+            run.step(&batch(&x, &y, start, 32, 32), 32).unwrap();
+        }
+    }
+    let last = eval(&mut run);
+    assert!(last > 0.85, "validation accuracy {first} → {last}");
+    assert!(last > first + 0.2, "it learned: {first} → {last}");
+}
+
+#[test]
+fn training_learns_on_the_interpreter() {
+    learns_on(backend::interpreter());
+}
+
+#[test]
+fn training_learns_on_xla() {
+    if let Some(xla) = xla_or_skip("training_learns_on_xla") {
+        learns_on(xla);
+    }
+}
+
+#[test]
+fn bad_steps_are_typed_errors() {
+    let mut run = handle(
+        backend::interpreter(),
+        own_cache(),
+        mlp(Act::Tanh),
+        Sgd,
+        4,
+        0.1,
+    );
+    let (x, y) = data(8, 1);
+    assert!(
+        run.step(&batch(&x, &y, 0, 4, 4), 0).is_err(),
+        "no real rows"
+    );
+    assert!(
+        run.step(&batch(&x, &y, 0, 4, 4), 5).is_err(),
+        "more real rows than rows"
+    );
+    assert!(
+        run.step(&batch(&x, &y, 0, 4, 8), 4).is_err(),
+        "another batch size"
+    );
+    assert!(Nitro::with_backend(
+        mlp(Act::Tanh),
+        Sgd,
+        Config::new().batch(0),
+        backend::interpreter(),
+        own_cache()
+    )
+    .is_err());
+    assert!(run.step(&batch(&x, &y, 0, 4, 4), 4).is_ok());
+}
