@@ -1496,3 +1496,34 @@ fn a_cache_without_a_persistent_backend_never_writes_the_store() {
     assert!(entry_files(tmp.path()).is_empty());
     assert_eq!(cache.store().unwrap().size_bytes(), 0);
 }
+
+#[test]
+fn the_lint_names_a_graph_const_that_keeps_recompiling_and_a_program_with_many_variants() {
+    let cache = memory_cache(64);
+    cache.set_variant_warning(4);
+    for k in 0..7 {
+        assert!(!look(&cache, &SCALE, &keyed(k), &()).eq(&Hit));
+    }
+    // Repeats hit and add nothing.
+    for k in 0..7 {
+        assert_eq!(look(&cache, &SCALE, &keyed(k), &()), Hit);
+    }
+    let lints = cache.lints();
+    assert_eq!(
+        lints,
+        vec![
+            cache::Lint::RepeatedGraphConst {
+                program: SCALE.identity(),
+                field: "k".into(),
+                compiles: 3,
+            },
+            cache::Lint::ManyVariants {
+                program: SCALE.identity(),
+                variants: 5,
+            },
+        ],
+        "each named once"
+    );
+    let text = lints[0].to_string();
+    assert!(text.contains("`k`") && text.contains("#[device]"), "{text}");
+}

@@ -37,7 +37,7 @@ mod stats;
 pub mod store;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,69 @@ use crate::tree::{LeafPath, Node, Signature, Tree};
 
 /// The default capacity of the process-wide cache, in programs.
 pub const DEFAULT_CAPACITY: usize = 256;
+
+/// The lint names a GraphConst field once it has recompiled one program this many times.
+const LINT_REPEATS: u32 = 3;
+
+/// The lint warns about a program with more variants than this, by default.
+pub const DEFAULT_VARIANT_WARNING: usize = 8;
+
+/// What the lint saw of one program identity.
+#[derive(Default)]
+struct LintState {
+    /// Recompiles per GraphConst field.
+    field_changes: HashMap<String, u32>,
+    /// Distinct keys compiled.
+    variants: std::collections::HashSet<Digest>,
+    warned_variants: bool,
+}
+
+/// A warning of the lint: a compile pattern that costs compiles a different declaration would
+/// save.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "lint")]
+pub enum Lint {
+    /// One GraphConst field keeps changing and recompiling the program: a value swept or
+    /// scheduled (a learning rate, a dropout rate) belongs in a `#[device]` field, where it is
+    /// a traced input and changing it never recompiles.
+    RepeatedGraphConst {
+        /// The program identity.
+        program: String,
+        /// The field.
+        field: String,
+        /// Compiles it caused so far.
+        compiles: u32,
+    },
+    /// One program has compiled more variants than the warning threshold.
+    ManyVariants {
+        /// The program identity.
+        program: String,
+        /// Distinct variants compiled.
+        variants: usize,
+    },
+}
+
+impl std::fmt::Display for Lint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Lint::RepeatedGraphConst {
+                program,
+                field,
+                compiles,
+            } => write!(
+                f,
+                "#[graph_const] field `{field}` has changed {compiles} times, recompiling \
+                 `{program}` each time; if it does not shape the graph (a learning rate, a \
+                 coefficient), declare it #[device]: a traced input never recompiles"
+            ),
+            Lint::ManyVariants { program, variants } => write!(
+                f,
+                "`{program}` has compiled {variants} variants in this process; see \
+                 `Cache::recent_misses` for what keeps moving (GraphConsts, batch shapes)"
+            ),
+        }
+    }
+}
 
 /// How many misses [`Cache::recent_misses`] keeps.
 const RECENT_MISSES: usize = 64;
@@ -262,6 +325,10 @@ struct State {
     tick: u64,
     stats: CacheStats,
     recent: VecDeque<Miss>,
+    /// What the lint has seen per program identity.
+    lint: HashMap<Digest, LintState>,
+    /// Warnings given, in order.
+    lints: Vec<Lint>,
     warm_mark: Option<u64>,
     /// `stats.misses` at the last reset: the acceptance check counts misses since then.
     misses_at_reset: u64,
@@ -318,6 +385,8 @@ pub struct Cache {
     /// A setting of the environment that could not be honoured (the process-wide cache only):
     /// every lookup fails with it.
     misconfigured: Option<String>,
+    /// The lint warns past this many variants of one program.
+    variant_warning: AtomicUsize,
 }
 
 impl std::fmt::Debug for Cache {
@@ -483,6 +552,7 @@ impl Cache {
             flights: Mutex::new(HashMap::new()),
             verify: AtomicBool::new(false),
             misconfigured: None,
+            variant_warning: AtomicUsize::new(DEFAULT_VARIANT_WARNING),
         }
     }
 
@@ -883,11 +953,12 @@ impl Cache {
             st.recent.pop_front();
         }
         st.recent.push_back(Miss {
-            program: program_id,
+            program: program_id.clone(),
             reason: reason.clone(),
             loaded,
             ms,
         });
+        self.lint(&mut st, program_key, &program_id, key, &reason);
         let details = Arc::new(details);
         st.last.insert(program_key, details.clone());
         st.ledger.retain(|k| *k != key);
@@ -930,6 +1001,50 @@ impl Cache {
             Outcome::Compiled { reason }
         };
         Ok(Served { compiled, outcome })
+    }
+
+    /// The lint: a GraphConst field whose changes keep recompiling one program is named once,
+    /// with the advice to make it `#[device]`; a program with many variants is named once.
+    fn lint(&self, st: &mut State, program: Digest, name: &str, key: Digest, reason: &MissReason) {
+        let variant_warning = self.variant_warning.load(Ordering::Relaxed);
+        let lint = st.lint.entry(program).or_default();
+        let mut found = Vec::new();
+        if let MissReason::GraphConstChanged { fields } = reason {
+            for field in fields.iter().filter(|f| !f.starts_with('<')) {
+                let n = lint.field_changes.entry(field.clone()).or_default();
+                *n += 1;
+                if *n == LINT_REPEATS {
+                    found.push(Lint::RepeatedGraphConst {
+                        program: name.to_owned(),
+                        field: field.clone(),
+                        compiles: *n,
+                    });
+                }
+            }
+        }
+        lint.variants.insert(key);
+        if lint.variants.len() > variant_warning && !lint.warned_variants {
+            lint.warned_variants = true;
+            found.push(Lint::ManyVariants {
+                program: name.to_owned(),
+                variants: lint.variants.len(),
+            });
+        }
+        for l in found {
+            crate::settings::notice_once(&l.to_string(), &l.to_string());
+            st.lints.push(l);
+        }
+    }
+
+    /// The lint's warnings so far (each also printed once on stderr): GraphConst fields whose
+    /// changes keep recompiling a program, and programs with many variants.
+    pub fn lints(&self) -> Vec<Lint> {
+        self.lock_state().lints.clone()
+    }
+
+    /// Warn when one program has compiled more than `variants` variants (default 8).
+    pub fn set_variant_warning(&self, variants: usize) {
+        self.variant_warning.store(variants, Ordering::Relaxed);
     }
 
     /// Names what moved in this process since this program was last used (compiled or hit):
@@ -977,8 +1092,10 @@ impl Cache {
         {
             let mut st = self.lock_state();
             st.slots.clear();
+            st.routes.clear();
             st.ledger.clear();
             st.last.clear();
+            st.lint.clear();
             st.warm_mark = None;
             st.misses_at_reset = st.stats.misses;
             st.stats.clears += 1;
