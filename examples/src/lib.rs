@@ -5,6 +5,7 @@
 //! that run them are in `examples/` (`cargo run -p nitro-examples --example digits`).
 
 pub mod data;
+mod model;
 
 use nitro::prelude::*;
 

@@ -104,13 +104,18 @@ pub struct OptimizerStep<O: Optimizer> {
     /// The optimizer state, slot by slot, leaf by leaf.
     #[device]
     pub state: Vec<Array>,
+    /// Steps taken so far, `f32[]`: kept on the device and counted by the program, so a step
+    /// uploads no step number.
+    #[device]
+    pub steps: Array,
 }
 
-/// The inputs of the update program: the gradients, the learning rate and the step number.
-type UpdateInputs = (Vec<Tensor>, Tensor, Tensor);
+/// The inputs of the update program: the gradients and the learning rate.
+type UpdateInputs = (Vec<Tensor>, Tensor);
 
 fn update_fn<O: Optimizer>(v: &OptimizerStepView<'_, O>, inputs: &UpdateInputs) -> Vec<Tensor> {
-    let (grads, lr, number) = inputs;
+    let (grads, lr) = inputs;
+    let number = v.steps + 1.0;
     let n = v.params.len();
     let slots = v.optimizer.slots().len();
     let state: Vec<Vec<Tensor>> = (0..slots)
@@ -125,6 +130,7 @@ fn update_fn<O: Optimizer>(v: &OptimizerStepView<'_, O>, inputs: &UpdateInputs) 
     params
         .into_iter()
         .chain(state.into_iter().flatten())
+        .chain(std::iter::once(number))
         .collect()
 }
 
@@ -227,6 +233,14 @@ pub struct Nitro<E: Model, O: Optimizer> {
     trainable: Values,
     frozen: Values,
     state: Values,
+    /// The step counter the update program keeps (`f32[]`).
+    counter: Values,
+    /// The learning rate as uploaded, and for which value.
+    lr_value: Option<(f64, Values)>,
+    /// The all-ones mask of a full batch, uploaded once.
+    full_mask: Option<Values>,
+    /// Losses of steps taken with [`Nitro::step_deferred`], not read yet.
+    pending_losses: Vec<Values>,
     /// Whether the experiment's trainable leaves are stale (the device holds newer values).
     host_stale: bool,
     step: u64,
@@ -291,21 +305,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let state: Vec<Array> = (0..slots)
             .flat_map(|_| trainable.iter().map(|a| Array::zeros(a.dtype(), a.dims())))
             .collect();
-        let (trainable, frozen, state) = match backend.device() {
-            Some(client) => {
-                let up = |v: Vec<Array>| -> Result<Values> {
-                    Ok(Values::Device(
-                        v.iter().map(|a| client.upload(a)).collect::<Result<_>>()?,
-                    ))
-                };
-                (up(trainable)?, up(frozen)?, up(state)?)
-            }
-            None => (
-                Values::Host(trainable),
-                Values::Host(frozen),
-                Values::Host(state),
-            ),
-        };
+        let put = |v: Vec<Array>| -> Result<Values> { place(backend, v) };
+        let (trainable, frozen, state) = (put(trainable)?, put(frozen)?, put(state)?);
+        let counter = put(vec![Array::scalar(0.0f32)])?;
         Ok(Nitro {
             experiment,
             optimizer,
@@ -316,6 +318,10 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             trainable,
             frozen,
             state,
+            counter,
+            lr_value: None,
+            full_mask: None,
+            pending_losses: Vec::new(),
             host_stale: false,
             step: 0,
             programs: None,
@@ -424,6 +430,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 .iter()
                 .map(|t| Array::zeros(t.dtype, &t.dims))
                 .collect(),
+            steps: Array::scalar(0.0f32),
         })
     }
 
@@ -436,73 +443,126 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
 
     /// One training step on `batch` (exactly `Config::batch` rows) whose real rows are the
     /// first `real` (the rest is padding): gradient, then the optimizer update. Returns the
-    /// mean loss over the real rows.
+    /// mean loss over the real rows (reading it waits for the step; see
+    /// [`step_deferred`](Nitro::step_deferred) to read losses later).
     pub fn step(&mut self, batch: &E::Batch, real: usize) -> Result<StepResult> {
+        self.step_deferred(batch, real)?;
+        let loss = self.take_losses()?.pop().unwrap_or(f64::NAN);
+        Ok(StepResult { loss })
+    }
+
+    /// One training step whose loss stays where it was computed until
+    /// [`take_losses`](Nitro::take_losses): the host does not wait for the device each step.
+    pub fn step_deferred(&mut self, batch: &E::Batch, real: usize) -> Result<()> {
         self.prepare(batch)?;
         let rows = self.config.batch;
-        let mask = mask_of(rows, real)?;
-        self.step += 1;
-        let lr = Array::scalar(self.config.lr as f32);
-        let number = Array::scalar(self.step as f32);
-        let Some(programs) = &self.programs else {
-            return Err(Error::Misconfigured {
-                message: "no programs after prepare".into(),
+        if real == 0 || real > rows {
+            return Err(Error::InvalidSetting {
+                variable: "real rows",
+                value: real.to_string(),
+                expected: format!("between 1 and the batch size {rows}"),
             });
+        }
+        // The learning rate and the full-batch mask are uploaded when they change, not per step.
+        if self
+            .lr_value
+            .as_ref()
+            .is_none_or(|(v, _)| *v != self.config.lr)
+        {
+            let lr = place(self.backend, vec![Array::scalar(self.config.lr as f32)])?;
+            self.lr_value = Some((self.config.lr, lr));
+        }
+        if self.full_mask.is_none() {
+            self.full_mask = Some(place(self.backend, vec![mask_of(rows, rows)?])?);
+        }
+        let ragged = if real < rows {
+            Some(place(self.backend, vec![mask_of(rows, real)?])?)
+        } else {
+            None
         };
+        let Some(programs) = &self.programs else {
+            return Err(no_output());
+        };
+        let (Some((_, lr)), Some(full)) = (&self.lr_value, &self.full_mask) else {
+            return Err(no_output());
+        };
+        let mask = ragged.as_ref().unwrap_or(full);
         let n = self.trainable.len();
-        let loss = match (&mut self.trainable, &self.frozen, &mut self.state) {
-            (Values::Host(trainable), Values::Host(frozen), Values::Host(state)) => {
+        let loss = match (
+            &mut self.trainable,
+            &self.frozen,
+            &mut self.state,
+            &mut self.counter,
+            lr,
+            mask,
+        ) {
+            (
+                Values::Host(trainable),
+                Values::Host(frozen),
+                Values::Host(state),
+                Values::Host(counter),
+                Values::Host(lr),
+                Values::Host(mask),
+            ) => {
                 let mut args: Vec<&Array> = self
                     .order
                     .iter()
                     .map(|&(t, i)| if t { &trainable[i] } else { &frozen[i] })
                     .collect();
                 args.extend(leaves(batch));
-                args.push(&mask);
-                let out = programs.grad.executable.run(&args)?;
-                let (loss, grads) = out.split_first().ok_or_else(no_output)?;
-                let mut uargs: Vec<&Array> = trainable.iter().chain(state.iter()).collect();
+                args.extend(mask.iter());
+                let mut out = programs.grad.executable.run(&args)?.into_iter();
+                let loss = out.next().ok_or_else(no_output)?;
+                let grads: Vec<Array> = out.collect();
+                let mut uargs: Vec<&Array> = trainable
+                    .iter()
+                    .chain(state.iter())
+                    .chain(counter.iter())
+                    .collect();
                 uargs.extend(grads.iter());
-                uargs.push(&lr);
-                uargs.push(&number);
+                uargs.extend(lr.iter());
                 let mut new = programs.update.executable.run(&uargs)?;
-                let new_state = new.split_off(n);
+                *counter = new.split_off(new.len().saturating_sub(1));
+                *state = new.split_off(n);
                 *trainable = new;
-                *state = new_state;
-                scalar_of(loss)?
+                Values::Host(vec![loss])
             }
-            (Values::Device(trainable), Values::Device(frozen), Values::Device(state)) => {
+            (
+                Values::Device(trainable),
+                Values::Device(frozen),
+                Values::Device(state),
+                Values::Device(counter),
+                Values::Device(lr),
+                Values::Device(mask),
+            ) => {
                 let grad_exe = pjrt_of(&programs.grad)?;
                 let update_exe = pjrt_of(&programs.update)?;
                 let client = grad_exe.client();
-                let mut uploads: Vec<DeviceBuffer> = leaves(batch)
+                let uploads: Vec<DeviceBuffer> = leaves(batch)
                     .into_iter()
                     .map(|a| client.upload(a))
                     .collect::<Result<_>>()?;
-                uploads.push(client.upload(&mask)?);
                 let args: Vec<&DeviceBuffer> = self
                     .order
                     .iter()
                     .map(|&(t, i)| if t { &trainable[i] } else { &frozen[i] })
                     .chain(uploads.iter())
+                    .chain(mask.iter())
                     .collect();
-                let out = grad_exe.execute(&args)?;
-                let mut out = out.into_iter();
+                let mut out = grad_exe.execute(&args)?.into_iter();
                 let loss = out.next().ok_or_else(no_output)?;
                 let grads: Vec<DeviceBuffer> = out.collect();
-                let lr_b = client.upload(&lr)?;
-                let number_b = client.upload(&number)?;
                 let mut uargs: Vec<Arg<'_>> = Vec::with_capacity(2 * n + state.len() + 2);
                 uargs.extend(std::mem::take(trainable).into_iter().map(Arg::Donate));
                 uargs.extend(std::mem::take(state).into_iter().map(Arg::Donate));
+                uargs.extend(std::mem::take(counter).into_iter().map(Arg::Donate));
                 uargs.extend(grads.iter().map(Arg::Borrow));
-                uargs.push(Arg::Borrow(&lr_b));
-                uargs.push(Arg::Borrow(&number_b));
+                uargs.extend(lr.iter().map(Arg::Borrow));
                 let mut new = update_exe.execute_donating(uargs)?.outputs;
-                let new_state = new.split_off(n);
+                *counter = new.split_off(new.len().saturating_sub(1));
+                *state = new.split_off(n);
                 *trainable = new;
-                *state = new_state;
-                scalar_of(&loss.to_host()?)?
+                Values::Device(vec![loss])
             }
             _ => {
                 return Err(Error::Misconfigured {
@@ -510,8 +570,26 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 })
             }
         };
+        self.step += 1;
+        self.pending_losses.push(loss);
         self.host_stale = true;
-        Ok(StepResult { loss })
+        Ok(())
+    }
+
+    /// The losses of the steps taken since the last call, in order (read from the device at
+    /// once on XLA).
+    pub fn take_losses(&mut self) -> Result<Vec<f64>> {
+        let pending = std::mem::take(&mut self.pending_losses);
+        let mut out = Vec::with_capacity(pending.len());
+        for v in &pending {
+            match v {
+                Values::Host(a) => out.push(scalar_of(a.first().ok_or_else(no_output)?)?),
+                Values::Device(b) => {
+                    out.push(scalar_of(&b.first().ok_or_else(no_output)?.to_host()?)?)
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Evaluates `batch` (its first `real` rows) without training: summed loss and correct
@@ -633,15 +711,28 @@ impl<B: Tree> Tree for BatchRef<'_, B> {
 }
 
 /// The update program's inputs with the types of `opt`'s leaves (values unused).
-fn update_inputs_shape<O: Optimizer>(opt: &OptimizerStep<O>) -> (Vec<Array>, Array, Array) {
+fn update_inputs_shape<O: Optimizer>(opt: &OptimizerStep<O>) -> (Vec<Array>, Array) {
     (
         opt.params
             .iter()
             .map(|a| Array::zeros(a.dtype(), a.dims()))
             .collect(),
         Array::scalar(0.0f32),
-        Array::scalar(0.0f32),
     )
+}
+
+/// `arrays` where `backend` keeps values between runs: device buffers on XLA, host arrays on
+/// the interpreter.
+fn place(backend: &dyn Backend, arrays: Vec<Array>) -> Result<Values> {
+    Ok(match backend.device() {
+        Some(client) => Values::Device(
+            arrays
+                .iter()
+                .map(|a| client.upload(a))
+                .collect::<Result<_>>()?,
+        ),
+        None => Values::Host(arrays),
+    })
 }
 
 fn join<T>(h: std::thread::ScopedJoinHandle<'_, Result<T>>) -> Result<T> {
