@@ -1,0 +1,121 @@
+"""The digits MLP step (64 -> 128 tanh -> 10, batch 32, Adam) in JAX on CPU, measured the way
+`cargo run --release -p nitro-examples --example step_bench` measures nitro's training handle.
+
+Run in a throwaway virtual environment (JAX is never a dependency of nitro):
+
+    python3 -m venv /tmp/jaxvenv && /tmp/jaxvenv/bin/pip install jax==0.10.2
+    /tmp/jaxvenv/bin/python bench/compare_jax.py [steps]
+
+Prints one JSON line: median step time of the split step (jit(grad) + jit(adam update) with
+donated parameters and state) and of the fused step (one jit, donated), and the first step time
+(tracing and compiling included).
+"""
+
+import json
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
+B1, B2, EPS, LR = 0.9, 0.999, 1e-8, 1e-3
+
+
+def init(key):
+    k1, k2 = jax.random.split(key)
+    def glorot(k, fan_in, fan_out):
+        limit = (6.0 / (fan_in + fan_out)) ** 0.5
+        return jax.random.uniform(k, (fan_in, fan_out), jnp.float32, -limit, limit)
+    return [glorot(k1, 64, 128), jnp.zeros(128), glorot(k2, 128, 10), jnp.zeros(10)]
+
+
+def loss_fn(params, x, y):
+    w1, b1, w2, b2 = params
+    logits = jnp.tanh(x @ w1 + b1) @ w2 + b2
+    logp = jax.nn.log_softmax(logits)
+    return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
+
+
+def adam(params, grads, m, v, t):
+    m = [B1 * mi + (1 - B1) * g for mi, g in zip(m, grads)]
+    v = [B2 * vi + (1 - B2) * g * g for vi, g in zip(v, grads)]
+    t = t + 1.0
+    c1, c2 = 1 - B1 ** t, 1 - B2 ** t
+    params = [p - LR * (mi / c1) / (jnp.sqrt(vi / c2) + EPS) for p, mi, vi in zip(params, m, v)]
+    return params, m, v, t
+
+
+grad = jax.jit(jax.value_and_grad(loss_fn))
+update = jax.jit(adam, donate_argnums=(0, 2, 3, 4))
+
+
+@jax.jit
+def _fused(params, m, v, t, x, y):
+    loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+    params, m, v, t = adam(params, grads, m, v, t)
+    return loss, params, m, v, t
+
+
+fused = jax.jit(_fused, donate_argnums=(0, 1, 2, 3))
+
+
+def batches():
+    key = jax.random.PRNGKey(0)
+    out = []
+    for i in range(56):
+        kx, ky, key = jax.random.split(key, 3)
+        x = jax.random.uniform(kx, (32, 64), jnp.float32)
+        y = jax.random.randint(ky, (32,), 0, 10)
+        out.append((jax.device_put(x), jax.device_put(y)))
+    return out
+
+
+def run_split(data):
+    params = init(jax.random.PRNGKey(1))
+    m = [jnp.zeros_like(p) for p in params]
+    v = [jnp.zeros_like(p) for p in params]
+    t = jnp.float32(0.0)
+    started = time.perf_counter()
+    loss, g = grad(params, *data[0])
+    params, m, v, t = update(params, g, m, v, t)
+    jax.block_until_ready(params)
+    first_ms = (time.perf_counter() - started) * 1e3
+    times = []
+    for i in range(STEPS):
+        s = time.perf_counter()
+        loss, g = grad(params, *data[(i + 1) % len(data)])
+        params, m, v, t = update(params, g, m, v, t)
+        jax.block_until_ready(params)
+        times.append((time.perf_counter() - s) * 1e6)
+    return statistics.median(times), first_ms, float(loss)
+
+
+def run_fused(data):
+    params = init(jax.random.PRNGKey(1))
+    m = [jnp.zeros_like(p) for p in params]
+    v = [jnp.zeros_like(p) for p in params]
+    t = jnp.float32(0.0)
+    started = time.perf_counter()
+    loss, params, m, v, t = fused(params, m, v, t, *data[0])
+    jax.block_until_ready(params)
+    first_ms = (time.perf_counter() - started) * 1e3
+    times = []
+    for i in range(STEPS):
+        s = time.perf_counter()
+        loss, params, m, v, t = fused(params, m, v, t, *data[(i + 1) % len(data)])
+        jax.block_until_ready(params)
+        times.append((time.perf_counter() - s) * 1e6)
+    return statistics.median(times), first_ms, float(loss)
+
+
+if __name__ == "__main__":
+    data = batches()
+    split_us, split_first, _ = run_split(data)
+    fused_us, fused_first, _ = run_fused(data)
+    print(json.dumps({
+        "bench": "jax", "jax": jax.__version__, "steps": STEPS,
+        "split_step_us_median": round(split_us, 1), "fused_step_us_median": round(fused_us, 1),
+        "split_first_step_ms": round(split_first, 1), "fused_first_step_ms": round(fused_first, 1),
+    }))
