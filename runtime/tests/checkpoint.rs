@@ -101,8 +101,11 @@ impl Drop for TempDir {
     }
 }
 
+/// An array as dtype, dims and little-endian bytes.
+type Bits = (DType, Vec<usize>, Vec<u8>);
+
 /// Bit-exact equality of two arrays (NaN == NaN, -0.0 != 0.0).
-fn bits(a: &Array) -> (DType, Vec<usize>, Vec<u8>) {
+fn bits(a: &Array) -> Bits {
     let bytes = match a.data() {
         nitro::ArrayData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         nitro::ArrayData::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
@@ -114,7 +117,7 @@ fn bits(a: &Array) -> (DType, Vec<usize>, Vec<u8>) {
     (a.dtype(), a.dims().to_vec(), bytes)
 }
 
-fn leaves(n: &Net) -> Vec<(String, (DType, Vec<usize>, Vec<u8>))> {
+fn leaves(n: &Net) -> Vec<(String, Bits)> {
     let mut out = Vec::new();
     n.visit_device(&mut |_, path, node| {
         if let nitro::Node::Leaf(a) = node {
