@@ -1,24 +1,23 @@
-//! The handwritten digits data set (`examples/data/digits.csv.gz`), loaded into host arrays.
+//! The handwritten digits data set (`examples/data/digits.csv.gz`), loaded into a
+//! [`nitro::data::Dataset`].
 
 use std::io::Read;
 use std::path::Path;
 
-use nitro::{Array, Digest};
+use nitro::data::Dataset;
+use nitro::Array;
 
 /// Where the data set lives, relative to the workspace root.
 pub const DIGITS_PATH: &str = "examples/data/digits.csv.gz";
 
-/// The digits data set: `x` is `[rows, 64]` f32 pixels scaled to `0..=1`, `y` is `[rows]` i32
-/// labels in `0..10`.
-#[derive(Clone, Debug)]
-pub struct Digits {
-    /// Pixels, `[rows, 64]`, scaled by 1/16.
-    pub x: Array,
-    /// Labels, `[rows]`.
-    pub y: Array,
-    /// blake3 of the decompressed CSV: the data set's identity.
-    pub digest: Digest,
-}
+/// The number of classes: the digits 0 to 9.
+pub const CLASSES: usize = 10;
+
+/// The loader of the digits data set. It produces a [`Dataset`] with two columns: `x`,
+/// `f32[rows, 64]` pixels scaled to `0..=1`, and `y`, `i32[rows]` labels, checked to be in
+/// `0..10` ([`Dataset::check_labels`]). The data set's identity is [`Dataset::digest`].
+#[derive(Clone, Copy, Debug)]
+pub struct Digits;
 
 /// What can go wrong loading the data set.
 #[derive(Debug)]
@@ -32,6 +31,8 @@ pub enum DataError {
         /// What was wrong.
         why: String,
     },
+    /// The arrays could not be made into a data set.
+    Data(nitro::Error),
 }
 
 impl std::fmt::Display for DataError {
@@ -43,6 +44,7 @@ impl std::fmt::Display for DataError {
                  `{DIGITS_PATH}` lives"
             ),
             DataError::BadRow { line, why } => write!(f, "digits data set line {line}: {why}"),
+            DataError::Data(e) => write!(f, "digits data set: {e}"),
         }
     }
 }
@@ -51,7 +53,7 @@ impl std::error::Error for DataError {}
 
 impl Digits {
     /// Loads the gzip-compressed CSV at `path`.
-    pub fn load(path: impl AsRef<Path>) -> Result<Digits, DataError> {
+    pub fn load(path: impl AsRef<Path>) -> Result<Dataset, DataError> {
         let file = std::fs::File::open(path).map_err(DataError::Io)?;
         let mut text = String::new();
         flate2::read::GzDecoder::new(file)
@@ -60,10 +62,11 @@ impl Digits {
         Digits::parse(&text)
     }
 
-    /// Parses the decompressed CSV text.
-    pub fn parse(text: &str) -> Result<Digits, DataError> {
+    /// Parses the decompressed CSV text: one row per non-empty line, 64 pixels then the label.
+    pub fn parse(text: &str) -> Result<Dataset, DataError> {
         let mut pixels = Vec::new();
         let mut labels = Vec::new();
+        let mut lines = Vec::new();
         for (i, line) in text
             .lines()
             .enumerate()
@@ -81,30 +84,31 @@ impl Digits {
             if let Some(p) = values[..64].iter().find(|p| !(0..=16).contains(*p)) {
                 return Err(bad(format!("pixel {p} is outside 0..=16")));
             }
-            if !(0..=9).contains(&values[64]) {
-                return Err(bad(format!("label {} is outside 0..=9", values[64])));
-            }
             pixels.extend(values[..64].iter().map(|&p| p as f32 / 16.0));
             labels.push(values[64]);
+            lines.push(i + 1);
         }
         let rows = labels.len();
-        let x = Array::from_vec(&[rows, 64], pixels).map_err(|e| DataError::BadRow {
-            line: 0,
-            why: e.to_string(),
-        })?;
-        let y = Array::from_vec(&[rows], labels).map_err(|e| DataError::BadRow {
-            line: 0,
-            why: e.to_string(),
-        })?;
-        Ok(Digits {
-            x,
-            y,
-            digest: Digest::from(blake3::hash(text.as_bytes())),
-        })
-    }
-
-    /// The number of rows.
-    pub fn rows(&self) -> usize {
-        self.y.len()
+        let data = Dataset::new([
+            (
+                "x",
+                Array::from_vec(&[rows, 64], pixels).map_err(DataError::Data)?,
+            ),
+            (
+                "y",
+                Array::from_vec(&[rows], labels).map_err(DataError::Data)?,
+            ),
+        ])
+        .map_err(DataError::Data)?;
+        // The label range is checked by the data set; its error names the row, and the row
+        // names the line.
+        match data.check_labels("y", CLASSES) {
+            Ok(()) => Ok(data),
+            Err(nitro::Error::LabelOutOfRange { row, value, .. }) => Err(DataError::BadRow {
+                line: lines.get(row).copied().unwrap_or(0),
+                why: format!("label {value} is outside 0..={}", CLASSES - 1),
+            }),
+            Err(e) => Err(DataError::Data(e)),
+        }
     }
 }

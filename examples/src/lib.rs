@@ -49,8 +49,8 @@ pub struct DigitsMlp {
     /// The learning rate, a traced scalar: a schedule writes it each step without recompiling.
     #[device]
     pub lr: Array,
-    /// The data set: host-side, never traced, never in the key.
-    pub data: data::Digits,
+    /// The data set (columns `x` and `y`): host-side, never traced, never in the key.
+    pub data: nitro::data::Dataset,
 }
 
 /// Glorot-uniform initialized layers for `widths`, deterministic in `seed`.
@@ -73,7 +73,8 @@ pub fn glorot(widths: &[usize], seed: u64) -> Vec<Dense> {
         .collect()
 }
 
-/// A small deterministic generator (SplitMix64) for initialization and shuffling.
+/// A small deterministic generator (SplitMix64) for initialization (splits and shuffles use
+/// `nitro::data`).
 #[derive(Clone, Debug)]
 pub struct SplitMix64(pub u64);
 
@@ -103,27 +104,58 @@ impl Activation {
     }
 }
 
-/// A batch of examples: pixels `[batch, 64]` (f32) and labels `[batch]` (i32).
+/// A batch of examples: pixels `[batch, 64]` (f32), labels `[batch]` (i32), and the mask
+/// `[batch]` (f32: 1 for real rows, 0 for the padding of a ragged last batch).
 #[derive(Tree, Clone, Debug)]
 pub struct Batch {
     /// Pixels.
     pub x: Array,
     /// Labels.
     pub y: Array,
+    /// 1 for real rows, 0 for padding.
+    pub mask: Array,
 }
 
 impl Batch {
-    /// Rows `start..start + len` of the data set.
-    pub fn slice(data: &data::Digits, start: usize, len: usize) -> Batch {
-        let x = data.x.as_slice::<f32>().unwrap_or(&[]);
-        let y = data.y.as_slice::<i32>().unwrap_or(&[]);
+    /// Rows `start..start + len` of the data set (fewer at its end), unpadded.
+    pub fn slice(data: &nitro::data::Dataset, start: usize, len: usize) -> Batch {
         let end = (start + len).min(data.rows());
-        let rows = end.saturating_sub(start);
+        let rows: Vec<usize> = (start.min(end)..end).collect();
+        Batch::gather(data, &rows, rows.len().max(1))
+    }
+
+    /// The rows at `indices` of the data set, padded to `batch_size` rows and masked
+    /// ([`nitro::data::Dataset::gather`]).
+    pub fn gather(data: &nitro::data::Dataset, indices: &[usize], batch_size: usize) -> Batch {
+        match data.gather(indices, batch_size) {
+            Ok(b) => Batch::from(b),
+            Err(_) => Batch {
+                x: Array::zeros(DType::F32, &[batch_size, 64]),
+                y: Array::zeros(DType::I32, &[batch_size]),
+                mask: Array::zeros(DType::F32, &[batch_size]),
+            },
+        }
+    }
+}
+
+impl From<nitro::data::Batch> for Batch {
+    /// Takes the `x` and `y` columns and the mask of a gathered batch.
+    fn from(b: nitro::data::Batch) -> Batch {
+        let (columns, mask) = b.into_parts();
+        let n = mask.len();
+        let mut x = None;
+        let mut y = None;
+        for (name, array) in columns {
+            match name.as_str() {
+                "x" => x = Some(array),
+                "y" => y = Some(array),
+                _ => {}
+            }
+        }
         Batch {
-            x: Array::from_vec(&[rows, 64], x[start * 64..end * 64].to_vec())
-                .unwrap_or_else(|_| Array::zeros(DType::F32, &[rows, 64])),
-            y: Array::from_vec(&[rows], y[start..end].to_vec())
-                .unwrap_or_else(|_| Array::zeros(DType::I32, &[rows])),
+            x: x.unwrap_or_else(|| Array::zeros(DType::F32, &[n, 64])),
+            y: y.unwrap_or_else(|| Array::zeros(DType::I32, &[n])),
+            mask,
         }
     }
 }
@@ -144,10 +176,10 @@ pub fn loss(v: &DigitsMlpView<'_>, batch: &BatchMirror<Tensor>) -> Tensor {
     nitro::trace::nn::softmax_cross_entropy(forward(v, batch.x), batch.y)
 }
 
-/// The gradient program: the mean loss, then the gradient of every layer's `w` and `b`, in
-/// the order the layers' leaves are walked.
+/// The gradient program: the mean loss over the real rows (padding masked out), then the
+/// gradient of every layer's `w` and `b`, in the order the layers' leaves are walked.
 pub fn loss_and_grads(v: &DigitsMlpView<'_>, batch: &BatchMirror<Tensor>) -> Vec<Tensor> {
-    let mean = loss(v, batch).mean_all();
+    let mean = (loss(v, batch) * batch.mask).sum_all() / batch.mask.sum_all();
     let params: Vec<Tensor> = v.layers.iter().flat_map(|l| [l.w, l.b]).collect();
     let grads = nitro::trace::grad(mean, &params);
     std::iter::once(mean).chain(grads).collect()
@@ -157,30 +189,12 @@ pub fn loss_and_grads(v: &DigitsMlpView<'_>, batch: &BatchMirror<Tensor>) -> Vec
 pub const GRAD: nitro::program::Program<DigitsMlp, BatchMirror<Tensor>, Vec<Tensor>> =
     DigitsMlp::program("grad", loss_and_grads);
 
-/// Number of correct predictions in a batch, as an f32 scalar. Labels must be `[batch]`
-/// (checked while tracing, never broadcast).
+/// Number of correct predictions among a batch's real rows, as an f32 scalar. Labels must be
+/// `[batch]` (checked while tracing, never broadcast).
 pub fn correct(v: &DigitsMlpView<'_>, batch: &BatchMirror<Tensor>) -> Tensor {
-    nitro::trace::nn::correct(forward(v, batch.x), batch.y).sum_all()
+    (nitro::trace::nn::correct(forward(v, batch.x), batch.y) * batch.mask).sum_all()
 }
 
 /// The evaluation program of [`DigitsMlp`].
 pub const EVAL: nitro::program::Program<DigitsMlp, BatchMirror<Tensor>, Tensor> =
     DigitsMlp::program("eval", correct);
-
-impl Batch {
-    /// The rows at `indices` of the data set.
-    pub fn gather(data: &data::Digits, indices: &[usize]) -> Batch {
-        let x = data.x.as_slice::<f32>().unwrap_or(&[]);
-        let y = data.y.as_slice::<i32>().unwrap_or(&[]);
-        let xs: Vec<f32> = indices
-            .iter()
-            .flat_map(|&i| x[i * 64..(i + 1) * 64].iter().copied())
-            .collect();
-        let ys: Vec<i32> = indices.iter().map(|&i| y[i]).collect();
-        let n = indices.len();
-        Batch {
-            x: Array::from_vec(&[n, 64], xs).unwrap_or_else(|_| Array::zeros(DType::F32, &[n, 64])),
-            y: Array::from_vec(&[n], ys).unwrap_or_else(|_| Array::zeros(DType::I32, &[n])),
-        }
-    }
-}

@@ -332,6 +332,135 @@ pub enum Error {
         expected: String,
     },
 
+    /// A data set's columns do not fit together (see [`crate::data::Dataset::new`]).
+    #[error(
+        "data set column `{column}` has {rows} rows but column `{first}` has {first_rows}; \
+         every column of a data set must have the same first dim (one entry per row)"
+    )]
+    DatasetRows {
+        /// The column whose row count differs.
+        column: String,
+        /// Its row count (first dim).
+        rows: usize,
+        /// The first column.
+        first: String,
+        /// The first column's row count.
+        first_rows: usize,
+    },
+
+    /// A data set column is unusable as given.
+    #[error("data set column `{column}` {problem}")]
+    DatasetColumn {
+        /// The column's name.
+        column: String,
+        /// What is wrong, and what to do.
+        problem: String,
+    },
+
+    /// A label lies outside `0..classes`.
+    #[error(
+        "row {row} of column `{column}` holds label {value}, outside 0..{classes}; labels \
+         must be class indices: fix that row of the data, or the number of classes"
+    )]
+    LabelOutOfRange {
+        /// The label column.
+        column: String,
+        /// The first bad row (0-based).
+        row: usize,
+        /// Its value.
+        value: i64,
+        /// The number of classes allowed.
+        classes: usize,
+    },
+
+    /// A row index is not in the data set.
+    #[error("row {row} is out of range for a data set of {rows} rows; use indices in 0..{rows}")]
+    RowOutOfRange {
+        /// The index asked for.
+        row: usize,
+        /// The data set's row count.
+        rows: usize,
+    },
+
+    /// A split, batch or plan was asked for with an unusable setting.
+    #[error("{what}")]
+    InvalidDataArgument {
+        /// What was wrong and what is accepted.
+        what: String,
+    },
+
+    /// Reading or writing a checkpoint file failed.
+    #[error("checkpoint: cannot {what} {}: {source}", path.display())]
+    CheckpointIo {
+        /// The file (or its temporary sibling).
+        path: std::path::PathBuf,
+        /// What was being done.
+        what: &'static str,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+
+    /// A checkpoint's bytes are truncated, corrupt, or not a nitro checkpoint.
+    #[error(
+        "checkpoint {origin} is unusable: {why}; it is truncated, corrupt or not written by \
+         nitro — resume from another checkpoint"
+    )]
+    CheckpointCorrupt {
+        /// Where the bytes came from (a path, or `bytes` for an in-memory buffer).
+        origin: String,
+        /// What is wrong.
+        why: String,
+    },
+
+    /// A checkpoint cannot be written as asked.
+    #[error("cannot capture a checkpoint: {why}")]
+    CheckpointInput {
+        /// What is wrong and what to do.
+        why: String,
+    },
+
+    /// A checkpoint was written by another experiment type.
+    #[error(
+        "the checkpoint was written by experiment `{stored}`, not `{current}`; resume it with \
+         the experiment type that wrote it"
+    )]
+    CheckpointExperiment {
+        /// The type path in the checkpoint.
+        stored: String,
+        /// The type path of the experiment resumed into.
+        current: &'static str,
+    },
+
+    /// A checkpoint's GraphConst digest differs from the experiment's: its programs would differ.
+    #[error(
+        "the checkpoint's GraphConst digest differs from `{experiment}`'s ({} → {}); fields that \
+         differ: {}; resume with the GraphConst values it was written with, or start a new run",
+        stored.short(),
+        current.short(),
+        crate::checkpoint::describe_field_changes(fields)
+    )]
+    CheckpointGraphConst {
+        /// The experiment type.
+        experiment: &'static str,
+        /// The GraphConst digest in the checkpoint.
+        stored: crate::Digest,
+        /// The experiment's GraphConst digest.
+        current: crate::Digest,
+        /// The fields whose digests differ (or that one side lacks).
+        fields: Vec<crate::checkpoint::FieldChange>,
+    },
+
+    /// A checkpoint's Device leaves do not fit the experiment's Device fields.
+    #[error(
+        "the checkpoint's Device fields do not fit the experiment's: {}; resume into an \
+         experiment whose Device fields have the checkpoint's structure, dtypes and dims",
+        changes.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", ")
+    )]
+    CheckpointDevice {
+        /// Each difference, from the checkpoint to the experiment, by leaf path.
+        changes: Vec<crate::tree::SignatureChange>,
+    },
+
     /// The persistent cache directory cannot be trusted (or is not configured).
     #[error("compile cache directory {} refused: {why}", path.display())]
     CacheUntrusted {
