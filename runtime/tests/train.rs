@@ -9,11 +9,12 @@ mod common;
 use common::xla_or_skip;
 use nitro::backend::{self, Backend};
 use nitro::cache::{Cache, MissReason, Outcome};
+use nitro::data::Dataset;
 use nitro::init::{self, Rng, Seed};
 use nitro::optim::{Adam, Optimizer, Sgd};
 use nitro::prelude::*;
 use nitro::trace::nn;
-use nitro::train::{Config, Model, Nitro};
+use nitro::train::{Config, FromBatch, Model, Nitro};
 
 #[derive(ContentHash, Clone, Copy, Debug, PartialEq)]
 pub enum Act {
@@ -395,4 +396,155 @@ fn bad_steps_are_typed_errors() {
     )
     .is_err());
     assert!(run.step(&batch(&x, &y, 0, 4, 4), 4).is_ok());
+}
+
+impl FromBatch for Batch {
+    fn from_batch(b: nitro::data::Batch) -> nitro::Result<Batch> {
+        Ok(Batch {
+            x: b.column("x").cloned().expect("an x column"),
+            y: b.column("y").cloned().expect("a y column"),
+        })
+    }
+}
+
+fn dataset(rows: usize, seed: u64) -> Dataset {
+    let (x, y) = data(rows, seed);
+    Dataset::new([
+        ("x", Array::from_vec(&[rows, 4], x).unwrap()),
+        ("y", Array::from_vec(&[rows], y).unwrap()),
+    ])
+    .unwrap()
+}
+
+fn fits_on(backend: &'static dyn Backend) {
+    let cache = own_cache();
+    // 250 and 90 rows: both end with a ragged batch.
+    let (train, val) = (dataset(250, 21), dataset(90, 22));
+    let mut run = Nitro::with_backend(
+        mlp(Act::Tanh),
+        Adam::default(),
+        Config::new().batch(32).lr(0.05).epochs(12).seed(3),
+        backend,
+        cache,
+    )
+    .unwrap();
+    let history = run.fit(&train, Some(&val)).unwrap();
+    assert_eq!(history.epochs.len(), 12);
+    assert!(
+        history.epochs.iter().all(|r| r.steps == 8),
+        "ceil(250 / 32) steps per epoch"
+    );
+    let (first, last) = (&history.epochs[0], &history.epochs[11]);
+    assert!(last.train_loss < first.train_loss * 0.5, "{history}");
+    let acc = last.val_accuracy.expect("the model has `correct`");
+    assert!(acc > 0.85, "{history}");
+    let table = history.to_string();
+    assert!(
+        table.contains("val acc") && table.lines().count() == 13,
+        "{table}"
+    );
+    let stats = cache.stats();
+    assert_eq!(
+        (stats.misses, stats.entries),
+        (3, 3),
+        "gradient, update and evaluation, once each, ragged batches included: {stats}"
+    );
+}
+
+#[test]
+fn fit_trains_and_validates_a_dataset_with_ragged_batches_on_the_interpreter() {
+    fits_on(backend::interpreter());
+}
+
+#[test]
+fn fit_trains_and_validates_a_dataset_with_ragged_batches_on_xla() {
+    if let Some(xla) = xla_or_skip("fit_trains_and_validates_a_dataset_with_ragged_batches_on_xla")
+    {
+        fits_on(xla);
+    }
+}
+
+fn resume_on(backend: &'static dyn Backend) {
+    let data = dataset(100, 31);
+    let config = || Config::new().batch(16).lr(0.02).seed(9);
+    let tmp = std::env::temp_dir().join(format!(
+        "nitro-resume-{}-{}",
+        std::process::id(),
+        backend.identity().digest.short()
+    ));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let path = tmp.join("run.safetensors");
+
+    let mut straight = Nitro::with_backend(
+        mlp(Act::Tanh),
+        Adam::default(),
+        config(),
+        backend,
+        own_cache(),
+    )
+    .unwrap();
+    for epoch in 0..2 {
+        straight.train_epoch(&data, epoch).unwrap();
+    }
+    straight.checkpoint().unwrap().save(&path).unwrap();
+    for epoch in 2..4 {
+        straight.train_epoch(&data, epoch).unwrap();
+    }
+    let straight = straight.into_experiment().unwrap();
+
+    let checkpoint = nitro::checkpoint::Checkpoint::load(&path).unwrap();
+    assert_eq!(checkpoint.step(), 14, "two epochs of ceil(100 / 16) steps");
+    let mut resumed = Nitro::resume_with(
+        mlp(Act::Tanh),
+        Adam::default(),
+        config(),
+        checkpoint,
+        backend,
+        own_cache(),
+    )
+    .unwrap();
+    assert_eq!(resumed.steps(), 14);
+    for epoch in 2..4 {
+        resumed.train_epoch(&data, epoch).unwrap();
+    }
+    let resumed = resumed.into_experiment().unwrap();
+    assert_eq!(leaves(&resumed), leaves(&straight), "bit for bit");
+
+    // Another activation is another experiment: refused, naming the field.
+    let checkpoint = nitro::checkpoint::Checkpoint::load(&path).unwrap();
+    let err = Nitro::resume_with(
+        mlp(Act::Relu),
+        Adam::default(),
+        config(),
+        checkpoint,
+        backend,
+        own_cache(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("act"), "{err}");
+    // Another optimizer's state does not fit.
+    let checkpoint = nitro::checkpoint::Checkpoint::load(&path).unwrap();
+    let err = Nitro::resume_with(
+        mlp(Act::Tanh),
+        Sgd,
+        config(),
+        checkpoint,
+        backend,
+        own_cache(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("optimizer"), "{err}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn resume_continues_bit_for_bit_on_the_interpreter() {
+    resume_on(backend::interpreter());
+}
+
+#[test]
+fn resume_continues_bit_for_bit_on_xla() {
+    if let Some(xla) = xla_or_skip("resume_continues_bit_for_bit_on_xla") {
+        resume_on(xla);
+    }
 }

@@ -27,6 +27,8 @@ use std::time::{Duration, Instant};
 use crate::backend::pjrt::{Arg, DeviceBuffer};
 use crate::backend::Backend;
 use crate::cache::{Cache, Compiled, Outcome, Served};
+use crate::checkpoint::Checkpoint;
+use crate::data::{Dataset, Order};
 use crate::error::{Error, Result};
 use crate::experiment::{Experiment, Role};
 use crate::optim::{Optimizer, Step};
@@ -145,6 +147,10 @@ pub struct Config {
     pub batch: usize,
     /// The learning rate (a traced scalar: changing it never recompiles).
     pub lr: f64,
+    /// Epochs [`Nitro::fit`] runs.
+    pub epochs: usize,
+    /// The seed of the per-epoch shuffles.
+    pub seed: u64,
 }
 
 impl Default for Config {
@@ -152,12 +158,14 @@ impl Default for Config {
         Config {
             batch: 32,
             lr: 1e-3,
+            epochs: 10,
+            seed: 0,
         }
     }
 }
 
 impl Config {
-    /// The default configuration: batch 32, learning rate 1e-3.
+    /// The default configuration: batch 32, learning rate 1e-3, 10 epochs, seed 0.
     pub fn new() -> Config {
         Config::default()
     }
@@ -171,6 +179,18 @@ impl Config {
     /// The learning rate.
     pub fn lr(mut self, lr: f64) -> Config {
         self.lr = lr;
+        self
+    }
+
+    /// Epochs [`Nitro::fit`] runs.
+    pub fn epochs(mut self, epochs: usize) -> Config {
+        self.epochs = epochs;
+        self
+    }
+
+    /// The seed of the per-epoch shuffles.
+    pub fn seed(mut self, seed: u64) -> Config {
+        self.seed = seed;
         self
     }
 }
@@ -218,6 +238,68 @@ pub struct EvalResult {
     pub correct: f64,
     /// How many real rows there were.
     pub rows: usize,
+}
+
+/// A model batch built from a data set's gathered [`crate::data::Batch`] (its columns, padded
+/// to the batch size), so that [`Nitro::fit`] can feed a [`Dataset`] to any model.
+pub trait FromBatch: Sized {
+    /// The model's batch from a gathered one.
+    fn from_batch(batch: crate::data::Batch) -> Result<Self>;
+}
+
+/// A gathered batch is a model batch as it is (its mirror reads columns by name).
+impl FromBatch for crate::data::Batch {
+    fn from_batch(batch: crate::data::Batch) -> Result<Self> {
+        Ok(batch)
+    }
+}
+
+/// One epoch of [`Nitro::fit`].
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct EpochRecord {
+    /// The epoch, from 1.
+    pub epoch: usize,
+    /// The mean training loss over the epoch's real rows.
+    pub train_loss: f64,
+    /// The mean validation loss, when validated.
+    pub val_loss: Option<f64>,
+    /// The validation accuracy, when validated and the model has `correct`.
+    pub val_accuracy: Option<f64>,
+    /// Steps taken in the epoch.
+    pub steps: u64,
+    /// Wall time of the epoch (training and validation), in seconds.
+    pub seconds: f64,
+}
+
+/// What [`Nitro::fit`] returns: one record per epoch. Prints as a table.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct History {
+    /// The epochs, in order.
+    pub epochs: Vec<EpochRecord>,
+}
+
+impl std::fmt::Display for History {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "epoch  train loss  val loss  val acc   steps  seconds")?;
+        for r in &self.epochs {
+            let opt = |v: Option<f64>, pct: bool| match v {
+                Some(v) if pct => format!("{:>6.2}%", 100.0 * v),
+                Some(v) => format!("{v:>8.4}"),
+                None => format!("{:>8}", "-"),
+            };
+            writeln!(
+                f,
+                "{:>5}  {:>10.4}  {}  {}  {:>6}  {:>7.2}",
+                r.epoch,
+                r.train_loss,
+                opt(r.val_loss, false),
+                opt(r.val_accuracy, true),
+                r.steps,
+                r.seconds
+            )?;
+        }
+        Ok(())
+    }
 }
 
 /// The training handle. See the [module docs](self).
@@ -636,15 +718,177 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         })
     }
 
+    /// One epoch over `data`: its rows shuffled with the configured seed (a fresh order per
+    /// epoch), in batches of the configured size, the last one padded and masked. Returns the
+    /// mean loss over the epoch's rows. The losses are read once, at the end of the epoch.
+    pub fn train_epoch(&mut self, data: &Dataset, epoch: u64) -> Result<f64>
+    where
+        E::Batch: FromBatch,
+    {
+        let plan = data.plan(
+            self.config.batch,
+            Order::Shuffled {
+                seed: self.config.seed,
+            },
+        )?;
+        let epoch = plan.epoch(epoch);
+        let mut rows = Vec::with_capacity(epoch.len());
+        for batch in epoch.batches(data) {
+            let batch = batch?;
+            let real = batch.real_rows();
+            self.step_deferred(&E::Batch::from_batch(batch)?, real)?;
+            rows.push(real);
+        }
+        let losses = self.take_losses()?;
+        let total: usize = rows.iter().sum();
+        let sum: f64 = losses.iter().zip(&rows).map(|(l, &r)| l * r as f64).sum();
+        Ok(if total == 0 { 0.0 } else { sum / total as f64 })
+    }
+
+    /// Evaluates every row of `data` once, in order: summed loss and correct count.
+    pub fn validate(&mut self, data: &Dataset) -> Result<EvalResult>
+    where
+        E::Batch: FromBatch,
+    {
+        let plan = data.plan(self.config.batch, Order::Sequential)?;
+        let epoch = plan.epoch(0);
+        let mut total = EvalResult::default();
+        for batch in epoch.batches(data) {
+            let batch = batch?;
+            let real = batch.real_rows();
+            let r = self.evaluate(&E::Batch::from_batch(batch)?, real)?;
+            total.loss_sum += r.loss_sum;
+            total.correct += r.correct;
+            total.rows += r.rows;
+        }
+        Ok(total)
+    }
+
+    /// Trains for the configured epochs on `train`, validating on `validation` after each
+    /// epoch when given. A train-only run compiles two programs, validation a third; no
+    /// epoch after the first compiles anything.
+    pub fn fit(&mut self, train: &Dataset, validation: Option<&Dataset>) -> Result<History>
+    where
+        E::Batch: FromBatch,
+    {
+        let mut history = History::default();
+        for epoch in 0..self.config.epochs {
+            let started = Instant::now();
+            let steps_before = self.step;
+            let train_loss = self.train_epoch(train, epoch as u64)?;
+            let (val_loss, val_accuracy) = match validation {
+                Some(v) => {
+                    let r = self.validate(v)?;
+                    let rows = r.rows.max(1) as f64;
+                    let has_accuracy = self
+                        .programs
+                        .as_ref()
+                        .is_some_and(|p| p.eval.as_ref().is_some_and(|e| e.outputs.len() > 1));
+                    (
+                        Some(r.loss_sum / rows),
+                        has_accuracy.then_some(r.correct / rows),
+                    )
+                }
+                None => (None, None),
+            };
+            let record = EpochRecord {
+                epoch: epoch + 1,
+                train_loss,
+                val_loss,
+                val_accuracy,
+                steps: self.step - steps_before,
+                seconds: started.elapsed().as_secs_f64(),
+            };
+            tracing::info!(
+                epoch = record.epoch,
+                train_loss = record.train_loss,
+                val_loss = ?record.val_loss,
+                val_accuracy = ?record.val_accuracy,
+                "nitro: epoch"
+            );
+            history.epochs.push(record);
+        }
+        Ok(history)
+    }
+
+    /// A checkpoint of the experiment's Device leaves (the trained ones as of the last step),
+    /// the optimizer state and the step count; write it with [`Checkpoint::save`].
+    pub fn checkpoint(&mut self) -> Result<Checkpoint> {
+        self.sync()?;
+        let state = to_host(&self.state)?;
+        let n = self.trainable.len();
+        let names: Vec<String> = self
+            .optimizer
+            .slots()
+            .iter()
+            .flat_map(|slot| (0..n).map(move |i| format!("{slot}[{i}]")))
+            .collect();
+        let named: Vec<(&str, &Array)> = names.iter().map(String::as_str).zip(&state).collect();
+        Checkpoint::capture(&self.experiment, &named, self.step)
+    }
+
+    /// A handle that continues from `checkpoint`: its Device leaves, optimizer state and step
+    /// count. Refused, naming what differs, when the experiment's type, GraphConsts or Device
+    /// structure are not the checkpoint's, or its optimizer state does not fit `optimizer`.
+    pub fn resume(
+        experiment: E,
+        optimizer: O,
+        config: Config,
+        checkpoint: Checkpoint,
+    ) -> Result<Nitro<E, O>> {
+        Nitro::resume_with(
+            experiment,
+            optimizer,
+            config,
+            checkpoint,
+            crate::backend::current()?,
+            crate::cache::global(),
+        )
+    }
+
+    /// [`resume`](Nitro::resume) on an explicit backend and cache.
+    pub fn resume_with(
+        mut experiment: E,
+        optimizer: O,
+        config: Config,
+        checkpoint: Checkpoint,
+        backend: &'static dyn Backend,
+        cache: &'static Cache,
+    ) -> Result<Nitro<E, O>> {
+        let restored = checkpoint.restore_into(&mut experiment)?;
+        let mut handle = Nitro::with_backend(experiment, optimizer, config, backend, cache)?;
+        let expected = handle.state.len();
+        let types = handle.types_of(&handle.state)?;
+        if restored.optimizer.len() != expected
+            || restored
+                .optimizer
+                .iter()
+                .zip(&types)
+                .any(|((_, a), t)| a.leaf_type() != *t)
+        {
+            return Err(Error::CheckpointInput {
+                why: format!(
+                    "the checkpoint holds {} optimizer-state arrays, this optimizer ({}) keeps {} \
+                     of the trainable leaves' types; resume with the optimizer it was taken with",
+                    restored.optimizer.len(),
+                    handle.optimizer.name(),
+                    expected
+                ),
+            });
+        }
+        let state: Vec<Array> = restored.optimizer.into_iter().map(|(_, a)| a).collect();
+        handle.state = place(backend, state)?;
+        handle.counter = place(backend, vec![Array::scalar(restored.step as f32)])?;
+        handle.step = restored.step;
+        Ok(handle)
+    }
+
     /// Copies the trainable leaves back into the experiment (from the device on XLA).
     pub fn sync(&mut self) -> Result<()> {
         if !self.host_stale {
             return Ok(());
         }
-        let values: Vec<Array> = match &self.trainable {
-            Values::Host(v) => v.clone(),
-            Values::Device(v) => v.iter().map(DeviceBuffer::to_host).collect::<Result<_>>()?,
-        };
+        let values = to_host(&self.trainable)?;
         let mut it = values.into_iter();
         self.experiment.visit_device_mut(&mut |field, _, leaf| {
             if field.role == (Role::Device { trainable: true }) {
@@ -719,6 +963,14 @@ fn update_inputs_shape<O: Optimizer>(opt: &OptimizerStep<O>) -> (Vec<Array>, Arr
             .collect(),
         Array::scalar(0.0f32),
     )
+}
+
+/// Host copies of `values`.
+fn to_host(values: &Values) -> Result<Vec<Array>> {
+    match values {
+        Values::Host(v) => Ok(v.clone()),
+        Values::Device(v) => v.iter().map(DeviceBuffer::to_host).collect(),
+    }
 }
 
 /// `arrays` where `backend` keeps values between runs: device buffers on XLA, host arrays on
