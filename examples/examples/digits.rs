@@ -1,123 +1,134 @@
-//! Trains the digits MLP (64 → 128 tanh → 10) with plain SGD through the compile cache, on XLA
+//! Trains the digits MLP (64 → 128 tanh → 10) with Adam through the training handle, on XLA
 //! when a PJRT plugin is installed (else on the reference interpreter), and checks the
 //! acceptance criterion: no recompile after step 1.
 //!
 //! The data set is split 80/20 with a seed, batches are reshuffled every epoch, and the ragged
-//! last batch is padded and masked (`nitro::data`), so every step runs the same program.
-//! Held-out accuracy after 10 epochs depends on the random split: 95.8% with the seed used here
-//! (a NumPy reference of this training, dropping the ragged batch instead, gave 94.4–96.1% over
-//! three splits).
+//! last batch is padded and masked, so every step runs the same program. Parameters and Adam's
+//! state stay on the device between steps. The run ends with one JSON line (`--json` prints
+//! only that) whose fields scripts rely on.
 //!
-//! `cargo run --release -p nitro-examples --example digits` (from the workspace root).
-
-use std::time::Instant;
+//! Validation accuracy after 10 epochs depends on the split: 96.9% with the seed used here;
+//! seeds 2 to 5 gave 96.1%, 97.8%, 97.2% and 96.7% (measured on XLA, learning rate 3e-3).
+//!
+//! `cargo run --release -p nitro-examples --example digits [-- --epochs N --json]` (from the
+//! workspace root).
 
 use nitro::cache;
-use nitro::data::Order;
-use nitro::{Array, Experiment, Role};
-use nitro_examples::{data, glorot, Activation, Arch, Batch, DigitsMlp, EVAL, GRAD};
+use nitro::optim::Adam;
+use nitro::train::{Config, Nitro};
+use nitro::Experiment;
+use nitro_examples::{data, glorot, Activation, Arch, DigitsMlp};
 
-const EPOCHS: u64 = 10;
 const BATCH: usize = 32;
-const LEARNING_RATE: f32 = 0.1;
+const LEARNING_RATE: f64 = 3e-3;
 const TRAIN_FRACTION: f64 = 0.8;
 const SEED: u64 = 1;
 
+/// The command line: `--epochs N` (default 10), `--json` (print only the JSON line).
+struct Args {
+    epochs: usize,
+    json: bool,
+}
+
+fn args() -> Result<Args, String> {
+    let mut out = Args {
+        epochs: 10,
+        json: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--json" => out.json = true,
+            "--epochs" => {
+                out.epochs = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or("--epochs takes a number of epochs")?;
+            }
+            other => {
+                return Err(format!(
+                    "unknown argument `{other}`; try --epochs N or --json"
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = args()?;
+    let say = |line: String| {
+        if !args.json {
+            println!("{line}");
+        }
+    };
     let data = data::Digits::load(data::DIGITS_PATH)?;
     let backend = nitro::backend::current()?;
-    let cache = cache::global();
-    println!(
+    say(format!(
         "data     {} rows, digest {}",
         data.rows(),
         data.digest().short()
-    );
-    println!("backend  {}", backend.identity().description);
+    ));
+    say(format!("backend  {}", backend.identity().description));
 
     let arch = Arch {
         widths: vec![64, 128, 10],
         activation: Activation::Tanh,
     };
-    let mut exp = DigitsMlp {
-        layers: glorot(&arch.widths, 1),
-        arch,
-        lr: Array::scalar(LEARNING_RATE),
-        data,
-    };
-    print!("{}", DigitsMlp::key_manifest());
-
-    // A seeded random split: 80% for training, the rest held out.
-    let split = exp.data.split(TRAIN_FRACTION, SEED)?;
-    println!(
+    let split = data.split(TRAIN_FRACTION, SEED)?;
+    say(format!(
         "split    {} train / {} held out, split {}",
         split.train.rows(),
         split.validation.rows(),
         split.identity().short()
-    );
-    let (train, held_out) = (split.train, split.validation);
-    let eval_rows: Vec<usize> = (0..held_out.rows()).collect();
-    let eval_batch = Batch::gather(&held_out, &eval_rows, held_out.rows());
-    // Shuffled every epoch; the ragged last batch is padded to BATCH rows and masked, so it
-    // trains on its real rows with the same program.
-    let plan = train.plan(BATCH, Order::Shuffled { seed: SEED })?;
-    let started = Instant::now();
-    let mut step = 0usize;
-    for epoch in 1..=EPOCHS {
-        let mut loss_sum = 0.0;
-        let order = plan.epoch(epoch - 1);
-        for batch in order.batches(&train) {
-            let batch = Batch::from(batch?);
-            let grad = cache.get(backend, &GRAD, &exp, &batch)?;
-            let out = grad.executable.run(&GRAD.arguments(&exp, &batch))?;
-            loss_sum += out[0].as_slice::<f32>()?[0];
-            sgd(&mut exp, &out[1..])?;
-            step += 1;
-            if step == 1 {
-                cache.mark_warm();
-            }
-        }
-        let eval = cache.get(backend, &EVAL, &exp, &eval_batch)?;
-        let correct =
-            eval.executable.run(&EVAL.arguments(&exp, &eval_batch))?[0].as_slice::<f32>()?[0];
-        println!(
-            "epoch {epoch:>2}  loss {:.4}  held-out accuracy {:.2}%",
-            loss_sum / order.len() as f32,
-            100.0 * correct / held_out.rows() as f32
-        );
-        if epoch == 1 {
-            // The evaluation program is compiled at the end of epoch 1: warm-up ends there.
-            cache.mark_warm();
-        }
+    ));
+    let exp = DigitsMlp {
+        layers: glorot(&arch.widths, 1),
+        arch,
+        // Not used by the handle, which owns the learning rate (a Device scalar it writes).
+        lr: nitro::Array::scalar(0.0f32),
+        data,
+    };
+    if !args.json {
+        print!("{}", DigitsMlp::key_manifest());
     }
-    println!(
-        "trained  {step} steps in {:.2} s",
-        started.elapsed().as_secs_f64()
-    );
-    println!("cache    {}", cache.stats());
-    cache.assert_no_recompile_after_warmup()?;
-    println!("no recompile after warm-up: ok");
-    Ok(())
-}
 
-/// `w ← w − lr·g` for every trainable leaf, in walk order (the order of the gradients).
-fn sgd(exp: &mut DigitsMlp, grads: &[Array]) -> nitro::Result<()> {
-    let mut grads = grads.iter();
-    let mut failure = None;
-    exp.visit_device_mut(&mut |field, _, leaf| {
-        if field.role != (Role::Device { trainable: true }) {
-            return;
-        }
-        let Some(g) = grads.next() else { return };
-        let update = (|| -> nitro::Result<()> {
-            let g = g.as_slice::<f32>()?;
-            for (w, g) in leaf.as_slice_mut::<f32>()?.iter_mut().zip(g) {
-                *w -= LEARNING_RATE * g;
-            }
-            Ok(())
-        })();
-        if let Err(e) = update {
-            failure.get_or_insert(e);
-        }
+    let config = Config::new()
+        .batch(BATCH)
+        .lr(LEARNING_RATE)
+        .epochs(args.epochs)
+        .seed(SEED);
+    let mut run = Nitro::new(exp, Adam::default(), config)?;
+    let history = run.fit(&split.train, Some(&split.validation))?;
+    say(history.to_string());
+
+    let stats = cache::cache_stats();
+    say(format!("cache    {stats}"));
+    // Every program was compiled (or loaded) once, before or during the first step and the
+    // first validation; nothing after.
+    cache::assert_no_recompile_after_warmup()?;
+    say("no recompile after warm-up: ok".into());
+
+    let mut medians: Vec<f64> = history.epochs.iter().map(|e| e.step_us_median).collect();
+    medians.sort_by(f64::total_cmp);
+    let json = serde_json::json!({
+        "example": "digits",
+        "backend": if backend.device().is_some() { "xla" } else { "interp" },
+        "plugin": backend.identity().description,
+        "epochs": history.epochs.len(),
+        "val_accuracy": history.epochs.last().and_then(|e| e.val_accuracy),
+        "cache": {
+            "hits": stats.hits,
+            "misses": stats.misses,
+            "entries": stats.entries,
+            "compiles": stats.compiles,
+            "l2_loads": stats.l2_hits,
+            "misses_by_reason": stats.misses_by_reason,
+        },
+        "step_us_median": medians.get(medians.len() / 2).copied().unwrap_or(0.0),
+        "first_step_ms": run.first_step_time().map_or(0.0, |d| d.as_secs_f64() * 1e3),
+        "compile_ms_total": stats.compile_ms,
     });
-    failure.map_or(Ok(()), Err)
+    println!("{json}");
+    Ok(())
 }

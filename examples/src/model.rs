@@ -16,3 +16,9 @@ impl Model for DigitsMlp {
         Some(nitro::trace::nn::correct(forward(v, batch.x), batch.y))
     }
 }
+
+impl nitro::train::FromBatch for Batch {
+    fn from_batch(batch: nitro::data::Batch) -> nitro::Result<Batch> {
+        Ok(Batch::from(batch))
+    }
+}

@@ -267,6 +267,8 @@ pub struct EpochRecord {
     pub val_accuracy: Option<f64>,
     /// Steps taken in the epoch.
     pub steps: u64,
+    /// The median time of one step (upload, gradient, update), in microseconds.
+    pub step_us_median: f64,
     /// Wall time of the epoch (training and validation), in seconds.
     pub seconds: f64,
 }
@@ -328,6 +330,11 @@ pub struct Nitro<E: Model, O: Optimizer> {
     step: u64,
     programs: Option<Programs>,
     compile_time: Duration,
+    /// When the handle was made, and how long after that the first step finished.
+    created: Instant,
+    first_step: Option<Duration>,
+    /// The durations of the steps of the current epoch.
+    step_times: Vec<Duration>,
 }
 
 impl<E: Model, O: Optimizer> std::fmt::Debug for Nitro<E, O> {
@@ -408,6 +415,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             step: 0,
             programs: None,
             compile_time: Duration::ZERO,
+            created: Instant::now(),
+            first_step: None,
+            step_times: Vec::new(),
         })
     }
 
@@ -419,6 +429,12 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// Steps taken so far.
     pub fn steps(&self) -> u64 {
         self.step
+    }
+
+    /// How long after the handle was made its first step finished (programs compiled or
+    /// loaded, and one step run); `None` before the first step.
+    pub fn first_step_time(&self) -> Option<Duration> {
+        self.first_step
     }
 
     /// Time spent getting programs (tracing, loading, compiling).
@@ -653,6 +669,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             }
         };
         self.step += 1;
+        if self.first_step.is_none() {
+            self.first_step = Some(self.created.elapsed());
+        }
         self.pending_losses.push(loss);
         self.host_stale = true;
         Ok(())
@@ -733,10 +752,14 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         )?;
         let epoch = plan.epoch(epoch);
         let mut rows = Vec::with_capacity(epoch.len());
+        self.step_times.clear();
         for batch in epoch.batches(data) {
             let batch = batch?;
             let real = batch.real_rows();
-            self.step_deferred(&E::Batch::from_batch(batch)?, real)?;
+            let batch = E::Batch::from_batch(batch)?;
+            let started = Instant::now();
+            self.step_deferred(&batch, real)?;
+            self.step_times.push(started.elapsed());
             rows.push(real);
         }
         let losses = self.take_losses()?;
@@ -791,12 +814,19 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 }
                 None => (None, None),
             };
+            let mut times: Vec<f64> = self
+                .step_times
+                .iter()
+                .map(|d| d.as_secs_f64() * 1e6)
+                .collect();
+            times.sort_by(f64::total_cmp);
             let record = EpochRecord {
                 epoch: epoch + 1,
                 train_loss,
                 val_loss,
                 val_accuracy,
                 steps: self.step - steps_before,
+                step_us_median: times.get(times.len() / 2).copied().unwrap_or(0.0),
                 seconds: started.elapsed().as_secs_f64(),
             };
             tracing::info!(
