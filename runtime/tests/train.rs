@@ -548,3 +548,43 @@ fn resume_continues_bit_for_bit_on_xla() {
         resume_on(xla);
     }
 }
+
+#[test]
+fn a_thousand_step_cosine_schedule_compiles_nothing_after_step_one() {
+    let cache = own_cache();
+    let (x, y) = data(64, 41);
+    let schedule = nitro::optim::Cosine {
+        base: 0.05,
+        min: 0.0,
+        warmup: 100,
+        total: 1000,
+    };
+    let mut run = Nitro::with_backend(
+        mlp(Act::Tanh),
+        Sgd,
+        Config::new().batch(16).schedule(schedule),
+        backend::interpreter(),
+        cache,
+    )
+    .unwrap();
+    let mut rates = Vec::new();
+    for step in 0..1000 {
+        rates.push(run.lr());
+        let start = (step % 4) * 16;
+        run.step_deferred(&batch(&x, &y, start, 16, 16), 16)
+            .unwrap();
+        if step == 0 {
+            cache.mark_warm();
+        }
+    }
+    cache.assert_no_recompile_after_warmup().unwrap();
+    assert_eq!(cache.stats().misses, 2);
+    assert!(
+        (rates[0] - 0.0005).abs() < 1e-12,
+        "warm-up starts low: {}",
+        rates[0]
+    );
+    assert!((rates[100] - 0.05).abs() < 1e-12, "the peak");
+    assert!(rates[999] < 1e-6, "decayed: {}", rates[999]);
+    assert_eq!(run.take_losses().unwrap().len(), 1000);
+}

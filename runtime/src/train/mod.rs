@@ -31,7 +31,7 @@ use crate::checkpoint::Checkpoint;
 use crate::data::{Dataset, Order};
 use crate::error::{Error, Result};
 use crate::experiment::{Experiment, Role};
-use crate::optim::{Optimizer, Step};
+use crate::optim::{Optimizer, Schedule, Step};
 use crate::program::{self, Program};
 use crate::trace::{self, Tensor};
 use crate::tree::{Array, DType, Node, Tree};
@@ -141,7 +141,7 @@ fn update_program<O: Optimizer>() -> Program<OptimizerStep<O>, UpdateInputs, Vec
 }
 
 /// How a handle trains.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct Config {
     /// Rows per step (the last batch of an epoch is padded to it).
     pub batch: usize,
@@ -151,6 +151,9 @@ pub struct Config {
     pub epochs: usize,
     /// The seed of the per-epoch shuffles.
     pub seed: u64,
+    /// A learning-rate schedule; when set, it gives the rate of every step (and `lr` is
+    /// ignored). Its rates are written to a traced scalar: a schedule never recompiles.
+    pub schedule: Option<Arc<dyn Schedule>>,
 }
 
 impl Default for Config {
@@ -160,6 +163,7 @@ impl Default for Config {
             lr: 1e-3,
             epochs: 10,
             seed: 0,
+            schedule: None,
         }
     }
 }
@@ -191,6 +195,12 @@ impl Config {
     /// The seed of the per-epoch shuffles.
     pub fn seed(mut self, seed: u64) -> Config {
         self.seed = seed;
+        self
+    }
+
+    /// A learning-rate schedule (constant, step decay, warm-up, cosine, or your own).
+    pub fn schedule(mut self, schedule: impl Schedule + 'static) -> Config {
+        self.schedule = Some(Arc::new(schedule));
         self
     }
 }
@@ -442,9 +452,19 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         self.compile_time
     }
 
-    /// Sets the learning rate of the next steps (a traced scalar: never recompiles).
+    /// Sets the learning rate of the next steps (a traced scalar: never recompiles), and
+    /// drops a schedule if one was set.
     pub fn set_lr(&mut self, lr: f64) {
+        self.config.schedule = None;
         self.config.lr = lr;
+    }
+
+    /// The learning rate the next step uses.
+    pub fn lr(&self) -> f64 {
+        match &self.config.schedule {
+            Some(s) => s.lr(self.step),
+            None => self.config.lr,
+        }
     }
 
     /// Gets (or compiles) the training programs — gradient and update — for batches like
@@ -560,6 +580,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 value: real.to_string(),
                 expected: format!("between 1 and the batch size {rows}"),
             });
+        }
+        if let Some(schedule) = &self.config.schedule {
+            self.config.lr = schedule.lr(self.step);
         }
         // The learning rate and the full-batch mask are uploaded when they change, not per step.
         if self
