@@ -7,9 +7,12 @@ Run in a throwaway virtual environment (JAX is never a dependency of nitro):
     /tmp/jaxvenv/bin/python bench/compare_jax.py [steps]
 
 Prints one JSON line: median step time of the split step (jit(grad) + jit(adam update) with
-donated parameters and state) and of the fused step (one jit, donated), and the first step time
-(tracing and compiling included).
+donated parameters and state) and of the fused step (one jit, donated), each with the batch
+already on the device and with the batch coming from host memory every step (as nitro's
+step_bench does), and the first step time (tracing and compiling included).
 """
+
+import numpy as np
 
 import json
 import statistics
@@ -61,14 +64,13 @@ def _fused(params, m, v, t, x, y):
 fused = jax.jit(_fused, donate_argnums=(0, 1, 2, 3))
 
 
-def batches():
-    key = jax.random.PRNGKey(0)
+def batches(on_device):
+    rng = np.random.default_rng(0)
     out = []
     for i in range(56):
-        kx, ky, key = jax.random.split(key, 3)
-        x = jax.random.uniform(kx, (32, 64), jnp.float32)
-        y = jax.random.randint(ky, (32,), 0, 10)
-        out.append((jax.device_put(x), jax.device_put(y)))
+        x = rng.random((32, 64), dtype=np.float32)
+        y = rng.integers(0, 10, size=(32,), dtype=np.int32)
+        out.append((jax.device_put(x), jax.device_put(y)) if on_device else (x, y))
     return out
 
 
@@ -111,11 +113,16 @@ def run_fused(data):
 
 
 if __name__ == "__main__":
-    data = batches()
-    split_us, split_first, _ = run_split(data)
-    fused_us, fused_first, _ = run_fused(data)
+    on_device = batches(True)
+    split_us, split_first, _ = run_split(on_device)
+    fused_us, fused_first, _ = run_fused(on_device)
+    from_host = batches(False)
+    split_host_us, _, _ = run_split(from_host)
+    fused_host_us, _, _ = run_fused(from_host)
     print(json.dumps({
         "bench": "jax", "jax": jax.__version__, "steps": STEPS,
         "split_step_us_median": round(split_us, 1), "fused_step_us_median": round(fused_us, 1),
+        "split_host_batch_step_us_median": round(split_host_us, 1),
+        "fused_host_batch_step_us_median": round(fused_host_us, 1),
         "split_first_step_ms": round(split_first, 1), "fused_first_step_ms": round(fused_first, 1),
     }))
