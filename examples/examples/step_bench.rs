@@ -6,10 +6,12 @@
 
 use std::time::Instant;
 
+use nitro::data::Order;
 use nitro::optim::Adam;
+use nitro::train::FromBatch;
 use nitro::train::{Config, Nitro};
 use nitro::Array;
-use nitro_examples::{data, glorot, Activation, Arch, Batch, DigitsMlp};
+use nitro_examples::{data, glorot, Activation, Arch, DigitsMlp, Rows};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let steps: usize = std::env::args()
@@ -20,9 +22,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let data = data::Digits::load(data::DIGITS_PATH)?;
     let backend = nitro::backend::current()?;
     // Batches built before timing: the step, not the data pipeline, is measured.
-    let batches: Vec<Batch> = (0..data.rows() / 32)
-        .map(|b| Batch::slice(&data, b * 32, 32))
-        .collect();
+    let epoch = data.plan(32, Order::Sequential)?.epoch(0);
+    let batches: Vec<Rows> = epoch
+        .batches(&data)
+        .take(data.rows() / 32)
+        .map(|b| Rows::from_batch(b?))
+        .collect::<nitro::Result<_>>()?;
     let arch = Arch {
         widths: vec![64, 128, 10],
         activation: Activation::Tanh,

@@ -7,6 +7,8 @@
 pub mod data;
 mod model;
 
+pub use model::{Rows, RowsMirror};
+
 use nitro::prelude::*;
 
 /// The activation between dense layers.
