@@ -588,3 +588,47 @@ fn a_thousand_step_cosine_schedule_compiles_nothing_after_step_one() {
     assert!(rates[999] < 1e-6, "decayed: {}", rates[999]);
     assert_eq!(run.take_losses().unwrap().len(), 1000);
 }
+
+#[test]
+fn a_graph_const_changed_through_the_handle_recompiles_only_what_reads_it() {
+    let cache = own_cache();
+    let (x, y) = data(64, 51);
+    let b = batch(&x, &y, 0, 32, 32);
+    let mut run = handle(
+        backend::interpreter(),
+        cache,
+        mlp(Act::Tanh),
+        Adam::default(),
+        32,
+        0.01,
+    );
+    run.step(&b, 32).unwrap();
+    let trained = leaves(run.experiment().unwrap());
+    run.modify(|e| e.act = Act::Relu).unwrap();
+    assert_eq!(
+        leaves(run.experiment().unwrap()),
+        trained,
+        "the parameters carry over"
+    );
+    let outcomes = run.prepare(&b).unwrap();
+    assert_eq!(
+        outcomes[0],
+        Outcome::Compiled {
+            reason: MissReason::GraphConstChanged {
+                fields: vec!["act".into()]
+            }
+        }
+    );
+    assert!(
+        outcomes[1].is_hit(),
+        "the update program does not read `act`"
+    );
+    run.step(&b, 32).unwrap();
+    // A Device value written through the handle: nothing recompiles.
+    run.modify(|e| e.scale = Array::full(&[4], 0.5f32)).unwrap();
+    let outcomes = run.prepare(&b).unwrap();
+    assert!(outcomes.iter().all(Outcome::is_hit), "{outcomes:?}");
+    run.step(&b, 32).unwrap();
+    assert_eq!(run.experiment().unwrap().scale, Array::full(&[4], 0.5f32));
+    assert_eq!(cache.stats().compiles, 3);
+}

@@ -387,19 +387,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 expected: "at least one row per step".into(),
             });
         }
-        let mut order = Vec::new();
-        let (mut trainable, mut frozen) = (Vec::new(), Vec::new());
-        experiment.visit_device(&mut |field, _, node| {
-            if let Node::Leaf(a) = node {
-                if field.role == (Role::Device { trainable: true }) {
-                    order.push((true, trainable.len()));
-                    trainable.push(a.clone());
-                } else {
-                    order.push((false, frozen.len()));
-                    frozen.push(a.clone());
-                }
-            }
-        });
+        let (order, trainable, frozen) = device_leaves(&experiment);
         let slots = optimizer.slots().len();
         let state: Vec<Array> = (0..slots)
             .flat_map(|_| trainable.iter().map(|a| Array::zeros(a.dtype(), a.dims())))
@@ -936,6 +924,32 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         Ok(handle)
     }
 
+    /// Changes the experiment — a GraphConst, a Device value — through the handle, the only
+    /// way to change it while it trains. The experiment is synced from the device first; after
+    /// `change`, its Device leaves are placed again and the programs are looked up again at the
+    /// next step, so a changed GraphConst recompiles exactly the programs whose key it is in,
+    /// and changed Device values recompile nothing. The optimizer state is kept when the
+    /// trainable leaves keep their types, and restarts from zero otherwise.
+    pub fn modify(&mut self, change: impl FnOnce(&mut E)) -> Result<()> {
+        self.sync()?;
+        let before = self.types_of(&self.trainable)?;
+        change(&mut self.experiment);
+        let (order, trainable, frozen) = device_leaves(&self.experiment);
+        let after: Vec<_> = trainable.iter().map(Array::leaf_type).collect();
+        if after != before {
+            let slots = self.optimizer.slots().len();
+            let state: Vec<Array> = (0..slots)
+                .flat_map(|_| trainable.iter().map(|a| Array::zeros(a.dtype(), a.dims())))
+                .collect();
+            self.state = place(self.backend, state)?;
+        }
+        self.order = order;
+        self.trainable = place(self.backend, trainable)?;
+        self.frozen = place(self.backend, frozen)?;
+        self.programs = None;
+        Ok(())
+    }
+
     /// Copies the trainable leaves back into the experiment (from the device on XLA).
     pub fn sync(&mut self) -> Result<()> {
         if !self.host_stale {
@@ -1016,6 +1030,25 @@ fn update_inputs_shape<O: Optimizer>(opt: &OptimizerStep<O>) -> (Vec<Array>, Arr
             .collect(),
         Array::scalar(0.0f32),
     )
+}
+
+/// The Device leaves of `experiment` in walk order — whether each is trainable and its index
+/// among its kind — and copies of the trainable and the frozen ones.
+fn device_leaves<E: Experiment>(experiment: &E) -> (Vec<(bool, usize)>, Vec<Array>, Vec<Array>) {
+    let mut order = Vec::new();
+    let (mut trainable, mut frozen) = (Vec::new(), Vec::new());
+    experiment.visit_device(&mut |field, _, node| {
+        if let Node::Leaf(a) = node {
+            if field.role == (Role::Device { trainable: true }) {
+                order.push((true, trainable.len()));
+                trainable.push(a.clone());
+            } else {
+                order.push((false, frozen.len()));
+                frozen.push(a.clone());
+            }
+        }
+    });
+    (order, trainable, frozen)
 }
 
 /// Host copies of `values`.
