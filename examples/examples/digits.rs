@@ -56,6 +56,12 @@ fn args() -> Result<Args, String> {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // `RUST_LOG=nitro=info` shows one line per compile (with its reason and time) and per epoch.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     let args = args()?;
     let say = |line: String| {
         if !args.json {
@@ -97,7 +103,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .batch(BATCH)
         .lr(LEARNING_RATE)
         .epochs(args.epochs)
-        .seed(SEED);
+        .seed(SEED)
+        .progress(!args.json);
     let mut run = Nitro::new(exp, Adam::default(), config)?;
     let history = run.fit(&split.train, Some(&split.validation))?;
     say(history.to_string());

@@ -154,6 +154,9 @@ pub struct Config {
     /// A learning-rate schedule; when set, it gives the rate of every step (and `lr` is
     /// ignored). Its rates are written to a traced scalar: a schedule never recompiles.
     pub schedule: Option<Arc<dyn Schedule>>,
+    /// Whether [`Nitro::fit`] draws a progress bar per epoch on stderr (only ever when stderr
+    /// is a terminal).
+    pub progress: bool,
 }
 
 impl Default for Config {
@@ -164,6 +167,7 @@ impl Default for Config {
             epochs: 10,
             seed: 0,
             schedule: None,
+            progress: true,
         }
     }
 }
@@ -195,6 +199,12 @@ impl Config {
     /// The seed of the per-epoch shuffles.
     pub fn seed(mut self, seed: u64) -> Config {
         self.seed = seed;
+        self
+    }
+
+    /// Whether to draw a progress bar per epoch (on stderr, and only when it is a terminal).
+    pub fn progress(mut self, on: bool) -> Config {
+        self.progress = on;
         self
     }
 
@@ -761,9 +771,11 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 seed: self.config.seed,
             },
         )?;
+        let number = epoch + 1;
         let epoch = plan.epoch(epoch);
         let mut rows = Vec::with_capacity(epoch.len());
         self.step_times.clear();
+        let bar = progress_bar(self.config.progress, epoch.len() as u64, number);
         for batch in epoch.batches(data) {
             let batch = batch?;
             let real = batch.real_rows();
@@ -772,8 +784,10 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             self.step_deferred(&batch, real)?;
             self.step_times.push(started.elapsed());
             rows.push(real);
+            bar.inc(1);
         }
         let losses = self.take_losses()?;
+        bar.finish_and_clear();
         let total: usize = rows.iter().sum();
         let sum: f64 = losses.iter().zip(&rows).map(|(l, &r)| l * r as f64).sum();
         Ok(if total == 0 { 0.0 } else { sum / total as f64 })
@@ -1049,6 +1063,23 @@ fn device_leaves<E: Experiment>(experiment: &E) -> (Vec<(bool, usize)>, Vec<Arra
         }
     });
     (order, trainable, frozen)
+}
+
+/// A progress bar for one epoch of `steps` steps on stderr: hidden unless `on` and stderr is a
+/// terminal (so logs and pipes never receive one).
+fn progress_bar(on: bool, steps: u64, epoch: u64) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if !on || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(steps);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "epoch {prefix:>3} [{bar:30}] {pos}/{len} steps · {per_sec} · {elapsed}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(epoch.to_string());
+    bar
 }
 
 /// Host copies of `values`.
