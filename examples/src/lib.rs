@@ -141,24 +141,42 @@ impl Batch {
 }
 
 impl From<nitro::data::Batch> for Batch {
-    /// Takes the `x` and `y` columns and the mask of a gathered batch.
+    /// Takes the `x` and `y` columns and the mask of a gathered batch (zeros for a missing
+    /// column: the digits data set always has both).
     fn from(b: nitro::data::Batch) -> Batch {
-        let (columns, mask) = b.into_parts();
-        let n = mask.len();
-        let mut x = None;
-        let mut y = None;
-        for (name, array) in columns {
-            match name.as_str() {
-                "x" => x = Some(array),
-                "y" => y = Some(array),
-                _ => {}
-            }
+        let n = b.size();
+        match xy_columns(b) {
+            Ok((x, y, mask)) => Batch { x, y, mask },
+            Err(_) => Batch {
+                x: Array::zeros(DType::F32, &[n, 64]),
+                y: Array::zeros(DType::I32, &[n]),
+                mask: Array::zeros(DType::F32, &[n]),
+            },
         }
-        Batch {
-            x: x.unwrap_or_else(|| Array::zeros(DType::F32, &[n, 64])),
-            y: y.unwrap_or_else(|| Array::zeros(DType::I32, &[n])),
-            mask,
+    }
+}
+
+/// The `x` and `y` columns and the mask of a gathered digits batch; a typed error naming the
+/// missing column otherwise.
+pub(crate) fn xy_columns(batch: nitro::data::Batch) -> nitro::Result<(Array, Array, Array)> {
+    let (columns, mask) = batch.into_parts();
+    let mut x = None;
+    let mut y = None;
+    for (name, array) in columns {
+        match name.as_str() {
+            "x" => x = Some(array),
+            "y" => y = Some(array),
+            _ => {}
         }
+    }
+    match (x, y) {
+        (Some(x), Some(y)) => Ok((x, y, mask)),
+        (x, _) => Err(nitro::Error::DatasetColumn {
+            column: if x.is_none() { "x" } else { "y" }.into(),
+            problem: "a digits batch needs the columns `x` (pixels) and `y` (labels); load the \
+                      data with `nitro_examples::data::Digits::load`"
+                .into(),
+        }),
     }
 }
 

@@ -17,25 +17,8 @@ pub struct Rows {
 
 impl FromBatch for Rows {
     fn from_batch(batch: nitro::data::Batch) -> nitro::Result<Rows> {
-        let (columns, _mask) = batch.into_parts();
-        let mut x = None;
-        let mut y = None;
-        for (name, array) in columns {
-            match name.as_str() {
-                "x" => x = Some(array),
-                "y" => y = Some(array),
-                _ => {}
-            }
-        }
-        match (x, y) {
-            (Some(x), Some(y)) => Ok(Rows { x, y }),
-            (x, _) => Err(nitro::Error::DatasetColumn {
-                column: if x.is_none() { "x" } else { "y" }.into(),
-                problem: "a digits batch needs the columns `x` (pixels) and `y` (labels); \
-                          load the data with `nitro_examples::data::Digits::load`"
-                    .into(),
-            }),
-        }
+        let (x, y, _mask) = crate::xy_columns(batch)?;
+        Ok(Rows { x, y })
     }
 }
 

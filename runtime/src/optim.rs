@@ -183,6 +183,27 @@ impl Adam {
         let v_hat = v / c2;
         (m_hat / (v_hat.sqrt() + self.eps), m, v)
     }
+
+    /// One Adam step of every leaf, with decoupled weight decay `decay` (0 for plain Adam):
+    /// new parameters, and the new `m` and `v`.
+    fn step_with_decay(
+        &self,
+        step: Step,
+        params: &[Tensor],
+        grads: &[Tensor],
+        state: &[Vec<Tensor>],
+        decay: f64,
+    ) -> (Vec<Tensor>, Vec<Vec<Tensor>>) {
+        let mut out = (Vec::new(), vec![Vec::new(), Vec::new()]);
+        for (i, (&p, &g)) in params.iter().zip(grads).enumerate() {
+            let (d, m, v) = self.direction(step, g, state[0][i], state[1][i]);
+            let d = if decay == 0.0 { d } else { d + p * decay };
+            out.0.push(p - step.lr * d);
+            out.1[0].push(m);
+            out.1[1].push(v);
+        }
+        out
+    }
 }
 
 impl Optimizer for Adam {
@@ -201,14 +222,7 @@ impl Optimizer for Adam {
         grads: &[Tensor],
         state: &[Vec<Tensor>],
     ) -> (Vec<Tensor>, Vec<Vec<Tensor>>) {
-        let mut out = (Vec::new(), vec![Vec::new(), Vec::new()]);
-        for (i, (&p, &g)) in params.iter().zip(grads).enumerate() {
-            let (d, m, v) = self.direction(step, g, state[0][i], state[1][i]);
-            out.0.push(p - step.lr * d);
-            out.1[0].push(m);
-            out.1[1].push(v);
-        }
-        out
+        self.step_with_decay(step, params, grads, state, 0.0)
     }
 }
 
@@ -246,14 +260,8 @@ impl Optimizer for AdamW {
         grads: &[Tensor],
         state: &[Vec<Tensor>],
     ) -> (Vec<Tensor>, Vec<Vec<Tensor>>) {
-        let mut out = (Vec::new(), vec![Vec::new(), Vec::new()]);
-        for (i, (&p, &g)) in params.iter().zip(grads).enumerate() {
-            let (d, m, v) = self.adam.direction(step, g, state[0][i], state[1][i]);
-            out.0.push(p - step.lr * (d + p * self.weight_decay));
-            out.1[0].push(m);
-            out.1[1].push(v);
-        }
-        out
+        self.adam
+            .step_with_decay(step, params, grads, state, self.weight_decay)
     }
 }
 

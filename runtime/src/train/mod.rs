@@ -623,11 +623,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 Values::Host(lr),
                 Values::Host(mask),
             ) => {
-                let mut args: Vec<&Array> = self
-                    .order
-                    .iter()
-                    .map(|&(t, i)| if t { &trainable[i] } else { &frozen[i] })
-                    .collect();
+                let mut args: Vec<&Array> = in_walk_order(&self.order, trainable, frozen).collect();
                 args.extend(leaves(batch));
                 args.extend(mask.iter());
                 let mut out = programs.grad.executable.run(&args)?.into_iter();
@@ -657,14 +653,8 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 let grad_exe = pjrt_of(&programs.grad)?;
                 let update_exe = pjrt_of(&programs.update)?;
                 let client = grad_exe.client();
-                let uploads: Vec<DeviceBuffer> = leaves(batch)
-                    .into_iter()
-                    .map(|a| client.upload(a))
-                    .collect::<Result<_>>()?;
-                let args: Vec<&DeviceBuffer> = self
-                    .order
-                    .iter()
-                    .map(|&(t, i)| if t { &trainable[i] } else { &frozen[i] })
+                let uploads = upload_leaves(&client, batch)?;
+                let args: Vec<&DeviceBuffer> = in_walk_order(&self.order, trainable, frozen)
                     .chain(uploads.iter())
                     .chain(mask.iter())
                     .collect();
@@ -721,11 +711,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let mask = mask_of(self.config.batch, real)?;
         let out = match (&self.trainable, &self.frozen) {
             (Values::Host(trainable), Values::Host(frozen)) => {
-                let mut args: Vec<&Array> = self
-                    .order
-                    .iter()
-                    .map(|&(t, i)| if t { &trainable[i] } else { &frozen[i] })
-                    .collect();
+                let mut args: Vec<&Array> = in_walk_order(&self.order, trainable, frozen).collect();
                 args.extend(leaves(batch));
                 args.push(&mask);
                 eval.executable.run(&args)?
@@ -733,15 +719,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             (Values::Device(trainable), Values::Device(frozen)) => {
                 let exe = pjrt_of(&eval)?;
                 let client = exe.client();
-                let mut uploads: Vec<DeviceBuffer> = leaves(batch)
-                    .into_iter()
-                    .map(|a| client.upload(a))
-                    .collect::<Result<_>>()?;
+                let mut uploads = upload_leaves(&client, batch)?;
                 uploads.push(client.upload(&mask)?);
-                let args: Vec<&DeviceBuffer> = self
-                    .order
-                    .iter()
-                    .map(|&(t, i)| if t { &trainable[i] } else { &frozen[i] })
+                let args: Vec<&DeviceBuffer> = in_walk_order(&self.order, trainable, frozen)
                     .chain(uploads.iter())
                     .collect();
                 exe.execute(&args)?
@@ -1150,6 +1130,28 @@ fn batch_rows<B: Tree>(batch: &B) -> Result<usize> {
         value: "no leaves".into(),
         expected: "a batch with at least one array".into(),
     })
+}
+
+/// The Device leaves in walk order, from the trainable and the frozen ones.
+fn in_walk_order<'a, T>(
+    order: &'a [(bool, usize)],
+    trainable: &'a [T],
+    frozen: &'a [T],
+) -> impl Iterator<Item = &'a T> + 'a {
+    order
+        .iter()
+        .map(move |&(t, i)| if t { &trainable[i] } else { &frozen[i] })
+}
+
+/// A batch's leaves uploaded to `client`'s device, in walk order.
+fn upload_leaves<B: Tree>(
+    client: &crate::backend::pjrt::Client,
+    batch: &B,
+) -> Result<Vec<DeviceBuffer>> {
+    leaves(batch)
+        .into_iter()
+        .map(|a| client.upload(a))
+        .collect()
 }
 
 /// The leaves of a batch, in walk order (the order of the programs' inputs).
