@@ -345,21 +345,36 @@ pub fn update_graph<O: Optimizer>(optimizer: &O, leaves: &[LeafType]) -> Result<
         let (params, rest) = t.split_at(n);
         let (grads, rest) = rest.split_at(n);
         let (state, scalars) = rest.split_at(n * slots.len());
-        let state: Vec<Vec<Tensor>> = (0..slots.len())
-            .map(|s| state[s * n..(s + 1) * n].to_vec())
-            .collect();
-        // The scalars arrive as f32; the update runs in the parameters' float type.
-        let dtype = leaves.first().map_or(DType::F32, |t| t.dtype);
-        let step = Step {
-            lr: scalars[0].convert(dtype),
-            number: scalars[1].convert(dtype),
-        };
-        let (new_params, new_state) = optimizer.update(step, params, grads, &state);
-        new_params
-            .into_iter()
-            .chain(new_state.into_iter().flatten())
-            .collect()
+        update_flat(optimizer, params, grads, state, scalars[0], scalars[1])
     })
+}
+
+/// One traced step of `optimizer` over flat state (`state` holds every slot's arrays, slot by
+/// slot, leaf by leaf): the new parameters, then the new state in the same layout. The
+/// learning rate and step number are converted to the parameters' float type. Shared by
+/// [`update_graph`] and the training handle's update program.
+pub(crate) fn update_flat<O: Optimizer>(
+    optimizer: &O,
+    params: &[Tensor],
+    grads: &[Tensor],
+    state: &[Tensor],
+    lr: Tensor,
+    number: Tensor,
+) -> Vec<Tensor> {
+    let n = params.len();
+    let state: Vec<Vec<Tensor>> = (0..optimizer.slots().len())
+        .map(|s| state[s * n..(s + 1) * n].to_vec())
+        .collect();
+    let dtype = params.first().map_or(DType::F32, |t| t.dtype());
+    let step = Step {
+        lr: lr.convert(dtype),
+        number: number.convert(dtype),
+    };
+    let (new_params, new_state) = optimizer.update(step, params, grads, &state);
+    new_params
+        .into_iter()
+        .chain(new_state.into_iter().flatten())
+        .collect()
 }
 
 /// A learning rate per step: written to the Device learning-rate scalar each step, so a

@@ -529,11 +529,6 @@ fn walk_digest(h: &mut ContentHasher, path: &str, node: Node<'_>) {
     }
 }
 
-/// The path a program's input node is named by: its path, or `input` at the root.
-fn input_path(path: &LeafPath) -> &str {
-    crate::program::input_name(path.as_str())
-}
-
 /// The full key of a held program: the key's components and the emitted program's fingerprint.
 fn full_key(components: &Digest, fingerprint: &Digest) -> Digest {
     let mut h = ContentHasher::new();
@@ -646,7 +641,7 @@ impl Cache {
         let mut h = ContentHasher::new();
         experiment.visit_device(&mut |_, path, node| walk_digest(&mut h, path.as_str(), node));
         inputs.visit(&mut LeafPath::root(""), &mut |path, node| {
-            walk_digest(&mut h, input_path(path), node)
+            walk_digest(&mut h, crate::program::input_name(path.as_str()), node)
         });
         let signature = h.finish();
         // The key's components: program identity (the experiment type with its generic

@@ -424,34 +424,14 @@ impl DirStore {
     }
 
     fn entries(&self) -> Vec<(PathBuf, u64, SystemTime)> {
-        let Ok(rd) = fs::read_dir(&self.dir) else {
-            return Vec::new();
-        };
-        rd.filter_map(|e| e.ok())
-            .filter(|e| e.path().extension().is_some_and(|x| x == ENTRY_EXT))
-            .filter_map(|e| {
-                let m = e.metadata().ok()?;
-                Some((e.path(), m.len(), m.modified().unwrap_or(UNIX_EPOCH)))
-            })
-            .collect()
+        listing(&self.dir, |name| {
+            Path::new(name).extension().is_some_and(|x| x == ENTRY_EXT)
+        })
     }
 
     /// The program records, with size and last write.
     fn records(&self) -> Vec<(PathBuf, u64, SystemTime)> {
-        let Ok(rd) = fs::read_dir(self.dir.join(PROGRAMS)) else {
-            return Vec::new();
-        };
-        rd.filter_map(|e| e.ok())
-            .filter(|e| {
-                e.file_name()
-                    .to_str()
-                    .is_some_and(|n| !n.contains(TEMP_MARK))
-            })
-            .filter_map(|e| {
-                let m = e.metadata().ok()?;
-                Some((e.path(), m.len(), m.modified().unwrap_or(UNIX_EPOCH)))
-            })
-            .collect()
+        listing(&self.dir.join(PROGRAMS), |name| !name.contains(TEMP_MARK))
     }
 
     /// Opens an entry or record for reading, refusing anything but a regular file this user
@@ -528,7 +508,7 @@ impl DirStore {
         if total <= self.capacity {
             return 0;
         }
-        entries.sort_by(|a, b| a.2.cmp(&b.2).then_with(|| a.0.cmp(&b.0)));
+        oldest_first(&mut entries);
         let mut evicted = 0;
         for (path, len, _) in entries {
             if total <= self.capacity {
@@ -725,6 +705,25 @@ fn is_symlink_refusal(e: &std::io::Error, path: &Path) -> bool {
     fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
 }
 
+/// The files of `dir` whose names pass `keep`, with their size and last modification.
+fn listing(dir: &Path, keep: impl Fn(&str) -> bool) -> Vec<(PathBuf, u64, SystemTime)> {
+    let Ok(rd) = fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    rd.filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_str().is_some_and(&keep))
+        .filter_map(|e| {
+            let m = e.metadata().ok()?;
+            Some((e.path(), m.len(), m.modified().unwrap_or(UNIX_EPOCH)))
+        })
+        .collect()
+}
+
+/// Sorts a [`listing`] least recently modified first (ties by path: deterministic).
+fn oldest_first(files: &mut [(PathBuf, u64, SystemTime)]) {
+    files.sort_by(|a, b| a.2.cmp(&b.2).then_with(|| a.0.cmp(&b.0)));
+}
+
 /// Removes what older versions of the store kept and this one does not: `logical/` records
 /// (one file per program configuration, never bounded) and per-key lock files (replaced by
 /// shared ones named by a key prefix).
@@ -879,7 +878,7 @@ impl Store for DirStore {
         }
         let mut records = self.records();
         if records.len() > MAX_RECORDS {
-            records.sort_by(|a, b| a.2.cmp(&b.2).then_with(|| a.0.cmp(&b.0)));
+            oldest_first(&mut records);
             for (old, _, _) in &records[..records.len() - MAX_RECORDS] {
                 let _ = fs::remove_file(old);
             }

@@ -31,7 +31,7 @@ use crate::checkpoint::Checkpoint;
 use crate::data::{Dataset, Order};
 use crate::error::{Error, Result};
 use crate::experiment::{Experiment, Role};
-use crate::optim::{Optimizer, Schedule, Step};
+use crate::optim::{Optimizer, Schedule};
 use crate::program::{self, Program};
 use crate::trace::{self, Tensor};
 use crate::tree::{Array, DType, Node, Tree};
@@ -118,22 +118,9 @@ type UpdateInputs = (Vec<Tensor>, Tensor);
 fn update_fn<O: Optimizer>(v: &OptimizerStepView<'_, O>, inputs: &UpdateInputs) -> Vec<Tensor> {
     let (grads, lr) = inputs;
     let number = v.steps + 1.0;
-    let n = v.params.len();
-    let slots = v.optimizer.slots().len();
-    let state: Vec<Vec<Tensor>> = (0..slots)
-        .map(|s| v.state[s * n..(s + 1) * n].to_vec())
-        .collect();
-    let dtype = v.params.first().map_or(DType::F32, |t| t.dtype());
-    let step = Step {
-        lr: lr.convert(dtype),
-        number: number.convert(dtype),
-    };
-    let (params, state) = v.optimizer.update(step, &v.params, grads, &state);
-    params
-        .into_iter()
-        .chain(state.into_iter().flatten())
-        .chain(std::iter::once(number))
-        .collect()
+    let mut out = crate::optim::update_flat(v.optimizer, &v.params, grads, &v.state, *lr, number);
+    out.push(number);
+    out
 }
 
 fn update_program<O: Optimizer>() -> Program<OptimizerStep<O>, UpdateInputs, Vec<Tensor>> {
@@ -470,6 +457,13 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// it earlier to pay for compiles before training. The evaluation program is compiled by
     /// the first [`evaluate`](Nitro::evaluate).
     pub fn prepare(&mut self, sample: &E::Batch) -> Result<Vec<Outcome>> {
+        // Every step comes here: the common case (programs held for these batch types) is
+        // answered without allocating.
+        if let Some(p) = &self.programs {
+            if has_types(sample, &p.batch_types) {
+                return Ok(Vec::new());
+            }
+        }
         let rows = batch_rows(sample)?;
         if rows != self.config.batch {
             return Err(Error::InvalidSetting {
@@ -479,11 +473,6 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             });
         }
         let batch_types = leaf_types(sample);
-        if let Some(p) = &self.programs {
-            if p.batch_types == batch_types {
-                return Ok(Vec::new());
-            }
-        }
         // Tracing reads the experiment's leaf types only, which steps never change: no sync.
         let started = Instant::now();
         let mask = Array::zeros(DType::F32, &[rows]);
@@ -572,13 +561,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     pub fn step_deferred(&mut self, batch: &E::Batch, real: usize) -> Result<()> {
         self.prepare(batch)?;
         let rows = self.config.batch;
-        if real == 0 || real > rows {
-            return Err(Error::InvalidSetting {
-                variable: "real rows",
-                value: real.to_string(),
-                expected: format!("between 1 and the batch size {rows}"),
-            });
-        }
+        check_real_rows(rows, real)?;
         if let Some(schedule) = &self.config.schedule {
             self.config.lr = schedule.lr(self.step);
         }
@@ -1165,14 +1148,26 @@ fn leaves<B: Tree>(batch: &B) -> Vec<&Array> {
     v
 }
 
+/// Whether `batch`'s leaves have exactly `types`, in order.
+fn has_types<B: Tree>(batch: &B, types: &[crate::tree::LeafType]) -> bool {
+    let (mut i, mut same) = (0, true);
+    batch.for_each_leaf("", &mut |_, a| {
+        same &= types
+            .get(i)
+            .is_some_and(|t| t.dtype == a.dtype() && t.dims == a.dims());
+        i += 1;
+    });
+    same && i == types.len()
+}
+
 fn leaf_types<B: Tree>(batch: &B) -> Vec<crate::tree::LeafType> {
     let mut v = Vec::new();
     batch.for_each_leaf("", &mut |_, a| v.push(a.leaf_type()));
     v
 }
 
-/// `1.0` for the first `real` of `rows` rows, `0.0` after.
-fn mask_of(rows: usize, real: usize) -> Result<Array> {
+/// A batch of `rows` rows has between 1 and `rows` real ones.
+fn check_real_rows(rows: usize, real: usize) -> Result<()> {
     if real == 0 || real > rows {
         return Err(Error::InvalidSetting {
             variable: "real rows",
@@ -1180,6 +1175,12 @@ fn mask_of(rows: usize, real: usize) -> Result<Array> {
             expected: format!("between 1 and the batch size {rows}"),
         });
     }
+    Ok(())
+}
+
+/// `1.0` for the first `real` of `rows` rows, `0.0` after.
+fn mask_of(rows: usize, real: usize) -> Result<Array> {
+    check_real_rows(rows, real)?;
     let values: Vec<f32> = (0..rows)
         .map(|i| if i < real { 1.0 } else { 0.0 })
         .collect();
