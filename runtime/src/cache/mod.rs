@@ -652,7 +652,7 @@ impl Cache {
         let mut k = ContentHasher::new();
         k.write_str(std::any::type_name::<E>());
         k.write_str(program.name());
-        k.write_u8(u8::from(program.donates_device()));
+        k.write_u8(program.layout_flags());
         k.write_digest(&parts.graph_const);
         k.write_digest(&parts.settings);
         k.write_digest(&signature);

@@ -24,7 +24,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::pjrt::{Arg, DeviceBuffer};
+use crate::backend::pjrt::{Arg, Completion, DeviceBuffer};
 use crate::backend::Backend;
 use crate::cache::{Cache, Compiled, Outcome, Served};
 use crate::checkpoint::Checkpoint;
@@ -32,9 +32,9 @@ use crate::data::{Dataset, Order};
 use crate::error::{Error, Result};
 use crate::experiment::{Experiment, Role};
 use crate::optim::{Optimizer, Schedule};
-use crate::program::{self, Program};
+use crate::program::{self, Packing, Program};
 use crate::trace::{self, Tensor};
-use crate::tree::{Array, DType, Node, Tree};
+use crate::tree::{Array, DType, LeafType, Node, Tree};
 
 /// A model the training handle can train: an experiment with a batch type and a per-example
 /// loss over its compile view.
@@ -69,7 +69,7 @@ fn grad_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E>) -> Vec<Tensor> {
     let losses = E::loss(v, batch);
     let mask = mask.convert(losses.dtype());
     let mean = (losses * mask).sum_all() / mask.sum_all().maximum(1.0);
-    let grads = trace::grad(mean, &program::trainable_leaves());
+    let grads = program::pack_like_trainable(trace::grad(mean, &program::trainable_leaves()));
     std::iter::once(mean).chain(grads).collect()
 }
 
@@ -86,11 +86,11 @@ fn eval_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E>) -> Vec<Tensor> {
 }
 
 fn grad_program<E: Model>() -> Program<E, BatchInputs<E>, Vec<Tensor>> {
-    Program::generic("nitro.grad", grad_fn::<E>)
+    Program::generic("nitro.grad", grad_fn::<E>).packing_trainable()
 }
 
 fn eval_program<E: Model>() -> Program<E, BatchInputs<E>, Vec<Tensor>> {
-    Program::generic("nitro.eval", eval_fn::<E>)
+    Program::generic("nitro.eval", eval_fn::<E>).packing_trainable()
 }
 
 /// The optimizer program's experiment: the optimizer's constants shape it (GraphConst), the
@@ -318,10 +318,11 @@ pub struct Nitro<E: Model, O: Optimizer> {
     config: Config,
     backend: &'static dyn Backend,
     cache: &'static Cache,
-    /// Every Device leaf of the experiment in walk order: whether trainable, and its index in
-    /// `trainable` or `frozen`.
-    order: Vec<(bool, usize)>,
+    /// How the trainable leaves are packed into `trainable` (one flat array per dtype).
+    packing: Packing,
+    /// The trainable leaves, packed.
     trainable: Values,
+    /// The other Device leaves, in walk order.
     frozen: Values,
     state: Values,
     /// The step counter the update program keeps (`f32[]`).
@@ -332,6 +333,8 @@ pub struct Nitro<E: Model, O: Optimizer> {
     full_mask: Option<Values>,
     /// Losses of steps taken with [`Nitro::step_deferred`], not read yet.
     pending_losses: Vec<Values>,
+    /// The end of the last update enqueued on the device (XLA), not waited for yet.
+    in_flight: Option<Completion>,
     /// Whether the experiment's trainable leaves are stale (the device holds newer values).
     host_stale: bool,
     step: u64,
@@ -384,11 +387,8 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 expected: "at least one row per step".into(),
             });
         }
-        let (order, trainable, frozen) = device_leaves(&experiment);
-        let slots = optimizer.slots().len();
-        let state: Vec<Array> = (0..slots)
-            .flat_map(|_| trainable.iter().map(|a| Array::zeros(a.dtype(), a.dims())))
-            .collect();
+        let (packing, trainable, frozen) = device_leaves(&experiment)?;
+        let state = zero_state(&optimizer, &trainable);
         let put = |v: Vec<Array>| -> Result<Values> { place(backend, v) };
         let (trainable, frozen, state) = (put(trainable)?, put(frozen)?, put(state)?);
         let counter = put(vec![Array::scalar(0.0f32)])?;
@@ -398,7 +398,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             config,
             backend,
             cache,
-            order,
+            packing,
             trainable,
             frozen,
             state,
@@ -406,6 +406,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             lr_value: None,
             full_mask: None,
             pending_losses: Vec::new(),
+            in_flight: None,
             host_stale: false,
             step: 0,
             programs: None,
@@ -606,7 +607,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 Values::Host(lr),
                 Values::Host(mask),
             ) => {
-                let mut args: Vec<&Array> = in_walk_order(&self.order, trainable, frozen).collect();
+                let mut args: Vec<&Array> = trainable.iter().chain(frozen.iter()).collect();
                 args.extend(leaves(batch));
                 args.extend(mask.iter());
                 let mut out = programs.grad.executable.run(&args)?.into_iter();
@@ -637,11 +638,16 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 let update_exe = pjrt_of(&programs.update)?;
                 let client = grad_exe.client();
                 let uploads = upload_leaves(&client, batch)?;
-                let args: Vec<&DeviceBuffer> = in_walk_order(&self.order, trainable, frozen)
+                let args: Vec<Arg<'_>> = trainable
+                    .iter()
+                    .chain(frozen.iter())
                     .chain(uploads.iter())
                     .chain(mask.iter())
+                    .map(Arg::Borrow)
                     .collect();
-                let mut out = grad_exe.execute(&args)?.into_iter();
+                // Both programs are enqueued, not waited for: the device runs the update right
+                // after the gradient while the host goes on to the next batch.
+                let mut out = grad_exe.enqueue(args)?.outputs.into_iter();
                 let loss = out.next().ok_or_else(no_output)?;
                 let grads: Vec<DeviceBuffer> = out.collect();
                 let mut uargs: Vec<Arg<'_>> = Vec::with_capacity(2 * n + state.len() + 2);
@@ -650,10 +656,12 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 uargs.extend(std::mem::take(counter).into_iter().map(Arg::Donate));
                 uargs.extend(grads.iter().map(Arg::Borrow));
                 uargs.extend(lr.iter().map(Arg::Borrow));
-                let mut new = update_exe.execute_donating(uargs)?.outputs;
+                let update = update_exe.enqueue(uargs)?;
+                let mut new = update.outputs;
                 *counter = new.split_off(new.len().saturating_sub(1));
                 *state = new.split_off(n);
                 *trainable = new;
+                self.in_flight = Some(update.done);
                 Values::Device(vec![loss])
             }
             _ => {
@@ -674,6 +682,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// The losses of the steps taken since the last call, in order (read from the device at
     /// once on XLA).
     pub fn take_losses(&mut self) -> Result<Vec<f64>> {
+        self.wait()?;
         let pending = std::mem::take(&mut self.pending_losses);
         let mut out = Vec::with_capacity(pending.len());
         for v in &pending {
@@ -694,7 +703,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let mask = mask_of(self.config.batch, real)?;
         let out = match (&self.trainable, &self.frozen) {
             (Values::Host(trainable), Values::Host(frozen)) => {
-                let mut args: Vec<&Array> = in_walk_order(&self.order, trainable, frozen).collect();
+                let mut args: Vec<&Array> = trainable.iter().chain(frozen.iter()).collect();
                 args.extend(leaves(batch));
                 args.push(&mask);
                 eval.executable.run(&args)?
@@ -704,7 +713,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 let client = exe.client();
                 let mut uploads = upload_leaves(&client, batch)?;
                 uploads.push(client.upload(&mask)?);
-                let args: Vec<&DeviceBuffer> = in_walk_order(&self.order, trainable, frozen)
+                let args: Vec<&DeviceBuffer> = trainable
+                    .iter()
+                    .chain(frozen.iter())
                     .chain(uploads.iter())
                     .collect();
                 exe.execute(&args)?
@@ -833,8 +844,14 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// the optimizer state and the step count; write it with [`Checkpoint::save`].
     pub fn checkpoint(&mut self) -> Result<Checkpoint> {
         self.sync()?;
-        let state = to_host(&self.state)?;
-        let n = self.trainable.len();
+        // The state is kept packed, slot by slot; a checkpoint holds it leaf by leaf.
+        let packed = to_host(&self.state)?;
+        let groups = self.packing.groups.len();
+        let mut state = Vec::new();
+        for slot in packed.chunks(groups.max(1)) {
+            state.extend(self.packing.unpack(slot)?);
+        }
+        let n = self.packing.leaves.len();
         let names: Vec<String> = self
             .optimizer
             .slots()
@@ -875,13 +892,22 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     ) -> Result<Nitro<E, O>> {
         let restored = checkpoint.restore_into(&mut experiment)?;
         let mut handle = Nitro::with_backend(experiment, optimizer, config, backend, cache)?;
-        let expected = handle.state.len();
-        let types = handle.types_of(&handle.state)?;
+        let leaves = handle.packing.leaves.len();
+        let expected = handle.optimizer.slots().len() * leaves;
+        let types: Vec<LeafType> = handle
+            .packing
+            .leaves
+            .iter()
+            .map(|(g, _, dims)| LeafType {
+                dtype: handle.packing.groups[*g].0,
+                dims: dims.clone(),
+            })
+            .collect();
         if restored.optimizer.len() != expected
             || restored
                 .optimizer
                 .iter()
-                .zip(&types)
+                .zip(types.iter().cycle())
                 .any(|((_, a), t)| a.leaf_type() != *t)
         {
             return Err(Error::CheckpointInput {
@@ -895,7 +921,11 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             });
         }
         let state: Vec<Array> = restored.optimizer.into_iter().map(|(_, a)| a).collect();
-        handle.state = place(backend, state)?;
+        let mut packed = Vec::new();
+        for slot in state.chunks(leaves.max(1)) {
+            packed.extend(handle.packing.pack(slot)?);
+        }
+        handle.state = place(backend, packed)?;
         handle.counter = place(backend, vec![Array::scalar(restored.step as f32)])?;
         handle.step = restored.step;
         Ok(handle)
@@ -909,18 +939,12 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// trainable leaves keep their types, and restarts from zero otherwise.
     pub fn modify(&mut self, change: impl FnOnce(&mut E)) -> Result<()> {
         self.sync()?;
-        let before = self.types_of(&self.trainable)?;
         change(&mut self.experiment);
-        let (order, trainable, frozen) = device_leaves(&self.experiment);
-        let after: Vec<_> = trainable.iter().map(Array::leaf_type).collect();
-        if after != before {
-            let slots = self.optimizer.slots().len();
-            let state: Vec<Array> = (0..slots)
-                .flat_map(|_| trainable.iter().map(|a| Array::zeros(a.dtype(), a.dims())))
-                .collect();
-            self.state = place(self.backend, state)?;
+        let (packing, trainable, frozen) = device_leaves(&self.experiment)?;
+        if packing != self.packing {
+            self.state = place(self.backend, zero_state(&self.optimizer, &trainable))?;
         }
-        self.order = order;
+        self.packing = packing;
         self.trainable = place(self.backend, trainable)?;
         self.frozen = place(self.backend, frozen)?;
         self.programs = None;
@@ -929,10 +953,11 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
 
     /// Copies the trainable leaves back into the experiment (from the device on XLA).
     pub fn sync(&mut self) -> Result<()> {
+        self.wait()?;
         if !self.host_stale {
             return Ok(());
         }
-        let values = to_host(&self.trainable)?;
+        let values = self.packing.unpack(&to_host(&self.trainable)?)?;
         let mut it = values.into_iter();
         self.experiment.visit_device_mut(&mut |field, _, leaf| {
             if field.role == (Role::Device { trainable: true }) {
@@ -943,6 +968,17 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         });
         self.host_stale = false;
         Ok(())
+    }
+
+    /// Waits until every step taken so far has finished on the device (on XLA, steps are
+    /// enqueued and the host does not wait for them); the error of a step that failed on the
+    /// device surfaces here. Reading losses, parameters or a checkpoint waits by itself; call
+    /// this to time steps, or before measuring anything else.
+    pub fn wait(&mut self) -> Result<()> {
+        match self.in_flight.take() {
+            Some(done) => done.wait(),
+            None => Ok(()),
+        }
     }
 
     /// The experiment, with its trainable leaves as of the last step (copied from the device).
@@ -957,7 +993,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         Ok(self.experiment)
     }
 
-    /// The number of trainable leaves and of optimizer-state arrays.
+    /// The number of arrays the trainable leaves and the optimizer state are kept in between
+    /// steps: the trainable leaves are packed into one flat array per dtype, and each optimizer
+    /// slot keeps one array per such group.
     pub fn state_len(&self) -> (usize, usize) {
         (self.trainable.len(), self.state.len())
     }
@@ -1009,23 +1047,29 @@ fn update_inputs_shape<O: Optimizer>(opt: &OptimizerStep<O>) -> (Vec<Array>, Arr
     )
 }
 
-/// The Device leaves of `experiment` in walk order — whether each is trainable and its index
-/// among its kind — and copies of the trainable and the frozen ones.
-fn device_leaves<E: Experiment>(experiment: &E) -> (Vec<(bool, usize)>, Vec<Array>, Vec<Array>) {
-    let mut order = Vec::new();
+/// The packing of `experiment`'s trainable leaves, the packed trainable leaves, and copies of
+/// the other Device leaves, in walk order.
+fn device_leaves<E: Experiment>(experiment: &E) -> Result<(Packing, Vec<Array>, Vec<Array>)> {
     let (mut trainable, mut frozen) = (Vec::new(), Vec::new());
     experiment.visit_device(&mut |field, _, node| {
         if let Node::Leaf(a) = node {
             if field.role == (Role::Device { trainable: true }) {
-                order.push((true, trainable.len()));
                 trainable.push(a.clone());
             } else {
-                order.push((false, frozen.len()));
                 frozen.push(a.clone());
             }
         }
     });
-    (order, trainable, frozen)
+    let packing = Packing::of(experiment);
+    let packed = packing.pack(&trainable)?;
+    Ok((packing, packed, frozen))
+}
+
+/// Zeroed optimizer state for the packed trainable leaves: each slot, one array per group.
+fn zero_state<O: Optimizer>(optimizer: &O, packed: &[Array]) -> Vec<Array> {
+    (0..optimizer.slots().len())
+        .flat_map(|_| packed.iter().map(|a| Array::zeros(a.dtype(), a.dims())))
+        .collect()
 }
 
 /// A progress bar for one epoch of `steps` steps on stderr: hidden unless `on` and stderr is a
@@ -1113,17 +1157,6 @@ fn batch_rows<B: Tree>(batch: &B) -> Result<usize> {
         value: "no leaves".into(),
         expected: "a batch with at least one array".into(),
     })
-}
-
-/// The Device leaves in walk order, from the trainable and the frozen ones.
-fn in_walk_order<'a, T>(
-    order: &'a [(bool, usize)],
-    trainable: &'a [T],
-    frozen: &'a [T],
-) -> impl Iterator<Item = &'a T> + 'a {
-    order
-        .iter()
-        .map(move |&(t, i)| if t { &trainable[i] } else { &frozen[i] })
 }
 
 /// A batch's leaves uploaded to `client`'s device, in walk order.
