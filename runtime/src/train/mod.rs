@@ -24,7 +24,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::pjrt::{Arg, Completion, DeviceBuffer};
+use crate::backend::pjrt::Completion;
 use crate::backend::Backend;
 use crate::cache::{Cache, Compiled, Outcome, Served};
 use crate::checkpoint::Checkpoint;
@@ -35,6 +35,9 @@ use crate::optim::{Optimizer, Schedule};
 use crate::program::{self, Packing, Program};
 use crate::trace::{self, Tensor};
 use crate::tree::{Array, DType, LeafType, Node, Tree};
+
+mod values;
+use values::{exec, place, to_host, In, Value};
 
 /// A model the training handle can train: an experiment with a batch type and a per-example
 /// loss over its compile view.
@@ -60,12 +63,21 @@ pub trait Model: Experiment + Sync + 'static {
     }
 }
 
-/// The inputs of the per-batch programs: the batch and its row mask.
-type BatchInputs<E> = (<<E as Model>::Batch as Tree>::Mirror<Tensor>, Tensor);
+/// The inputs of the per-batch programs: the batch, its row mask, and what else the program
+/// takes (`()` for none).
+type BatchInputs<E, X> = (
+    <<E as Model>::Batch as Tree>::Mirror<Tensor>,
+    Tensor,
+    <X as Tree>::Mirror<Tensor>,
+);
 
-/// The mean loss over the real rows, then the gradient of every trainable leaf.
-fn grad_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E>) -> Vec<Tensor> {
-    let (batch, mask) = inputs;
+/// What the accumulating gradient program takes besides the batch: the gradient sum so far
+/// (packed) and the factor to multiply the new sum by (1 except when a window closes).
+type AccumExtra = (Vec<Array>, Array);
+
+/// The mean loss over the real rows, then the gradient of every trainable leaf (packed).
+fn grad_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, ()>) -> Vec<Tensor> {
+    let (batch, mask, ()) = inputs;
     let losses = E::loss(v, batch);
     let mask = mask.convert(losses.dtype());
     let mean = (losses * mask).sum_all() / mask.sum_all().maximum(1.0);
@@ -73,9 +85,28 @@ fn grad_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E>) -> Vec<Tensor> {
     std::iter::once(mean).chain(grads).collect()
 }
 
+/// One micro-batch of an accumulation window: the mean loss over its real rows, then
+/// `(sum + gradient of the summed loss over its real rows) * scale` for every packed gradient.
+/// With `scale` 1 along the window and `1 / real rows of the window` on its last micro-batch,
+/// the window ends holding the gradient of the window's mean loss — exactly what one step on
+/// all its rows would compute.
+fn grad_accum_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, AccumExtra>) -> Vec<Tensor> {
+    let (batch, mask, (sums, scale)) = inputs;
+    let losses = E::loss(v, batch);
+    let mask = mask.convert(losses.dtype());
+    let total = (losses * mask).sum_all();
+    let mean = total / mask.sum_all().maximum(1.0);
+    let grads = program::pack_like_trainable(trace::grad(total, &program::trainable_leaves()));
+    let summed = sums
+        .iter()
+        .zip(grads)
+        .map(|(s, g)| (*s + g) * scale.convert(g.dtype()));
+    std::iter::once(mean).chain(summed).collect()
+}
+
 /// The summed loss over the real rows, and the number of them classified correctly.
-fn eval_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E>) -> Vec<Tensor> {
-    let (batch, mask) = inputs;
+fn eval_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, ()>) -> Vec<Tensor> {
+    let (batch, mask, ()) = inputs;
     let losses = E::loss(v, batch);
     let mask_l = mask.convert(losses.dtype());
     let mut out = vec![(losses * mask_l).sum_all()];
@@ -85,11 +116,15 @@ fn eval_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E>) -> Vec<Tensor> {
     out
 }
 
-fn grad_program<E: Model>() -> Program<E, BatchInputs<E>, Vec<Tensor>> {
+fn grad_program<E: Model>() -> Program<E, BatchInputs<E, ()>, Vec<Tensor>> {
     Program::generic("nitro.grad", grad_fn::<E>).packing_trainable()
 }
 
-fn eval_program<E: Model>() -> Program<E, BatchInputs<E>, Vec<Tensor>> {
+fn grad_accum_program<E: Model>() -> Program<E, BatchInputs<E, AccumExtra>, Vec<Tensor>> {
+    Program::generic("nitro.grad_accumulate", grad_accum_fn::<E>).packing_trainable()
+}
+
+fn eval_program<E: Model>() -> Program<E, BatchInputs<E, ()>, Vec<Tensor>> {
     Program::generic("nitro.eval", eval_fn::<E>).packing_trainable()
 }
 
@@ -144,6 +179,12 @@ pub struct Config {
     /// Whether [`Nitro::fit`] draws a progress bar per epoch on stderr (only ever when stderr
     /// is a terminal).
     pub progress: bool,
+    /// Micro-batches per optimizer step (gradient accumulation): each of
+    /// [`step_deferred`](Nitro::step_deferred)'s batches adds its gradient to a sum on the
+    /// device, and every `accum`-th applies the optimizer to the mean over the window's real
+    /// rows. 1 (the default) updates after every batch. Accumulating adds no program: it
+    /// replaces the gradient program by an accumulating one.
+    pub accum: usize,
 }
 
 impl Default for Config {
@@ -155,6 +196,7 @@ impl Default for Config {
             seed: 0,
             schedule: None,
             progress: true,
+            accum: 1,
         }
     }
 }
@@ -195,27 +237,16 @@ impl Config {
         self
     }
 
+    /// Micro-batches per optimizer step (see [`Config::accum`]).
+    pub fn accumulate(mut self, micro_batches: usize) -> Config {
+        self.accum = micro_batches;
+        self
+    }
+
     /// A learning-rate schedule (constant, step decay, warm-up, cosine, or your own).
     pub fn schedule(mut self, schedule: impl Schedule + 'static) -> Config {
         self.schedule = Some(Arc::new(schedule));
         self
-    }
-}
-
-/// Where a handle's values live between steps.
-enum Values {
-    /// On the host (the interpreter's "device").
-    Host(Vec<Array>),
-    /// In device buffers (XLA).
-    Device(Vec<DeviceBuffer>),
-}
-
-impl Values {
-    fn len(&self) -> usize {
-        match self {
-            Values::Host(v) => v.len(),
-            Values::Device(v) => v.len(),
-        }
     }
 }
 
@@ -321,18 +352,22 @@ pub struct Nitro<E: Model, O: Optimizer> {
     /// How the trainable leaves are packed into `trainable` (one flat array per dtype).
     packing: Packing,
     /// The trainable leaves, packed.
-    trainable: Values,
+    trainable: Vec<Value>,
     /// The other Device leaves, in walk order.
-    frozen: Values,
-    state: Values,
+    frozen: Vec<Value>,
+    /// The optimizer state: slot by slot, one array per packed group.
+    state: Vec<Value>,
     /// The step counter the update program keeps (`f32[]`).
-    counter: Values,
-    /// The learning rate as uploaded, and for which value.
-    lr_value: Option<(f64, Values)>,
-    /// The all-ones mask of a full batch, uploaded once.
-    full_mask: Option<Values>,
+    counter: Vec<Value>,
+    /// The learning rate as placed, and for which value.
+    lr_value: Option<(f64, Value)>,
+    /// The all-ones mask of a full batch, placed once.
+    full_mask: Option<Value>,
+    /// Gradient accumulation: the window's gradient sums so far, how many micro-batches and
+    /// real rows it has seen, and (placed once) zero sums and the factor 1.
+    window: Window,
     /// Losses of steps taken with [`Nitro::step_deferred`], not read yet.
-    pending_losses: Vec<Values>,
+    pending_losses: Vec<Value>,
     /// The end of the last update enqueued on the device (XLA), not waited for yet.
     in_flight: Option<Completion>,
     /// Whether the experiment's trainable leaves are stale (the device holds newer values).
@@ -345,6 +380,16 @@ pub struct Nitro<E: Model, O: Optimizer> {
     first_step: Option<Duration>,
     /// The durations of the steps of the current epoch.
     step_times: Vec<Duration>,
+}
+
+/// The state of a gradient-accumulation window.
+#[derive(Default)]
+struct Window {
+    sums: Option<Vec<Value>>,
+    micro_batches: usize,
+    rows: usize,
+    zeros: Option<Vec<Value>>,
+    one: Option<Value>,
 }
 
 impl<E: Model, O: Optimizer> std::fmt::Debug for Nitro<E, O> {
@@ -387,9 +432,16 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 expected: "at least one row per step".into(),
             });
         }
+        if config.accum == 0 {
+            return Err(Error::InvalidSetting {
+                variable: "Config::accum",
+                value: "0".into(),
+                expected: "at least one micro-batch per optimizer step".into(),
+            });
+        }
         let (packing, trainable, frozen) = device_leaves(&experiment)?;
         let state = zero_state(&optimizer, &trainable);
-        let put = |v: Vec<Array>| -> Result<Values> { place(backend, v) };
+        let put = |v: Vec<Array>| -> Result<Vec<Value>> { place(backend, v) };
         let (trainable, frozen, state) = (put(trainable)?, put(frozen)?, put(state)?);
         let counter = put(vec![Array::scalar(0.0f32)])?;
         Ok(Nitro {
@@ -405,6 +457,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             counter,
             lr_value: None,
             full_mask: None,
+            window: Window::default(),
             pending_losses: Vec::new(),
             in_flight: None,
             host_stale: false,
@@ -477,16 +530,30 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         // Tracing reads the experiment's leaf types only, which steps never change: no sync.
         let started = Instant::now();
         let mask = Array::zeros(DType::F32, &[rows]);
-        let inputs = BatchRef(sample, &mask);
-        let opt = self.optimizer_step_shape()?;
+        let opt = self.optimizer_step_shape();
         let (backend, cache, experiment) = (self.backend, self.cache, &self.experiment);
         let update_inputs = update_inputs_shape(&opt);
+        let accumulating = self.config.accum > 1;
+        let sums: AccumExtra = (
+            self.packing
+                .group_types()
+                .iter()
+                .map(|t| Array::zeros(t.dtype, &t.dims))
+                .collect(),
+            Array::scalar(1.0f32),
+        );
         // Compile the inventory concurrently: the first step waits for the slowest program,
         // not their sum.
         let (grad, update) = std::thread::scope(|s| {
             let update =
                 s.spawn(|| cache.get(backend, &update_program::<O>(), &opt, &update_inputs));
-            let grad = cache.get(backend, &grad_program::<E>(), experiment, &inputs);
+            let grad = if accumulating {
+                let inputs = BatchRef(sample, &mask, &sums);
+                cache.get(backend, &grad_accum_program::<E>(), experiment, &inputs)
+            } else {
+                let inputs = BatchRef(sample, &mask, &());
+                cache.get(backend, &grad_program::<E>(), experiment, &inputs)
+            };
             (grad, join(update))
         });
         let (grad, update): (Served, Served) = (grad?, update?);
@@ -513,7 +580,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             self.backend,
             &eval_program::<E>(),
             &self.experiment,
-            &BatchRef(sample, &mask),
+            &BatchRef(sample, &mask, &()),
         )?;
         self.compile_time += started.elapsed();
         if let Some(p) = &mut self.programs {
@@ -523,28 +590,22 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     }
 
     /// The optimizer program's experiment, with arrays of the right types (values unused).
-    fn optimizer_step_shape(&self) -> Result<OptimizerStep<O>> {
-        let params = self.types_of(&self.trainable)?;
-        let state = self.types_of(&self.state)?;
-        Ok(OptimizerStep {
+    fn optimizer_step_shape(&self) -> OptimizerStep<O> {
+        let zeros = |values: &[Value]| -> Vec<Array> {
+            values
+                .iter()
+                .map(|v| {
+                    let t = v.leaf_type();
+                    Array::zeros(t.dtype, &t.dims)
+                })
+                .collect()
+        };
+        OptimizerStep {
             optimizer: self.optimizer.clone(),
-            params: params
-                .iter()
-                .map(|t| Array::zeros(t.dtype, &t.dims))
-                .collect(),
-            state: state
-                .iter()
-                .map(|t| Array::zeros(t.dtype, &t.dims))
-                .collect(),
+            params: zeros(&self.trainable),
+            state: zeros(&self.state),
             steps: Array::scalar(0.0f32),
-        })
-    }
-
-    fn types_of(&self, values: &Values) -> Result<Vec<crate::tree::LeafType>> {
-        Ok(match values {
-            Values::Host(v) => v.iter().map(Array::leaf_type).collect(),
-            Values::Device(v) => v.iter().map(|b| b.leaf_type().clone()).collect(),
-        })
+        }
     }
 
     /// One training step on `batch` (exactly `Config::batch` rows) whose real rows are the
@@ -558,142 +619,133 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     }
 
     /// One training step whose loss stays where it was computed until
-    /// [`take_losses`](Nitro::take_losses): the host does not wait for the device each step.
+    /// [`take_losses`](Nitro::take_losses): on XLA the step is enqueued and the host does not
+    /// wait for the device. With gradient accumulation ([`Config::accum`] > 1) this is one
+    /// micro-batch, and every `accum`-th call applies the optimizer.
     pub fn step_deferred(&mut self, batch: &E::Batch, real: usize) -> Result<()> {
+        let closes = self.window.micro_batches + 1 >= self.config.accum;
+        self.micro_step(batch, real, closes)
+    }
+
+    /// One micro-batch; the optimizer runs when `closes` (always, without accumulation).
+    fn micro_step(&mut self, batch: &E::Batch, real: usize, closes: bool) -> Result<()> {
         self.prepare(batch)?;
         let rows = self.config.batch;
         check_real_rows(rows, real)?;
+        if self.full_mask.is_none() {
+            self.full_mask = Some(self.place_one(mask_of(rows, rows)?)?);
+        }
+        let ragged = if real < rows {
+            Some(self.place_one(mask_of(rows, real)?)?)
+        } else {
+            None
+        };
+        let accumulating = self.config.accum > 1;
+        let (Some(programs), Some(full)) = (&self.programs, &self.full_mask) else {
+            return Err(no_output());
+        };
+        let mut args: Vec<In<'_>> = self
+            .trainable
+            .iter()
+            .chain(&self.frozen)
+            .map(In::Keep)
+            .collect();
+        args.extend(leaves(batch).into_iter().map(In::Array));
+        args.push(In::Keep(ragged.as_ref().unwrap_or(full)));
+        let mut scale = None;
+        if accumulating {
+            if self.window.zeros.is_none() {
+                let zeros = self
+                    .packing
+                    .group_types()
+                    .iter()
+                    .map(|t| Array::zeros(t.dtype, &t.dims))
+                    .collect();
+                self.window.zeros = Some(place(self.backend, zeros)?);
+                self.window.one = Some(self.place_one(Array::scalar(1.0f32))?);
+            }
+            self.window.rows += real;
+            if closes {
+                let rows = self.window.rows.max(1) as f32;
+                scale = Some(self.place_one(Array::scalar(1.0 / rows))?);
+            }
+            let (Some(zeros), Some(one)) = (&self.window.zeros, &self.window.one) else {
+                return Err(no_output());
+            };
+            match self.window.sums.take() {
+                Some(sums) => args.extend(sums.into_iter().map(In::Give)),
+                None => args.extend(zeros.iter().map(In::Keep)),
+            }
+            args.push(In::Keep(scale.as_ref().unwrap_or(one)));
+        }
+        let (out, _) = exec(&programs.grad, args)?;
+        let mut out = out.into_iter();
+        let loss = out.next().ok_or_else(no_output)?;
+        let grads: Vec<Value> = out.collect();
+        self.pending_losses.push(loss);
+        self.host_stale = true;
+        if !closes {
+            self.window.micro_batches += 1;
+            self.window.sums = Some(grads);
+            return Ok(());
+        }
+        self.window.micro_batches = 0;
+        self.window.rows = 0;
+        self.update(grads)
+    }
+
+    /// Applies the optimizer to `grads` (the packed gradient of the step's mean loss).
+    fn update(&mut self, grads: Vec<Value>) -> Result<()> {
         if let Some(schedule) = &self.config.schedule {
             self.config.lr = schedule.lr(self.step);
         }
-        // The learning rate and the full-batch mask are uploaded when they change, not per step.
+        // The learning rate is placed when it changes, not per step.
         if self
             .lr_value
             .as_ref()
             .is_none_or(|(v, _)| *v != self.config.lr)
         {
-            let lr = place(self.backend, vec![Array::scalar(self.config.lr as f32)])?;
+            let lr = self.place_one(Array::scalar(self.config.lr as f32))?;
             self.lr_value = Some((self.config.lr, lr));
         }
-        if self.full_mask.is_none() {
-            self.full_mask = Some(place(self.backend, vec![mask_of(rows, rows)?])?);
-        }
-        let ragged = if real < rows {
-            Some(place(self.backend, vec![mask_of(rows, real)?])?)
-        } else {
-            None
-        };
-        let Some(programs) = &self.programs else {
+        let (Some(programs), Some((_, lr))) = (&self.programs, &self.lr_value) else {
             return Err(no_output());
         };
-        let (Some((_, lr)), Some(full)) = (&self.lr_value, &self.full_mask) else {
-            return Err(no_output());
-        };
-        let mask = ragged.as_ref().unwrap_or(full);
         let n = self.trainable.len();
-        let loss = match (
-            &mut self.trainable,
-            &self.frozen,
-            &mut self.state,
-            &mut self.counter,
-            lr,
-            mask,
-        ) {
-            (
-                Values::Host(trainable),
-                Values::Host(frozen),
-                Values::Host(state),
-                Values::Host(counter),
-                Values::Host(lr),
-                Values::Host(mask),
-            ) => {
-                let mut args: Vec<&Array> = trainable.iter().chain(frozen.iter()).collect();
-                args.extend(leaves(batch));
-                args.extend(mask.iter());
-                let mut out = programs.grad.executable.run(&args)?.into_iter();
-                let loss = out.next().ok_or_else(no_output)?;
-                let grads: Vec<Array> = out.collect();
-                let mut uargs: Vec<&Array> = trainable
-                    .iter()
-                    .chain(state.iter())
-                    .chain(counter.iter())
-                    .collect();
-                uargs.extend(grads.iter());
-                uargs.extend(lr.iter());
-                let mut new = programs.update.executable.run(&uargs)?;
-                *counter = new.split_off(new.len().saturating_sub(1));
-                *state = new.split_off(n);
-                *trainable = new;
-                Values::Host(vec![loss])
-            }
-            (
-                Values::Device(trainable),
-                Values::Device(frozen),
-                Values::Device(state),
-                Values::Device(counter),
-                Values::Device(lr),
-                Values::Device(mask),
-            ) => {
-                let grad_exe = pjrt_of(&programs.grad)?;
-                let update_exe = pjrt_of(&programs.update)?;
-                let client = grad_exe.client();
-                let uploads = upload_leaves(&client, batch)?;
-                let args: Vec<Arg<'_>> = trainable
-                    .iter()
-                    .chain(frozen.iter())
-                    .chain(uploads.iter())
-                    .chain(mask.iter())
-                    .map(Arg::Borrow)
-                    .collect();
-                // Both programs are enqueued, not waited for: the device runs the update right
-                // after the gradient while the host goes on to the next batch.
-                let mut out = grad_exe.enqueue(args)?.outputs.into_iter();
-                let loss = out.next().ok_or_else(no_output)?;
-                let grads: Vec<DeviceBuffer> = out.collect();
-                let mut uargs: Vec<Arg<'_>> = Vec::with_capacity(2 * n + state.len() + 2);
-                uargs.extend(std::mem::take(trainable).into_iter().map(Arg::Donate));
-                uargs.extend(std::mem::take(state).into_iter().map(Arg::Donate));
-                uargs.extend(std::mem::take(counter).into_iter().map(Arg::Donate));
-                uargs.extend(grads.iter().map(Arg::Borrow));
-                uargs.extend(lr.iter().map(Arg::Borrow));
-                let update = update_exe.enqueue(uargs)?;
-                let mut new = update.outputs;
-                *counter = new.split_off(new.len().saturating_sub(1));
-                *state = new.split_off(n);
-                *trainable = new;
-                self.in_flight = Some(update.done);
-                Values::Device(vec![loss])
-            }
-            _ => {
-                return Err(Error::Misconfigured {
-                    message: "a handle's values are split between host and device".into(),
-                })
-            }
-        };
+        let mut args: Vec<In<'_>> = Vec::with_capacity(2 * n + self.state.len() + 2);
+        args.extend(
+            std::mem::take(&mut self.trainable)
+                .into_iter()
+                .map(In::Give),
+        );
+        args.extend(std::mem::take(&mut self.state).into_iter().map(In::Give));
+        args.extend(std::mem::take(&mut self.counter).into_iter().map(In::Give));
+        args.extend(grads.iter().map(In::Keep));
+        args.push(In::Keep(lr));
+        let (mut new, done) = exec(&programs.update, args)?;
+        self.counter = new.split_off(new.len().saturating_sub(1));
+        self.state = new.split_off(n);
+        self.trainable = new;
+        // Only the last update matters: later runs wait for its outputs on the device.
+        self.in_flight = done;
         self.step += 1;
         if self.first_step.is_none() {
             self.first_step = Some(self.created.elapsed());
         }
-        self.pending_losses.push(loss);
-        self.host_stale = true;
         Ok(())
     }
 
+    /// One array placed where the handle keeps values.
+    fn place_one(&self, a: Array) -> Result<Value> {
+        place(self.backend, vec![a])?.pop().ok_or_else(no_output)
+    }
+
     /// The losses of the steps taken since the last call, in order (read from the device at
-    /// once on XLA).
+    /// once on XLA). With gradient accumulation, one per micro-batch.
     pub fn take_losses(&mut self) -> Result<Vec<f64>> {
         self.wait()?;
         let pending = std::mem::take(&mut self.pending_losses);
-        let mut out = Vec::with_capacity(pending.len());
-        for v in &pending {
-            match v {
-                Values::Host(a) => out.push(scalar_of(a.first().ok_or_else(no_output)?)?),
-                Values::Device(b) => {
-                    out.push(scalar_of(&b.first().ok_or_else(no_output)?.to_host()?)?)
-                }
-            }
-        }
-        Ok(out)
+        pending.iter().map(Value::scalar).collect()
     }
 
     /// Evaluates `batch` (its first `real` rows) without training: summed loss and correct
@@ -701,33 +753,18 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     pub fn evaluate(&mut self, batch: &E::Batch, real: usize) -> Result<EvalResult> {
         let eval = self.prepare_eval(batch)?;
         let mask = mask_of(self.config.batch, real)?;
-        let out = match (&self.trainable, &self.frozen) {
-            (Values::Host(trainable), Values::Host(frozen)) => {
-                let mut args: Vec<&Array> = trainable.iter().chain(frozen.iter()).collect();
-                args.extend(leaves(batch));
-                args.push(&mask);
-                eval.executable.run(&args)?
-            }
-            (Values::Device(trainable), Values::Device(frozen)) => {
-                let exe = pjrt_of(&eval)?;
-                let client = exe.client();
-                let mut uploads = upload_leaves(&client, batch)?;
-                uploads.push(client.upload(&mask)?);
-                let args: Vec<&DeviceBuffer> = trainable
-                    .iter()
-                    .chain(frozen.iter())
-                    .chain(uploads.iter())
-                    .collect();
-                exe.execute(&args)?
-                    .iter()
-                    .map(DeviceBuffer::to_host)
-                    .collect::<Result<_>>()?
-            }
-            _ => return Err(no_output()),
-        };
+        let mut args: Vec<In<'_>> = self
+            .trainable
+            .iter()
+            .chain(&self.frozen)
+            .map(In::Keep)
+            .collect();
+        args.extend(leaves(batch).into_iter().map(In::Array));
+        args.push(In::Array(&mask));
+        let (out, _) = exec(&eval, args)?;
         Ok(EvalResult {
-            loss_sum: scalar_of(out.first().ok_or_else(no_output)?)?,
-            correct: out.get(1).map(scalar_of).transpose()?.unwrap_or(0.0),
+            loss_sum: out.first().ok_or_else(no_output)?.scalar()?,
+            correct: out.get(1).map(Value::scalar).transpose()?.unwrap_or(0.0),
             rows: real,
         })
     }
@@ -1001,11 +1038,11 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     }
 }
 
-/// A batch and its mask as one input tree, borrowed.
-struct BatchRef<'a, B>(&'a B, &'a Array);
+/// A batch, its mask and the program's other inputs as one input tree, borrowed.
+struct BatchRef<'a, B, X>(&'a B, &'a Array, &'a X);
 
-impl<B: Tree> Tree for BatchRef<'_, B> {
-    type Mirror<L> = (B::Mirror<L>, L);
+impl<B: Tree, X: Tree> Tree for BatchRef<'_, B, X> {
+    type Mirror<L> = (B::Mirror<L>, L, X::Mirror<L>);
 
     fn visit<'a>(
         &'a self,
@@ -1014,6 +1051,7 @@ impl<B: Tree> Tree for BatchRef<'_, B> {
     ) {
         at.with_field("0", |at| self.0.visit(at, f));
         at.with_field("1", |at| self.1.visit(at, f));
+        at.with_field("2", |at| self.2.visit(at, f));
     }
 
     fn visit_mut(
@@ -1032,6 +1070,7 @@ impl<B: Tree> Tree for BatchRef<'_, B> {
         (
             at.with_field("0", |at| self.0.mirror(at, f)),
             at.with_field("1", |at| self.1.mirror(at, f)),
+            at.with_field("2", |at| self.2.mirror(at, f)),
         )
     }
 }
@@ -1089,28 +1128,6 @@ fn progress_bar(on: bool, steps: u64, epoch: u64) -> indicatif::ProgressBar {
     bar
 }
 
-/// Host copies of `values`.
-fn to_host(values: &Values) -> Result<Vec<Array>> {
-    match values {
-        Values::Host(v) => Ok(v.clone()),
-        Values::Device(v) => v.iter().map(DeviceBuffer::to_host).collect(),
-    }
-}
-
-/// `arrays` where `backend` keeps values between runs: device buffers on XLA, host arrays on
-/// the interpreter.
-fn place(backend: &dyn Backend, arrays: Vec<Array>) -> Result<Values> {
-    Ok(match backend.device() {
-        Some(client) => Values::Device(
-            arrays
-                .iter()
-                .map(|a| client.upload(a))
-                .collect::<Result<_>>()?,
-        ),
-        None => Values::Host(arrays),
-    })
-}
-
 fn join<T>(h: std::thread::ScopedJoinHandle<'_, Result<T>>) -> Result<T> {
     h.join().unwrap_or_else(|_| {
         Err(Error::Misconfigured {
@@ -1123,12 +1140,6 @@ fn no_output() -> Error {
     Error::Misconfigured {
         message: "a training program returned no output".into(),
     }
-}
-
-fn pjrt_of(c: &Compiled) -> Result<&crate::backend::pjrt::Executable> {
-    c.executable.as_pjrt().ok_or_else(|| Error::Misconfigured {
-        message: "device-resident values need an XLA executable".into(),
-    })
 }
 
 /// The rows of a batch: the first dimension shared by its leaves.
@@ -1157,17 +1168,6 @@ fn batch_rows<B: Tree>(batch: &B) -> Result<usize> {
         value: "no leaves".into(),
         expected: "a batch with at least one array".into(),
     })
-}
-
-/// A batch's leaves uploaded to `client`'s device, in walk order.
-fn upload_leaves<B: Tree>(
-    client: &crate::backend::pjrt::Client,
-    batch: &B,
-) -> Result<Vec<DeviceBuffer>> {
-    leaves(batch)
-        .into_iter()
-        .map(|a| client.upload(a))
-        .collect()
 }
 
 /// The leaves of a batch, in walk order (the order of the programs' inputs).
@@ -1218,12 +1218,4 @@ fn mask_of(rows: usize, real: usize) -> Result<Array> {
         .map(|i| if i < real { 1.0 } else { 0.0 })
         .collect();
     Array::from_vec(&[rows], values)
-}
-
-fn scalar_of(a: &Array) -> Result<f64> {
-    Ok(match a.dtype() {
-        DType::F32 => f64::from(a.as_slice::<f32>()?.first().copied().unwrap_or(0.0)),
-        DType::F64 => a.as_slice::<f64>()?.first().copied().unwrap_or(0.0),
-        _ => 0.0,
-    })
 }

@@ -102,7 +102,8 @@ impl Client {
         a.num_options = 1;
         // SAFETY: `a` is a valid `PJRT_Client_Create_Args` with one option (alive for the call)
         // and no callbacks.
-        let with_option = unsafe { plugin.api.check(names::client_create, create(&mut a)) };
+        let with_option =
+            without_stderr(|| unsafe { plugin.api.check(names::client_create, create(&mut a)) });
         if with_option.is_err() || a.client.is_null() {
             a = ffi::ClientCreateArgs::new();
             // SAFETY: a valid `PJRT_Client_Create_Args` with no options and no callbacks.
@@ -282,4 +283,28 @@ fn cpu_device_setting() -> Result<i64> {
             }),
         },
     }
+}
+
+/// Runs `f` with the process's standard error pointed at `/dev/null`, then restores it: the CPU
+/// plugin logs a line (and a warning that its logging is not initialized) when it takes the
+/// device-count option, which would otherwise greet every run. Failures are returned as
+/// errors, not logged, so nothing is lost but those lines (and anything another thread writes
+/// to stderr in those few milliseconds). If stderr cannot be redirected, `f` runs as is.
+fn without_stderr<T>(f: impl FnOnce() -> T) -> T {
+    use std::io::Write;
+    let _ = std::io::stderr().flush();
+    let saved = rustix::io::dup(std::io::stderr()).ok();
+    let null = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/null")
+        .ok();
+    let redirected = match (&saved, &null) {
+        (Some(_), Some(null)) => rustix::stdio::dup2_stderr(null).is_ok(),
+        _ => false,
+    };
+    let out = f();
+    if let (true, Some(saved)) = (redirected, &saved) {
+        let _ = rustix::stdio::dup2_stderr(saved);
+    }
+    out
 }
