@@ -632,3 +632,111 @@ fn a_graph_const_changed_through_the_handle_recompiles_only_what_reads_it() {
     assert_eq!(run.experiment().unwrap().scale, Array::full(&[4], 0.5f32));
     assert_eq!(cache.stats().compiles, 3);
 }
+
+/// Four micro-batches of 8 rows (the last holding 3 real rows) accumulate into one optimizer
+/// step equal to one step on all 27 rows at once.
+fn accumulation_matches_one_big_step_on(backend: &'static dyn Backend, tol: f32) {
+    let (x, y) = data(27, 31);
+    let mut accumulated = Nitro::with_backend(
+        mlp(Act::Tanh),
+        Adam::default(),
+        Config::new().batch(8).lr(0.05).accumulate(4),
+        backend,
+        own_cache(),
+    )
+    .unwrap();
+    let mut whole = handle(
+        backend,
+        own_cache(),
+        mlp(Act::Tanh),
+        Adam::default(),
+        32,
+        0.05,
+    );
+    for (i, (start, real)) in [(0, 8), (8, 8), (16, 8), (24, 3)].into_iter().enumerate() {
+        assert_eq!(
+            accumulated.steps(),
+            0,
+            "no update before the window closes ({i})"
+        );
+        accumulated
+            .step_deferred(&batch(&x, &y, start, real, 8), real)
+            .unwrap();
+    }
+    assert_eq!(accumulated.steps(), 1, "one update per window of four");
+    let losses = accumulated.take_losses().unwrap();
+    assert_eq!(losses.len(), 4, "one loss per micro-batch");
+    let whole_loss = whole.step(&batch(&x, &y, 0, 27, 32), 27).unwrap().loss;
+    // The window's mean loss, from the micro-batch means weighted by their real rows.
+    let window_loss =
+        (losses[0] * 8.0 + losses[1] * 8.0 + losses[2] * 8.0 + losses[3] * 3.0) / 27.0;
+    assert!(
+        (window_loss - whole_loss).abs() < 1e-5 * (1.0 + whole_loss.abs()),
+        "{window_loss} vs {whole_loss}"
+    );
+    let (a, w) = (
+        accumulated.into_experiment().unwrap(),
+        whole.into_experiment().unwrap(),
+    );
+    assert_ne!(
+        leaves(&a),
+        leaves(&mlp(Act::Tanh)),
+        "the window moved the parameters"
+    );
+    assert_close(&leaves(&a), &leaves(&w), tol, "accumulated vs one step");
+}
+
+#[test]
+fn accumulation_matches_one_big_step_on_the_interpreter() {
+    accumulation_matches_one_big_step_on(backend::interpreter(), 1e-5);
+}
+
+#[test]
+fn accumulation_matches_one_big_step_on_xla() {
+    if let Some(xla) = xla_or_skip("accumulation_matches_one_big_step_on_xla") {
+        accumulation_matches_one_big_step_on(xla, 1e-5);
+    }
+}
+
+/// With four micro-batches per step, the inventory is still two programs for training and
+/// three with validation, ragged batches and a partial last window included.
+fn inventory_with_accumulation_on(backend: &'static dyn Backend) {
+    let cache = own_cache();
+    let (train, val) = (dataset(90, 41), dataset(40, 42));
+    let mut run = Nitro::with_backend(
+        mlp(Act::Tanh),
+        Adam::default(),
+        Config::new().batch(8).lr(0.05).epochs(2).accumulate(4),
+        backend,
+        cache,
+    )
+    .unwrap();
+    run.train_epoch(&train, 0).unwrap();
+    // 90 rows: 12 micro-batches of 8 (the last ragged), three windows.
+    assert_eq!(run.steps(), 3);
+    let stats = cache.stats();
+    assert_eq!((stats.misses, stats.entries), (2, 2), "{stats}");
+    let history = run.fit(&train, Some(&val)).unwrap();
+    assert!(history.epochs.iter().all(|r| r.steps == 3), "{history}");
+    let stats = cache.stats();
+    assert_eq!((stats.misses, stats.entries), (3, 3), "{stats}");
+    cache.assert_no_recompile_after_warmup().unwrap();
+    // 11 rows: two micro-batches, the last window of the epoch partial (closed by the epoch).
+    let small = dataset(11, 43);
+    let before = run.steps();
+    run.train_epoch(&small, 0).unwrap();
+    assert_eq!(run.steps(), before + 1);
+    assert_eq!(cache.stats().entries, 3);
+}
+
+#[test]
+fn accumulation_adds_no_program_on_the_interpreter() {
+    inventory_with_accumulation_on(backend::interpreter());
+}
+
+#[test]
+fn accumulation_adds_no_program_on_xla() {
+    if let Some(xla) = xla_or_skip("accumulation_adds_no_program_on_xla") {
+        inventory_with_accumulation_on(xla);
+    }
+}

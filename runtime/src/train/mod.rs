@@ -787,12 +787,15 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let mut rows = Vec::with_capacity(epoch.len());
         self.step_times.clear();
         let bar = progress_bar(self.config.progress, epoch.len() as u64, number);
-        for batch in epoch.batches(data) {
+        let count = epoch.len();
+        for (i, batch) in epoch.batches(data).enumerate() {
             let batch = batch?;
             let real = batch.real_rows();
             let batch = E::Batch::from_batch(batch)?;
             let started = Instant::now();
-            self.step_deferred(&batch, real)?;
+            // An epoch's last batch closes an accumulation window, full or not.
+            let closes = self.window.micro_batches + 1 >= self.config.accum || i + 1 == count;
+            self.micro_step(&batch, real, closes)?;
             self.step_times.push(started.elapsed());
             rows.push(real);
             bar.inc(1);
