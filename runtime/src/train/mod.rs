@@ -61,6 +61,42 @@ pub trait Model: Experiment + Sync + 'static {
         let _ = (v, batch);
         None
     }
+
+    /// What [`Nitro::predict`] returns for every example (logits, a regression value), shape
+    /// `[batch, ...]`; `None` (the default) when the model predicts nothing. It is an output of
+    /// the evaluation program, so predicting adds no program.
+    fn predict(
+        v: &Self::View<'_>,
+        batch: &<Self::Batch as Tree>::Mirror<Tensor>,
+    ) -> Option<Tensor> {
+        let _ = (v, batch);
+        None
+    }
+}
+
+/// A validation metric accumulated on the device: a per-example value, summed over the real
+/// rows by a program of its own (one more program in the inventory) and read once per
+/// validation pass. Its value is the mean over the rows. Register it with
+/// [`Nitro::add_device_metric`].
+pub trait DeviceMetric<E: Model>: 'static {
+    /// Its name: the history's column and the program's name.
+    const NAME: &'static str;
+
+    /// The metric of every example of the batch, shape `[batch]`.
+    fn per_example(v: &E::View<'_>, batch: &<E::Batch as Tree>::Mirror<Tensor>) -> Tensor;
+}
+
+/// A validation metric computed on the host from the evaluation program's outputs (loss,
+/// correct count, predictions) and the batch: it adds no program. Register it with
+/// [`Nitro::add_host_metric`].
+pub trait HostMetric<E: Model>: Send {
+    /// Its name: the history's column.
+    fn name(&self) -> &str;
+    /// One validation batch: the batch (its first `eval.rows` rows are real) and what the
+    /// evaluation program returned for it.
+    fn update(&mut self, batch: &E::Batch, eval: &EvalResult);
+    /// The value over the batches seen since the last call, which starts the next pass.
+    fn finish(&mut self) -> f64;
 }
 
 /// The inputs of the per-batch programs: the batch, its row mask, and what else the program
@@ -113,7 +149,71 @@ fn eval_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, ()>) -> Vec<Tensor
     if let Some(correct) = E::correct(v, batch) {
         out.push((correct.convert(DType::F32) * *mask).sum_all());
     }
+    if let Some(predictions) = E::predict(v, batch) {
+        out.push(predictions);
+    }
     out
+}
+
+/// A device metric's running sum plus its per-example values over this batch's real rows.
+fn metric_fn<E: Model, M: DeviceMetric<E>>(
+    v: &E::View<'_>,
+    inputs: &BatchInputs<E, Array>,
+) -> Vec<Tensor> {
+    let (batch, mask, sum) = inputs;
+    let values = M::per_example(v, batch);
+    let mask = mask.convert(values.dtype());
+    vec![*sum + (values * mask).sum_all().convert(sum.dtype())]
+}
+
+fn metric_program<E: Model, M: DeviceMetric<E>>() -> Program<E, BatchInputs<E, Array>, Vec<Tensor>>
+{
+    Program::generic(M::NAME, metric_fn::<E, M>).packing_trainable()
+}
+
+/// A registered device metric, its type erased.
+trait MetricSlot<E: Model>: Send {
+    fn name(&self) -> &'static str;
+    /// Gets (or compiles) its program for batches like `sample`.
+    fn get(
+        &self,
+        cache: &Cache,
+        backend: &'static dyn Backend,
+        experiment: &E,
+        sample: &E::Batch,
+        mask: &Array,
+    ) -> Result<Served>;
+}
+
+struct MetricOf<M>(std::marker::PhantomData<fn() -> M>);
+
+impl<E: Model, M: DeviceMetric<E>> MetricSlot<E> for MetricOf<M> {
+    fn name(&self) -> &'static str {
+        M::NAME
+    }
+
+    fn get(
+        &self,
+        cache: &Cache,
+        backend: &'static dyn Backend,
+        experiment: &E,
+        sample: &E::Batch,
+        mask: &Array,
+    ) -> Result<Served> {
+        let sum = Array::scalar(0.0f32);
+        cache.get(
+            backend,
+            &metric_program::<E, M>(),
+            experiment,
+            &BatchRef(sample, mask, &sum),
+        )
+    }
+}
+
+/// A registered device metric and its program, once compiled.
+struct DeviceMetricState<E: Model> {
+    slot: Box<dyn MetricSlot<E>>,
+    compiled: Option<Arc<Compiled>>,
 }
 
 fn grad_program<E: Model>() -> Program<E, BatchInputs<E, ()>, Vec<Tensor>> {
@@ -267,8 +367,9 @@ pub struct StepResult {
     pub loss: f64,
 }
 
-/// The result of evaluating a batch: summed loss and correct count over real rows.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+/// The result of evaluating a batch: summed loss and correct count over real rows, and the
+/// predictions when asked for.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct EvalResult {
     /// The sum of per-example losses over real rows.
     pub loss_sum: f64,
@@ -276,6 +377,11 @@ pub struct EvalResult {
     pub correct: f64,
     /// How many real rows there were.
     pub rows: usize,
+    /// [`Model::predict`] for every row of the batch (padding rows included), when the model
+    /// predicts and a host metric or [`Nitro::predict`] asked for it.
+    pub predictions: Option<Array>,
+    /// The validation metrics (device and host), by name, after [`Nitro::validate`].
+    pub metrics: Vec<(String, f64)>,
 }
 
 /// A model batch built from a data set's gathered [`crate::data::Batch`] (its columns, padded
@@ -303,6 +409,8 @@ pub struct EpochRecord {
     pub val_loss: Option<f64>,
     /// The validation accuracy, when validated and the model has `correct`.
     pub val_accuracy: Option<f64>,
+    /// The validation metrics registered on the handle, by name.
+    pub metrics: Vec<(String, f64)>,
     /// Steps taken in the epoch.
     pub steps: u64,
     /// The median time of one step (upload, gradient, update), in microseconds.
@@ -320,14 +428,23 @@ pub struct History {
 
 impl std::fmt::Display for History {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "epoch  train loss  val loss  val acc   steps  seconds")?;
+        write!(f, "epoch  train loss  val loss  val acc   steps  seconds")?;
+        let names: Vec<&str> = self
+            .epochs
+            .first()
+            .map(|r| r.metrics.iter().map(|(n, _)| n.as_str()).collect())
+            .unwrap_or_default();
+        for n in &names {
+            write!(f, "  {n:>10}")?;
+        }
+        writeln!(f)?;
         for r in &self.epochs {
             let opt = |v: Option<f64>, pct: bool| match v {
                 Some(v) if pct => format!("{:>6.2}%", 100.0 * v),
                 Some(v) => format!("{v:>8.4}"),
                 None => format!("{:>8}", "-"),
             };
-            writeln!(
+            write!(
                 f,
                 "{:>5}  {:>10.4}  {}  {}  {:>6}  {:>7.2}",
                 r.epoch,
@@ -337,6 +454,10 @@ impl std::fmt::Display for History {
                 r.steps,
                 r.seconds
             )?;
+            for (_, v) in &r.metrics {
+                write!(f, "  {v:>10.4}")?;
+            }
+            writeln!(f)?;
         }
         Ok(())
     }
@@ -380,6 +501,10 @@ pub struct Nitro<E: Model, O: Optimizer> {
     first_step: Option<Duration>,
     /// The durations of the steps of the current epoch.
     step_times: Vec<Duration>,
+    /// Validation metrics accumulated on the device, each with a program of its own.
+    device_metrics: Vec<DeviceMetricState<E>>,
+    /// Validation metrics computed on the host from the evaluation outputs.
+    host_metrics: Vec<Box<dyn HostMetric<E>>>,
 }
 
 /// The state of a gradient-accumulation window.
@@ -467,7 +592,23 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             created: Instant::now(),
             first_step: None,
             step_times: Vec::new(),
+            device_metrics: Vec::new(),
+            host_metrics: Vec::new(),
         })
+    }
+
+    /// Registers a validation metric accumulated on the device ([`DeviceMetric`]): one more
+    /// program, compiled by the first validation.
+    pub fn add_device_metric<M: DeviceMetric<E>>(&mut self) {
+        self.device_metrics.push(DeviceMetricState {
+            slot: Box::new(MetricOf::<M>(std::marker::PhantomData)),
+            compiled: None,
+        });
+    }
+
+    /// Registers a validation metric computed on the host ([`HostMetric`]): no program.
+    pub fn add_host_metric(&mut self, metric: impl HostMetric<E> + 'static) {
+        self.host_metrics.push(Box::new(metric));
     }
 
     /// The configuration.
@@ -559,6 +700,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let (grad, update): (Served, Served) = (grad?, update?);
         self.compile_time += started.elapsed();
         let outcomes = vec![grad.outcome.clone(), update.outcome.clone()];
+        for m in &mut self.device_metrics {
+            m.compiled = None;
+        }
         self.programs = Some(Programs {
             grad: grad.compiled,
             update: update.compiled,
@@ -751,6 +895,34 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// Evaluates `batch` (its first `real` rows) without training: summed loss and correct
     /// count over the real rows.
     pub fn evaluate(&mut self, batch: &E::Batch, real: usize) -> Result<EvalResult> {
+        let (result, _) = self.run_eval(batch, real, false)?;
+        Ok(result)
+    }
+
+    /// [`Model::predict`] for every row of `batch` (the evaluation program's forward pass:
+    /// no program of its own). Rows past the real ones hold the padding's predictions. An
+    /// error when the model does not predict.
+    pub fn predict(&mut self, batch: &E::Batch) -> Result<Array> {
+        let rows = batch_rows(batch)?;
+        let (result, _) = self.run_eval(batch, rows, true)?;
+        result.predictions.ok_or_else(|| Error::InvalidSetting {
+            variable: "Model::predict",
+            value: "None".into(),
+            expected: format!(
+                "a model that predicts: implement `Model::predict` for {}",
+                E::TYPE_PATH
+            ),
+        })
+    }
+
+    /// Runs the evaluation program on `batch`; reads the predictions back when `predictions`
+    /// asks. Also returns the mask it placed, for the device metrics.
+    fn run_eval(
+        &mut self,
+        batch: &E::Batch,
+        real: usize,
+        predictions: bool,
+    ) -> Result<(EvalResult, Array)> {
         let eval = self.prepare_eval(batch)?;
         let mask = mask_of(self.config.batch, real)?;
         let mut args: Vec<In<'_>> = self
@@ -762,11 +934,27 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         args.extend(leaves(batch).into_iter().map(In::Array));
         args.push(In::Array(&mask));
         let (out, _) = exec(&eval, args)?;
-        Ok(EvalResult {
-            loss_sum: out.first().ok_or_else(no_output)?.scalar()?,
-            correct: out.get(1).map(Value::scalar).transpose()?.unwrap_or(0.0),
-            rows: real,
-        })
+        // Outputs: the loss sum, then the correct count (a scalar) when the model has
+        // `correct`, then the predictions (`[batch, ...]`) when it predicts.
+        let has_correct = eval.outputs.get(1).is_some_and(|t| t.dims.is_empty());
+        let has_predictions =
+            eval.outputs.len() > 1 && eval.outputs.last().is_some_and(|t| !t.dims.is_empty());
+        Ok((
+            EvalResult {
+                loss_sum: out.first().ok_or_else(no_output)?.scalar()?,
+                correct: match has_correct {
+                    true => out.get(1).map(Value::scalar).transpose()?.unwrap_or(0.0),
+                    false => 0.0,
+                },
+                rows: real,
+                predictions: match (predictions && has_predictions, out.last()) {
+                    (true, Some(p)) => Some(p.to_host()?),
+                    _ => None,
+                },
+                metrics: Vec::new(),
+            },
+            mask,
+        ))
     }
 
     /// One epoch over `data`: its rows shuffled with the configured seed (a fresh order per
@@ -815,15 +1003,71 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let plan = data.plan(self.config.batch, Order::Sequential)?;
         let epoch = plan.epoch(0);
         let mut total = EvalResult::default();
+        let mut sums: Vec<Option<Value>> = Vec::new();
+        for _ in &self.device_metrics {
+            sums.push(Some(self.place_one(Array::scalar(0.0f32))?));
+        }
+        let want_predictions = !self.host_metrics.is_empty();
         for batch in epoch.batches(data) {
             let batch = batch?;
             let real = batch.real_rows();
-            let r = self.evaluate(&E::Batch::from_batch(batch)?, real)?;
+            let batch = E::Batch::from_batch(batch)?;
+            let (r, mask) = self.run_eval(&batch, real, want_predictions)?;
+            for (i, sum) in sums.iter_mut().enumerate() {
+                let compiled = self.metric_program(i, &batch, &mask)?;
+                let mut args: Vec<In<'_>> = self
+                    .trainable
+                    .iter()
+                    .chain(&self.frozen)
+                    .map(In::Keep)
+                    .collect();
+                args.extend(leaves(&batch).into_iter().map(In::Array));
+                args.push(In::Array(&mask));
+                args.push(In::Give(sum.take().ok_or_else(no_output)?));
+                let (out, _) = exec(&compiled, args)?;
+                *sum = out.into_iter().next();
+            }
+            for m in &mut self.host_metrics {
+                m.update(&batch, &r);
+            }
             total.loss_sum += r.loss_sum;
             total.correct += r.correct;
             total.rows += r.rows;
         }
+        let rows = total.rows.max(1) as f64;
+        for (state, sum) in self.device_metrics.iter().zip(&sums) {
+            let value = sum.as_ref().ok_or_else(no_output)?.scalar()?;
+            total
+                .metrics
+                .push((state.slot.name().to_owned(), value / rows));
+        }
+        for m in &mut self.host_metrics {
+            total.metrics.push((m.name().to_owned(), m.finish()));
+        }
         Ok(total)
+    }
+
+    /// Device metric `i`'s program for batches like `sample`, compiled by its first use.
+    fn metric_program(
+        &mut self,
+        i: usize,
+        sample: &E::Batch,
+        mask: &Array,
+    ) -> Result<Arc<Compiled>> {
+        if let Some(c) = &self.device_metrics[i].compiled {
+            return Ok(c.clone());
+        }
+        let started = Instant::now();
+        let served = self.device_metrics[i].slot.get(
+            self.cache,
+            self.backend,
+            &self.experiment,
+            sample,
+            mask,
+        )?;
+        self.compile_time += started.elapsed();
+        self.device_metrics[i].compiled = Some(served.compiled.clone());
+        Ok(served.compiled)
     }
 
     /// Trains for the configured epochs on `train`, validating on `validation` after each
@@ -838,14 +1082,17 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             let started = Instant::now();
             let steps_before = self.step;
             let train_loss = self.train_epoch(train, epoch as u64)?;
+            let mut metrics = Vec::new();
             let (val_loss, val_accuracy) = match validation {
                 Some(v) => {
                     let r = self.validate(v)?;
+                    metrics = r.metrics.clone();
                     let rows = r.rows.max(1) as f64;
-                    let has_accuracy = self
-                        .programs
-                        .as_ref()
-                        .is_some_and(|p| p.eval.as_ref().is_some_and(|e| e.outputs.len() > 1));
+                    let has_accuracy = self.programs.as_ref().is_some_and(|p| {
+                        p.eval
+                            .as_ref()
+                            .is_some_and(|e| e.outputs.get(1).is_some_and(|t| t.dims.is_empty()))
+                    });
                     (
                         Some(r.loss_sum / rows),
                         has_accuracy.then_some(r.correct / rows),
@@ -864,6 +1111,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 train_loss,
                 val_loss,
                 val_accuracy,
+                metrics,
                 steps: self.step - steps_before,
                 step_us_median: times.get(times.len() / 2).copied().unwrap_or(0.0),
                 seconds: started.elapsed().as_secs_f64(),
