@@ -8,18 +8,24 @@
 //!
 //! | program | inputs | outputs | key |
 //! | --- | --- | --- | --- |
-//! | `grad` | every Device leaf, the batch, a row mask | mean loss over real rows, gradient of each trainable leaf | the experiment's GraphConsts, the signature |
+//! | `grad` | the trainable leaves (packed), the other Device leaves, the batch, a row mask | mean loss over real rows, packed gradient | the experiment's GraphConsts, the signature |
+//! | `grad_accumulate` (instead of `grad` when [`Config::accum`] > 1) | as `grad`, plus the running gradient sum and a scale | mean loss, the new sum | as `grad` |
 //! | `update` | trainable leaves and optimizer state (donated), gradients, learning rate, step | new leaves, new state | the optimizer's type and constants, the leaf types |
-//! | `eval` | every Device leaf, the batch, a row mask | summed loss and correct count over real rows | as `grad` |
+//! | `eval` | as `grad` | summed loss and correct count over real rows, [`Model::predict`] | as `grad` |
+//! | one per [`DeviceMetric`] | as `grad`, plus the running sum | the new sum | as `grad`, and the metric |
+//!
+//! The trainable leaves are packed into one flat array per dtype: a step passes one buffer
+//! where it would pass one per leaf, and the optimizer runs as one loop over all parameters.
 //!
 //! A ragged final batch is padded to the batch size and masked, so it needs no program of its
 //! own: the gradient of a padded step equals that of the real rows alone. The learning rate and
 //! the step number are traced inputs: schedules never recompile.
 //!
 //! On XLA the trainable leaves and the optimizer state live as device buffers between steps;
-//! a step uploads the batch, the mask and two scalars, and the update program reuses the
-//! memory of the state it replaces (donation). The host sees parameters only when asked
-//! ([`Nitro::sync`], [`Nitro::experiment`]).
+//! a step uploads the batch and enqueues its two programs without waiting for them, and the
+//! update program reuses the memory of the state it replaces (donation). The host sees
+//! parameters only when asked ([`Nitro::sync`], [`Nitro::experiment`]); [`Nitro::wait`] waits
+//! for the steps taken so far.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
