@@ -23,7 +23,7 @@ use std::time::Instant;
 use nitro::cache::{RedisStore, RemoteConfig, Store};
 use nitro::optim::Adam;
 use nitro::train::{Config, Nitro};
-use nitro_examples::{data, glorot, Activation, Arch, DigitsMlp};
+use nitro_examples::{data, DigitsMlp};
 
 /// The role of a measuring child process.
 const CHILD: &str = "NITRO_REMOTE_WARM_CHILD";
@@ -33,16 +33,7 @@ fn child() -> Result<(), Box<dyn std::error::Error>> {
     let started = Instant::now();
     let data = data::Digits::load(data::DIGITS_PATH)?;
     let split = data.split(0.8, 1)?;
-    let arch = Arch {
-        widths: vec![64, 128, 10],
-        activation: Activation::Tanh,
-    };
-    let exp = DigitsMlp {
-        layers: glorot(&arch.widths, 1),
-        arch,
-        lr: nitro::Array::scalar(0.0f32),
-        data,
-    };
+    let exp = DigitsMlp::tanh(128, data);
     let config = Config::new().batch(32).lr(3e-3).epochs(1).progress(false);
     let mut run = Nitro::new(exp, Adam::default(), config)?;
     run.fit(&split.train, Some(&split.validation))?;

@@ -44,15 +44,21 @@ fn server_or_skip(test: &str) -> Option<String> {
     match std::env::var("NITRO_TEST_REDIS") {
         Ok(url) if !url.trim().is_empty() => Some(url.trim().to_owned()),
         _ => {
-            let required = std::env::var("NITRO_REQUIRE_REDIS").is_ok_and(|v| v.trim() == "1");
-            assert!(
-                !required,
-                "{test}: NITRO_REQUIRE_REDIS=1 but NITRO_TEST_REDIS is not set"
+            common::skip_unless_required(
+                test,
+                "NITRO_REQUIRE_REDIS",
+                "there is no server",
+                &"NITRO_TEST_REDIS is not set (no redis-server to test on)",
             );
-            println!("skip: {test}: NITRO_TEST_REDIS is not set (no redis-server to test on)");
             None
         }
     }
+}
+
+/// The shared server's URL and a fresh namespace tagged `tag` for `test`, or `None` after a
+/// `skip:` line.
+fn shared_or_skip(test: &str, tag: &str) -> Option<(String, String)> {
+    server_or_skip(test).map(|url| (url, namespace(tag)))
 }
 
 /// A namespace no other test (or earlier run) uses.
@@ -379,10 +385,10 @@ fn env_child() {
 
 #[test]
 fn a_remote_hit_is_copied_into_the_local_store() {
-    let Some(url) = server_or_skip("a_remote_hit_is_copied_into_the_local_store") else {
+    let Some((url, ns)) = shared_or_skip("a_remote_hit_is_copied_into_the_local_store", "layering")
+    else {
         return;
     };
-    let ns = namespace("layering");
     let interp = backend::interpreter();
 
     // Machine A compiles everything: written to its local store and uploaded.
@@ -442,10 +448,10 @@ fn a_remote_hit_is_copied_into_the_local_store() {
 
 #[test]
 fn four_processes_compile_each_program_once() {
-    let Some(url) = server_or_skip("four_processes_compile_each_program_once") else {
+    let Some((url, ns)) = shared_or_skip("four_processes_compile_each_program_once", "fleet")
+    else {
         return;
     };
-    let ns = namespace("fleet");
     let work = TempDir::new("fleet");
     fs::create_dir_all(work.path()).unwrap();
     let go = work.path().join("go");
@@ -539,10 +545,9 @@ fn fleet_child() {
 
 #[test]
 fn a_killed_compiler_lets_its_lease_expire() {
-    let Some(url) = server_or_skip("a_killed_compiler_lets_its_lease_expire") else {
+    let Some((url, ns)) = shared_or_skip("a_killed_compiler_lets_its_lease_expire", "kill") else {
         return;
     };
-    let ns = namespace("kill");
     let work = TempDir::new("kill");
     fs::create_dir_all(work.path()).unwrap();
     let marker = work.path().join("compiling");
@@ -675,11 +680,12 @@ fn an_unreachable_server_never_fails_a_run() {
 
 #[test]
 fn a_corrupt_remote_entry_is_rejected_rebuilt_and_reuploaded() {
-    let Some(url) = server_or_skip("a_corrupt_remote_entry_is_rejected_rebuilt_and_reuploaded")
-    else {
+    let Some((url, ns)) = shared_or_skip(
+        "a_corrupt_remote_entry_is_rejected_rebuilt_and_reuploaded",
+        "corrupt",
+    ) else {
         return;
     };
-    let ns = namespace("corrupt");
     let interp = backend::interpreter();
     let dir = TempDir::new("corrupt-a");
     let (a, _) = machine(config(&url, &ns), &dir);
@@ -731,12 +737,12 @@ fn a_corrupt_remote_entry_is_rejected_rebuilt_and_reuploaded() {
 
 #[test]
 fn an_entry_signed_with_another_key_is_rejected_rebuilt_and_reuploaded() {
-    let Some(url) =
-        server_or_skip("an_entry_signed_with_another_key_is_rejected_rebuilt_and_reuploaded")
-    else {
+    let Some((url, ns)) = shared_or_skip(
+        "an_entry_signed_with_another_key_is_rejected_rebuilt_and_reuploaded",
+        "foreign-key",
+    ) else {
         return;
     };
-    let ns = namespace("foreign-key");
     let interp = backend::interpreter();
     // Another fleet (another key) writes to the same namespace.
     let dir = TempDir::new("foreign-a");
@@ -829,10 +835,9 @@ fn an_entry_evicted_by_the_server_is_rebuilt_and_reuploaded() {
 
 #[test]
 fn read_only_mode_never_writes() {
-    let Some(url) = server_or_skip("read_only_mode_never_writes") else {
+    let Some((url, ns)) = shared_or_skip("read_only_mode_never_writes", "ro") else {
         return;
     };
-    let ns = namespace("ro");
     let interp = backend::interpreter();
     let dir = TempDir::new("ro-writer");
     let (writer, _) = machine(config(&url, &ns), &dir);
@@ -872,10 +877,10 @@ fn read_only_mode_never_writes() {
 
 #[test]
 fn entries_over_the_size_limit_are_not_shared() {
-    let Some(url) = server_or_skip("entries_over_the_size_limit_are_not_shared") else {
+    let Some((url, ns)) = shared_or_skip("entries_over_the_size_limit_are_not_shared", "size")
+    else {
         return;
     };
-    let ns = namespace("size");
     let interp = backend::interpreter();
     let mut small = config(&url, &ns);
     small.max_entry_bytes = 64;
@@ -906,10 +911,11 @@ fn entries_over_the_size_limit_are_not_shared() {
 
 #[test]
 fn clearing_a_layered_store_leaves_the_server_alone() {
-    let Some(url) = server_or_skip("clearing_a_layered_store_leaves_the_server_alone") else {
+    let Some((url, ns)) =
+        shared_or_skip("clearing_a_layered_store_leaves_the_server_alone", "clear")
+    else {
         return;
     };
-    let ns = namespace("clear");
     let dir = TempDir::new("clear-a");
     let (a, store) = machine(config(&url, &ns), &dir);
     assert!(compiled(&run(&a, backend::interpreter(), 0)));
