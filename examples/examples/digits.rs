@@ -153,6 +153,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "step_us_median": medians.get(medians.len() / 2).copied().unwrap_or(0.0),
         "first_step_ms": run.first_step_time().map_or(0.0, |d| d.as_secs_f64() * 1e3),
         "compile_ms_total": stats.compile_ms,
+        // The shared cache's exchanges (NITRO_CACHE_REMOTE); null without one.
+        "remote": stats.remote,
     });
     println!("{json}");
     Ok(())
