@@ -794,14 +794,12 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let (Some(programs), Some(full)) = (&self.programs, &self.full_mask) else {
             return Err(no_output());
         };
-        let mut args: Vec<In<'_>> = self
-            .trainable
-            .iter()
-            .chain(&self.frozen)
-            .map(In::Keep)
-            .collect();
-        args.extend(leaves(batch).into_iter().map(In::Array));
-        args.push(In::Keep(ragged.as_ref().unwrap_or(full)));
+        let mut args = batch_args(
+            &self.trainable,
+            &self.frozen,
+            batch,
+            In::Keep(ragged.as_ref().unwrap_or(full)),
+        );
         let mut scale = None;
         if accumulating {
             if self.window.zeros.is_none() {
@@ -931,14 +929,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     ) -> Result<(EvalResult, Array)> {
         let eval = self.prepare_eval(batch)?;
         let mask = mask_of(self.config.batch, real)?;
-        let mut args: Vec<In<'_>> = self
-            .trainable
-            .iter()
-            .chain(&self.frozen)
-            .map(In::Keep)
-            .collect();
-        args.extend(leaves(batch).into_iter().map(In::Array));
-        args.push(In::Array(&mask));
+        let args = batch_args(&self.trainable, &self.frozen, batch, In::Array(&mask));
         let (out, _) = exec(&eval, args)?;
         // Outputs: the loss sum, then the correct count (a scalar) when the model has
         // `correct`, then the predictions (`[batch, ...]`) when it predicts.
@@ -1021,14 +1012,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             let (r, mask) = self.run_eval(&batch, real, want_predictions)?;
             for (i, sum) in sums.iter_mut().enumerate() {
                 let compiled = self.metric_program(i, &batch, &mask)?;
-                let mut args: Vec<In<'_>> = self
-                    .trainable
-                    .iter()
-                    .chain(&self.frozen)
-                    .map(In::Keep)
-                    .collect();
-                args.extend(leaves(&batch).into_iter().map(In::Array));
-                args.push(In::Array(&mask));
+                let mut args = batch_args(&self.trainable, &self.frozen, &batch, In::Array(&mask));
                 args.push(In::Give(sum.take().ok_or_else(no_output)?));
                 let (out, _) = exec(&compiled, args)?;
                 *sum = out.into_iter().next();
@@ -1425,6 +1409,20 @@ fn batch_rows<B: Tree>(batch: &B) -> Result<usize> {
         value: "no leaves".into(),
         expected: "a batch with at least one array".into(),
     })
+}
+
+/// The arguments of a per-batch program: the packed trainable leaves, the other Device leaves,
+/// the batch's leaves and its mask (the caller appends what else the program takes).
+fn batch_args<'a, B: Tree>(
+    trainable: &'a [Value],
+    frozen: &'a [Value],
+    batch: &'a B,
+    mask: In<'a>,
+) -> Vec<In<'a>> {
+    let mut args: Vec<In<'a>> = trainable.iter().chain(frozen).map(In::Keep).collect();
+    args.extend(leaves(batch).into_iter().map(In::Array));
+    args.push(mask);
+    args
 }
 
 /// The leaves of a batch, in walk order (the order of the programs' inputs).
