@@ -9,9 +9,13 @@
 //! - `identity`: the backend identity, mostly the plugin file's blake3 digest;
 //! - `init`: the sum: what `nitro::backend::current()` costs a fresh process;
 //! - `compile`, `execute_1`, `execute_2`, `execute_3`: a small element-wise program compiled
-//!   and run three times on host arrays.
+//!   and run three times on host arrays;
+//! - `threads_before_execute`, `threads_after_executes`: the process's thread count (Linux),
+//!   which shows whether the first execute starts threads.
 //!
-//! Run it several times: the first run of a machine fills the start-up memo
+//! `--serialized FILE` loads the program from FILE when it exists (`compile` is then the
+//! deserialize, as in a warm start from the persistent cache) and writes it there otherwise.
+//! `--init-only` stops after init (for profiling it). Run it several times: the first run of a machine fills the start-up memo
 //! (`<cache dir>/backend.json`), the later ones show a warm process.
 //!
 //! `cargo run --release -p nitro-examples --example startup` (from the workspace root).
@@ -21,8 +25,19 @@ use std::time::Instant;
 use nitro::backend::{self, pjrt};
 use nitro::{Array, DType, LeafType};
 
+const MLIR: &str = "func.func public @main(%a: tensor<256x256xf32>, %b: tensor<256x256xf32>) -> tensor<256x256xf32> {
+  %0 = stablehlo.multiply %a, %b : tensor<256x256xf32>
+  %1 = stablehlo.tanh %0 : tensor<256x256xf32>
+  return %1 : tensor<256x256xf32>
+}";
+
 fn ms(t: Instant) -> f64 {
     (t.elapsed().as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// This process's thread count (Linux; 0 elsewhere).
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").map_or(0, |d| d.count())
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -41,28 +56,51 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let xla = backend::xla()?;
     let identity = ms(t);
     let init = discover + load + client_ms + identity;
+    if std::env::args().any(|a| a == "--init-only") {
+        println!(
+            "{}",
+            serde_json::json!({
+                "discover": discover,
+                "load": load,
+                "client": client_ms,
+                "identity": identity,
+                "init": (init * 1e3).round() / 1e3,
+            })
+        );
+        return Ok(());
+    }
 
     let ty = LeafType {
         dtype: DType::F32,
         dims: vec![256, 256],
     };
+    // `--serialized FILE`: load the program from FILE when it exists (as a warm start from the
+    // persistent cache does), else compile it and write FILE.
+    let serialized = std::env::args()
+        .skip_while(|a| a != "--serialized")
+        .nth(1)
+        .map(std::path::PathBuf::from);
     let t = Instant::now();
-    let exe = client.compile(
-        "func.func public @main(%a: tensor<256x256xf32>, %b: tensor<256x256xf32>) -> tensor<256x256xf32> {
-           %0 = stablehlo.multiply %a, %b : tensor<256x256xf32>
-           %1 = stablehlo.tanh %0 : tensor<256x256xf32>
-           return %1 : tensor<256x256xf32>
-         }",
-        &[ty.clone(), ty.clone()],
-        &[ty],
-    )?;
+    let (exe, loaded) = match serialized.as_deref().filter(|p| p.exists()) {
+        Some(path) => (client.deserialize(&std::fs::read(path)?)?, true),
+        None => {
+            let exe = client.compile(MLIR, &[ty.clone(), ty.clone()], &[ty])?;
+            if let Some(path) = &serialized {
+                std::fs::write(path, exe.serialize()?)?;
+            }
+            (exe, false)
+        }
+    };
     let compile = ms(t);
+    let threads_before_execute = threads();
     let a = Array::full(&[256, 256], 0.5f32);
     let mut runs = Vec::new();
+    let mut thread_counts = Vec::new();
     for _ in 0..3 {
         let t = Instant::now();
         exe.execute_host(&[&a, &a])?;
         runs.push(ms(t));
+        thread_counts.push(threads());
     }
     let _ = (plugin, xla);
     println!(
@@ -74,9 +112,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "identity": identity,
             "init": (init * 1e3).round() / 1e3,
             "compile": compile,
+            "loaded": loaded,
             "execute_1": runs[0],
             "execute_2": runs[1],
             "execute_3": runs[2],
+            "threads_before_execute": threads_before_execute,
+            "threads_after_executes": thread_counts,
         })
     );
     Ok(())
