@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use nitro::cache::{DirStore, EntrySummary, Explanation, Store};
 use serde_json::{json, Value};
 
-use crate::text::{ago, bytes, compile_ms, render_value};
+use crate::text::{ago, bytes, compile_ms, render_lines};
 use crate::{CacheArgs, CacheCommand, Failure, Report};
 
 /// The environment variable holding the signing key (64 hex digits), as the library reads it.
@@ -207,7 +207,10 @@ fn explanation_text(out: &mut String, x: &Explanation, now: u64) {
             );
             let width = fields.keys().map(String::len).max().unwrap_or(0);
             for (name, value) in fields {
-                let _ = writeln!(out, "    {name:<width$}  {}", render_value(value));
+                for (i, line) in render_lines(value).iter().enumerate() {
+                    let label = if i == 0 { name.as_str() } else { "" };
+                    let _ = writeln!(out, "    {label:<width$}  {line}");
+                }
             }
         }
         Some(other) => {

@@ -60,7 +60,7 @@ enum CacheCommand {
     /// Show what a stored program's key is made of.
     Explain {
         /// A key (64 hex digits, or a prefix of at least 4 as `ls` prints), or a program
-        /// identity (exact, or its last `::` parts, like `Mlp::train_step`).
+        /// identity (exact, or its last `::` parts, like `DigitsMlp::nitro.grad`).
         query: String,
     },
     /// Remove least-recently-used entries until the cache holds at most --max-size.

@@ -70,17 +70,59 @@ pub(crate) fn ago(now: u64, then: u64) -> String {
     }
 }
 
-/// A JSON value on one line: a string as is; a list of `[name, value]` pairs as
-/// `name = value; …`; anything else as compact JSON.
-pub(crate) fn render_value(v: &Value) -> String {
+/// A JSON value as lines: a string as is; a list of `[name, value]` pairs one `name = value`
+/// per line; a signature (`{"entries": [{"path", "kind"}, …]}`) one `path: f32[2,3]` per line;
+/// anything else as compact JSON.
+pub(crate) fn render_lines(v: &Value) -> Vec<String> {
+    match v {
+        Value::String(s) => vec![s.clone()],
+        Value::Array(items) if items.is_empty() => vec!["(none)".to_owned()],
+        Value::Array(items) if items.iter().all(is_pair) => items
+            .iter()
+            .map(|p| format!("{} = {}", scalar(&p[0]), scalar(&p[1])))
+            .collect(),
+        Value::Object(o) => match o.get("entries").and_then(Value::as_array) {
+            Some(entries) if o.len() == 1 && entries.iter().all(|e| e.get("path").is_some()) => {
+                entries
+                    .iter()
+                    .map(|e| {
+                        let path = e["path"].as_str().unwrap_or("?");
+                        format!(
+                            "{}: {}",
+                            if path.is_empty() { "(root)" } else { path },
+                            kind(&e["kind"])
+                        )
+                    })
+                    .collect()
+            }
+            _ => vec![v.to_string()],
+        },
+        other => vec![other.to_string()],
+    }
+}
+
+/// A signature entry's kind: `f32[64,128]` for a leaf, `seq 2`, or compact JSON.
+fn kind(k: &Value) -> String {
+    if let Some(leaf) = k.get("leaf") {
+        let dims: Vec<String> = leaf["dims"]
+            .as_array()
+            .map(|d| d.iter().map(Value::to_string).collect())
+            .unwrap_or_default();
+        return format!("{}[{}]", scalar(&leaf["dtype"]), dims.join(","));
+    }
+    match k
+        .as_object()
+        .and_then(|o| o.iter().next().filter(|_| o.len() == 1))
+    {
+        Some((name, value)) => format!("{name} {}", scalar(value)),
+        None => scalar(k),
+    }
+}
+
+/// A string without quotes; anything else as compact JSON.
+fn scalar(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
-        Value::Array(items) if !items.is_empty() && items.iter().all(is_pair) => items
-            .iter()
-            .map(|p| format!("{} = {}", render_value(&p[0]), render_value(&p[1])))
-            .collect::<Vec<_>>()
-            .join("; "),
-        Value::Array(items) if items.is_empty() => "(none)".to_owned(),
         other => other.to_string(),
     }
 }
@@ -113,7 +155,20 @@ mod tests {
     #[test]
     fn pairs_print_as_assignments() {
         let v = serde_json::json!([["k", "abc"], ["w", "def"]]);
-        assert_eq!(render_value(&v), "k = abc; w = def");
-        assert_eq!(render_value(&serde_json::json!([])), "(none)");
+        assert_eq!(render_lines(&v), ["k = abc", "w = def"]);
+        assert_eq!(render_lines(&serde_json::json!([])), ["(none)"]);
+    }
+
+    #[test]
+    fn signatures_print_one_leaf_per_line() {
+        let v = serde_json::json!({"entries": [
+            {"kind": {"seq": 2}, "path": "layers"},
+            {"kind": {"leaf": {"dims": [64, 128], "dtype": "f32"}}, "path": "layers[0].w"},
+            {"kind": {"leaf": {"dims": [], "dtype": "f32"}}, "path": "lr"},
+        ]});
+        assert_eq!(
+            render_lines(&v),
+            ["layers: seq 2", "layers[0].w: f32[64,128]", "lr: f32[]"]
+        );
     }
 }
