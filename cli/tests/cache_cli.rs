@@ -2,71 +2,24 @@
 //! library (on the interpreter backend, which stores entries like XLA does, instantly).
 #![allow(missing_docs)]
 
+#[path = "../../runtime/tests/common/mod.rs"]
+mod common;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use common::probe::{OTHER, STEP};
+use common::TempDir;
 use nitro::backend;
 use nitro::cache::{Cache, DirStore};
 use nitro::prelude::*;
-use nitro::program::Program;
 use serde_json::Value;
-
-#[experiment]
-pub struct Probe {
-    #[graph_const]
-    pub k: u32,
-    #[device]
-    pub w: Array,
-}
-
-fn step(v: &ProbeView<'_>, x: &Tensor) -> Tensor {
-    (*x * v.w).tanh() * f64::from(*v.k)
-}
-
-fn other_step(v: &ProbeView<'_>, x: &Tensor) -> Tensor {
-    *x + v.w
-}
-
-const STEP: Program<Probe, Tensor> = Probe::program("step", step);
-const OTHER: Program<Probe, Tensor> = Probe::program("other", other_step);
 
 const KEY_A: &str = "0101010101010101010101010101010101010101010101010101010101010101";
 const KEY_B: &str = "0202020202020202020202020202020202020202020202020202020202020202";
-
-/// A scratch directory, removed on drop (after giving its owner write permission back).
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> TempDir {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "nitro-cli-test-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = fs::remove_dir_all(&path);
-        TempDir(path)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let _ = fs::set_permissions(&self.0, fs::Permissions::from_mode(0o700));
-        }
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
 
 fn hex_key(hex: &str) -> [u8; 32] {
     *hex.parse::<Digest>().unwrap().as_bytes()
@@ -76,17 +29,16 @@ fn hex_key(hex: &str) -> [u8; 32] {
 /// entries' last use is set one minute apart in that order (STEP k=3 oldest), so least recently
 /// used is known.
 fn fill(dir: &Path, signing: Option<&str>) {
-    let store = DirStore::open(dir, 1 << 30, signing.map(hex_key)).unwrap();
-    let cache = Cache::new(8, Some(Arc::new(store)));
-    let x = Array::full(&[4], 2.0f32);
+    let store = Arc::new(DirStore::open(dir, 1 << 30, signing.map(hex_key)).unwrap());
+    let cache = Cache::new(8, Some(store.clone()));
+    let (mut e, x) = common::probe::probe();
     let base = SystemTime::now() - Duration::from_secs(3600);
-    let runs: [(&Program<Probe, Tensor>, u32); 3] = [(&STEP, 3), (&STEP, 4), (&OTHER, 3)];
-    for (i, (program, k)) in runs.into_iter().enumerate() {
+    for (i, (program, k)) in [(&STEP, 3), (&STEP, 4), (&OTHER, 3)]
+        .into_iter()
+        .enumerate()
+    {
         let before = entry_files(dir);
-        let e = Probe {
-            k,
-            w: Array::full(&[4], 0.5f32),
-        };
+        e.k = k;
         cache.get(backend::interpreter(), program, &e, &x).unwrap();
         let new: Vec<PathBuf> = entry_files(dir)
             .into_iter()
@@ -102,12 +54,13 @@ fn fill(dir: &Path, signing: Option<&str>) {
     }
 }
 
+/// The entry files, in key order, as the library lists them.
 fn entry_files(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = fs::read_dir(dir)
+    let mut v: Vec<PathBuf> = DirStore::open_existing(dir, None)
         .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "entry"))
+        .list()
+        .into_iter()
+        .map(|e| dir.join(format!("{}.entry", e.key)))
         .collect();
     v.sort();
     v
@@ -441,5 +394,6 @@ fn an_untrusted_directory_is_refused() {
     let run = nitro(&in_dir(&["clear", "--json"], tmp.path()), &[]);
     assert_eq!(run.code, 2);
     assert_eq!(run.json()["error"]["kind"], "untrusted_directory");
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o700)).unwrap();
     assert_eq!(entry_files(tmp.path()).len(), 3, "nothing removed");
 }

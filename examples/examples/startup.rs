@@ -70,17 +70,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let xla = backend::xla()?;
     let identity = ms(t);
     let init = discover + load + client_ms + identity;
+    let mut report = serde_json::json!({
+        "discover": discover,
+        "load": load,
+        "client": client_ms,
+        "identity": identity,
+        "init": (init * 1e3).round() / 1e3,
+    });
     if std::env::args().any(|a| a == "--init-only") {
-        println!(
-            "{}",
-            serde_json::json!({
-                "discover": discover,
-                "load": load,
-                "client": client_ms,
-                "identity": identity,
-                "init": (init * 1e3).round() / 1e3,
-            })
-        );
+        println!("{report}");
         return Ok(());
     }
 
@@ -120,23 +118,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         thread_counts.push(threads());
     }
     let _ = (plugin, xla);
-    println!(
-        "{}",
-        serde_json::json!({
-            "discover": discover,
-            "load": load,
-            "client": client_ms,
-            "identity": identity,
-            "init": (init * 1e3).round() / 1e3,
-            "compile": compile,
-            "loaded": loaded,
-            "execute_1": runs[0],
-            "execute_2": runs[1],
-            "execute_3": runs[2],
-            "threads_before_execute": threads_before_execute,
-            "threads_after_executes": thread_counts,
-            "page_faults_per_execute": faults,
-        })
-    );
+    let more = serde_json::json!({
+        "compile": compile,
+        "loaded": loaded,
+        "execute_1": runs[0],
+        "execute_2": runs[1],
+        "execute_3": runs[2],
+        "threads_before_execute": threads_before_execute,
+        "threads_after_executes": thread_counts,
+        "page_faults_per_execute": faults,
+    });
+    if let (Some(all), serde_json::Value::Object(more)) = (report.as_object_mut(), more) {
+        all.extend(more);
+    }
+    println!("{report}");
     Ok(())
 }
