@@ -13,7 +13,9 @@
 //!   and run three times on host arrays;
 //! - `threads_before_execute`, `threads_after_executes`: the process's thread count (Linux),
 //!   which shows whether the first execute starts threads; `page_faults_per_execute`: minor
-//!   page faults during each execute (Linux).
+//!   page faults during each execute (Linux); `second_executable_execute_1` (with
+//!   `--serialized`, when loaded): the first execute of a second executable of the same
+//!   program, loaded after the first one ran — per-executable first-run work shows here.
 //!
 //! `--serialized FILE` loads the program from FILE when it exists (`compile` is then the
 //! deserialize, as in a warm start from the persistent cache) and writes it there otherwise.
@@ -117,6 +119,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         faults.push(minor_faults() - before);
         thread_counts.push(threads());
     }
+    // A second executable of the same program, loaded now: does its first execute pay again
+    // (per-executable work, like lazy linking) or not (per-process warm-up)?
+    let second_first_execute = match serialized.as_deref().filter(|_| loaded) {
+        Some(path) => {
+            let again = client.deserialize(&std::fs::read(path)?)?;
+            let t = Instant::now();
+            again.execute_host(&[&a, &a])?;
+            Some(ms(t))
+        }
+        None => None,
+    };
     let _ = (plugin, xla);
     let more = serde_json::json!({
         "compile": compile,
@@ -127,6 +140,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "threads_before_execute": threads_before_execute,
         "threads_after_executes": thread_counts,
         "page_faults_per_execute": faults,
+        "second_executable_execute_1": second_first_execute,
     });
     if let (Some(all), serde_json::Value::Object(more)) = (report.as_object_mut(), more) {
         all.extend(more);
