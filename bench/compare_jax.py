@@ -9,7 +9,9 @@ Run in a throwaway virtual environment (JAX is never a dependency of nitro):
 Prints one JSON line: median step time of the split step (jit(grad) + jit(adam update) with
 donated parameters and state) and of the fused step (one jit, donated), each with the batch
 already on the device and with the batch coming from host memory every step (as nitro's
-step_bench does), and the first step time (tracing and compiling included).
+step_bench does), each timed per step (dispatch, then wait for the new parameters) and pipelined
+(steps dispatched back to back, one wait at the end: total / steps), and the first step time
+(tracing and compiling included).
 """
 
 import numpy as np
@@ -91,7 +93,14 @@ def run_split(data):
         params, m, v, t = update(params, g, m, v, t)
         jax.block_until_ready(params)
         times.append((time.perf_counter() - s) * 1e6)
-    return statistics.median(times), first_ms, float(loss)
+    # Pipelined: steps dispatched back to back, one wait at the end.
+    s = time.perf_counter()
+    for i in range(STEPS):
+        loss, g = grad(params, *data[(i + 1) % len(data)])
+        params, m, v, t = update(params, g, m, v, t)
+    jax.block_until_ready(params)
+    pipelined = (time.perf_counter() - s) * 1e6 / STEPS
+    return statistics.median(times), first_ms, float(loss), pipelined
 
 
 def run_fused(data):
@@ -109,20 +118,28 @@ def run_fused(data):
         loss, params, m, v, t = fused(params, m, v, t, *data[(i + 1) % len(data)])
         jax.block_until_ready(params)
         times.append((time.perf_counter() - s) * 1e6)
-    return statistics.median(times), first_ms, float(loss)
+    s = time.perf_counter()
+    for i in range(STEPS):
+        loss, params, m, v, t = fused(params, m, v, t, *data[(i + 1) % len(data)])
+    jax.block_until_ready(params)
+    pipelined = (time.perf_counter() - s) * 1e6 / STEPS
+    return statistics.median(times), first_ms, float(loss), pipelined
 
 
 if __name__ == "__main__":
     on_device = batches(True)
-    split_us, split_first, _ = run_split(on_device)
-    fused_us, fused_first, _ = run_fused(on_device)
+    split_us, split_first, _, split_pipe = run_split(on_device)
+    fused_us, fused_first, _, fused_pipe = run_fused(on_device)
     from_host = batches(False)
-    split_host_us, _, _ = run_split(from_host)
-    fused_host_us, _, _ = run_fused(from_host)
+    split_host_us, _, _, split_host_pipe = run_split(from_host)
+    fused_host_us, _, _, fused_host_pipe = run_fused(from_host)
     print(json.dumps({
         "bench": "jax", "jax": jax.__version__, "steps": STEPS,
         "split_step_us_median": round(split_us, 1), "fused_step_us_median": round(fused_us, 1),
         "split_host_batch_step_us_median": round(split_host_us, 1),
         "fused_host_batch_step_us_median": round(fused_host_us, 1),
+        "split_pipelined_step_us": round(split_pipe, 1), "fused_pipelined_step_us": round(fused_pipe, 1),
+        "split_host_batch_pipelined_step_us": round(split_host_pipe, 1),
+        "fused_host_batch_pipelined_step_us": round(fused_host_pipe, 1),
         "split_first_step_ms": round(split_first, 1), "fused_first_step_ms": round(fused_first, 1),
     }))

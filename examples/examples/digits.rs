@@ -7,32 +7,36 @@
 //! state stay on the device between steps. The run ends with one JSON line (`--json` prints
 //! only that) whose fields scripts rely on.
 //!
-//! Validation accuracy after 10 epochs depends on the split: 96.9% with the seed used here;
-//! seeds 2 to 5 gave 96.1%, 97.8%, 97.2% and 96.7% (measured on XLA, learning rate 3e-3).
+//! The learning rate follows a cosine decay from 1e-2 after a short warm-up. Validation accuracy
+//! after 10 epochs depends on the split (359 held-out rows, 0.28% each): 97.5% with the default
+//! seed; seeds 2 to 5 gave 96.9%, 98.3%, 97.8% and 96.4% (measured on XLA).
 //!
 //! `cargo run --release -p nitro-examples --example digits [-- --epochs N --json]` (from the
 //! workspace root).
 
 use nitro::cache;
-use nitro::optim::Adam;
+use nitro::optim::{Adam, Cosine};
 use nitro::train::{Config, Nitro};
 use nitro::Experiment;
 use nitro_examples::{data, glorot, Activation, Arch, DigitsMlp};
 
 const BATCH: usize = 32;
-const LEARNING_RATE: f64 = 3e-3;
+const LEARNING_RATE: f64 = 1e-2;
 const TRAIN_FRACTION: f64 = 0.8;
 const SEED: u64 = 1;
 
-/// The command line: `--epochs N` (default 10), `--json` (print only the JSON line).
+/// The command line: `--epochs N` (default 10), `--seed N` (the split and shuffle seed,
+/// default 1), `--json` (print only the JSON line).
 struct Args {
     epochs: usize,
+    seed: u64,
     json: bool,
 }
 
 fn args() -> Result<Args, String> {
     let mut out = Args {
         epochs: 10,
+        seed: SEED,
         json: false,
     };
     let mut it = std::env::args().skip(1);
@@ -45,9 +49,15 @@ fn args() -> Result<Args, String> {
                     .and_then(|v| v.parse().ok())
                     .ok_or("--epochs takes a number of epochs")?;
             }
+            "--seed" => {
+                out.seed = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .ok_or("--seed takes a number")?;
+            }
             other => {
                 return Err(format!(
-                    "unknown argument `{other}`; try --epochs N or --json"
+                    "unknown argument `{other}`; try --epochs N, --seed N or --json"
                 ))
             }
         }
@@ -81,7 +91,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         widths: vec![64, 128, 10],
         activation: Activation::Tanh,
     };
-    let split = data.split(TRAIN_FRACTION, SEED)?;
+    let split = data.split(TRAIN_FRACTION, args.seed)?;
     say(format!(
         "split    {} train / {} held out, split {}",
         split.train.rows(),
@@ -99,11 +109,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         print!("{}", DigitsMlp::key_manifest());
     }
 
+    // Cosine decay from the peak rate after a short warm-up, over the whole run: the rate is a
+    // traced scalar written each step, so the schedule compiles nothing.
+    let steps = (split.train.rows().div_ceil(BATCH) * args.epochs) as u64;
     let config = Config::new()
         .batch(BATCH)
-        .lr(LEARNING_RATE)
         .epochs(args.epochs)
-        .seed(SEED)
+        .seed(args.seed)
+        .schedule(Cosine {
+            base: LEARNING_RATE,
+            min: LEARNING_RATE / 100.0,
+            warmup: steps / 20,
+            total: steps,
+        })
         .progress(!args.json);
     let mut run = Nitro::new(exp, Adam::default(), config)?;
     let history = run.fit(&split.train, Some(&split.validation))?;
@@ -135,6 +153,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "step_us_median": medians.get(medians.len() / 2).copied().unwrap_or(0.0),
         "first_step_ms": run.first_step_time().map_or(0.0, |d| d.as_secs_f64() * 1e3),
         "compile_ms_total": stats.compile_ms,
+        // The shared cache's exchanges (NITRO_CACHE_REMOTE); null without one.
+        "remote": stats.remote,
     });
     println!("{json}");
     Ok(())

@@ -12,20 +12,7 @@
 use nitro::cache;
 use nitro::optim::Adam;
 use nitro::train::{Config, Nitro};
-use nitro_examples::{data, glorot, Activation, Arch, DigitsMlp};
-
-fn experiment(hidden: usize, data: nitro::data::Dataset) -> DigitsMlp {
-    let arch = Arch {
-        widths: vec![64, hidden, 10],
-        activation: Activation::Tanh,
-    };
-    DigitsMlp {
-        layers: glorot(&arch.widths, 1),
-        arch,
-        lr: nitro::Array::scalar(0.0f32),
-        data,
-    }
-}
+use nitro_examples::{data, DigitsMlp};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let data = data::Digits::load(data::DIGITS_PATH)?;
@@ -37,7 +24,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut run = |what: &str, hidden: usize, lr: f64| -> nitro::Result<(u64, f64)> {
         let before = cache.stats();
         let config = Config::new().batch(32).lr(lr).epochs(2).progress(false);
-        let mut handle = Nitro::new(experiment(hidden, data.clone()), Adam::default(), config)?;
+        let mut handle = Nitro::new(
+            DigitsMlp::tanh(hidden, data.clone()),
+            Adam::default(),
+            config,
+        )?;
         let history = handle.fit(&split.train, Some(&split.validation))?;
         let after = cache.stats();
         let misses = after.misses - before.misses;

@@ -55,6 +55,23 @@ pub struct DigitsMlp {
     pub data: nitro::data::Dataset,
 }
 
+impl DigitsMlp {
+    /// The examples' MLP: 64 → `hidden` tanh → 10, Glorot-initialized with seed 1, on `data`,
+    /// with the learning rate left to the training handle (which owns it).
+    pub fn tanh(hidden: usize, data: nitro::data::Dataset) -> DigitsMlp {
+        let arch = Arch {
+            widths: vec![64, hidden, 10],
+            activation: Activation::Tanh,
+        };
+        DigitsMlp {
+            layers: glorot(&arch.widths, 1),
+            arch,
+            lr: Array::scalar(0.0f32),
+            data,
+        }
+    }
+}
+
 /// Glorot-uniform initialized layers for `widths`, deterministic in `seed`.
 pub fn glorot(widths: &[usize], seed: u64) -> Vec<Dense> {
     let mut rng = SplitMix64(seed);

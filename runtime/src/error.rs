@@ -461,6 +461,29 @@ pub enum Error {
         changes: Vec<crate::tree::SignatureChange>,
     },
 
+    /// A shared compile cache (`NITRO_CACHE_REMOTE`) was asked for without a signing key:
+    /// entries from a server are native code written by other machines, so they must be signed.
+    #[error(
+        "the shared compile cache {url} needs signed entries and no signing key is set: set \
+         NITRO_CACHE_KEY to the fleet's key (64 hex digits, the same on every machine that \
+         shares the cache), or unset NITRO_CACHE_REMOTE"
+    )]
+    RemoteUnsigned {
+        /// The server, as configured (any password hidden).
+        url: String,
+    },
+
+    /// A shared compile cache could not be opened or used as asked (a malformed address, an
+    /// unsupported scheme, a write to a read-only one). A server that is down is not this
+    /// error: the cache warns once and compiles locally.
+    #[error("shared compile cache {url}: {why}")]
+    RemoteCache {
+        /// The server, as configured (any password hidden).
+        url: String,
+        /// What is wrong, and what to do.
+        why: String,
+    },
+
     /// The persistent cache directory cannot be trusted (or is not configured).
     #[error("compile cache directory {} refused: {why}", path.display())]
     CacheUntrusted {

@@ -98,6 +98,147 @@ impl<A: Outputs, B: Outputs, C: Outputs> Outputs for (A, B, C) {
 thread_local! {
     /// The trainable Device leaves of the experiment whose program is being traced.
     static TRAINABLE: std::cell::RefCell<Vec<Tensor>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// How the trainable leaves of the program being traced are packed (empty when they are
+    /// not).
+    static PACKING: std::cell::RefCell<Option<Packing>> = const { std::cell::RefCell::new(None) };
+}
+
+/// How the trainable Device leaves of an experiment are packed into one flat array per dtype
+/// (in order of first appearance in walk order): the layout of a packed program's trainable
+/// inputs (see [`Program::packing_trainable`]). A step then passes one buffer per dtype instead
+/// of one per leaf, and an elementwise optimizer runs as one loop over all parameters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Packing {
+    /// One entry per flat array: its dtype and length.
+    pub(crate) groups: Vec<(crate::tree::DType, usize)>,
+    /// One entry per trainable leaf, in walk order: its group, offset in it, and dims.
+    pub(crate) leaves: Vec<(usize, usize, Vec<usize>)>,
+}
+
+impl Packing {
+    /// The packing of `experiment`'s trainable leaves.
+    pub(crate) fn of<E: Experiment>(experiment: &E) -> Packing {
+        let mut types = Vec::new();
+        experiment.visit_device(&mut |field, _, node| {
+            if let crate::tree::Node::Leaf(a) = node {
+                if field.role == (crate::experiment::Role::Device { trainable: true }) {
+                    types.push(a.leaf_type());
+                }
+            }
+        });
+        Packing::of_types(&types)
+    }
+
+    /// The packing of trainable leaves of `types`, in walk order.
+    pub(crate) fn of_types(types: &[LeafType]) -> Packing {
+        let mut p = Packing {
+            groups: Vec::new(),
+            leaves: Vec::new(),
+        };
+        for t in types {
+            let g = match p.groups.iter().position(|(d, _)| *d == t.dtype) {
+                Some(g) => g,
+                None => {
+                    p.groups.push((t.dtype, 0));
+                    p.groups.len() - 1
+                }
+            };
+            let n: usize = t.dims.iter().product();
+            p.leaves.push((g, p.groups[g].1, t.dims.clone()));
+            p.groups[g].1 += n;
+        }
+        p
+    }
+
+    /// The flat arrays' types.
+    pub(crate) fn group_types(&self) -> Vec<LeafType> {
+        self.groups
+            .iter()
+            .map(|&(dtype, n)| LeafType {
+                dtype,
+                dims: vec![n],
+            })
+            .collect()
+    }
+
+    /// Packs leaves (in walk order, of this packing's types) into the flat arrays.
+    pub(crate) fn pack(&self, leaves: &[Array]) -> Result<Vec<Array>> {
+        if leaves.len() != self.leaves.len() {
+            return Err(crate::Error::InputCount {
+                expected: self.leaves.len(),
+                got: leaves.len(),
+            });
+        }
+        let mut parts: Vec<Vec<&crate::tree::ArrayData>> = vec![Vec::new(); self.groups.len()];
+        for (index, (a, (g, _, dims))) in leaves.iter().zip(&self.leaves).enumerate() {
+            let expected = LeafType {
+                dtype: self.groups[*g].0,
+                dims: dims.clone(),
+            };
+            if a.leaf_type() != expected {
+                return Err(crate::Error::InputType {
+                    index,
+                    name: "trainable leaf".into(),
+                    expected,
+                    got: a.leaf_type(),
+                });
+            }
+            parts[*g].push(a.data());
+        }
+        self.groups
+            .iter()
+            .zip(parts)
+            .map(|(&(dtype, n), parts)| {
+                let data = match parts.first() {
+                    Some(first) => crate::tree::ArrayData::concat(first, &parts),
+                    None => None,
+                };
+                match data {
+                    Some(data) => Array::from_data(&[n], data),
+                    None => Ok(Array::zeros(dtype, &[n])),
+                }
+            })
+            .collect()
+    }
+
+    /// The leaves (in walk order) held by the flat arrays `flat`.
+    pub(crate) fn unpack(&self, flat: &[Array]) -> Result<Vec<Array>> {
+        self.leaves
+            .iter()
+            .map(|(g, offset, dims)| {
+                let n: usize = dims.iter().product();
+                let data = flat
+                    .get(*g)
+                    .and_then(|a| a.data().range(*offset, offset + n))
+                    .ok_or(crate::Error::InputCount {
+                        expected: self.groups.len(),
+                        got: flat.len(),
+                    })?;
+                Array::from_data(dims, data)
+            })
+            .collect()
+    }
+}
+
+/// The trainable leaves' gradients (one per leaf, as [`trainable_leaves`] lists them) in the
+/// layout of the program being traced: concatenated into one flat gradient per dtype when the
+/// program packs its trainable leaves, unchanged otherwise.
+pub(crate) fn pack_like_trainable(grads: Vec<Tensor>) -> Vec<Tensor> {
+    PACKING.with(|p| match &*p.borrow() {
+        None => grads,
+        Some(packing) => (0..packing.groups.len())
+            .map(|g| {
+                let parts: Vec<Tensor> = packing
+                    .leaves
+                    .iter()
+                    .zip(&grads)
+                    .filter(|((lg, _, _), _)| *lg == g)
+                    .map(|((_, _, dims), t)| t.reshape(&[dims.iter().product()]))
+                    .collect();
+                Tensor::concatenate(&parts, 0)
+            })
+            .collect(),
+    })
 }
 
 /// Sets [`TRAINABLE`] for the length of a program's call, and clears it after (also when the
@@ -114,6 +255,7 @@ impl TrainableGuard {
 impl Drop for TrainableGuard {
     fn drop(&mut self) {
         TRAINABLE.with(|t| t.borrow_mut().clear());
+        PACKING.with(|p| *p.borrow_mut() = None);
     }
 }
 
@@ -163,6 +305,7 @@ pub struct Program<E: Experiment, M = (), O: Outputs = Tensor> {
     name: &'static str,
     f: ProgramFn<E, M, O>,
     donates_device: bool,
+    packs_trainable: bool,
 }
 
 impl<E: Experiment, M, O: Outputs> Clone for Program<E, M, O> {
@@ -207,6 +350,7 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
             name,
             f,
             donates_device: false,
+            packs_trainable: false,
         }
     }
 
@@ -223,6 +367,21 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
     /// Whether Device leaves are donated (see [`donating_device`](Program::donating_device)).
     pub const fn donates_device(&self) -> bool {
         self.donates_device
+    }
+
+    /// This program with the trainable Device leaves packed: its first inputs are one flat
+    /// array per dtype holding every trainable leaf ([`Packing`]), then the other Device leaves
+    /// in walk order, then the inputs. The view sees each trainable leaf as a slice of its flat
+    /// array, reshaped. Part of the program's key. For the training handle, which keeps
+    /// parameters packed on the device.
+    pub(crate) const fn packing_trainable(mut self) -> Self {
+        self.packs_trainable = true;
+        self
+    }
+
+    /// The flags that shape the emitted program beyond its function: donation and packing.
+    pub(crate) const fn layout_flags(&self) -> u8 {
+        (self.donates_device as u8) | ((self.packs_trainable as u8) << 1)
     }
 
     /// A program from a `fn` written generically over experiments — what library code (a
@@ -269,6 +428,7 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
             name,
             f: E::erase_program(f),
             donates_device: false,
+            packs_trainable: false,
         }
     }
 
@@ -318,20 +478,47 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
     pub fn trace<I: Tree<Mirror<Tensor> = M>>(&self, experiment: &E, inputs: &I) -> Result<Traced> {
         let mut names = Signature::default();
         let mut device_leaves = 0usize;
+        let packing = self.packs_trainable.then(|| Packing::of(experiment));
         let graph = trace::trace_with(|| {
             let mut trainable = Vec::new();
+            // Packed: the flat arrays come first, and each trainable leaf is a slice of one.
+            let flats: Vec<Tensor> = packing
+                .iter()
+                .flat_map(|p| p.group_types())
+                .enumerate()
+                .map(|(g, ty)| {
+                    let name = format!("trainable[{g}]");
+                    names.entries.push(SignatureEntry {
+                        path: name.clone(),
+                        kind: crate::tree::EntryKind::Leaf(ty.clone()),
+                    });
+                    trace::input(&name, ty)
+                })
+                .collect();
+            let mut packed_leaves = packing.iter().flat_map(|p| p.leaves.iter());
             let view = experiment.view(&mut |field, path, leaf| {
+                let is_trainable =
+                    field.role == (crate::experiment::Role::Device { trainable: true });
+                if is_trainable {
+                    if let Some((g, offset, dims)) = packed_leaves.next() {
+                        let n: usize = dims.iter().product();
+                        let t = flats[*g].slice(&[*offset], &[offset + n]).reshape(dims);
+                        trainable.push(t);
+                        return t;
+                    }
+                }
                 names.entries.push(SignatureEntry::from_node(
                     path,
                     crate::tree::Node::Leaf(leaf),
                 ));
                 device_leaves += 1;
                 let t = trace::input(path.as_str(), leaf.leaf_type());
-                if field.role == (crate::experiment::Role::Device { trainable: true }) {
+                if is_trainable {
                     trainable.push(t);
                 }
                 t
             });
+            PACKING.with(|p| *p.borrow_mut() = packing.clone());
             let _trainable = TrainableGuard::set(trainable);
             let traced_inputs = inputs.mirror(&mut LeafPath::root(""), &mut |path, leaf| {
                 let name = input_name(path.as_str());

@@ -157,6 +157,26 @@ impl ArrayData {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Elements `start..end`; `None` when out of range.
+    pub(crate) fn range(&self, start: usize, end: usize) -> Option<ArrayData> {
+        fn sub<T: Element>(v: &[T], start: usize, end: usize) -> Option<ArrayData> {
+            Some(T::wrap(v.get(start..end)?.to_vec()))
+        }
+        each_data!(self, v => sub(v, start, end))
+    }
+
+    /// `parts` one after another; `None` when they are not all of `first`'s dtype.
+    pub(crate) fn concat(first: &ArrayData, parts: &[&ArrayData]) -> Option<ArrayData> {
+        fn join<T: Element>(_: &[T], parts: &[&ArrayData]) -> Option<ArrayData> {
+            let mut v = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
+            for p in parts {
+                v.extend_from_slice(T::unwrap(p)?);
+            }
+            Some(T::wrap(v))
+        }
+        each_data!(first, v => join(v, parts))
+    }
 }
 
 /// An element type an [`Array`] can hold: `f32 f64 i32 i64 u8 bool`.

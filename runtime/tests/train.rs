@@ -14,7 +14,7 @@ use nitro::init::{self, Rng, Seed};
 use nitro::optim::{Adam, Optimizer, Sgd};
 use nitro::prelude::*;
 use nitro::trace::nn;
-use nitro::train::{Config, FromBatch, Model, Nitro};
+use nitro::train::{Config, DeviceMetric, EvalResult, FromBatch, HostMetric, Model, Nitro};
 
 #[derive(ContentHash, Clone, Copy, Debug, PartialEq)]
 pub enum Act {
@@ -56,6 +56,10 @@ impl Model for Mlp {
 
     fn correct(v: &MlpView<'_>, b: &BatchMirror<Tensor>) -> Option<Tensor> {
         Some(nn::correct(logits(v, b.x), b.y))
+    }
+
+    fn predict(v: &MlpView<'_>, b: &BatchMirror<Tensor>) -> Option<Tensor> {
+        Some(logits(v, b.x))
     }
 }
 
@@ -631,4 +635,254 @@ fn a_graph_const_changed_through_the_handle_recompiles_only_what_reads_it() {
     run.step(&b, 32).unwrap();
     assert_eq!(run.experiment().unwrap().scale, Array::full(&[4], 0.5f32));
     assert_eq!(cache.stats().compiles, 3);
+}
+
+/// Four micro-batches of 8 rows (the last holding 3 real rows) accumulate into one optimizer
+/// step equal to one step on all 27 rows at once.
+fn accumulation_matches_one_big_step_on(backend: &'static dyn Backend, tol: f32) {
+    let (x, y) = data(27, 31);
+    let mut accumulated = Nitro::with_backend(
+        mlp(Act::Tanh),
+        Adam::default(),
+        Config::new().batch(8).lr(0.05).accumulate(4),
+        backend,
+        own_cache(),
+    )
+    .unwrap();
+    let mut whole = handle(
+        backend,
+        own_cache(),
+        mlp(Act::Tanh),
+        Adam::default(),
+        32,
+        0.05,
+    );
+    for (i, (start, real)) in [(0, 8), (8, 8), (16, 8), (24, 3)].into_iter().enumerate() {
+        assert_eq!(
+            accumulated.steps(),
+            0,
+            "no update before the window closes ({i})"
+        );
+        accumulated
+            .step_deferred(&batch(&x, &y, start, real, 8), real)
+            .unwrap();
+    }
+    assert_eq!(accumulated.steps(), 1, "one update per window of four");
+    let losses = accumulated.take_losses().unwrap();
+    assert_eq!(losses.len(), 4, "one loss per micro-batch");
+    let whole_loss = whole.step(&batch(&x, &y, 0, 27, 32), 27).unwrap().loss;
+    // The window's mean loss, from the micro-batch means weighted by their real rows.
+    let window_loss =
+        (losses[0] * 8.0 + losses[1] * 8.0 + losses[2] * 8.0 + losses[3] * 3.0) / 27.0;
+    assert!(
+        (window_loss - whole_loss).abs() < 1e-5 * (1.0 + whole_loss.abs()),
+        "{window_loss} vs {whole_loss}"
+    );
+    let (a, w) = (
+        accumulated.into_experiment().unwrap(),
+        whole.into_experiment().unwrap(),
+    );
+    assert_ne!(
+        leaves(&a),
+        leaves(&mlp(Act::Tanh)),
+        "the window moved the parameters"
+    );
+    assert_close(&leaves(&a), &leaves(&w), tol, "accumulated vs one step");
+}
+
+#[test]
+fn accumulation_matches_one_big_step_on_the_interpreter() {
+    accumulation_matches_one_big_step_on(backend::interpreter(), 1e-5);
+}
+
+#[test]
+fn accumulation_matches_one_big_step_on_xla() {
+    if let Some(xla) = xla_or_skip("accumulation_matches_one_big_step_on_xla") {
+        accumulation_matches_one_big_step_on(xla, 1e-5);
+    }
+}
+
+/// With four micro-batches per step, the inventory is still two programs for training and
+/// three with validation, ragged batches and a partial last window included.
+fn inventory_with_accumulation_on(backend: &'static dyn Backend) {
+    let cache = own_cache();
+    let (train, val) = (dataset(90, 41), dataset(40, 42));
+    let mut run = Nitro::with_backend(
+        mlp(Act::Tanh),
+        Adam::default(),
+        Config::new().batch(8).lr(0.05).epochs(2).accumulate(4),
+        backend,
+        cache,
+    )
+    .unwrap();
+    run.train_epoch(&train, 0).unwrap();
+    // 90 rows: 12 micro-batches of 8 (the last ragged), three windows.
+    assert_eq!(run.steps(), 3);
+    let stats = cache.stats();
+    assert_eq!((stats.misses, stats.entries), (2, 2), "{stats}");
+    let history = run.fit(&train, Some(&val)).unwrap();
+    assert!(history.epochs.iter().all(|r| r.steps == 3), "{history}");
+    let stats = cache.stats();
+    assert_eq!((stats.misses, stats.entries), (3, 3), "{stats}");
+    cache.assert_no_recompile_after_warmup().unwrap();
+    // 11 rows: two micro-batches, the last window of the epoch partial (closed by the epoch).
+    let small = dataset(11, 43);
+    let before = run.steps();
+    run.train_epoch(&small, 0).unwrap();
+    assert_eq!(run.steps(), before + 1);
+    assert_eq!(cache.stats().entries, 3);
+}
+
+#[test]
+fn accumulation_adds_no_program_on_the_interpreter() {
+    inventory_with_accumulation_on(backend::interpreter());
+}
+
+#[test]
+fn accumulation_adds_no_program_on_xla() {
+    if let Some(xla) = xla_or_skip("accumulation_adds_no_program_on_xla") {
+        inventory_with_accumulation_on(xla);
+    }
+}
+
+/// Accuracy accumulated on the device by a program of its own.
+struct DeviceAccuracy;
+
+impl DeviceMetric<Mlp> for DeviceAccuracy {
+    const NAME: &'static str = "device_accuracy";
+
+    fn per_example(v: &MlpView<'_>, b: &BatchMirror<Tensor>) -> Tensor {
+        nn::correct(logits(v, b.x), b.y)
+    }
+}
+
+/// Accuracy computed on the host from the predictions of the evaluation program.
+#[derive(Default)]
+struct HostAccuracy {
+    correct: usize,
+    rows: usize,
+}
+
+impl HostMetric<Mlp> for HostAccuracy {
+    fn name(&self) -> &str {
+        "host_accuracy"
+    }
+
+    fn update(&mut self, batch: &Batch, eval: &EvalResult) {
+        let logits = eval
+            .predictions
+            .as_ref()
+            .expect("predictions for a host metric");
+        let logits = logits.as_slice::<f32>().unwrap();
+        let labels = batch.y.as_slice::<i32>().unwrap();
+        for (row, &label) in labels.iter().enumerate().take(eval.rows) {
+            let scores = &logits[row * 3..row * 3 + 3];
+            let best = (0..3)
+                .max_by(|&a, &b| scores[a].total_cmp(&scores[b]))
+                .unwrap();
+            self.correct += usize::from(best as i32 == label);
+        }
+        self.rows += eval.rows;
+    }
+
+    fn finish(&mut self) -> f64 {
+        let v = self.correct as f64 / self.rows.max(1) as f64;
+        *self = HostAccuracy::default();
+        v
+    }
+}
+
+/// The inventory with metrics: a host metric adds no program, a device metric adds one — with
+/// a ragged validation split, with and without accumulation; both metrics agree with the
+/// built-in accuracy.
+fn metrics_inventory_on(backend: &'static dyn Backend, accum: usize) {
+    let (train, val) = (dataset(90, 51), dataset(45, 52));
+    let config = Config::new().batch(8).lr(0.05).epochs(2).accumulate(accum);
+    let cache = own_cache();
+    let mut run = Nitro::with_backend(
+        mlp(Act::Tanh),
+        Adam::default(),
+        config.clone(),
+        backend,
+        cache,
+    )
+    .unwrap();
+    run.add_host_metric(HostAccuracy::default());
+    let history = run.fit(&train, Some(&val)).unwrap();
+    let stats = cache.stats();
+    assert_eq!(
+        (stats.misses, stats.entries),
+        (3, 3),
+        "a host metric adds nothing: {stats}"
+    );
+    for r in &history.epochs {
+        let acc = r.val_accuracy.unwrap();
+        assert_eq!(r.metrics.len(), 1);
+        assert!((r.metrics[0].1 - acc).abs() < 1e-9, "{history}");
+    }
+    assert!(history.to_string().contains("host_accuracy"), "{history}");
+
+    let cache = own_cache();
+    let mut run =
+        Nitro::with_backend(mlp(Act::Tanh), Adam::default(), config, backend, cache).unwrap();
+    run.add_device_metric::<DeviceAccuracy>();
+    run.add_host_metric(HostAccuracy::default());
+    let history = run.fit(&train, Some(&val)).unwrap();
+    let stats = cache.stats();
+    assert_eq!(
+        (stats.misses, stats.entries),
+        (4, 4),
+        "a device metric adds one: {stats}"
+    );
+    cache.assert_no_recompile_after_warmup().unwrap();
+    for r in &history.epochs {
+        let acc = r.val_accuracy.unwrap();
+        let names: Vec<&str> = r.metrics.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["device_accuracy", "host_accuracy"]);
+        for (name, v) in &r.metrics {
+            assert!((v - acc).abs() < 1e-6, "{name}: {v} vs {acc}");
+        }
+    }
+}
+
+#[test]
+fn metrics_inventory_on_the_interpreter() {
+    metrics_inventory_on(backend::interpreter(), 1);
+    metrics_inventory_on(backend::interpreter(), 4);
+}
+
+#[test]
+fn metrics_inventory_on_xla() {
+    if let Some(xla) = xla_or_skip("metrics_inventory_on_xla") {
+        metrics_inventory_on(xla, 1);
+        metrics_inventory_on(xla, 4);
+    }
+}
+
+/// `predict` reuses the evaluation program: no program of its own.
+#[test]
+fn predict_reuses_the_evaluation_program() {
+    let cache = own_cache();
+    let (x, y) = data(16, 61);
+    let mut run = handle(backend::interpreter(), cache, mlp(Act::Tanh), Sgd, 8, 0.1);
+    let b = batch(&x, &y, 0, 8, 8);
+    run.evaluate(&b, 8).unwrap();
+    let entries = cache.stats().entries;
+    let logits = run.predict(&b).unwrap();
+    assert_eq!(logits.dims(), [8, 3]);
+    assert_eq!(cache.stats().entries, entries, "predict adds no program");
+    // The same numbers as a forward pass on the host-side experiment.
+    let e = run.into_experiment().unwrap();
+    let w1 = e.layers[0].w.as_slice::<f32>().unwrap();
+    let first: Vec<f32> = (0..16)
+        .map(|j| (0..4).map(|k| x[k] * w1[k * 16 + j]).sum::<f32>().tanh())
+        .collect();
+    let w2 = e.layers[1].w.as_slice::<f32>().unwrap();
+    let want: Vec<f32> = (0..3)
+        .map(|c| (0..16).map(|j| first[j] * w2[j * 3 + c]).sum::<f32>())
+        .collect();
+    let got = &logits.as_slice::<f32>().unwrap()[..3];
+    for (g, w) in got.iter().zip(&want) {
+        assert!((g - w).abs() < 1e-5, "{got:?} vs {want:?}");
+    }
 }

@@ -33,6 +33,7 @@
 //! ```
 
 mod reason;
+pub mod remote;
 mod stats;
 pub mod store;
 
@@ -42,7 +43,8 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 pub use reason::MissReason;
-pub use stats::CacheStats;
+pub use remote::{LayeredStore, RedisStore, RemoteConfig, RemoteMode};
+pub use stats::{CacheStats, RemoteStats};
 pub use store::{
     DirStore, Entry, EntryMeta, EntrySummary, Explanation, GcReport, Lookup, RejectKind, Rejection,
     Store, Verified,
@@ -407,7 +409,11 @@ impl std::fmt::Debug for Cache {
 /// - `NITRO_CACHE=off` (or `0`, `false`, `no`; any case) disables the persistent level;
 /// - `NITRO_CACHE_DIR` moves it (default: [`default_cache_dir`]);
 /// - `NITRO_CACHE_KEY` (64 hex digits) signs its entries;
-/// - `NITRO_VERIFY_KEYS=1` (or `true`, `yes`, `on`) turns on verify mode.
+/// - `NITRO_VERIFY_KEYS=1` (or `true`, `yes`, `on`) turns on verify mode;
+/// - `NITRO_CACHE_REMOTE` (`redis://host:port/db` or `redis+unix:///path/to/socket`) puts a
+///   shared server behind the local directory ([`LayeredStore`]; it requires `NITRO_CACHE_KEY`),
+///   with `NITRO_CACHE_REMOTE_PREFIX`, `NITRO_CACHE_REMOTE_MODE=ro` and the other settings
+///   [`RemoteConfig::from_env`] lists.
 ///
 /// A setting the user gave that cannot be honoured — a value that is not a switch, a malformed
 /// key, a cache directory that is refused — makes every lookup on this cache fail with
@@ -432,8 +438,9 @@ pub fn global() -> &'static Cache {
 }
 
 /// The persistent store the environment asks for (`None` when `NITRO_CACHE` is off, or when
-/// the default directory cannot be used — said once on stderr). An explicit setting that
-/// cannot be honoured is an error.
+/// the default directory cannot be used — said once on stderr), with a shared server behind it
+/// when `NITRO_CACHE_REMOTE` names one (see [`global`]). An explicit setting that cannot be
+/// honoured is an error.
 pub fn default_store() -> Result<Option<Arc<dyn Store>>> {
     if crate::settings::switch("NITRO_CACHE")? == Some(false) {
         return Ok(None);
@@ -451,13 +458,23 @@ pub fn default_store() -> Result<Option<Arc<dyn Store>>> {
         ),
         _ => None,
     };
-    let open = |dir: std::path::PathBuf| -> Result<Arc<dyn Store>> {
-        Ok(Arc::new(DirStore::open(
-            dir,
-            store::DEFAULT_CAPACITY_BYTES,
-            key,
-        )?))
+    let remote = match RemoteConfig::from_env()? {
+        Some(config) => Some(RedisStore::open(config, key)?),
+        None => None,
     };
+    let local = local_store(key)?;
+    Ok(match (local, remote) {
+        (Some(local), Some(remote)) => Some(Arc::new(LayeredStore::new(local, remote)?)),
+        (None, Some(remote)) => Some(Arc::new(remote)),
+        (Some(local), None) => Some(Arc::new(local)),
+        (None, None) => None,
+    })
+}
+
+/// The local store the environment asks for: `NITRO_CACHE_DIR`, else the default directory
+/// (`None`, said once on stderr, when that cannot be used).
+fn local_store(key: Option<[u8; 32]>) -> Result<Option<DirStore>> {
+    let open = |dir: std::path::PathBuf| DirStore::open(dir, store::DEFAULT_CAPACITY_BYTES, key);
     match std::env::var_os("NITRO_CACHE_DIR").filter(|d| !d.is_empty()) {
         Some(dir) => open(std::path::PathBuf::from(dir)).map(Some),
         None => {
@@ -655,7 +672,7 @@ impl Cache {
         let mut k = ContentHasher::new();
         k.write_str(std::any::type_name::<E>());
         k.write_str(program.name());
-        k.write_u8(u8::from(program.donates_device()));
+        k.write_u8(program.layout_flags());
         k.write_digest(&parts.graph_const);
         k.write_digest(&parts.settings);
         k.write_digest(&signature);
@@ -1074,9 +1091,11 @@ impl Cache {
             .unwrap_or(MissReason::Empty)
     }
 
-    /// The statistics.
+    /// The statistics (with the store's exchanges with a shared server, when it has one).
     pub fn stats(&self) -> CacheStats {
-        self.lock_state().stats.clone()
+        let mut stats = self.lock_state().stats.clone();
+        stats.remote = self.store.as_ref().and_then(|s| s.remote_stats());
+        stats
     }
 
     /// The most recent misses (up to 64), oldest first.

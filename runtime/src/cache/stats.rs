@@ -34,6 +34,52 @@ pub struct CacheStats {
     pub compile_ms: f64,
     /// Estimated compile time saved by hits and loads, in milliseconds.
     pub saved_ms: f64,
+    /// What the store exchanged with a shared server (`NITRO_CACHE_REMOTE`); `None` without
+    /// one. Counted by the store since it was opened, so caches that share a store share these.
+    #[serde(default)]
+    pub remote: Option<RemoteStats>,
+}
+
+/// What a store exchanged with a shared compile-cache server
+/// ([`RedisStore`](super::RedisStore)), counted since it was opened.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RemoteStats {
+    /// Entries found on the server, verified, and copied into the local store.
+    pub hits: u64,
+    /// Lookups the server could not serve: never stored, or evicted by its memory bound.
+    pub misses: u64,
+    /// Entries found on the server but refused (corrupt, signed with another key, unsigned,
+    /// over the size limit): rebuilt, and re-uploaded unless read-only.
+    pub rejected: u64,
+    /// Entries written to the server.
+    pub uploads: u64,
+    /// Bytes read from the server (entries, whether used or refused).
+    pub bytes_down: u64,
+    /// Bytes written to the server.
+    pub bytes_up: u64,
+    /// Requests that failed (a timeout, a refused connection, a server restart, an error
+    /// reply); each was served locally instead.
+    pub errors: u64,
+    /// Lookups that waited for another process's compile lease.
+    pub lease_waits: u64,
+    /// Compiled entries not uploaded because they are over the entry size limit.
+    pub too_large: u64,
+}
+
+impl fmt::Display for RemoteStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "remote hits {} · misses {} · rejected {} · uploads {} · down {} B · up {} B · errors {}",
+            self.hits,
+            self.misses,
+            self.rejected,
+            self.uploads,
+            self.bytes_down,
+            self.bytes_up,
+            self.errors
+        )
+    }
 }
 
 impl fmt::Display for CacheStats {
@@ -56,6 +102,9 @@ impl fmt::Display for CacheStats {
         }
         if self.evictions > 0 {
             write!(f, " · evictions {}", self.evictions)?;
+        }
+        if let Some(remote) = &self.remote {
+            write!(f, " · {remote}")?;
         }
         Ok(())
     }

@@ -241,10 +241,29 @@ pub struct Explanation {
     pub record: Option<serde_json::Value>,
 }
 
-/// A held cross-process lock on one key; released on drop (or when the process dies).
+/// A held cross-process lock on one key: an OS file lock of a [`DirStore`], a lease on a shared
+/// server ([`RedisStore`](super::RedisStore)), or both. Released on drop; a file lock also
+/// when its holder dies, and a lease expires when its holder stops renewing it.
 #[derive(Debug)]
 pub struct KeyLock {
     _file: Option<File>,
+    _lease: Option<super::remote::Lease>,
+}
+
+impl KeyLock {
+    /// A lock held by `lease` alone.
+    pub(crate) fn from_lease(lease: super::remote::Lease) -> KeyLock {
+        KeyLock {
+            _file: None,
+            _lease: Some(lease),
+        }
+    }
+
+    /// This lock, also holding `lease`.
+    pub(crate) fn with_lease(mut self, lease: super::remote::Lease) -> KeyLock {
+        self._lease = Some(lease);
+        self
+    }
 }
 
 /// A persistent store of compiled programs, addressed by content.
@@ -277,6 +296,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn lock(&self, key: &Digest, wait: Duration) -> Result<Option<KeyLock>>;
     /// Total bytes held.
     fn size_bytes(&self) -> u64;
+    /// What this store exchanged with a shared server, when it has one
+    /// ([`CacheStats::remote`](super::CacheStats::remote)); `None` for a local store.
+    fn remote_stats(&self) -> Option<super::RemoteStats> {
+        None
+    }
 }
 
 /// A [`Store`] in a local directory.
@@ -336,120 +360,25 @@ impl DirStore {
         &self.dir
     }
 
+    /// The key entries are signed with, if any.
+    pub(crate) fn signing_key(&self) -> Option<&[u8; 32]> {
+        self.signing_key.as_ref()
+    }
+
     fn entry_path(&self, key: &Digest) -> PathBuf {
         self.dir.join(format!("{key}.{ENTRY_EXT}"))
     }
 
-    fn checksum(&self, bytes: &[u8]) -> [u8; 32] {
-        match &self.signing_key {
-            Some(k) => *blake3::keyed_hash(k, bytes).as_bytes(),
-            None => *blake3::hash(bytes).as_bytes(),
-        }
-    }
-
     fn encode(&self, entry: &Entry) -> Result<Vec<u8>> {
-        let meta = serde_json::to_vec(&entry.meta).map_err(|e| Error::CacheCorrupt {
+        encode_entry(self.signing_key.as_ref(), entry).map_err(|why| Error::CacheCorrupt {
             path: self.entry_path(&entry.meta.key),
-            why: format!("cannot encode metadata: {e}"),
-        })?;
-        let mut out =
-            Vec::with_capacity(MAGIC.len() + 1 + 16 + meta.len() + entry.payload.len() + 32);
-        out.extend_from_slice(MAGIC);
-        out.push(u8::from(self.signing_key.is_some()));
-        out.extend_from_slice(&(meta.len() as u64).to_le_bytes());
-        out.extend_from_slice(&meta);
-        out.extend_from_slice(&(entry.payload.len() as u64).to_le_bytes());
-        out.extend_from_slice(&entry.payload);
-        let sum = self.checksum(&out);
-        out.extend_from_slice(&sum);
-        Ok(out)
+            why,
+        })
     }
 
     /// Parses and verifies an entry file; `Err(rejection)` when it must not be loaded.
     fn decode(&self, key: &Digest, bytes: &[u8]) -> std::result::Result<Entry, Rejection> {
-        use RejectKind::{
-            Checksum, Foreign, Malformed, Metadata, Signature, SignedNoKey, Unsigned,
-        };
-        let reject = |kind, detail: &str| Rejection::new(kind, detail);
-        if bytes.len() < MAGIC.len() + 1 + 8 + 8 + 32 || &bytes[..MAGIC.len()] != MAGIC {
-            return Err(reject(Malformed, "not a nitro cache entry, or truncated"));
-        }
-        let (body, sum) = bytes.split_at(bytes.len() - 32);
-        let signed = body[MAGIC.len()] == 1;
-        match (&self.signing_key, signed) {
-            (Some(_), false) => return Err(reject(Unsigned, "unsigned entry in a signed cache")),
-            (None, true) => {
-                // An unsigned entry whose flag byte was damaged is not a signed one: its plain
-                // checksum still matches with the flag cleared.
-                let mut h = blake3::Hasher::new();
-                h.update(&body[..MAGIC.len()]);
-                h.update(&[0]);
-                h.update(&body[MAGIC.len() + 1..]);
-                if h.finalize().as_bytes() == sum {
-                    return Err(reject(Checksum, "damaged signing flag"));
-                }
-                return Err(reject(
-                    SignedNoKey,
-                    "signed entry, no key configured (set NITRO_CACHE_KEY to use it; it is kept)",
-                ));
-            }
-            _ => {}
-        }
-        if self.checksum(body) != sum {
-            return Err(if self.signing_key.is_some() {
-                reject(Signature, "bad signature (another key) or corrupt entry")
-            } else {
-                reject(Checksum, "checksum mismatch (corrupt or truncated entry)")
-            });
-        }
-        let mut at = MAGIC.len() + 1;
-        let read_len = |at: &mut usize| -> std::result::Result<usize, Rejection> {
-            let end = *at + 8;
-            let raw = body
-                .get(*at..end)
-                .ok_or_else(|| reject(Malformed, "truncated lengths"))?;
-            *at = end;
-            let mut b = [0u8; 8];
-            b.copy_from_slice(raw);
-            usize::try_from(u64::from_le_bytes(b))
-                .map_err(|_| reject(Malformed, "length out of range"))
-        };
-        // Lengths come from the file: checked arithmetic, so a crafted length is a rejection,
-        // never an overflow.
-        let meta_len = read_len(&mut at)?;
-        let meta_end = at
-            .checked_add(meta_len)
-            .ok_or_else(|| reject(Malformed, "metadata length out of range"))?;
-        let meta_bytes = body
-            .get(at..meta_end)
-            .ok_or_else(|| reject(Malformed, "truncated metadata"))?;
-        at = meta_end;
-        let meta: EntryMeta = serde_json::from_slice(meta_bytes)
-            .map_err(|e| reject(Metadata, &format!("unreadable metadata: {e}")))?;
-        let payload_len = read_len(&mut at)?;
-        let payload_end = at
-            .checked_add(payload_len)
-            .ok_or_else(|| reject(Malformed, "payload length out of range"))?;
-        let payload = body
-            .get(at..payload_end)
-            .ok_or_else(|| reject(Malformed, "truncated payload"))?;
-        if payload_end != body.len() {
-            return Err(reject(Malformed, "trailing bytes"));
-        }
-        if meta.key != *key {
-            return Err(reject(
-                Foreign,
-                &format!(
-                    "foreign entry: stored under key {} but found at {}",
-                    meta.key.short(),
-                    key.short()
-                ),
-            ));
-        }
-        Ok(Entry {
-            meta,
-            payload: payload.to_vec(),
-        })
+        decode_entry(self.signing_key.as_ref(), key, bytes)
     }
 
     fn entries(&self) -> Vec<(PathBuf, u64, SystemTime)> {
@@ -769,6 +698,124 @@ fn read_all(file: &mut File, len: u64) -> std::io::Result<Vec<u8>> {
         .map_err(|_| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
     file.take(len).read_to_end(&mut bytes)?;
     Ok(bytes)
+}
+
+/// The checksum of `bytes`: blake3, keyed with `signing_key` when there is one.
+fn checksum(signing_key: Option<&[u8; 32]>, bytes: &[u8]) -> [u8; 32] {
+    match signing_key {
+        Some(k) => *blake3::keyed_hash(k, bytes).as_bytes(),
+        None => *blake3::hash(bytes).as_bytes(),
+    }
+}
+
+/// The bytes of `entry` as every store keeps them (on disk, or on a shared server): magic, a
+/// signed flag, metadata, payload, and a checksum (signed with `signing_key` when given) over
+/// all of it. `Err` says why the metadata could not be encoded.
+pub(crate) fn encode_entry(
+    signing_key: Option<&[u8; 32]>,
+    entry: &Entry,
+) -> std::result::Result<Vec<u8>, String> {
+    let meta =
+        serde_json::to_vec(&entry.meta).map_err(|e| format!("cannot encode metadata: {e}"))?;
+    let mut out = Vec::with_capacity(MAGIC.len() + 1 + 16 + meta.len() + entry.payload.len() + 32);
+    out.extend_from_slice(MAGIC);
+    out.push(u8::from(signing_key.is_some()));
+    out.extend_from_slice(&(meta.len() as u64).to_le_bytes());
+    out.extend_from_slice(&meta);
+    out.extend_from_slice(&(entry.payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&entry.payload);
+    let sum = checksum(signing_key, &out);
+    out.extend_from_slice(&sum);
+    Ok(out)
+}
+
+/// Parses and verifies the bytes of an entry found under `key` (see [`encode_entry`]);
+/// `Err(rejection)` when it must not be loaded.
+pub(crate) fn decode_entry(
+    signing_key: Option<&[u8; 32]>,
+    key: &Digest,
+    bytes: &[u8],
+) -> std::result::Result<Entry, Rejection> {
+    use RejectKind::{Checksum, Foreign, Malformed, Metadata, Signature, SignedNoKey, Unsigned};
+    let reject = |kind, detail: &str| Rejection::new(kind, detail);
+    if bytes.len() < MAGIC.len() + 1 + 8 + 8 + 32 || &bytes[..MAGIC.len()] != MAGIC {
+        return Err(reject(Malformed, "not a nitro cache entry, or truncated"));
+    }
+    let (body, sum) = bytes.split_at(bytes.len() - 32);
+    let signed = body[MAGIC.len()] == 1;
+    match (signing_key, signed) {
+        (Some(_), false) => return Err(reject(Unsigned, "unsigned entry in a signed cache")),
+        (None, true) => {
+            // An unsigned entry whose flag byte was damaged is not a signed one: its plain
+            // checksum still matches with the flag cleared.
+            let mut h = blake3::Hasher::new();
+            h.update(&body[..MAGIC.len()]);
+            h.update(&[0]);
+            h.update(&body[MAGIC.len() + 1..]);
+            if h.finalize().as_bytes() == sum {
+                return Err(reject(Checksum, "damaged signing flag"));
+            }
+            return Err(reject(
+                SignedNoKey,
+                "signed entry, no key configured (set NITRO_CACHE_KEY to use it; it is kept)",
+            ));
+        }
+        _ => {}
+    }
+    if checksum(signing_key, body) != sum {
+        return Err(if signing_key.is_some() {
+            reject(Signature, "bad signature (another key) or corrupt entry")
+        } else {
+            reject(Checksum, "checksum mismatch (corrupt or truncated entry)")
+        });
+    }
+    let mut at = MAGIC.len() + 1;
+    let read_len = |at: &mut usize| -> std::result::Result<usize, Rejection> {
+        let end = *at + 8;
+        let raw = body
+            .get(*at..end)
+            .ok_or_else(|| reject(Malformed, "truncated lengths"))?;
+        *at = end;
+        let mut b = [0u8; 8];
+        b.copy_from_slice(raw);
+        usize::try_from(u64::from_le_bytes(b)).map_err(|_| reject(Malformed, "length out of range"))
+    };
+    // Lengths come from the file: checked arithmetic, so a crafted length is a rejection,
+    // never an overflow.
+    let meta_len = read_len(&mut at)?;
+    let meta_end = at
+        .checked_add(meta_len)
+        .ok_or_else(|| reject(Malformed, "metadata length out of range"))?;
+    let meta_bytes = body
+        .get(at..meta_end)
+        .ok_or_else(|| reject(Malformed, "truncated metadata"))?;
+    at = meta_end;
+    let meta: EntryMeta = serde_json::from_slice(meta_bytes)
+        .map_err(|e| reject(Metadata, &format!("unreadable metadata: {e}")))?;
+    let payload_len = read_len(&mut at)?;
+    let payload_end = at
+        .checked_add(payload_len)
+        .ok_or_else(|| reject(Malformed, "payload length out of range"))?;
+    let payload = body
+        .get(at..payload_end)
+        .ok_or_else(|| reject(Malformed, "truncated payload"))?;
+    if payload_end != body.len() {
+        return Err(reject(Malformed, "trailing bytes"));
+    }
+    if meta.key != *key {
+        return Err(reject(
+            Foreign,
+            &format!(
+                "foreign entry: stored under key {} but found at {}",
+                meta.key.short(),
+                key.short()
+            ),
+        ));
+    }
+    Ok(Entry {
+        meta,
+        payload: payload.to_vec(),
+    })
 }
 
 /// Refuses a directory other users can write: its entries are native code we would run. Other
@@ -1223,7 +1270,10 @@ impl Store for DirStore {
                     // Say who holds it, for the processes that wait.
                     let _ = file.set_len(0);
                     let _ = file.write_all(format!("{}\n", std::process::id()).as_bytes());
-                    return Ok(Some(KeyLock { _file: Some(file) }));
+                    return Ok(Some(KeyLock {
+                        _file: Some(file),
+                        _lease: None,
+                    }));
                 }
                 Err(fs::TryLockError::WouldBlock) => {
                     let holder = lock_holder(&path);

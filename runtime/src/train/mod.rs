@@ -8,23 +8,29 @@
 //!
 //! | program | inputs | outputs | key |
 //! | --- | --- | --- | --- |
-//! | `grad` | every Device leaf, the batch, a row mask | mean loss over real rows, gradient of each trainable leaf | the experiment's GraphConsts, the signature |
+//! | `grad` | the trainable leaves (packed), the other Device leaves, the batch, a row mask | mean loss over real rows, packed gradient | the experiment's GraphConsts, the signature |
+//! | `grad_accumulate` (instead of `grad` when [`Config::accum`] > 1) | as `grad`, plus the running gradient sum and a scale | mean loss, the new sum | as `grad` |
 //! | `update` | trainable leaves and optimizer state (donated), gradients, learning rate, step | new leaves, new state | the optimizer's type and constants, the leaf types |
-//! | `eval` | every Device leaf, the batch, a row mask | summed loss and correct count over real rows | as `grad` |
+//! | `eval` | as `grad` | summed loss and correct count over real rows, [`Model::predict`] | as `grad` |
+//! | one per [`DeviceMetric`] | as `grad`, plus the running sum | the new sum | as `grad`, and the metric |
+//!
+//! The trainable leaves are packed into one flat array per dtype: a step passes one buffer
+//! where it would pass one per leaf, and the optimizer runs as one loop over all parameters.
 //!
 //! A ragged final batch is padded to the batch size and masked, so it needs no program of its
 //! own: the gradient of a padded step equals that of the real rows alone. The learning rate and
 //! the step number are traced inputs: schedules never recompile.
 //!
 //! On XLA the trainable leaves and the optimizer state live as device buffers between steps;
-//! a step uploads the batch, the mask and two scalars, and the update program reuses the
-//! memory of the state it replaces (donation). The host sees parameters only when asked
-//! ([`Nitro::sync`], [`Nitro::experiment`]).
+//! a step uploads the batch and enqueues its two programs without waiting for them, and the
+//! update program reuses the memory of the state it replaces (donation). The host sees
+//! parameters only when asked ([`Nitro::sync`], [`Nitro::experiment`]); [`Nitro::wait`] waits
+//! for the steps taken so far.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::pjrt::{Arg, DeviceBuffer};
+use crate::backend::pjrt::Completion;
 use crate::backend::Backend;
 use crate::cache::{Cache, Compiled, Outcome, Served};
 use crate::checkpoint::Checkpoint;
@@ -32,9 +38,12 @@ use crate::data::{Dataset, Order};
 use crate::error::{Error, Result};
 use crate::experiment::{Experiment, Role};
 use crate::optim::{Optimizer, Schedule};
-use crate::program::{self, Program};
+use crate::program::{self, Packing, Program};
 use crate::trace::{self, Tensor};
-use crate::tree::{Array, DType, Node, Tree};
+use crate::tree::{Array, DType, LeafType, Node, Tree};
+
+mod values;
+use values::{exec, place, to_host, In, Value};
 
 /// A model the training handle can train: an experiment with a batch type and a per-example
 /// loss over its compile view.
@@ -58,39 +67,171 @@ pub trait Model: Experiment + Sync + 'static {
         let _ = (v, batch);
         None
     }
+
+    /// What [`Nitro::predict`] returns for every example (logits, a regression value), shape
+    /// `[batch, ...]`; `None` (the default) when the model predicts nothing. It is an output of
+    /// the evaluation program, so predicting adds no program.
+    fn predict(
+        v: &Self::View<'_>,
+        batch: &<Self::Batch as Tree>::Mirror<Tensor>,
+    ) -> Option<Tensor> {
+        let _ = (v, batch);
+        None
+    }
 }
 
-/// The inputs of the per-batch programs: the batch and its row mask.
-type BatchInputs<E> = (<<E as Model>::Batch as Tree>::Mirror<Tensor>, Tensor);
+/// A validation metric accumulated on the device: a per-example value, summed over the real
+/// rows by a program of its own (one more program in the inventory) and read once per
+/// validation pass. Its value is the mean over the rows. Register it with
+/// [`Nitro::add_device_metric`].
+pub trait DeviceMetric<E: Model>: 'static {
+    /// Its name: the history's column and the program's name.
+    const NAME: &'static str;
 
-/// The mean loss over the real rows, then the gradient of every trainable leaf.
-fn grad_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E>) -> Vec<Tensor> {
-    let (batch, mask) = inputs;
+    /// The metric of every example of the batch, shape `[batch]`.
+    fn per_example(v: &E::View<'_>, batch: &<E::Batch as Tree>::Mirror<Tensor>) -> Tensor;
+}
+
+/// A validation metric computed on the host from the evaluation program's outputs (loss,
+/// correct count, predictions) and the batch: it adds no program. Register it with
+/// [`Nitro::add_host_metric`].
+pub trait HostMetric<E: Model>: Send {
+    /// Its name: the history's column.
+    fn name(&self) -> &str;
+    /// One validation batch: the batch (its first `eval.rows` rows are real) and what the
+    /// evaluation program returned for it.
+    fn update(&mut self, batch: &E::Batch, eval: &EvalResult);
+    /// The value over the batches seen since the last call, which starts the next pass.
+    fn finish(&mut self) -> f64;
+}
+
+/// The inputs of the per-batch programs: the batch, its row mask, and what else the program
+/// takes (`()` for none).
+type BatchInputs<E, X> = (
+    <<E as Model>::Batch as Tree>::Mirror<Tensor>,
+    Tensor,
+    <X as Tree>::Mirror<Tensor>,
+);
+
+/// What the accumulating gradient program takes besides the batch: the gradient sum so far
+/// (packed) and the factor to multiply the new sum by (1 except when a window closes).
+type AccumExtra = (Vec<Array>, Array);
+
+/// The mean loss over the real rows, then the gradient of every trainable leaf (packed).
+fn grad_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, ()>) -> Vec<Tensor> {
+    let (batch, mask, ()) = inputs;
     let losses = E::loss(v, batch);
     let mask = mask.convert(losses.dtype());
     let mean = (losses * mask).sum_all() / mask.sum_all().maximum(1.0);
-    let grads = trace::grad(mean, &program::trainable_leaves());
+    let grads = program::pack_like_trainable(trace::grad(mean, &program::trainable_leaves()));
     std::iter::once(mean).chain(grads).collect()
 }
 
+/// One micro-batch of an accumulation window: the mean loss over its real rows, then
+/// `(sum + gradient of the summed loss over its real rows) * scale` for every packed gradient.
+/// With `scale` 1 along the window and `1 / real rows of the window` on its last micro-batch,
+/// the window ends holding the gradient of the window's mean loss — exactly what one step on
+/// all its rows would compute.
+fn grad_accum_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, AccumExtra>) -> Vec<Tensor> {
+    let (batch, mask, (sums, scale)) = inputs;
+    let losses = E::loss(v, batch);
+    let mask = mask.convert(losses.dtype());
+    let total = (losses * mask).sum_all();
+    let mean = total / mask.sum_all().maximum(1.0);
+    let grads = program::pack_like_trainable(trace::grad(total, &program::trainable_leaves()));
+    let summed = sums
+        .iter()
+        .zip(grads)
+        .map(|(s, g)| (*s + g) * scale.convert(g.dtype()));
+    std::iter::once(mean).chain(summed).collect()
+}
+
 /// The summed loss over the real rows, and the number of them classified correctly.
-fn eval_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E>) -> Vec<Tensor> {
-    let (batch, mask) = inputs;
+fn eval_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, ()>) -> Vec<Tensor> {
+    let (batch, mask, ()) = inputs;
     let losses = E::loss(v, batch);
     let mask_l = mask.convert(losses.dtype());
     let mut out = vec![(losses * mask_l).sum_all()];
     if let Some(correct) = E::correct(v, batch) {
         out.push((correct.convert(DType::F32) * *mask).sum_all());
     }
+    if let Some(predictions) = E::predict(v, batch) {
+        out.push(predictions);
+    }
     out
 }
 
-fn grad_program<E: Model>() -> Program<E, BatchInputs<E>, Vec<Tensor>> {
-    Program::generic("nitro.grad", grad_fn::<E>)
+/// A device metric's running sum plus its per-example values over this batch's real rows.
+fn metric_fn<E: Model, M: DeviceMetric<E>>(
+    v: &E::View<'_>,
+    inputs: &BatchInputs<E, Array>,
+) -> Vec<Tensor> {
+    let (batch, mask, sum) = inputs;
+    let values = M::per_example(v, batch);
+    let mask = mask.convert(values.dtype());
+    vec![*sum + (values * mask).sum_all().convert(sum.dtype())]
 }
 
-fn eval_program<E: Model>() -> Program<E, BatchInputs<E>, Vec<Tensor>> {
-    Program::generic("nitro.eval", eval_fn::<E>)
+fn metric_program<E: Model, M: DeviceMetric<E>>() -> Program<E, BatchInputs<E, Array>, Vec<Tensor>>
+{
+    Program::generic(M::NAME, metric_fn::<E, M>).packing_trainable()
+}
+
+/// A registered device metric, its type erased.
+trait MetricSlot<E: Model>: Send {
+    fn name(&self) -> &'static str;
+    /// Gets (or compiles) its program for batches like `sample`.
+    fn get(
+        &self,
+        cache: &Cache,
+        backend: &'static dyn Backend,
+        experiment: &E,
+        sample: &E::Batch,
+        mask: &Array,
+    ) -> Result<Served>;
+}
+
+struct MetricOf<M>(std::marker::PhantomData<fn() -> M>);
+
+impl<E: Model, M: DeviceMetric<E>> MetricSlot<E> for MetricOf<M> {
+    fn name(&self) -> &'static str {
+        M::NAME
+    }
+
+    fn get(
+        &self,
+        cache: &Cache,
+        backend: &'static dyn Backend,
+        experiment: &E,
+        sample: &E::Batch,
+        mask: &Array,
+    ) -> Result<Served> {
+        let sum = Array::scalar(0.0f32);
+        cache.get(
+            backend,
+            &metric_program::<E, M>(),
+            experiment,
+            &BatchRef(sample, mask, &sum),
+        )
+    }
+}
+
+/// A registered device metric and its program, once compiled.
+struct DeviceMetricState<E: Model> {
+    slot: Box<dyn MetricSlot<E>>,
+    compiled: Option<Arc<Compiled>>,
+}
+
+fn grad_program<E: Model>() -> Program<E, BatchInputs<E, ()>, Vec<Tensor>> {
+    Program::generic("nitro.grad", grad_fn::<E>).packing_trainable()
+}
+
+fn grad_accum_program<E: Model>() -> Program<E, BatchInputs<E, AccumExtra>, Vec<Tensor>> {
+    Program::generic("nitro.grad_accumulate", grad_accum_fn::<E>).packing_trainable()
+}
+
+fn eval_program<E: Model>() -> Program<E, BatchInputs<E, ()>, Vec<Tensor>> {
+    Program::generic("nitro.eval", eval_fn::<E>).packing_trainable()
 }
 
 /// The optimizer program's experiment: the optimizer's constants shape it (GraphConst), the
@@ -144,6 +285,12 @@ pub struct Config {
     /// Whether [`Nitro::fit`] draws a progress bar per epoch on stderr (only ever when stderr
     /// is a terminal).
     pub progress: bool,
+    /// Micro-batches per optimizer step (gradient accumulation): each of
+    /// [`step_deferred`](Nitro::step_deferred)'s batches adds its gradient to a sum on the
+    /// device, and every `accum`-th applies the optimizer to the mean over the window's real
+    /// rows. 1 (the default) updates after every batch. Accumulating adds no program: it
+    /// replaces the gradient program by an accumulating one.
+    pub accum: usize,
 }
 
 impl Default for Config {
@@ -155,6 +302,7 @@ impl Default for Config {
             seed: 0,
             schedule: None,
             progress: true,
+            accum: 1,
         }
     }
 }
@@ -195,27 +343,16 @@ impl Config {
         self
     }
 
+    /// Micro-batches per optimizer step (see [`Config::accum`]).
+    pub fn accumulate(mut self, micro_batches: usize) -> Config {
+        self.accum = micro_batches;
+        self
+    }
+
     /// A learning-rate schedule (constant, step decay, warm-up, cosine, or your own).
     pub fn schedule(mut self, schedule: impl Schedule + 'static) -> Config {
         self.schedule = Some(Arc::new(schedule));
         self
-    }
-}
-
-/// Where a handle's values live between steps.
-enum Values {
-    /// On the host (the interpreter's "device").
-    Host(Vec<Array>),
-    /// In device buffers (XLA).
-    Device(Vec<DeviceBuffer>),
-}
-
-impl Values {
-    fn len(&self) -> usize {
-        match self {
-            Values::Host(v) => v.len(),
-            Values::Device(v) => v.len(),
-        }
     }
 }
 
@@ -236,8 +373,9 @@ pub struct StepResult {
     pub loss: f64,
 }
 
-/// The result of evaluating a batch: summed loss and correct count over real rows.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+/// The result of evaluating a batch: summed loss and correct count over real rows, and the
+/// predictions when asked for.
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct EvalResult {
     /// The sum of per-example losses over real rows.
     pub loss_sum: f64,
@@ -245,6 +383,11 @@ pub struct EvalResult {
     pub correct: f64,
     /// How many real rows there were.
     pub rows: usize,
+    /// [`Model::predict`] for every row of the batch (padding rows included), when the model
+    /// predicts and a host metric or [`Nitro::predict`] asked for it.
+    pub predictions: Option<Array>,
+    /// The validation metrics (device and host), by name, after [`Nitro::validate`].
+    pub metrics: Vec<(String, f64)>,
 }
 
 /// A model batch built from a data set's gathered [`crate::data::Batch`] (its columns, padded
@@ -272,6 +415,8 @@ pub struct EpochRecord {
     pub val_loss: Option<f64>,
     /// The validation accuracy, when validated and the model has `correct`.
     pub val_accuracy: Option<f64>,
+    /// The validation metrics registered on the handle, by name.
+    pub metrics: Vec<(String, f64)>,
     /// Steps taken in the epoch.
     pub steps: u64,
     /// The median time of one step (upload, gradient, update), in microseconds.
@@ -289,14 +434,23 @@ pub struct History {
 
 impl std::fmt::Display for History {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "epoch  train loss  val loss  val acc   steps  seconds")?;
+        write!(f, "epoch  train loss  val loss  val acc   steps  seconds")?;
+        let names: Vec<&str> = self
+            .epochs
+            .first()
+            .map(|r| r.metrics.iter().map(|(n, _)| n.as_str()).collect())
+            .unwrap_or_default();
+        for n in &names {
+            write!(f, "  {n:>10}")?;
+        }
+        writeln!(f)?;
         for r in &self.epochs {
             let opt = |v: Option<f64>, pct: bool| match v {
                 Some(v) if pct => format!("{:>6.2}%", 100.0 * v),
                 Some(v) => format!("{v:>8.4}"),
                 None => format!("{:>8}", "-"),
             };
-            writeln!(
+            write!(
                 f,
                 "{:>5}  {:>10.4}  {}  {}  {:>6}  {:>7.2}",
                 r.epoch,
@@ -306,6 +460,10 @@ impl std::fmt::Display for History {
                 r.steps,
                 r.seconds
             )?;
+            for (_, v) in &r.metrics {
+                write!(f, "  {v:>10.4}")?;
+            }
+            writeln!(f)?;
         }
         Ok(())
     }
@@ -318,20 +476,27 @@ pub struct Nitro<E: Model, O: Optimizer> {
     config: Config,
     backend: &'static dyn Backend,
     cache: &'static Cache,
-    /// Every Device leaf of the experiment in walk order: whether trainable, and its index in
-    /// `trainable` or `frozen`.
-    order: Vec<(bool, usize)>,
-    trainable: Values,
-    frozen: Values,
-    state: Values,
+    /// How the trainable leaves are packed into `trainable` (one flat array per dtype).
+    packing: Packing,
+    /// The trainable leaves, packed.
+    trainable: Vec<Value>,
+    /// The other Device leaves, in walk order.
+    frozen: Vec<Value>,
+    /// The optimizer state: slot by slot, one array per packed group.
+    state: Vec<Value>,
     /// The step counter the update program keeps (`f32[]`).
-    counter: Values,
-    /// The learning rate as uploaded, and for which value.
-    lr_value: Option<(f64, Values)>,
-    /// The all-ones mask of a full batch, uploaded once.
-    full_mask: Option<Values>,
+    counter: Vec<Value>,
+    /// The learning rate as placed, and for which value.
+    lr_value: Option<(f64, Value)>,
+    /// The all-ones mask of a full batch, placed once.
+    full_mask: Option<Value>,
+    /// Gradient accumulation: the window's gradient sums so far, how many micro-batches and
+    /// real rows it has seen, and (placed once) zero sums and the factor 1.
+    window: Window,
     /// Losses of steps taken with [`Nitro::step_deferred`], not read yet.
-    pending_losses: Vec<Values>,
+    pending_losses: Vec<Value>,
+    /// The end of the last update enqueued on the device (XLA), not waited for yet.
+    in_flight: Option<Completion>,
     /// Whether the experiment's trainable leaves are stale (the device holds newer values).
     host_stale: bool,
     step: u64,
@@ -342,6 +507,20 @@ pub struct Nitro<E: Model, O: Optimizer> {
     first_step: Option<Duration>,
     /// The durations of the steps of the current epoch.
     step_times: Vec<Duration>,
+    /// Validation metrics accumulated on the device, each with a program of its own.
+    device_metrics: Vec<DeviceMetricState<E>>,
+    /// Validation metrics computed on the host from the evaluation outputs.
+    host_metrics: Vec<Box<dyn HostMetric<E>>>,
+}
+
+/// The state of a gradient-accumulation window.
+#[derive(Default)]
+struct Window {
+    sums: Option<Vec<Value>>,
+    micro_batches: usize,
+    rows: usize,
+    zeros: Option<Vec<Value>>,
+    one: Option<Value>,
 }
 
 impl<E: Model, O: Optimizer> std::fmt::Debug for Nitro<E, O> {
@@ -384,12 +563,16 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 expected: "at least one row per step".into(),
             });
         }
-        let (order, trainable, frozen) = device_leaves(&experiment);
-        let slots = optimizer.slots().len();
-        let state: Vec<Array> = (0..slots)
-            .flat_map(|_| trainable.iter().map(|a| Array::zeros(a.dtype(), a.dims())))
-            .collect();
-        let put = |v: Vec<Array>| -> Result<Values> { place(backend, v) };
+        if config.accum == 0 {
+            return Err(Error::InvalidSetting {
+                variable: "Config::accum",
+                value: "0".into(),
+                expected: "at least one micro-batch per optimizer step".into(),
+            });
+        }
+        let (packing, trainable, frozen) = device_leaves(&experiment)?;
+        let state = zero_state(&optimizer, &trainable);
+        let put = |v: Vec<Array>| -> Result<Vec<Value>> { place(backend, v) };
         let (trainable, frozen, state) = (put(trainable)?, put(frozen)?, put(state)?);
         let counter = put(vec![Array::scalar(0.0f32)])?;
         Ok(Nitro {
@@ -398,14 +581,16 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             config,
             backend,
             cache,
-            order,
+            packing,
             trainable,
             frozen,
             state,
             counter,
             lr_value: None,
             full_mask: None,
+            window: Window::default(),
             pending_losses: Vec::new(),
+            in_flight: None,
             host_stale: false,
             step: 0,
             programs: None,
@@ -413,7 +598,23 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             created: Instant::now(),
             first_step: None,
             step_times: Vec::new(),
+            device_metrics: Vec::new(),
+            host_metrics: Vec::new(),
         })
+    }
+
+    /// Registers a validation metric accumulated on the device ([`DeviceMetric`]): one more
+    /// program, compiled by the first validation.
+    pub fn add_device_metric<M: DeviceMetric<E>>(&mut self) {
+        self.device_metrics.push(DeviceMetricState {
+            slot: Box::new(MetricOf::<M>(std::marker::PhantomData)),
+            compiled: None,
+        });
+    }
+
+    /// Registers a validation metric computed on the host ([`HostMetric`]): no program.
+    pub fn add_host_metric(&mut self, metric: impl HostMetric<E> + 'static) {
+        self.host_metrics.push(Box::new(metric));
     }
 
     /// The configuration.
@@ -476,21 +677,38 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         // Tracing reads the experiment's leaf types only, which steps never change: no sync.
         let started = Instant::now();
         let mask = Array::zeros(DType::F32, &[rows]);
-        let inputs = BatchRef(sample, &mask);
-        let opt = self.optimizer_step_shape()?;
+        let opt = self.optimizer_step_shape();
         let (backend, cache, experiment) = (self.backend, self.cache, &self.experiment);
         let update_inputs = update_inputs_shape(&opt);
+        let accumulating = self.config.accum > 1;
+        let sums: AccumExtra = (
+            self.packing
+                .group_types()
+                .iter()
+                .map(|t| Array::zeros(t.dtype, &t.dims))
+                .collect(),
+            Array::scalar(1.0f32),
+        );
         // Compile the inventory concurrently: the first step waits for the slowest program,
         // not their sum.
         let (grad, update) = std::thread::scope(|s| {
             let update =
                 s.spawn(|| cache.get(backend, &update_program::<O>(), &opt, &update_inputs));
-            let grad = cache.get(backend, &grad_program::<E>(), experiment, &inputs);
+            let grad = if accumulating {
+                let inputs = BatchRef(sample, &mask, &sums);
+                cache.get(backend, &grad_accum_program::<E>(), experiment, &inputs)
+            } else {
+                let inputs = BatchRef(sample, &mask, &());
+                cache.get(backend, &grad_program::<E>(), experiment, &inputs)
+            };
             (grad, join(update))
         });
         let (grad, update): (Served, Served) = (grad?, update?);
         self.compile_time += started.elapsed();
         let outcomes = vec![grad.outcome.clone(), update.outcome.clone()];
+        for m in &mut self.device_metrics {
+            m.compiled = None;
+        }
         self.programs = Some(Programs {
             grad: grad.compiled,
             update: update.compiled,
@@ -512,7 +730,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             self.backend,
             &eval_program::<E>(),
             &self.experiment,
-            &BatchRef(sample, &mask),
+            &BatchRef(sample, &mask, &()),
         )?;
         self.compile_time += started.elapsed();
         if let Some(p) = &mut self.programs {
@@ -522,28 +740,22 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     }
 
     /// The optimizer program's experiment, with arrays of the right types (values unused).
-    fn optimizer_step_shape(&self) -> Result<OptimizerStep<O>> {
-        let params = self.types_of(&self.trainable)?;
-        let state = self.types_of(&self.state)?;
-        Ok(OptimizerStep {
+    fn optimizer_step_shape(&self) -> OptimizerStep<O> {
+        let zeros = |values: &[Value]| -> Vec<Array> {
+            values
+                .iter()
+                .map(|v| {
+                    let t = v.leaf_type();
+                    Array::zeros(t.dtype, &t.dims)
+                })
+                .collect()
+        };
+        OptimizerStep {
             optimizer: self.optimizer.clone(),
-            params: params
-                .iter()
-                .map(|t| Array::zeros(t.dtype, &t.dims))
-                .collect(),
-            state: state
-                .iter()
-                .map(|t| Array::zeros(t.dtype, &t.dims))
-                .collect(),
+            params: zeros(&self.trainable),
+            state: zeros(&self.state),
             steps: Array::scalar(0.0f32),
-        })
-    }
-
-    fn types_of(&self, values: &Values) -> Result<Vec<crate::tree::LeafType>> {
-        Ok(match values {
-            Values::Host(v) => v.iter().map(Array::leaf_type).collect(),
-            Values::Device(v) => v.iter().map(|b| b.leaf_type().clone()).collect(),
-        })
+        }
     }
 
     /// One training step on `batch` (exactly `Config::batch` rows) whose real rows are the
@@ -557,168 +769,198 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     }
 
     /// One training step whose loss stays where it was computed until
-    /// [`take_losses`](Nitro::take_losses): the host does not wait for the device each step.
+    /// [`take_losses`](Nitro::take_losses): on XLA the step is enqueued and the host does not
+    /// wait for the device. With gradient accumulation ([`Config::accum`] > 1) this is one
+    /// micro-batch, and every `accum`-th call applies the optimizer.
     pub fn step_deferred(&mut self, batch: &E::Batch, real: usize) -> Result<()> {
+        let closes = self.window.micro_batches + 1 >= self.config.accum;
+        self.micro_step(batch, real, closes)
+    }
+
+    /// One micro-batch; the optimizer runs when `closes` (always, without accumulation).
+    fn micro_step(&mut self, batch: &E::Batch, real: usize, closes: bool) -> Result<()> {
         self.prepare(batch)?;
         let rows = self.config.batch;
         check_real_rows(rows, real)?;
+        if self.full_mask.is_none() {
+            self.full_mask = Some(self.place_one(mask_of(rows, rows)?)?);
+        }
+        let ragged = if real < rows {
+            Some(self.place_one(mask_of(rows, real)?)?)
+        } else {
+            None
+        };
+        let accumulating = self.config.accum > 1;
+        let (Some(programs), Some(full)) = (&self.programs, &self.full_mask) else {
+            return Err(no_output());
+        };
+        let mut args: Vec<In<'_>> = self
+            .trainable
+            .iter()
+            .chain(&self.frozen)
+            .map(In::Keep)
+            .collect();
+        args.extend(leaves(batch).into_iter().map(In::Array));
+        args.push(In::Keep(ragged.as_ref().unwrap_or(full)));
+        let mut scale = None;
+        if accumulating {
+            if self.window.zeros.is_none() {
+                let zeros = self
+                    .packing
+                    .group_types()
+                    .iter()
+                    .map(|t| Array::zeros(t.dtype, &t.dims))
+                    .collect();
+                self.window.zeros = Some(place(self.backend, zeros)?);
+                self.window.one = Some(self.place_one(Array::scalar(1.0f32))?);
+            }
+            self.window.rows += real;
+            if closes {
+                let rows = self.window.rows.max(1) as f32;
+                scale = Some(self.place_one(Array::scalar(1.0 / rows))?);
+            }
+            let (Some(zeros), Some(one)) = (&self.window.zeros, &self.window.one) else {
+                return Err(no_output());
+            };
+            match self.window.sums.take() {
+                Some(sums) => args.extend(sums.into_iter().map(In::Give)),
+                None => args.extend(zeros.iter().map(In::Keep)),
+            }
+            args.push(In::Keep(scale.as_ref().unwrap_or(one)));
+        }
+        let (out, _) = exec(&programs.grad, args)?;
+        let mut out = out.into_iter();
+        let loss = out.next().ok_or_else(no_output)?;
+        let grads: Vec<Value> = out.collect();
+        self.pending_losses.push(loss);
+        self.host_stale = true;
+        if !closes {
+            self.window.micro_batches += 1;
+            self.window.sums = Some(grads);
+            return Ok(());
+        }
+        self.window.micro_batches = 0;
+        self.window.rows = 0;
+        self.update(grads)
+    }
+
+    /// Applies the optimizer to `grads` (the packed gradient of the step's mean loss).
+    fn update(&mut self, grads: Vec<Value>) -> Result<()> {
         if let Some(schedule) = &self.config.schedule {
             self.config.lr = schedule.lr(self.step);
         }
-        // The learning rate and the full-batch mask are uploaded when they change, not per step.
+        // The learning rate is placed when it changes, not per step.
         if self
             .lr_value
             .as_ref()
             .is_none_or(|(v, _)| *v != self.config.lr)
         {
-            let lr = place(self.backend, vec![Array::scalar(self.config.lr as f32)])?;
+            let lr = self.place_one(Array::scalar(self.config.lr as f32))?;
             self.lr_value = Some((self.config.lr, lr));
         }
-        if self.full_mask.is_none() {
-            self.full_mask = Some(place(self.backend, vec![mask_of(rows, rows)?])?);
-        }
-        let ragged = if real < rows {
-            Some(place(self.backend, vec![mask_of(rows, real)?])?)
-        } else {
-            None
-        };
-        let Some(programs) = &self.programs else {
+        let (Some(programs), Some((_, lr))) = (&self.programs, &self.lr_value) else {
             return Err(no_output());
         };
-        let (Some((_, lr)), Some(full)) = (&self.lr_value, &self.full_mask) else {
-            return Err(no_output());
-        };
-        let mask = ragged.as_ref().unwrap_or(full);
         let n = self.trainable.len();
-        let loss = match (
-            &mut self.trainable,
-            &self.frozen,
-            &mut self.state,
-            &mut self.counter,
-            lr,
-            mask,
-        ) {
-            (
-                Values::Host(trainable),
-                Values::Host(frozen),
-                Values::Host(state),
-                Values::Host(counter),
-                Values::Host(lr),
-                Values::Host(mask),
-            ) => {
-                let mut args: Vec<&Array> = in_walk_order(&self.order, trainable, frozen).collect();
-                args.extend(leaves(batch));
-                args.extend(mask.iter());
-                let mut out = programs.grad.executable.run(&args)?.into_iter();
-                let loss = out.next().ok_or_else(no_output)?;
-                let grads: Vec<Array> = out.collect();
-                let mut uargs: Vec<&Array> = trainable
-                    .iter()
-                    .chain(state.iter())
-                    .chain(counter.iter())
-                    .collect();
-                uargs.extend(grads.iter());
-                uargs.extend(lr.iter());
-                let mut new = programs.update.executable.run(&uargs)?;
-                *counter = new.split_off(new.len().saturating_sub(1));
-                *state = new.split_off(n);
-                *trainable = new;
-                Values::Host(vec![loss])
-            }
-            (
-                Values::Device(trainable),
-                Values::Device(frozen),
-                Values::Device(state),
-                Values::Device(counter),
-                Values::Device(lr),
-                Values::Device(mask),
-            ) => {
-                let grad_exe = pjrt_of(&programs.grad)?;
-                let update_exe = pjrt_of(&programs.update)?;
-                let client = grad_exe.client();
-                let uploads = upload_leaves(&client, batch)?;
-                let args: Vec<&DeviceBuffer> = in_walk_order(&self.order, trainable, frozen)
-                    .chain(uploads.iter())
-                    .chain(mask.iter())
-                    .collect();
-                let mut out = grad_exe.execute(&args)?.into_iter();
-                let loss = out.next().ok_or_else(no_output)?;
-                let grads: Vec<DeviceBuffer> = out.collect();
-                let mut uargs: Vec<Arg<'_>> = Vec::with_capacity(2 * n + state.len() + 2);
-                uargs.extend(std::mem::take(trainable).into_iter().map(Arg::Donate));
-                uargs.extend(std::mem::take(state).into_iter().map(Arg::Donate));
-                uargs.extend(std::mem::take(counter).into_iter().map(Arg::Donate));
-                uargs.extend(grads.iter().map(Arg::Borrow));
-                uargs.extend(lr.iter().map(Arg::Borrow));
-                let mut new = update_exe.execute_donating(uargs)?.outputs;
-                *counter = new.split_off(new.len().saturating_sub(1));
-                *state = new.split_off(n);
-                *trainable = new;
-                Values::Device(vec![loss])
-            }
-            _ => {
-                return Err(Error::Misconfigured {
-                    message: "a handle's values are split between host and device".into(),
-                })
-            }
-        };
+        let mut args: Vec<In<'_>> = Vec::with_capacity(2 * n + self.state.len() + 2);
+        args.extend(
+            std::mem::take(&mut self.trainable)
+                .into_iter()
+                .map(In::Give),
+        );
+        args.extend(std::mem::take(&mut self.state).into_iter().map(In::Give));
+        args.extend(std::mem::take(&mut self.counter).into_iter().map(In::Give));
+        args.extend(grads.iter().map(In::Keep));
+        args.push(In::Keep(lr));
+        let (mut new, done) = exec(&programs.update, args)?;
+        self.counter = new.split_off(new.len().saturating_sub(1));
+        self.state = new.split_off(n);
+        self.trainable = new;
+        // Only the last update matters: later runs wait for its outputs on the device.
+        self.in_flight = done;
         self.step += 1;
         if self.first_step.is_none() {
             self.first_step = Some(self.created.elapsed());
         }
-        self.pending_losses.push(loss);
-        self.host_stale = true;
         Ok(())
     }
 
+    /// One array placed where the handle keeps values.
+    fn place_one(&self, a: Array) -> Result<Value> {
+        place(self.backend, vec![a])?.pop().ok_or_else(no_output)
+    }
+
     /// The losses of the steps taken since the last call, in order (read from the device at
-    /// once on XLA).
+    /// once on XLA). With gradient accumulation, one per micro-batch.
     pub fn take_losses(&mut self) -> Result<Vec<f64>> {
+        self.wait()?;
         let pending = std::mem::take(&mut self.pending_losses);
-        let mut out = Vec::with_capacity(pending.len());
-        for v in &pending {
-            match v {
-                Values::Host(a) => out.push(scalar_of(a.first().ok_or_else(no_output)?)?),
-                Values::Device(b) => {
-                    out.push(scalar_of(&b.first().ok_or_else(no_output)?.to_host()?)?)
-                }
-            }
-        }
-        Ok(out)
+        pending.iter().map(Value::scalar).collect()
     }
 
     /// Evaluates `batch` (its first `real` rows) without training: summed loss and correct
     /// count over the real rows.
     pub fn evaluate(&mut self, batch: &E::Batch, real: usize) -> Result<EvalResult> {
+        let (result, _) = self.run_eval(batch, real, false)?;
+        Ok(result)
+    }
+
+    /// [`Model::predict`] for every row of `batch` (the evaluation program's forward pass:
+    /// no program of its own). Rows past the real ones hold the padding's predictions. An
+    /// error when the model does not predict.
+    pub fn predict(&mut self, batch: &E::Batch) -> Result<Array> {
+        let rows = batch_rows(batch)?;
+        let (result, _) = self.run_eval(batch, rows, true)?;
+        result.predictions.ok_or_else(|| Error::InvalidSetting {
+            variable: "Model::predict",
+            value: "None".into(),
+            expected: format!(
+                "a model that predicts: implement `Model::predict` for {}",
+                E::TYPE_PATH
+            ),
+        })
+    }
+
+    /// Runs the evaluation program on `batch`; reads the predictions back when `predictions`
+    /// asks. Also returns the mask it placed, for the device metrics.
+    fn run_eval(
+        &mut self,
+        batch: &E::Batch,
+        real: usize,
+        predictions: bool,
+    ) -> Result<(EvalResult, Array)> {
         let eval = self.prepare_eval(batch)?;
         let mask = mask_of(self.config.batch, real)?;
-        let out = match (&self.trainable, &self.frozen) {
-            (Values::Host(trainable), Values::Host(frozen)) => {
-                let mut args: Vec<&Array> = in_walk_order(&self.order, trainable, frozen).collect();
-                args.extend(leaves(batch));
-                args.push(&mask);
-                eval.executable.run(&args)?
-            }
-            (Values::Device(trainable), Values::Device(frozen)) => {
-                let exe = pjrt_of(&eval)?;
-                let client = exe.client();
-                let mut uploads = upload_leaves(&client, batch)?;
-                uploads.push(client.upload(&mask)?);
-                let args: Vec<&DeviceBuffer> = in_walk_order(&self.order, trainable, frozen)
-                    .chain(uploads.iter())
-                    .collect();
-                exe.execute(&args)?
-                    .iter()
-                    .map(DeviceBuffer::to_host)
-                    .collect::<Result<_>>()?
-            }
-            _ => return Err(no_output()),
-        };
-        Ok(EvalResult {
-            loss_sum: scalar_of(out.first().ok_or_else(no_output)?)?,
-            correct: out.get(1).map(scalar_of).transpose()?.unwrap_or(0.0),
-            rows: real,
-        })
+        let mut args: Vec<In<'_>> = self
+            .trainable
+            .iter()
+            .chain(&self.frozen)
+            .map(In::Keep)
+            .collect();
+        args.extend(leaves(batch).into_iter().map(In::Array));
+        args.push(In::Array(&mask));
+        let (out, _) = exec(&eval, args)?;
+        // Outputs: the loss sum, then the correct count (a scalar) when the model has
+        // `correct`, then the predictions (`[batch, ...]`) when it predicts.
+        let has_correct = eval.outputs.get(1).is_some_and(|t| t.dims.is_empty());
+        let has_predictions =
+            eval.outputs.len() > 1 && eval.outputs.last().is_some_and(|t| !t.dims.is_empty());
+        Ok((
+            EvalResult {
+                loss_sum: out.first().ok_or_else(no_output)?.scalar()?,
+                correct: match has_correct {
+                    true => out.get(1).map(Value::scalar).transpose()?.unwrap_or(0.0),
+                    false => 0.0,
+                },
+                rows: real,
+                predictions: match (predictions && has_predictions, out.last()) {
+                    (true, Some(p)) => Some(p.to_host()?),
+                    _ => None,
+                },
+                metrics: Vec::new(),
+            },
+            mask,
+        ))
     }
 
     /// One epoch over `data`: its rows shuffled with the configured seed (a fresh order per
@@ -739,12 +981,15 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let mut rows = Vec::with_capacity(epoch.len());
         self.step_times.clear();
         let bar = progress_bar(self.config.progress, epoch.len() as u64, number);
-        for batch in epoch.batches(data) {
+        let count = epoch.len();
+        for (i, batch) in epoch.batches(data).enumerate() {
             let batch = batch?;
             let real = batch.real_rows();
             let batch = E::Batch::from_batch(batch)?;
             let started = Instant::now();
-            self.step_deferred(&batch, real)?;
+            // An epoch's last batch closes an accumulation window, full or not.
+            let closes = self.window.micro_batches + 1 >= self.config.accum || i + 1 == count;
+            self.micro_step(&batch, real, closes)?;
             self.step_times.push(started.elapsed());
             rows.push(real);
             bar.inc(1);
@@ -764,15 +1009,71 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let plan = data.plan(self.config.batch, Order::Sequential)?;
         let epoch = plan.epoch(0);
         let mut total = EvalResult::default();
+        let mut sums: Vec<Option<Value>> = Vec::new();
+        for _ in &self.device_metrics {
+            sums.push(Some(self.place_one(Array::scalar(0.0f32))?));
+        }
+        let want_predictions = !self.host_metrics.is_empty();
         for batch in epoch.batches(data) {
             let batch = batch?;
             let real = batch.real_rows();
-            let r = self.evaluate(&E::Batch::from_batch(batch)?, real)?;
+            let batch = E::Batch::from_batch(batch)?;
+            let (r, mask) = self.run_eval(&batch, real, want_predictions)?;
+            for (i, sum) in sums.iter_mut().enumerate() {
+                let compiled = self.metric_program(i, &batch, &mask)?;
+                let mut args: Vec<In<'_>> = self
+                    .trainable
+                    .iter()
+                    .chain(&self.frozen)
+                    .map(In::Keep)
+                    .collect();
+                args.extend(leaves(&batch).into_iter().map(In::Array));
+                args.push(In::Array(&mask));
+                args.push(In::Give(sum.take().ok_or_else(no_output)?));
+                let (out, _) = exec(&compiled, args)?;
+                *sum = out.into_iter().next();
+            }
+            for m in &mut self.host_metrics {
+                m.update(&batch, &r);
+            }
             total.loss_sum += r.loss_sum;
             total.correct += r.correct;
             total.rows += r.rows;
         }
+        let rows = total.rows.max(1) as f64;
+        for (state, sum) in self.device_metrics.iter().zip(&sums) {
+            let value = sum.as_ref().ok_or_else(no_output)?.scalar()?;
+            total
+                .metrics
+                .push((state.slot.name().to_owned(), value / rows));
+        }
+        for m in &mut self.host_metrics {
+            total.metrics.push((m.name().to_owned(), m.finish()));
+        }
         Ok(total)
+    }
+
+    /// Device metric `i`'s program for batches like `sample`, compiled by its first use.
+    fn metric_program(
+        &mut self,
+        i: usize,
+        sample: &E::Batch,
+        mask: &Array,
+    ) -> Result<Arc<Compiled>> {
+        if let Some(c) = &self.device_metrics[i].compiled {
+            return Ok(c.clone());
+        }
+        let started = Instant::now();
+        let served = self.device_metrics[i].slot.get(
+            self.cache,
+            self.backend,
+            &self.experiment,
+            sample,
+            mask,
+        )?;
+        self.compile_time += started.elapsed();
+        self.device_metrics[i].compiled = Some(served.compiled.clone());
+        Ok(served.compiled)
     }
 
     /// Trains for the configured epochs on `train`, validating on `validation` after each
@@ -787,14 +1088,17 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             let started = Instant::now();
             let steps_before = self.step;
             let train_loss = self.train_epoch(train, epoch as u64)?;
+            let mut metrics = Vec::new();
             let (val_loss, val_accuracy) = match validation {
                 Some(v) => {
                     let r = self.validate(v)?;
+                    metrics = r.metrics.clone();
                     let rows = r.rows.max(1) as f64;
-                    let has_accuracy = self
-                        .programs
-                        .as_ref()
-                        .is_some_and(|p| p.eval.as_ref().is_some_and(|e| e.outputs.len() > 1));
+                    let has_accuracy = self.programs.as_ref().is_some_and(|p| {
+                        p.eval
+                            .as_ref()
+                            .is_some_and(|e| e.outputs.get(1).is_some_and(|t| t.dims.is_empty()))
+                    });
                     (
                         Some(r.loss_sum / rows),
                         has_accuracy.then_some(r.correct / rows),
@@ -813,6 +1117,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 train_loss,
                 val_loss,
                 val_accuracy,
+                metrics,
                 steps: self.step - steps_before,
                 step_us_median: times.get(times.len() / 2).copied().unwrap_or(0.0),
                 seconds: started.elapsed().as_secs_f64(),
@@ -833,8 +1138,14 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// the optimizer state and the step count; write it with [`Checkpoint::save`].
     pub fn checkpoint(&mut self) -> Result<Checkpoint> {
         self.sync()?;
-        let state = to_host(&self.state)?;
-        let n = self.trainable.len();
+        // The state is kept packed, slot by slot; a checkpoint holds it leaf by leaf.
+        let packed = to_host(&self.state)?;
+        let groups = self.packing.groups.len();
+        let mut state = Vec::new();
+        for slot in packed.chunks(groups.max(1)) {
+            state.extend(self.packing.unpack(slot)?);
+        }
+        let n = self.packing.leaves.len();
         let names: Vec<String> = self
             .optimizer
             .slots()
@@ -875,13 +1186,22 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     ) -> Result<Nitro<E, O>> {
         let restored = checkpoint.restore_into(&mut experiment)?;
         let mut handle = Nitro::with_backend(experiment, optimizer, config, backend, cache)?;
-        let expected = handle.state.len();
-        let types = handle.types_of(&handle.state)?;
+        let leaves = handle.packing.leaves.len();
+        let expected = handle.optimizer.slots().len() * leaves;
+        let types: Vec<LeafType> = handle
+            .packing
+            .leaves
+            .iter()
+            .map(|(g, _, dims)| LeafType {
+                dtype: handle.packing.groups[*g].0,
+                dims: dims.clone(),
+            })
+            .collect();
         if restored.optimizer.len() != expected
             || restored
                 .optimizer
                 .iter()
-                .zip(&types)
+                .zip(types.iter().cycle())
                 .any(|((_, a), t)| a.leaf_type() != *t)
         {
             return Err(Error::CheckpointInput {
@@ -895,7 +1215,11 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             });
         }
         let state: Vec<Array> = restored.optimizer.into_iter().map(|(_, a)| a).collect();
-        handle.state = place(backend, state)?;
+        let mut packed = Vec::new();
+        for slot in state.chunks(leaves.max(1)) {
+            packed.extend(handle.packing.pack(slot)?);
+        }
+        handle.state = place(backend, packed)?;
         handle.counter = place(backend, vec![Array::scalar(restored.step as f32)])?;
         handle.step = restored.step;
         Ok(handle)
@@ -909,18 +1233,12 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// trainable leaves keep their types, and restarts from zero otherwise.
     pub fn modify(&mut self, change: impl FnOnce(&mut E)) -> Result<()> {
         self.sync()?;
-        let before = self.types_of(&self.trainable)?;
         change(&mut self.experiment);
-        let (order, trainable, frozen) = device_leaves(&self.experiment);
-        let after: Vec<_> = trainable.iter().map(Array::leaf_type).collect();
-        if after != before {
-            let slots = self.optimizer.slots().len();
-            let state: Vec<Array> = (0..slots)
-                .flat_map(|_| trainable.iter().map(|a| Array::zeros(a.dtype(), a.dims())))
-                .collect();
-            self.state = place(self.backend, state)?;
+        let (packing, trainable, frozen) = device_leaves(&self.experiment)?;
+        if packing != self.packing {
+            self.state = place(self.backend, zero_state(&self.optimizer, &trainable))?;
         }
-        self.order = order;
+        self.packing = packing;
         self.trainable = place(self.backend, trainable)?;
         self.frozen = place(self.backend, frozen)?;
         self.programs = None;
@@ -929,10 +1247,11 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
 
     /// Copies the trainable leaves back into the experiment (from the device on XLA).
     pub fn sync(&mut self) -> Result<()> {
+        self.wait()?;
         if !self.host_stale {
             return Ok(());
         }
-        let values = to_host(&self.trainable)?;
+        let values = self.packing.unpack(&to_host(&self.trainable)?)?;
         let mut it = values.into_iter();
         self.experiment.visit_device_mut(&mut |field, _, leaf| {
             if field.role == (Role::Device { trainable: true }) {
@@ -943,6 +1262,17 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         });
         self.host_stale = false;
         Ok(())
+    }
+
+    /// Waits until every step taken so far has finished on the device (on XLA, steps are
+    /// enqueued and the host does not wait for them); the error of a step that failed on the
+    /// device surfaces here. Reading losses, parameters or a checkpoint waits by itself; call
+    /// this to time steps, or before measuring anything else.
+    pub fn wait(&mut self) -> Result<()> {
+        match self.in_flight.take() {
+            Some(done) => done.wait(),
+            None => Ok(()),
+        }
     }
 
     /// The experiment, with its trainable leaves as of the last step (copied from the device).
@@ -957,17 +1287,19 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         Ok(self.experiment)
     }
 
-    /// The number of trainable leaves and of optimizer-state arrays.
+    /// The number of arrays the trainable leaves and the optimizer state are kept in between
+    /// steps: the trainable leaves are packed into one flat array per dtype, and each optimizer
+    /// slot keeps one array per such group.
     pub fn state_len(&self) -> (usize, usize) {
         (self.trainable.len(), self.state.len())
     }
 }
 
-/// A batch and its mask as one input tree, borrowed.
-struct BatchRef<'a, B>(&'a B, &'a Array);
+/// A batch, its mask and the program's other inputs as one input tree, borrowed.
+struct BatchRef<'a, B, X>(&'a B, &'a Array, &'a X);
 
-impl<B: Tree> Tree for BatchRef<'_, B> {
-    type Mirror<L> = (B::Mirror<L>, L);
+impl<B: Tree, X: Tree> Tree for BatchRef<'_, B, X> {
+    type Mirror<L> = (B::Mirror<L>, L, X::Mirror<L>);
 
     fn visit<'a>(
         &'a self,
@@ -976,6 +1308,7 @@ impl<B: Tree> Tree for BatchRef<'_, B> {
     ) {
         at.with_field("0", |at| self.0.visit(at, f));
         at.with_field("1", |at| self.1.visit(at, f));
+        at.with_field("2", |at| self.2.visit(at, f));
     }
 
     fn visit_mut(
@@ -994,6 +1327,7 @@ impl<B: Tree> Tree for BatchRef<'_, B> {
         (
             at.with_field("0", |at| self.0.mirror(at, f)),
             at.with_field("1", |at| self.1.mirror(at, f)),
+            at.with_field("2", |at| self.2.mirror(at, f)),
         )
     }
 }
@@ -1009,23 +1343,29 @@ fn update_inputs_shape<O: Optimizer>(opt: &OptimizerStep<O>) -> (Vec<Array>, Arr
     )
 }
 
-/// The Device leaves of `experiment` in walk order — whether each is trainable and its index
-/// among its kind — and copies of the trainable and the frozen ones.
-fn device_leaves<E: Experiment>(experiment: &E) -> (Vec<(bool, usize)>, Vec<Array>, Vec<Array>) {
-    let mut order = Vec::new();
+/// The packing of `experiment`'s trainable leaves, the packed trainable leaves, and copies of
+/// the other Device leaves, in walk order.
+fn device_leaves<E: Experiment>(experiment: &E) -> Result<(Packing, Vec<Array>, Vec<Array>)> {
     let (mut trainable, mut frozen) = (Vec::new(), Vec::new());
     experiment.visit_device(&mut |field, _, node| {
         if let Node::Leaf(a) = node {
             if field.role == (Role::Device { trainable: true }) {
-                order.push((true, trainable.len()));
                 trainable.push(a.clone());
             } else {
-                order.push((false, frozen.len()));
                 frozen.push(a.clone());
             }
         }
     });
-    (order, trainable, frozen)
+    let packing = Packing::of(experiment);
+    let packed = packing.pack(&trainable)?;
+    Ok((packing, packed, frozen))
+}
+
+/// Zeroed optimizer state for the packed trainable leaves: each slot, one array per group.
+fn zero_state<O: Optimizer>(optimizer: &O, packed: &[Array]) -> Vec<Array> {
+    (0..optimizer.slots().len())
+        .flat_map(|_| packed.iter().map(|a| Array::zeros(a.dtype(), a.dims())))
+        .collect()
 }
 
 /// A progress bar for one epoch of `steps` steps on stderr: hidden unless `on` and stderr is a
@@ -1045,28 +1385,6 @@ fn progress_bar(on: bool, steps: u64, epoch: u64) -> indicatif::ProgressBar {
     bar
 }
 
-/// Host copies of `values`.
-fn to_host(values: &Values) -> Result<Vec<Array>> {
-    match values {
-        Values::Host(v) => Ok(v.clone()),
-        Values::Device(v) => v.iter().map(DeviceBuffer::to_host).collect(),
-    }
-}
-
-/// `arrays` where `backend` keeps values between runs: device buffers on XLA, host arrays on
-/// the interpreter.
-fn place(backend: &dyn Backend, arrays: Vec<Array>) -> Result<Values> {
-    Ok(match backend.device() {
-        Some(client) => Values::Device(
-            arrays
-                .iter()
-                .map(|a| client.upload(a))
-                .collect::<Result<_>>()?,
-        ),
-        None => Values::Host(arrays),
-    })
-}
-
 fn join<T>(h: std::thread::ScopedJoinHandle<'_, Result<T>>) -> Result<T> {
     h.join().unwrap_or_else(|_| {
         Err(Error::Misconfigured {
@@ -1079,12 +1397,6 @@ fn no_output() -> Error {
     Error::Misconfigured {
         message: "a training program returned no output".into(),
     }
-}
-
-fn pjrt_of(c: &Compiled) -> Result<&crate::backend::pjrt::Executable> {
-    c.executable.as_pjrt().ok_or_else(|| Error::Misconfigured {
-        message: "device-resident values need an XLA executable".into(),
-    })
 }
 
 /// The rows of a batch: the first dimension shared by its leaves.
@@ -1113,28 +1425,6 @@ fn batch_rows<B: Tree>(batch: &B) -> Result<usize> {
         value: "no leaves".into(),
         expected: "a batch with at least one array".into(),
     })
-}
-
-/// The Device leaves in walk order, from the trainable and the frozen ones.
-fn in_walk_order<'a, T>(
-    order: &'a [(bool, usize)],
-    trainable: &'a [T],
-    frozen: &'a [T],
-) -> impl Iterator<Item = &'a T> + 'a {
-    order
-        .iter()
-        .map(move |&(t, i)| if t { &trainable[i] } else { &frozen[i] })
-}
-
-/// A batch's leaves uploaded to `client`'s device, in walk order.
-fn upload_leaves<B: Tree>(
-    client: &crate::backend::pjrt::Client,
-    batch: &B,
-) -> Result<Vec<DeviceBuffer>> {
-    leaves(batch)
-        .into_iter()
-        .map(|a| client.upload(a))
-        .collect()
 }
 
 /// The leaves of a batch, in walk order (the order of the programs' inputs).
@@ -1185,12 +1475,4 @@ fn mask_of(rows: usize, real: usize) -> Result<Array> {
         .map(|i| if i < real { 1.0 } else { 0.0 })
         .collect();
     Array::from_vec(&[rows], values)
-}
-
-fn scalar_of(a: &Array) -> Result<f64> {
-    Ok(match a.dtype() {
-        DType::F32 => f64::from(a.as_slice::<f32>()?.first().copied().unwrap_or(0.0)),
-        DType::F64 => a.as_slice::<f64>()?.first().copied().unwrap_or(0.0),
-        _ => 0.0,
-    })
 }

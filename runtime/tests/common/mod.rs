@@ -49,15 +49,18 @@ pub fn xla_or_skip(test: &str) -> Option<&'static dyn nitro::backend::Backend> {
     match nitro::backend::xla() {
         Ok(x) => Some(x),
         Err(e) => {
-            let required = std::env::var("NITRO_REQUIRE_XLA").is_ok_and(|v| v.trim() == "1");
-            assert!(
-                !required,
-                "{test}: NITRO_REQUIRE_XLA=1 but XLA is unavailable: {e}"
-            );
-            println!("skip: {test}: {e}");
+            skip_unless_required(test, "NITRO_REQUIRE_XLA", "XLA is unavailable", &e);
             None
         }
     }
+}
+
+/// Prints a `skip:` line for `test` because `what` (`why`), or fails the test when the
+/// environment variable `require` is `1` (CI, where the skip would hide a broken setup).
+pub fn skip_unless_required(test: &str, require: &str, what: &str, why: &dyn std::fmt::Display) {
+    let required = std::env::var(require).is_ok_and(|v| v.trim() == "1");
+    assert!(!required, "{test}: {require}=1 but {what}: {why}");
+    println!("skip: {test}: {why}");
 }
 
 /// A `signature_changed` reason from `(path, from, to)` triples, `""` for a side that lacks

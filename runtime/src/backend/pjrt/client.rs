@@ -86,9 +86,29 @@ impl Client {
     pub fn new(plugin: &'static Plugin) -> Result<Client> {
         let started = Instant::now();
         let create = plugin.func(plugin.api.fns.client_create, names::client_create)?;
+        // A CPU plugin makes 4 devices unless told otherwise, each with its own threads; nitro
+        // runs on one unless `NITRO_PJRT_CPU_DEVICES` asks for more. Plugins of other platforms
+        // refuse the option (an unknown name is an error), so they are created without it.
+        let cpu_devices = cpu_device_setting()?;
+        const OPTION: &str = "cpu_device_count";
+        let mut option = ffi::NamedValue::new();
+        option.name = OPTION.as_ptr();
+        option.name_size = OPTION.len();
+        option.kind = ffi::NAMED_VALUE_INT64;
+        option.int64_value = cpu_devices;
+        option.value_size = 1;
         let mut a = ffi::ClientCreateArgs::new();
-        // SAFETY: `a` is a valid `PJRT_Client_Create_Args` with no options and no callbacks.
-        unsafe { plugin.api.check(names::client_create, create(&mut a)) }?;
+        a.create_options = (&raw const option).cast();
+        a.num_options = 1;
+        // SAFETY: `a` is a valid `PJRT_Client_Create_Args` with one option (alive for the call)
+        // and no callbacks.
+        let with_option =
+            without_stderr(|| unsafe { plugin.api.check(names::client_create, create(&mut a)) });
+        if with_option.is_err() || a.client.is_null() {
+            a = ffi::ClientCreateArgs::new();
+            // SAFETY: a valid `PJRT_Client_Create_Args` with no options and no callbacks.
+            unsafe { plugin.api.check(names::client_create, create(&mut a)) }?;
+        }
         if a.client.is_null() {
             return Err(Error::Pjrt {
                 call: names::client_create,
@@ -244,4 +264,47 @@ impl Client {
     pub fn deserialize(&self, bytes: &[u8]) -> Result<Executable> {
         Executable::deserialize(self, bytes)
     }
+}
+
+/// The variable that sets how many devices a CPU plugin's client has (default 1).
+pub const CPU_DEVICES_ENV: &str = "NITRO_PJRT_CPU_DEVICES";
+
+/// The CPU device count asked for by [`CPU_DEVICES_ENV`]: 1 when unset.
+fn cpu_device_setting() -> Result<i64> {
+    match std::env::var(CPU_DEVICES_ENV) {
+        Err(_) => Ok(1),
+        Ok(v) if v.trim().is_empty() => Ok(1),
+        Ok(v) => match v.trim().parse::<i64>() {
+            Ok(n) if (1..=2048).contains(&n) => Ok(n),
+            _ => Err(Error::InvalidSetting {
+                variable: CPU_DEVICES_ENV,
+                value: v,
+                expected: "a device count from 1 to 2048".into(),
+            }),
+        },
+    }
+}
+
+/// Runs `f` with the process's standard error pointed at `/dev/null`, then restores it: the CPU
+/// plugin logs a line (and a warning that its logging is not initialized) when it takes the
+/// device-count option, which would otherwise greet every run. Failures are returned as
+/// errors, not logged, so nothing is lost but those lines (and anything another thread writes
+/// to stderr in those few milliseconds). If stderr cannot be redirected, `f` runs as is.
+fn without_stderr<T>(f: impl FnOnce() -> T) -> T {
+    use std::io::Write;
+    let _ = std::io::stderr().flush();
+    let saved = rustix::io::dup(std::io::stderr()).ok();
+    let null = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/null")
+        .ok();
+    let redirected = match (&saved, &null) {
+        (Some(_), Some(null)) => rustix::stdio::dup2_stderr(null).is_ok(),
+        _ => false,
+    };
+    let out = f();
+    if let (true, Some(saved)) = (redirected, &saved) {
+        let _ = rustix::stdio::dup2_stderr(saved);
+    }
+    out
 }

@@ -76,14 +76,76 @@ impl Arg<'_> {
     }
 }
 
-/// What [`Executable::execute_donating`] returns.
+/// What [`Executable::execute_donating`] and [`Executable::enqueue`] return.
 #[derive(Debug)]
 pub struct Executed {
-    /// The program's outputs, in `return` order.
+    /// The program's outputs, in `return` order. After [`Executable::enqueue`] they may still
+    /// be in the making: reading one waits for it, and passing one to another execution makes
+    /// that execution wait for it on the device side, not on the host.
     pub outputs: Vec<DeviceBuffer>,
     /// The positions of the arguments passed by value whose memory XLA reused (PJRT deleted
     /// them). An argument passed by value but not donated by the program is simply freed.
     pub donated: Vec<usize>,
+    /// When the execution finishes (already finished after
+    /// [`execute_donating`](Executable::execute_donating)).
+    pub done: Completion,
+}
+
+/// The end of an enqueued execution: an owned PJRT event. [`wait`](Completion::wait) blocks
+/// until the execution has finished and reports its error, if it failed; dropping it without
+/// waiting is fine (the execution goes on, and its outputs carry any error to whoever reads
+/// them).
+pub struct Completion {
+    client: Option<Arc<ClientInner>>,
+    raw: *mut RawEvent,
+}
+
+// SAFETY: a `PJRT_Event` may be awaited and destroyed from any thread; `Completion` owns its
+// pointer exclusively.
+unsafe impl Send for Completion {}
+// SAFETY: `&Completion` exposes no call on the event (waiting takes it by value).
+unsafe impl Sync for Completion {}
+
+impl std::fmt::Debug for Completion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Completion")
+            .field("pending", &!self.raw.is_null())
+            .finish()
+    }
+}
+
+impl Completion {
+    /// A completion that has already happened.
+    pub fn finished() -> Completion {
+        Completion {
+            client: None,
+            raw: std::ptr::null_mut(),
+        }
+    }
+
+    /// Waits until the execution has finished; its error if it failed.
+    pub fn wait(mut self) -> Result<()> {
+        let raw = std::mem::replace(&mut self.raw, std::ptr::null_mut());
+        match self.client.take() {
+            // SAFETY: `raw` is null or the live event this value owned; ownership moved here
+            // (the field was nulled), so it is awaited and destroyed once.
+            Some(c) => unsafe {
+                c.plugin
+                    .api
+                    .await_event(names::loaded_executable_execute, raw)
+            },
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        if let Some(c) = &self.client {
+            // SAFETY: the event is live (not yet awaited: `wait` nulls the field) and owned.
+            unsafe { c.plugin.api.destroy_event(self.raw) };
+        }
+    }
 }
 
 /// A `PJRT_Executable` obtained from a loaded executable, destroyed on drop.
@@ -421,7 +483,9 @@ impl Executable {
         self.check_args(args.iter().copied())?;
         let raws: Vec<*mut RawBuffer> = args.iter().map(|b| b.raw).collect();
         let keep: Vec<i64> = (0..args.len() as i64).collect();
-        self.run(&raws, &keep)
+        let (outputs, done) = self.run(&raws, &keep)?;
+        done.wait()?;
+        Ok(outputs)
     }
 
     /// Runs the program, letting it reuse the memory of the arguments passed by value
@@ -429,6 +493,19 @@ impl Executable {
     /// typically parameters updated in place by a training step. Arguments passed by reference
     /// are never donated. Every by-value argument is consumed.
     pub fn execute_donating(&self, args: Vec<Arg<'_>>) -> Result<Executed> {
+        let mut executed = self.enqueue(args)?;
+        std::mem::replace(&mut executed.done, Completion::finished()).wait()?;
+        Ok(executed)
+    }
+
+    /// Like [`execute_donating`](Executable::execute_donating), but returns as soon as the
+    /// execution is enqueued, without waiting for it: the host goes on (uploading the next batch,
+    /// enqueueing the next program) while the device computes. PJRT orders executions by their
+    /// buffers, so an execution that takes these outputs waits for them on the device side.
+    /// Arguments may be dropped at once: PJRT keeps their memory until the execution is done.
+    /// An execution that fails later reports it through [`Executed::done`] and through any read
+    /// of its outputs.
+    pub fn enqueue(&self, args: Vec<Arg<'_>>) -> Result<Executed> {
         self.check_args(args.iter().map(Arg::buffer))?;
         let raws: Vec<*mut RawBuffer> = args.iter().map(|a| a.buffer().raw).collect();
         let keep: Vec<i64> = args
@@ -437,7 +514,7 @@ impl Executable {
             .filter(|(_, a)| matches!(a, Arg::Borrow(_)))
             .map(|(i, _)| i as i64)
             .collect();
-        let outputs = self.run(&raws, &keep)?;
+        let (outputs, done) = self.run(&raws, &keep)?;
         let mut donated = Vec::new();
         for (i, a) in args.iter().enumerate() {
             if let Arg::Donate(b) = a {
@@ -447,7 +524,11 @@ impl Executable {
             }
         }
         drop(args);
-        Ok(Executed { outputs, donated })
+        Ok(Executed {
+            outputs,
+            donated,
+            done,
+        })
     }
 
     /// Uploads host arrays (checked against the declared inputs first), runs the program and
@@ -479,9 +560,14 @@ impl Executable {
         outputs.iter().map(DeviceBuffer::to_host).collect()
     }
 
-    /// Executes on the first device with checked raw arguments; `non_donatable` lists the
-    /// argument positions PJRT must not donate.
-    fn run(&self, raws: &[*mut RawBuffer], non_donatable: &[i64]) -> Result<Vec<DeviceBuffer>> {
+    /// Enqueues an execution on the first device with checked raw arguments; `non_donatable`
+    /// lists the argument positions PJRT must not donate. Returns the outputs and the
+    /// execution's completion, not waited for.
+    fn run(
+        &self,
+        raws: &[*mut RawBuffer],
+        non_donatable: &[i64],
+    ) -> Result<(Vec<DeviceBuffer>, Completion)> {
         let plugin = self.client.plugin;
         let f = plugin.func(
             plugin.api.fns.loaded_executable_execute,
@@ -524,13 +610,11 @@ impl Executable {
                 outputs.push(DeviceBuffer::from_raw(self.client.clone(), raw, ty.clone()));
             }
         }
-        // SAFETY: the completion event (possibly null) was just returned to us; awaited and
-        // destroyed once.
-        unsafe {
-            plugin
-                .api
-                .await_event(names::loaded_executable_execute, events[0])
-        }?;
+        // The completion event (possibly null) was just returned to us: owned from here on.
+        let done = Completion {
+            client: (!events[0].is_null()).then(|| self.client.clone()),
+            raw: events[0],
+        };
         if missing {
             return Err(Error::Pjrt {
                 call: names::loaded_executable_execute,
@@ -538,7 +622,7 @@ impl Executable {
                 message: "the plugin returned fewer output buffers than the program has".into(),
             });
         }
-        Ok(outputs)
+        Ok((outputs, done))
     }
 
     /// The plugin's serialized executable (native code; tied to the plugin build and CPU).

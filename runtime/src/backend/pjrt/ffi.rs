@@ -92,6 +92,13 @@ macro_rules! args {
 }
 
 args! {
+    /// `PJRT_NamedValue` holding an `int64` (type 1): a client create option.
+    NamedValue { name: *const u8, name_size: usize, kind: i32, pad: u32, int64_value: i64, value_size: usize, }
+    last = value_size: usize, struct_size = 56, sizeof = 56
+}
+/// `PJRT_NamedValue_kInt64`.
+pub(crate) const NAMED_VALUE_INT64: i32 = 1;
+args! {
     /// `PJRT_Error_Destroy_Args`.
     ErrorDestroyArgs { error: *mut RawError, }
     last = error: *mut RawError, struct_size = 24, sizeof = 24
@@ -704,17 +711,31 @@ impl Api {
             Some(f) => unsafe { self.check(call, f(&mut a)) },
             None => Ok(()),
         };
+        // SAFETY: the event is live and owned (caller's contract); destroyed once, after the
+        // await returned.
+        unsafe { self.destroy_event(event) };
+        awaited
+    }
+
+    /// Destroys an event without awaiting it (the work it stands for goes on). A null event is
+    /// ignored; a failure to destroy is logged, never returned.
+    ///
+    /// # Safety
+    /// `event` must be null or a live event returned by this plugin, owned by the caller; it is
+    /// destroyed here.
+    pub(crate) unsafe fn destroy_event(&self, event: *mut RawEvent) {
+        if event.is_null() {
+            return;
+        }
         let mut d = EventDestroyArgs::new();
         d.event = event;
         if let Some(f) = self.fns.event_destroy {
-            // SAFETY: the event is live and owned by us; it is destroyed once, after the await
-            // returned.
+            // SAFETY: the event is live and owned (caller's contract), destroyed once.
             let destroyed = unsafe { self.check(names::event_destroy, f(&mut d)) };
             if let Err(e) = destroyed {
                 tracing::debug!("ignoring a failure to destroy a PJRT event: {e}");
             }
         }
-        awaited
     }
 
     /// Whether an error code says the call is not implemented by this plugin.

@@ -56,7 +56,7 @@ use std::sync::{Mutex, OnceLock};
 
 pub use buffer::DeviceBuffer;
 pub use client::Client;
-pub use executable::{serialized_identity, Arg, Executable, Executed};
+pub use executable::{serialized_identity, Arg, Completion, Executable, Executed};
 pub use identity::{cpu_features, plugin_file_digest, BackendIdentity};
 pub use plugin::{
     Discovery, KnownPlugin, Platform, Plugin, Source, StartupMemo, KNOWN_PLUGINS, STARTUP_MEMO_FILE,
