@@ -45,7 +45,10 @@ use std::time::{Duration, Instant};
 pub use reason::MissReason;
 pub use remote::{LayeredStore, RedisStore, RemoteConfig, RemoteMode};
 pub use stats::{CacheStats, RemoteStats};
-pub use store::{DirStore, Entry, EntryMeta, Lookup, RejectKind, Rejection, Store};
+pub use store::{
+    DirStore, Entry, EntryMeta, EntrySummary, Explanation, GcReport, Lookup, RejectKind, Rejection,
+    Store, Verified,
+};
 
 use crate::backend::{Backend, Executable, Identity};
 use crate::error::{Error, Result};

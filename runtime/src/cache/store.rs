@@ -92,7 +92,7 @@ pub enum Lookup {
 }
 
 /// Why a stored entry was not loaded.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Rejection {
     /// The kind of fault.
     pub kind: RejectKind,
@@ -166,6 +166,79 @@ impl std::fmt::Display for RejectKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
+}
+
+/// One stored entry as [`DirStore::list`] shows it: the file's size and last use, and its
+/// metadata read from the entry's header. Not verified (a listing reads no payload); see
+/// [`DirStore::verify_all`].
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct EntrySummary {
+    /// The key, in hex: the entry file's name without `.entry`.
+    pub key: String,
+    /// The file's size in bytes.
+    pub size_bytes: u64,
+    /// When a process last stored or loaded it (seconds since the Unix epoch): the file's
+    /// modification time, which every hit refreshes.
+    pub last_used: u64,
+    /// The stored metadata: program identity, key components and how long the compile took
+    /// (which is what each later hit saves). `None` when the header cannot be read (a damaged
+    /// or foreign file).
+    pub meta: Option<EntryMeta>,
+}
+
+impl EntrySummary {
+    /// The program identity, or `?` when the metadata is unreadable.
+    pub fn program(&self) -> &str {
+        self.meta.as_ref().map_or("?", |m| m.program.as_str())
+    }
+
+    /// The compile time a hit on this entry saves, in milliseconds, when known.
+    pub fn compile_ms(&self) -> Option<f64> {
+        self.meta.as_ref().map(|m| m.compile_ms)
+    }
+}
+
+/// The outcome of checking one entry in [`DirStore::verify_all`].
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Verified {
+    /// The key, in hex (the file's name).
+    pub key: String,
+    /// The file's size in bytes.
+    pub size_bytes: u64,
+    /// The program identity, when the header can be read.
+    pub program: Option<String>,
+    /// Why the entry would be rejected by a lookup; `None` when it is whole, under its own key,
+    /// and its checksum (or signature, with the store's key) matches.
+    pub problem: Option<Rejection>,
+}
+
+/// What [`DirStore::gc`] did.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct GcReport {
+    /// The bound asked for, in bytes.
+    pub max_bytes: u64,
+    /// Bytes held before.
+    pub before_bytes: u64,
+    /// Bytes held after (at most `max_bytes`, unless a file could not be removed).
+    pub after_bytes: u64,
+    /// The entries removed, least recently used first.
+    pub removed: Vec<EntrySummary>,
+}
+
+/// What [`DirStore::explain`] knows of one program: its stored entries and the record of what
+/// its key was made of when a process last compiled or loaded it.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Explanation {
+    /// The program identity.
+    pub program: String,
+    /// Its entries that matched the query, most recently used first.
+    pub entries: Vec<EntrySummary>,
+    /// The program's record (written by the cache on every compile or load: program,
+    /// GraphConst digests by field, handle settings, input signature, backend components,
+    /// compile options, program fingerprint), as JSON; `None` when none is kept. It describes
+    /// the program's latest use, which is one of `entries` when its `fingerprint`, `backend` and
+    /// `options` match that entry's metadata.
+    pub record: Option<serde_json::Value>,
 }
 
 /// A held cross-process lock on one key: an OS file lock of a [`DirStore`], a lease on a shared
@@ -268,17 +341,7 @@ impl DirStore {
         signing_key: Option<[u8; 32]>,
     ) -> Result<DirStore> {
         let dir = dir.as_ref().to_path_buf();
-        let io = |what: &str, e: std::io::Error| Error::CacheIo {
-            path: dir.clone(),
-            what: what.to_owned(),
-            source: e,
-        };
-        if !dir.exists() {
-            private_dir_builder(true)
-                .create(&dir)
-                .map_err(|e| io("create the cache directory", e))?;
-        }
-        check_trust(&dir)?;
+        private_dir(&dir)?;
         for sub in [PROGRAMS, LOCKS] {
             private_subdir(&dir.join(sub))?;
         }
@@ -318,40 +381,6 @@ impl DirStore {
         decode_entry(self.signing_key.as_ref(), key, bytes)
     }
 
-    /// Writes `bytes` to `path` atomically (temp file in the same directory, sync when
-    /// `durable`, rename).
-    fn write_atomic(&self, path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
-        let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("entry");
-        let tmp = path.with_file_name(format!("{name}{TEMP_MARK}{}.{n}", std::process::id()));
-        let io = |what: &str, e: std::io::Error| Error::CacheIo {
-            path: tmp.clone(),
-            what: what.to_owned(),
-            source: e,
-        };
-        let result = (|| {
-            let mut f = private_file()
-                .create_new(true)
-                .open(&tmp)
-                .map_err(|e| io("create a temporary entry", e))?;
-            f.write_all(bytes)
-                .map_err(|e| io("write a temporary entry", e))?;
-            if durable {
-                f.sync_all().map_err(|e| io("sync a temporary entry", e))?;
-            }
-            // Something that is not a file in the way (a directory left where an entry was)
-            // would make every rename fail, and every run recompile: repair it.
-            if fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
-                let _ = fs::remove_dir_all(path);
-            }
-            fs::rename(&tmp, path).map_err(|e| io("rename a temporary entry into place", e))
-        })();
-        if result.is_err() {
-            let _ = fs::remove_file(&tmp);
-        }
-        result
-    }
-
     fn entries(&self) -> Vec<(PathBuf, u64, SystemTime)> {
         listing(&self.dir, |name| {
             Path::new(name).extension().is_some_and(|x| x == ENTRY_EXT)
@@ -361,50 +390,6 @@ impl DirStore {
     /// The program records, with size and last write.
     fn records(&self) -> Vec<(PathBuf, u64, SystemTime)> {
         listing(&self.dir.join(PROGRAMS), |name| !name.contains(TEMP_MARK))
-    }
-
-    /// Opens an entry or record for reading, refusing anything but a regular file this user
-    /// owns and no one else can write, no larger than `max` bytes: a symbolic link is not
-    /// followed, a FIFO or device is never read from (opened non-blocking, then refused), and
-    /// a huge or sparse file is refused before any read. Returns the file and its length.
-    fn open_checked(&self, path: &Path, max: u64) -> std::io::Result<Checked> {
-        let file = open_no_follow(path)?;
-        let meta = file.metadata()?;
-        if meta.is_dir() {
-            return Ok(Checked::Refused(
-                RejectKind::Unreadable,
-                "a directory, not an entry",
-            ));
-        }
-        if !meta.is_file() {
-            return Ok(Checked::Refused(
-                RejectKind::Unreadable,
-                "not a regular file (a FIFO, socket or device)",
-            ));
-        }
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::{MetadataExt, PermissionsExt};
-            if meta.uid() != effective_uid() {
-                return Ok(Checked::Refused(
-                    RejectKind::Unreadable,
-                    "owned by another user",
-                ));
-            }
-            if meta.permissions().mode() & 0o022 != 0 {
-                return Ok(Checked::Refused(
-                    RejectKind::Unreadable,
-                    "writable by other users",
-                ));
-            }
-        }
-        if meta.len() > max {
-            return Ok(Checked::Refused(
-                RejectKind::Malformed,
-                "larger than any entry this store can hold",
-            ));
-        }
-        Ok(Checked::File(file, meta.len()))
     }
 
     /// Removes whatever is at `path` (a file, a link, a FIFO or a directory).
@@ -432,23 +417,7 @@ impl DirStore {
     /// (Program records and lock files are bounded by number instead: at most about 4096 of
     /// each, a few KiB or nothing each.)
     pub fn enforce_capacity(&self) -> usize {
-        let mut entries = self.entries();
-        let mut total: u64 = entries.iter().map(|e| e.1).sum();
-        if total <= self.capacity {
-            return 0;
-        }
-        oldest_first(&mut entries);
-        let mut evicted = 0;
-        for (path, len, _) in entries {
-            if total <= self.capacity {
-                break;
-            }
-            if fs::remove_file(&path).is_ok() {
-                total = total.saturating_sub(len);
-                evicted += 1;
-            }
-        }
-        evicted
+        self.evict_to(self.capacity, false).len()
     }
 
     fn remove_stale_temps(&self) {
@@ -483,6 +452,252 @@ impl DirStore {
             }
         }
     }
+}
+
+/// Inspection and maintenance: what the `nitro cache` command prints and does. These never
+/// remove an entry a lookup would accept, except [`DirStore::gc`] (by age) and
+/// [`Store::clear`].
+impl DirStore {
+    /// Opens an existing store without creating or repairing anything (for tools that only
+    /// inspect it). Errors: [`Error::CacheIo`] when `dir` does not exist or is not a directory,
+    /// [`Error::CacheUntrusted`] when other users can write it.
+    pub fn open_existing(dir: impl AsRef<Path>, signing_key: Option<[u8; 32]>) -> Result<DirStore> {
+        let dir = dir.as_ref().to_path_buf();
+        match fs::metadata(&dir) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(Error::CacheIo {
+                    path: dir,
+                    what: "open the cache directory (it is not a directory; point --dir or \
+                           NITRO_CACHE_DIR at the cache directory)"
+                        .into(),
+                    source: std::io::Error::from(std::io::ErrorKind::NotADirectory),
+                })
+            }
+            Err(e) => {
+                return Err(Error::CacheIo {
+                    path: dir,
+                    what: "open the cache directory (nothing was cached there yet, or the path \
+                           is wrong; point --dir or NITRO_CACHE_DIR at the cache directory)"
+                        .into(),
+                    source: e,
+                })
+            }
+        }
+        check_trust(&dir)?;
+        Ok(DirStore {
+            dir,
+            capacity: DEFAULT_CAPACITY_BYTES,
+            signing_key,
+        })
+    }
+
+    /// Every entry, most recently used first (ties by key), with the metadata in its header.
+    /// Reads no payload and verifies nothing; changes nothing.
+    pub fn list(&self) -> Vec<EntrySummary> {
+        let mut out: Vec<EntrySummary> = self
+            .entries()
+            .into_iter()
+            .map(|(path, len, modified)| summarize(&path, len, modified, read_meta(&path)))
+            .collect();
+        out.sort_by(|a, b| {
+            b.last_used
+                .cmp(&a.last_used)
+                .then_with(|| a.key.cmp(&b.key))
+        });
+        out
+    }
+
+    /// Checks every entry as a lookup would (whole, under its own key, checksum or — with the
+    /// store's signing key — signature), in key order. Unlike a lookup it removes nothing and
+    /// does not refresh last use. A signed entry checked without a key is reported as
+    /// [`RejectKind::SignedNoKey`]; an unsigned one checked with a key as
+    /// [`RejectKind::Unsigned`].
+    pub fn verify_all(&self) -> Vec<Verified> {
+        let mut files = self.entries();
+        files.sort_by(|a, b| a.0.cmp(&b.0));
+        files
+            .into_iter()
+            .map(|(path, len, _)| Verified {
+                key: key_of(&path),
+                size_bytes: len,
+                program: read_meta(&path).map(|m| m.program),
+                problem: self.verify_file(&path).err(),
+            })
+            .collect()
+    }
+
+    fn verify_file(&self, path: &Path) -> std::result::Result<(), Rejection> {
+        let key: Digest = key_of(path)
+            .parse()
+            .map_err(|_| Rejection::new(RejectKind::Malformed, "the file name is not a key"))?;
+        let (mut file, len) = match open_checked(path, MAX_ENTRY_BYTES) {
+            Ok(Checked::File(f, len)) => (f, len),
+            Ok(Checked::Refused(kind, why)) => return Err(Rejection::new(kind, why)),
+            Err(e) => {
+                return Err(Rejection::new(
+                    RejectKind::Unreadable,
+                    format!("unreadable: {e}"),
+                ))
+            }
+        };
+        let bytes = read_all(&mut file, len)
+            .map_err(|e| Rejection::new(RejectKind::Unreadable, format!("unreadable: {e}")))?;
+        self.decode(&key, &bytes).map(|_| ())
+    }
+
+    /// Removes least-recently-used entries until at most `max_bytes` are held (program records
+    /// and lock files are kept: they are small and bounded by number).
+    pub fn gc(&self, max_bytes: u64) -> GcReport {
+        let before_bytes = self.size_bytes();
+        let removed = self.evict_to(max_bytes, true);
+        GcReport {
+            max_bytes,
+            before_bytes,
+            after_bytes: self.size_bytes(),
+            removed,
+        }
+    }
+
+    /// What the store knows of the programs `query` names: a key (its hex, or a prefix of at
+    /// least 4 hex digits, as `list` prints), or a program identity — exact, or its last
+    /// `::`-separated parts (`Probe::step` names `my_crate::Probe::step`). One explanation per
+    /// program matched; empty when nothing matches. A program whose entries were all evicted
+    /// is still explained by its exact identity when its record is kept.
+    pub fn explain(&self, query: &str) -> Vec<Explanation> {
+        let query = query.trim();
+        let all = self.list();
+        let explain = |program: &str, entries: Vec<EntrySummary>| Explanation {
+            program: program.to_owned(),
+            entries,
+            record: self.record_json(program),
+        };
+        let mut programs: Vec<String> = Vec::new();
+        let hex = query.to_ascii_lowercase();
+        if query.len() >= 4 && query.len() <= 64 && query.bytes().all(|b| b.is_ascii_hexdigit()) {
+            let by_key: Vec<&EntrySummary> =
+                all.iter().filter(|e| e.key.starts_with(&hex)).collect();
+            if !by_key.is_empty() {
+                for e in &by_key {
+                    if !programs.iter().any(|p| p == e.program()) {
+                        programs.push(e.program().to_owned());
+                    }
+                }
+                return programs
+                    .iter()
+                    .map(|p| {
+                        let mine = by_key.iter().filter(|e| e.program() == p);
+                        explain(p, mine.map(|e| (*e).clone()).collect())
+                    })
+                    .collect();
+            }
+        }
+        let suffix = format!("::{query}");
+        for e in &all {
+            let p = e.program();
+            let matches = p == query || p.ends_with(&suffix);
+            if matches && !programs.iter().any(|q| q == p) {
+                programs.push(p.to_owned());
+            }
+        }
+        if programs.is_empty() && self.record_json(query).is_some() {
+            programs.push(query.to_owned());
+        }
+        programs
+            .iter()
+            .map(|p| {
+                let mine = all.iter().filter(|e| e.program() == p).cloned().collect();
+                explain(p, mine)
+            })
+            .collect()
+    }
+
+    /// The record of `program` (an identity), as JSON.
+    fn record_json(&self, program: &str) -> Option<serde_json::Value> {
+        let bytes = self.program_record(&Digest::of(program))?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    /// Removes least-recently-used entries until at most `bound` bytes are held; returns them,
+    /// with their metadata when `describe`.
+    fn evict_to(&self, bound: u64, describe: bool) -> Vec<EntrySummary> {
+        let mut entries = self.entries();
+        let mut total: u64 = entries.iter().map(|e| e.1).sum();
+        let mut removed = Vec::new();
+        if total <= bound {
+            return removed;
+        }
+        oldest_first(&mut entries);
+        for (path, len, modified) in entries {
+            if total <= bound {
+                break;
+            }
+            let meta = if describe { read_meta(&path) } else { None };
+            if fs::remove_file(&path).is_ok() {
+                total = total.saturating_sub(len);
+                removed.push(summarize(&path, len, modified, meta));
+            }
+        }
+        removed
+    }
+}
+
+/// The largest entry header (metadata) [`read_meta`] reads.
+const MAX_META_BYTES: u64 = 1 << 20;
+
+/// The key of an entry file: its name without the extension.
+fn key_of(path: &Path) -> String {
+    path.file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn summarize(path: &Path, len: u64, modified: SystemTime, meta: Option<EntryMeta>) -> EntrySummary {
+    EntrySummary {
+        key: key_of(path),
+        size_bytes: len,
+        last_used: modified
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        meta,
+    }
+}
+
+/// The metadata in an entry file's header (magic, signed flag, length, metadata), read with the
+/// store's refusals and without reading the payload or checking the checksum.
+fn read_meta(path: &Path) -> Option<EntryMeta> {
+    let Ok(Checked::File(mut file, len)) = open_checked(path, MAX_ENTRY_BYTES) else {
+        return None;
+    };
+    let mut head = [0u8; MAGIC.len() + 1 + 8];
+    file.read_exact(&mut head).ok()?;
+    if &head[..MAGIC.len()] != MAGIC {
+        return None;
+    }
+    let mut raw = [0u8; 8];
+    raw.copy_from_slice(&head[MAGIC.len() + 1..]);
+    let meta_len = u64::from_le_bytes(raw);
+    if meta_len > MAX_META_BYTES.min(len) {
+        return None;
+    }
+    let mut meta = Vec::new();
+    file.take(meta_len).read_to_end(&mut meta).ok()?;
+    serde_json::from_slice(&meta).ok()
+}
+
+/// Reads the `len` bytes of an opened entry, reserving memory fallibly (a huge length is an
+/// error, never an abort).
+fn read_all(file: &mut File, len: u64) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    let n =
+        usize::try_from(len).map_err(|_| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
+    bytes
+        .try_reserve_exact(n)
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
+    file.take(len).read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// The checksum of `bytes`: blake3, keyed with `signing_key` when there is one.
@@ -662,6 +877,112 @@ enum Checked {
     Refused(RejectKind, &'static str),
 }
 
+/// Opens an entry or record for reading, refusing anything but a regular file this user
+/// owns and no one else can write, no larger than `max` bytes: a symbolic link is not
+/// followed, a FIFO or device is never read from (opened non-blocking, then refused), and
+/// a huge or sparse file is refused before any read. Returns the file and its length.
+fn open_checked(path: &Path, max: u64) -> std::io::Result<Checked> {
+    let file = open_no_follow(path)?;
+    let meta = file.metadata()?;
+    if meta.is_dir() {
+        return Ok(Checked::Refused(
+            RejectKind::Unreadable,
+            "a directory, not an entry",
+        ));
+    }
+    if !meta.is_file() {
+        return Ok(Checked::Refused(
+            RejectKind::Unreadable,
+            "not a regular file (a FIFO, socket or device)",
+        ));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        if meta.uid() != effective_uid() {
+            return Ok(Checked::Refused(
+                RejectKind::Unreadable,
+                "owned by another user",
+            ));
+        }
+        if meta.permissions().mode() & 0o022 != 0 {
+            return Ok(Checked::Refused(
+                RejectKind::Unreadable,
+                "writable by other users",
+            ));
+        }
+    }
+    if meta.len() > max {
+        return Ok(Checked::Refused(
+            RejectKind::Malformed,
+            "larger than any entry this store can hold",
+        ));
+    }
+    Ok(Checked::File(file, meta.len()))
+}
+
+/// Writes `bytes` to `path` atomically (temp file in the same directory, sync when
+/// `durable`, rename).
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
+    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("entry");
+    let tmp = path.with_file_name(format!("{name}{TEMP_MARK}{}.{n}", std::process::id()));
+    let io = |what: &str, e: std::io::Error| Error::CacheIo {
+        path: tmp.clone(),
+        what: what.to_owned(),
+        source: e,
+    };
+    let result = (|| {
+        let mut f = private_file()
+            .create_new(true)
+            .open(&tmp)
+            .map_err(|e| io("create a temporary entry", e))?;
+        f.write_all(bytes)
+            .map_err(|e| io("write a temporary entry", e))?;
+        if durable {
+            f.sync_all().map_err(|e| io("sync a temporary entry", e))?;
+        }
+        // Something that is not a file in the way (a directory left where an entry was)
+        // would make every rename fail, and every run recompile: repair it.
+        if fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+            let _ = fs::remove_dir_all(path);
+        }
+        fs::rename(&tmp, path).map_err(|e| io("rename a temporary entry into place", e))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// The bytes of a small private file (at most `max` bytes) that only this user can have
+/// written: `None` when it is absent, unreadable, a link, not a regular file, another user's,
+/// writable by others or too large. For files kept beside the store (the backend's start-up
+/// memo), read with the store's trust rules.
+pub(crate) fn read_private(path: &Path, max: u64) -> Option<Vec<u8>> {
+    let Ok(Checked::File(file, _)) = open_checked(path, max) else {
+        return None;
+    };
+    let mut bytes = Vec::new();
+    file.take(max).read_to_end(&mut bytes).ok()?;
+    Some(bytes)
+}
+
+/// Makes `dir` a directory this process may keep native-code metadata in: created owner-only
+/// (with its parents) when missing, then held to the store's trust rules ([`check_trust`]).
+pub(crate) fn private_dir(dir: &Path) -> Result<()> {
+    if !dir.exists() {
+        private_dir_builder(true)
+            .create(dir)
+            .map_err(|e| Error::CacheIo {
+                path: dir.to_path_buf(),
+                what: "create the cache directory".into(),
+                source: e,
+            })?;
+    }
+    check_trust(dir)
+}
+
 /// Options for a file only its owner can read and write, whatever the umask.
 fn private_file() -> OpenOptions {
     let mut o = OpenOptions::new();
@@ -825,7 +1146,7 @@ impl Store for DirStore {
     fn get(&self, key: &Digest) -> Result<Lookup> {
         let path = self.entry_path(key);
         let max = self.capacity.min(MAX_ENTRY_BYTES);
-        let (mut file, len) = match self.open_checked(&path, max) {
+        let (mut file, len) = match open_checked(&path, max) {
             Ok(Checked::File(f, len)) => (f, len),
             Ok(Checked::Refused(kind, why)) => {
                 Self::remove_any(&path);
@@ -847,22 +1168,17 @@ impl Store for DirStore {
                 });
             }
         };
-        let mut bytes = Vec::new();
-        let read = usize::try_from(len)
-            .map_err(|_| std::io::Error::from(std::io::ErrorKind::OutOfMemory))
-            .and_then(|n| {
-                bytes
-                    .try_reserve_exact(n)
-                    .map_err(|_| std::io::Error::from(std::io::ErrorKind::OutOfMemory))
-            })
-            .and_then(|()| (&mut file).take(len).read_to_end(&mut bytes));
-        if let Err(e) = read {
-            Self::remove_any(&path);
-            return Ok(Lookup::Rejected(Rejection::new(
-                RejectKind::Unreadable,
-                format!("unreadable: {e}"),
-            )));
-        }
+        let read = read_all(&mut file, len);
+        let bytes = match read {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                Self::remove_any(&path);
+                return Ok(Lookup::Rejected(Rejection::new(
+                    RejectKind::Unreadable,
+                    format!("unreadable: {e}"),
+                )));
+            }
+        };
         match self.decode(key, &bytes) {
             Ok(entry) => {
                 // Refresh last use for LRU; failure only makes eviction less precise.
@@ -881,7 +1197,7 @@ impl Store for DirStore {
 
     fn put(&self, entry: &Entry) -> Result<()> {
         let bytes = self.encode(entry)?;
-        self.write_atomic(&self.entry_path(&entry.meta.key), &bytes, true)?;
+        write_atomic(&self.entry_path(&entry.meta.key), &bytes, true)?;
         self.enforce_capacity();
         Ok(())
     }
@@ -904,7 +1220,7 @@ impl Store for DirStore {
 
     fn program_record(&self, program: &Digest) -> Option<Vec<u8>> {
         let path = self.dir.join(PROGRAMS).join(format!("{program}"));
-        let Ok(Checked::File(file, _)) = self.open_checked(&path, MAX_RECORD_BYTES) else {
+        let Ok(Checked::File(file, _)) = open_checked(&path, MAX_RECORD_BYTES) else {
             return None;
         };
         let mut bytes = Vec::new();
@@ -915,7 +1231,7 @@ impl Store for DirStore {
     fn record_program(&self, program: &Digest, record: &[u8]) -> Result<()> {
         let path = self.dir.join(PROGRAMS).join(format!("{program}"));
         // Records only explain misses: not worth a sync each.
-        self.write_atomic(&path, record, false)?;
+        write_atomic(&path, record, false)?;
         // Bounded, checked every few writes (a directory listing is not free).
         if !RECORD_WRITES
             .fetch_add(1, Ordering::Relaxed)

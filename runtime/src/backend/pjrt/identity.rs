@@ -1,7 +1,6 @@
 //! What makes a compiled executable valid to reuse: the backend identity.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::SystemTime;
@@ -182,8 +181,9 @@ fn detected_features() -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// blake3 of a plugin file, memoized by (path, size, modification time), so a process hashes
-/// each plugin once and a replaced file is hashed again.
+/// blake3 of a plugin file, memoized by (path, size, modification time) in this process, so a
+/// process hashes each plugin once and a replaced file is hashed again, and across processes by
+/// the [`StartupMemo`](super::plugin::StartupMemo) (`backend.json` beside the compile cache).
 pub fn plugin_file_digest(path: &Path) -> Result<Digest> {
     type Key = (PathBuf, u64, Option<SystemTime>);
     static MEMO: OnceLock<Mutex<HashMap<Key, Digest>>> = OnceLock::new();
@@ -197,17 +197,11 @@ pub fn plugin_file_digest(path: &Path) -> Result<Digest> {
     if let Some(d) = memo.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return Ok(*d);
     }
-    let mut file = std::fs::File::open(path).map_err(io_err)?;
-    let mut hasher = blake3::Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf).map_err(io_err)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    let digest = Digest::from(hasher.finalize());
+    // Across processes: the start-up memo beside the compile cache.
+    let digest = match super::plugin::StartupMemo::from_env() {
+        Some(persisted) => persisted.file_digest(path)?.0,
+        None => super::plugin::hash_file(path)?,
+    };
     memo.lock()
         .unwrap_or_else(|p| p.into_inner())
         .insert(key, digest);

@@ -58,7 +58,9 @@ pub use buffer::DeviceBuffer;
 pub use client::Client;
 pub use executable::{serialized_identity, Arg, Completion, Executable, Executed};
 pub use identity::{cpu_features, plugin_file_digest, BackendIdentity};
-pub use plugin::{Discovery, KnownPlugin, Platform, Plugin, KNOWN_PLUGINS};
+pub use plugin::{
+    Discovery, KnownPlugin, Platform, Plugin, Source, StartupMemo, KNOWN_PLUGINS, STARTUP_MEMO_FILE,
+};
 
 use crate::error::{Error, Result};
 use crate::tree::LeafType;

@@ -18,6 +18,29 @@
 //!
 //! Plugins are loaded once per path and never unloaded: XLA keeps process-wide state (thread
 //! pools, registrations, exit handlers) that unloading the library would leave dangling.
+//!
+//! # The start-up memo
+//!
+//! Asking `python3` for its site-packages (tens of milliseconds to start an interpreter) and
+//! hashing the plugin file (a few hundred megabytes) are the slow parts of backend init, and
+//! their answers rarely change. [`StartupMemo`] keeps both across processes in
+//! `backend.json` beside the compile cache (in `NITRO_CACHE_DIR`, else the default cache
+//! directory; not kept when `NITRO_CACHE=off`):
+//!
+//! - python3's site-packages, keyed by the interpreter found on `PATH` (its path, size,
+//!   modification and change times, inode and device) and the environment variables that move
+//!   site-packages (`HOME`, `PYTHONHOME`, `PYTHONUSERBASE`, `PYTHONNOUSERSITE`, `VIRTUAL_ENV`,
+//!   `CONDA_PREFIX`, `PYENV_VERSION`). Discovery still looks for the plugin files in those
+//!   directories in every process, so `NITRO_PJRT_PLUGIN`, `NITRO_PJRT_PLATFORM` and installed
+//!   or removed plugins take effect at once; when the remembered directories hold no known
+//!   plugin, python3 is asked again.
+//! - each plugin file's blake3 digest, keyed by its path, size, modification and change times
+//!   (nanoseconds), inode and device: a replaced or rewritten file is hashed again.
+//!
+//! The memo is written atomically, owner-only, and read only from a directory and file the
+//! compile cache would trust (see [`crate::cache::DirStore`]); a file someone else could have
+//! written, or one that does not parse, is ignored (the work is redone) and rewritten — never an
+//! error.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -95,30 +118,65 @@ pub const KNOWN_PLUGINS: &[KnownPlugin] = &[
 ];
 
 /// The site-packages directories of the `python3` on `PATH` (system ones, then the user's), asked
-/// once per process. Empty when there is no `python3` or it fails.
+/// once per process — or remembered from an earlier process by the [`StartupMemo`]. Empty when
+/// there is no `python3` or it fails.
 pub fn site_packages() -> &'static [PathBuf] {
     static DIRS: OnceLock<Vec<PathBuf>> = OnceLock::new();
     DIRS.get_or_init(|| {
-        const SCRIPT: &str = "import site\n\
-            dirs = list(site.getsitepackages())\n\
-            try:\n    dirs.append(site.getusersitepackages())\n\
-            except Exception:\n    pass\n\
-            print('\\n'.join(dirs))";
-        let out = std::process::Command::new("python3")
-            .args(["-c", SCRIPT])
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .output();
-        match out {
-            Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .map(PathBuf::from)
-                .collect(),
-            _ => Vec::new(),
+        let Some(python) = find_on_path("python3") else {
+            return Vec::new();
+        };
+        match StartupMemo::from_env() {
+            Some(memo) => memo.site_packages(&python).0,
+            None => ask_python(&python),
         }
     })
+}
+
+/// The first executable file called `name` in the directories of `PATH`, as a shell would
+/// find it (the path as found: a symbolic link is not resolved, so a virtual environment's
+/// interpreter stays itself).
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .filter(|d| !d.as_os_str().is_empty())
+        .map(|d| d.join(name))
+        .find(|p| is_executable(p))
+}
+
+#[cfg(unix)]
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+#[cfg(not(unix))]
+fn is_executable(p: &Path) -> bool {
+    p.is_file()
+}
+
+/// Asks the interpreter at `python` for its site-packages directories (system ones, then the
+/// user's). Empty when it fails.
+fn ask_python(python: &Path) -> Vec<PathBuf> {
+    const SCRIPT: &str = "import site\n\
+        dirs = list(site.getsitepackages())\n\
+        try:\n    dirs.append(site.getusersitepackages())\n\
+        except Exception:\n    pass\n\
+        print('\\n'.join(dirs))";
+    let out = std::process::Command::new(python)
+        .args(["-c", SCRIPT])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output();
+    match out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(PathBuf::from)
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// Where and how to look for a plugin. [`Discovery::from_env`] reads the environment; tests and
@@ -369,4 +427,255 @@ fn open_library(path: &Path) -> std::result::Result<libloading::Library, libload
 /// The first line of a message (dynamic-loader errors can be long).
 fn one_line(s: &str) -> &str {
     s.lines().next().unwrap_or("").trim()
+}
+
+/// blake3 of a file's bytes, read in 1 MiB pieces.
+pub(crate) fn hash_file(path: &Path) -> Result<Digest> {
+    use std::io::Read;
+    let io_err = |e: std::io::Error| Error::PjrtPlugin {
+        path: path.to_path_buf(),
+        reason: format!("cannot read the file to compute its digest: {e}"),
+    };
+    let mut file = std::fs::File::open(path).map_err(io_err)?;
+    let mut hasher = blake3::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).map_err(io_err)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(Digest::from(hasher.finalize()))
+}
+
+/// Whether a [`StartupMemo`] answer was remembered or worked out now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    /// Read from the memo file: no interpreter was started, no file was hashed.
+    Memo,
+    /// Worked out now (and written to the memo).
+    Computed,
+}
+
+/// Backend-init answers kept across processes: python3's site-packages and plugin file
+/// digests, in one small JSON file (see the [module documentation](self#the-start-up-memo)).
+///
+/// [`StartupMemo::from_env`] is the one backend init uses; [`StartupMemo::at`] puts one
+/// anywhere (tests, tools).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StartupMemo {
+    path: PathBuf,
+}
+
+/// The memo file's name in the cache directory.
+pub const STARTUP_MEMO_FILE: &str = "backend.json";
+/// The format version written in the memo file; another one is ignored.
+const MEMO_VERSION: u32 = 1;
+/// The largest memo file read (it holds a few hundred bytes per plugin).
+const MAX_MEMO_BYTES: u64 = 256 << 10;
+/// At most this many plugin digests are kept (the most recently used).
+const MAX_MEMO_DIGESTS: usize = 8;
+/// The environment variables that change what python3 reports as site-packages.
+const PYTHON_ENV: &[&str] = &[
+    "HOME",
+    "PYTHONHOME",
+    "PYTHONUSERBASE",
+    "PYTHONNOUSERSITE",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "PYENV_VERSION",
+];
+
+/// What identifies one version of a file without reading it: a rewritten, replaced or touched
+/// file gets another stamp.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct FileStamp {
+    path: PathBuf,
+    size: u64,
+    /// Modification time: (seconds, nanoseconds) since the Unix epoch.
+    mtime: (i64, i64),
+    /// Status change time (not settable by tools that preserve modification times).
+    ctime: (i64, i64),
+    inode: u64,
+    device: u64,
+}
+
+impl FileStamp {
+    fn of(path: &Path) -> std::io::Result<FileStamp> {
+        let m = std::fs::metadata(path)?;
+        #[cfg(unix)]
+        let (mtime, ctime, inode, device) = {
+            use std::os::unix::fs::MetadataExt;
+            (
+                (m.mtime(), m.mtime_nsec()),
+                (m.ctime(), m.ctime_nsec()),
+                m.ino(),
+                m.dev(),
+            )
+        };
+        #[cfg(not(unix))]
+        let (mtime, ctime, inode, device) = {
+            let t = m
+                .modified()?
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            let t = (t.as_secs() as i64, i64::from(t.subsec_nanos()));
+            (t, t, 0, 0)
+        };
+        Ok(FileStamp {
+            path: path.to_path_buf(),
+            size: m.len(),
+            mtime,
+            ctime,
+            inode,
+            device,
+        })
+    }
+}
+
+/// The memo file's contents.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct MemoFile {
+    version: u32,
+    site: Option<SiteMemo>,
+    /// Most recently used first.
+    digests: Vec<DigestMemo>,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct SiteMemo {
+    python: FileStamp,
+    env: Vec<(String, Option<String>)>,
+    dirs: Vec<PathBuf>,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct DigestMemo {
+    file: FileStamp,
+    digest: Digest,
+}
+
+fn python_env() -> Vec<(String, Option<String>)> {
+    PYTHON_ENV
+        .iter()
+        .map(|v| {
+            let value = std::env::var_os(v).map(|s| s.to_string_lossy().into_owned());
+            ((*v).to_owned(), value)
+        })
+        .collect()
+}
+
+impl StartupMemo {
+    /// A memo kept in the file at `path` (its directory must be one the compile cache would
+    /// trust, or the memo is not used).
+    pub fn at(path: impl Into<PathBuf>) -> StartupMemo {
+        StartupMemo { path: path.into() }
+    }
+
+    /// The memo beside the compile cache: [`STARTUP_MEMO_FILE`] in `NITRO_CACHE_DIR`, else in
+    /// [`crate::cache::default_cache_dir`]. `None` when `NITRO_CACHE` is off (or not a valid
+    /// switch) or there is no cache directory.
+    pub fn from_env() -> Option<StartupMemo> {
+        if crate::settings::switch("NITRO_CACHE").map_or(true, |on| on == Some(false)) {
+            return None;
+        }
+        let dir = std::env::var_os("NITRO_CACHE_DIR")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+            .or_else(crate::cache::default_cache_dir)?;
+        Some(StartupMemo::at(dir.join(STARTUP_MEMO_FILE)))
+    }
+
+    /// The memo file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The memo's contents when its directory and file can be trusted and it parses; `None`
+    /// when the directory cannot be trusted (then nothing is read or written).
+    fn load(&self) -> Option<MemoFile> {
+        let dir = self.path.parent()?;
+        crate::cache::store::private_dir(dir).ok()?;
+        let memo = crate::cache::store::read_private(&self.path, MAX_MEMO_BYTES)
+            .and_then(|bytes| serde_json::from_slice::<MemoFile>(&bytes).ok())
+            .filter(|m| m.version == MEMO_VERSION);
+        Some(memo.unwrap_or_default())
+    }
+
+    /// Writes `memo` atomically, owner-only; a failure only costs the next process the work.
+    fn store(&self, mut memo: MemoFile) {
+        memo.version = MEMO_VERSION;
+        memo.digests.truncate(MAX_MEMO_DIGESTS);
+        let Ok(bytes) = serde_json::to_vec_pretty(&memo) else {
+            return;
+        };
+        if let Err(e) = crate::cache::store::write_atomic(&self.path, &bytes, false) {
+            tracing::debug!("nitro: could not write the start-up memo: {e}");
+        }
+    }
+
+    /// blake3 of the file at `path`: remembered when the file's stamp (path, size, modification
+    /// and change times, inode, device) is the one it was hashed at, else hashed now and
+    /// remembered.
+    pub fn file_digest(&self, path: &Path) -> Result<(Digest, Source)> {
+        let stamp = FileStamp::of(path).map_err(|e| Error::PjrtPlugin {
+            path: path.to_path_buf(),
+            reason: format!("cannot read the file to compute its digest: {e}"),
+        })?;
+        let Some(mut memo) = self.load() else {
+            return Ok((hash_file(path)?, Source::Computed));
+        };
+        if let Some(d) = memo.digests.iter().find(|d| d.file == stamp) {
+            return Ok((d.digest, Source::Memo));
+        }
+        let digest = hash_file(path)?;
+        // The file may have changed while it was read: remember only a stable stamp.
+        if FileStamp::of(path).is_ok_and(|after| after == stamp) {
+            memo.digests.retain(|d| d.file.path != stamp.path);
+            memo.digests.insert(
+                0,
+                DigestMemo {
+                    file: stamp,
+                    digest,
+                },
+            );
+            self.store(memo);
+        }
+        Ok((digest, Source::Computed))
+    }
+
+    /// The site-packages directories of the interpreter at `python`: remembered when its
+    /// stamp and the site-related environment are the ones it was asked under and the
+    /// remembered directories still hold a known plugin file; else asked now (and remembered
+    /// when it answers).
+    pub fn site_packages(&self, python: &Path) -> (Vec<PathBuf>, Source) {
+        let Ok(stamp) = FileStamp::of(python) else {
+            return (ask_python(python), Source::Computed);
+        };
+        let Some(mut memo) = self.load() else {
+            return (ask_python(python), Source::Computed);
+        };
+        let env = python_env();
+        if let Some(site) = &memo.site {
+            let holds_plugin = || {
+                KNOWN_PLUGINS
+                    .iter()
+                    .any(|k| site.dirs.iter().any(|d| d.join(k.file).is_file()))
+            };
+            if site.python == stamp && site.env == env && holds_plugin() {
+                return (site.dirs.clone(), Source::Memo);
+            }
+        }
+        let dirs = ask_python(python);
+        if !dirs.is_empty() {
+            memo.site = Some(SiteMemo {
+                python: stamp,
+                env,
+                dirs: dirs.clone(),
+            });
+            self.store(memo);
+        }
+        (dirs, Source::Computed)
+    }
 }

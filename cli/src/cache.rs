@@ -1,0 +1,326 @@
+//! The `nitro cache` commands: open the store, ask the library, print.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use nitro::cache::{DirStore, EntrySummary, Explanation, Store};
+use serde_json::{json, Value};
+
+use crate::text::{ago, bytes, compile_ms, render_lines};
+use crate::{CacheArgs, CacheCommand, Failure, Report};
+
+/// The environment variable holding the signing key (64 hex digits), as the library reads it.
+const KEY_ENV: &str = "NITRO_CACHE_KEY";
+/// The environment variable moving the cache directory, as the library reads it.
+const DIR_ENV: &str = "NITRO_CACHE_DIR";
+
+/// Runs one `cache` command.
+pub(crate) fn run(args: &CacheArgs) -> Result<Report, Failure> {
+    let dir = directory(args)?;
+    let key = signing_key()?;
+    let store = DirStore::open_existing(&dir, key)?;
+    let dir_text = dir.display().to_string();
+    match &args.command {
+        CacheCommand::Ls => Ok(ls(&store, &dir_text)),
+        CacheCommand::Explain { query } => explain(&store, &dir_text, query),
+        CacheCommand::Gc { max_size } => Ok(gc(&store, &dir_text, *max_size)),
+        CacheCommand::Clear => clear(&store, &dir_text),
+        CacheCommand::Verify => Ok(verify(&store, &dir_text, key.is_some())),
+    }
+}
+
+/// `--dir`, else `NITRO_CACHE_DIR`, else the library's default.
+fn directory(args: &CacheArgs) -> Result<PathBuf, Failure> {
+    if let Some(d) = &args.dir {
+        return Ok(d.clone());
+    }
+    if let Some(d) = std::env::var_os(DIR_ENV).filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(d));
+    }
+    nitro::cache::default_cache_dir().ok_or_else(|| {
+        Failure::fatal(
+            "missing_directory",
+            format!(
+                "no cache directory: there is no home directory to find the default one in; \
+                 pass --dir or set {DIR_ENV}"
+            ),
+        )
+    })
+}
+
+/// The signing key from `NITRO_CACHE_KEY`, when set.
+fn signing_key() -> Result<Option<[u8; 32]>, Failure> {
+    match std::env::var(KEY_ENV) {
+        Ok(hex) if !hex.trim().is_empty() => hex
+            .trim()
+            .parse::<nitro::Digest>()
+            .map(|d| Some(*d.as_bytes()))
+            .map_err(|e| {
+                Failure::fatal(
+                    "invalid_setting",
+                    format!(
+                        "{KEY_ENV} is not a signing key ({e}); set it to the 64 hex digits the \
+                         cache was signed with, or unset it"
+                    ),
+                )
+            }),
+        _ => Ok(None),
+    }
+}
+
+/// One line per entry: short key, program, size, compile time, last use.
+fn entry_lines(out: &mut String, entries: &[EntrySummary], now: u64) {
+    let width = entries
+        .iter()
+        .map(|e| e.program().len())
+        .max()
+        .unwrap_or(0)
+        .max("PROGRAM".len());
+    let _ = writeln!(
+        out,
+        "{:<12}  {:<width$}  {:>10}  {:>10}  LAST USED",
+        "KEY", "PROGRAM", "SIZE", "SAVES"
+    );
+    for e in entries {
+        let _ = writeln!(
+            out,
+            "{:<12}  {:<width$}  {:>10}  {:>10}  {}",
+            e.key.get(..12).unwrap_or(&e.key),
+            e.program(),
+            bytes(e.size_bytes),
+            compile_ms(e.compile_ms()),
+            ago(now, e.last_used)
+        );
+    }
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn ls(store: &DirStore, dir: &str) -> Report {
+    let entries = store.list();
+    let total: u64 = entries.iter().map(|e| e.size_bytes).sum();
+    let saved: f64 = entries.iter().filter_map(EntrySummary::compile_ms).sum();
+    let mut text = String::new();
+    if entries.is_empty() {
+        let _ = writeln!(text, "no compiled programs in {dir}");
+    } else {
+        entry_lines(&mut text, &entries, now());
+        let _ = writeln!(
+            text,
+            "{} entries, {} in {dir}; a hit on each saves its compile time ({} in all)",
+            entries.len(),
+            bytes(total),
+            compile_ms(Some(saved))
+        );
+    }
+    Report {
+        text,
+        json: json!({
+            "dir": dir,
+            "count": entries.len(),
+            "total_bytes": total,
+            "compile_ms_saved_per_hit": saved,
+            "entries": entries,
+        }),
+        problem: None,
+    }
+}
+
+fn explain(store: &DirStore, dir: &str, query: &str) -> Result<Report, Failure> {
+    let found = store.explain(query);
+    if found.is_empty() {
+        return Err(Failure::found(
+            "no_match",
+            format!(
+                "nothing in {dir} matches `{query}` (a key, a key prefix of at least 4 hex \
+                 digits, or a program identity); `nitro cache ls` lists what is there"
+            ),
+        ));
+    }
+    let mut text = String::new();
+    let now = now();
+    for (i, x) in found.iter().enumerate() {
+        if i > 0 {
+            text.push('\n');
+        }
+        explanation_text(&mut text, x, now);
+    }
+    Ok(Report {
+        text,
+        json: json!({ "dir": dir, "query": query, "programs": found }),
+        problem: None,
+    })
+}
+
+fn explanation_text(out: &mut String, x: &Explanation, now: u64) {
+    let _ = writeln!(out, "program {}", x.program);
+    if x.entries.is_empty() {
+        let _ = writeln!(out, "  no stored entries (evicted or cleared)");
+    }
+    for e in &x.entries {
+        let _ = writeln!(
+            out,
+            "  entry {}: {}, compiled in {}, last used {}",
+            e.key,
+            bytes(e.size_bytes),
+            compile_ms(e.compile_ms()),
+            ago(now, e.last_used)
+        );
+        match &e.meta {
+            Some(m) => {
+                let _ = writeln!(out, "    fingerprint  {}", m.fingerprint);
+                let _ = writeln!(out, "    backend      {}", m.backend);
+                let _ = writeln!(out, "                 ({})", m.backend_description);
+                let _ = writeln!(out, "    options      {}", m.options);
+                let _ = writeln!(out, "    created      {}", ago(now, m.created));
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "    metadata unreadable (`nitro cache verify` says why)"
+                );
+            }
+        }
+    }
+    match &x.record {
+        Some(Value::Object(fields)) => {
+            let latest = x.entries.iter().find(|e| {
+                e.meta.as_ref().is_some_and(|m| {
+                    let same = |name: &str, v: String| fields.get(name) == Some(&Value::String(v));
+                    same("fingerprint", m.fingerprint.to_string())
+                        && same("backend", m.backend.to_string())
+                        && same("options", m.options.to_string())
+                })
+            });
+            let which = match latest {
+                Some(e) => format!("entry {}", e.key.get(..12).unwrap_or(&e.key)),
+                None => "not one of the entries above".to_owned(),
+            };
+            let _ = writeln!(
+                out,
+                "  key components at the program's latest compile or load ({which}):"
+            );
+            let width = fields.keys().map(String::len).max().unwrap_or(0);
+            for (name, value) in fields {
+                for (i, line) in render_lines(value).iter().enumerate() {
+                    let label = if i == 0 { name.as_str() } else { "" };
+                    let _ = writeln!(out, "    {label:<width$}  {line}");
+                }
+            }
+        }
+        Some(other) => {
+            let _ = writeln!(out, "  record: {other}");
+        }
+        None => {
+            let _ = writeln!(out, "  no record of its key components is kept");
+        }
+    }
+}
+
+fn gc(store: &DirStore, dir: &str, max_bytes: u64) -> Report {
+    let report = store.gc(max_bytes);
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "removed {} entries ({}); {dir} holds {} (bound {})",
+        report.removed.len(),
+        bytes(report.before_bytes.saturating_sub(report.after_bytes)),
+        bytes(report.after_bytes),
+        bytes(max_bytes)
+    );
+    if !report.removed.is_empty() {
+        entry_lines(&mut text, &report.removed, now());
+    }
+    Report {
+        text,
+        json: json!({ "dir": dir, "gc": report }),
+        problem: None,
+    }
+}
+
+fn clear(store: &DirStore, dir: &str) -> Result<Report, Failure> {
+    let before = store.list();
+    let total: u64 = before.iter().map(|e| e.size_bytes).sum();
+    store.clear()?;
+    let left = store.list().len();
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "removed {} entries ({}) and the program records from {dir}",
+        before.len() - left.min(before.len()),
+        bytes(total)
+    );
+    let problem = (left > 0).then(|| {
+        Failure::found(
+            "not_cleared",
+            format!("{left} entries could not be removed from {dir}; check its permissions"),
+        )
+    });
+    Ok(Report {
+        text,
+        json: json!({
+            "dir": dir,
+            "removed_entries": before.len() - left.min(before.len()),
+            "removed_bytes": total,
+            "left_entries": left,
+        }),
+        problem,
+    })
+}
+
+fn verify(store: &DirStore, dir: &str, signed: bool) -> Report {
+    let checked = store.verify_all();
+    let bad = checked.iter().filter(|v| v.problem.is_some()).count();
+    let what = if signed {
+        format!("signatures (with {KEY_ENV})")
+    } else {
+        format!("checksums (no {KEY_ENV} set)")
+    };
+    let mut text = String::new();
+    for v in &checked {
+        let program = v.program.as_deref().unwrap_or("?");
+        let short = v.key.get(..12).unwrap_or(&v.key);
+        match &v.problem {
+            None => {
+                let _ = writeln!(text, "ok   {short}  {program}");
+            }
+            Some(why) => {
+                let _ = writeln!(text, "BAD  {short}  {program}: {why}");
+            }
+        }
+    }
+    let _ = writeln!(
+        text,
+        "{} entries in {dir}, {what} checked: {} ok, {bad} with problems",
+        checked.len(),
+        checked.len() - bad
+    );
+    let problem = (bad > 0).then(|| {
+        Failure::found(
+            "verify_failed",
+            format!(
+                "{bad} of {} entries would be rejected by a lookup (and rebuilt by the next \
+                 compile); `nitro cache clear` removes everything, and a wrong or missing {KEY_ENV} \
+                 shows as `signature` or `signed_no_key`",
+                checked.len()
+            ),
+        )
+    });
+    Report {
+        text,
+        json: json!({
+            "dir": dir,
+            "signed": signed,
+            "checked": checked.len(),
+            "ok": checked.len() - bad,
+            "problems": bad,
+            "entries": checked,
+        }),
+        problem,
+    }
+}

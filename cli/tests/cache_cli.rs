@@ -1,0 +1,399 @@
+//! The `nitro` binary against real cache directories, filled by compiling programs through the
+//! library (on the interpreter backend, which stores entries like XLA does, instantly).
+#![allow(missing_docs)]
+
+#[path = "../../runtime/tests/common/mod.rs"]
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use common::probe::{OTHER, STEP};
+use common::TempDir;
+use nitro::backend;
+use nitro::cache::{Cache, DirStore};
+use nitro::prelude::*;
+use serde_json::Value;
+
+const KEY_A: &str = "0101010101010101010101010101010101010101010101010101010101010101";
+const KEY_B: &str = "0202020202020202020202020202020202020202020202020202020202020202";
+
+fn hex_key(hex: &str) -> [u8; 32] {
+    *hex.parse::<Digest>().unwrap().as_bytes()
+}
+
+/// Compiles three programs into a store at `dir`: STEP with k = 3 and k = 4, and OTHER. The
+/// entries' last use is set one minute apart in that order (STEP k=3 oldest), so least recently
+/// used is known.
+fn fill(dir: &Path, signing: Option<&str>) {
+    let store = Arc::new(DirStore::open(dir, 1 << 30, signing.map(hex_key)).unwrap());
+    let cache = Cache::new(8, Some(store.clone()));
+    let (mut e, x) = common::probe::probe();
+    let base = SystemTime::now() - Duration::from_secs(3600);
+    for (i, (program, k)) in [(&STEP, 3), (&STEP, 4), (&OTHER, 3)]
+        .into_iter()
+        .enumerate()
+    {
+        let before = entry_files(dir);
+        e.k = k;
+        cache.get(backend::interpreter(), program, &e, &x).unwrap();
+        let new: Vec<PathBuf> = entry_files(dir)
+            .into_iter()
+            .filter(|p| !before.contains(p))
+            .collect();
+        assert_eq!(new.len(), 1, "each run stores one entry");
+        fs::File::options()
+            .write(true)
+            .open(&new[0])
+            .unwrap()
+            .set_modified(base + Duration::from_secs(60 * i as u64))
+            .unwrap();
+    }
+}
+
+/// The entry files, in key order, as the library lists them.
+fn entry_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = DirStore::open_existing(dir, None)
+        .unwrap()
+        .list()
+        .into_iter()
+        .map(|e| dir.join(format!("{}.entry", e.key)))
+        .collect();
+    v.sort();
+    v
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is one JSON document ({e}):\n{}", self.stdout))
+    }
+}
+
+/// Runs the binary with `args`, no cache settings from the test's environment, and `env` added.
+fn nitro(args: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_nitro"));
+    cmd.args(args)
+        .env_remove("NITRO_CACHE_DIR")
+        .env_remove("NITRO_CACHE_KEY");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("the nitro binary runs");
+    let run = Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    assert!(
+        !run.stderr.contains("panicked"),
+        "never a panic: {}",
+        run.stderr
+    );
+    run
+}
+
+fn in_dir<'a>(command: &[&'a str], dir: &'a Path) -> Vec<&'a str> {
+    let mut v = vec!["cache"];
+    v.extend_from_slice(command);
+    v.extend_from_slice(&["--dir", dir.to_str().unwrap()]);
+    v
+}
+
+fn ls_json(dir: &Path) -> Value {
+    let run = nitro(&in_dir(&["ls", "--json"], dir), &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    run.json()
+}
+
+fn keys(ls: &Value) -> Vec<String> {
+    ls["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["key"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn ls_lists_every_compiled_program() {
+    let tmp = TempDir::new("ls");
+    fill(tmp.path(), None);
+    let run = nitro(&in_dir(&["ls"], tmp.path()), &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("Probe::step"), "{}", run.stdout);
+    assert!(run.stdout.contains("Probe::other"), "{}", run.stdout);
+    assert!(run.stdout.contains("3 entries"), "{}", run.stdout);
+
+    let ls = ls_json(tmp.path());
+    assert_eq!(ls["count"], 3);
+    let entries = ls["entries"].as_array().unwrap();
+    // Most recently used first: OTHER was used last.
+    assert!(entries[0]["meta"]["program"]
+        .as_str()
+        .unwrap()
+        .ends_with("Probe::other"));
+    for e in entries {
+        assert!(run.stdout.contains(&e["key"].as_str().unwrap()[..12]));
+        assert!(e["size_bytes"].as_u64().unwrap() > 0);
+        assert!(e["meta"]["compile_ms"].as_f64().unwrap() >= 0.0);
+        assert!(e["last_used"].as_u64().unwrap() > 0);
+    }
+    let total: u64 = entries
+        .iter()
+        .map(|e| e["size_bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(ls["total_bytes"], total);
+}
+
+#[test]
+fn the_directory_comes_from_nitro_cache_dir_without_dir() {
+    let tmp = TempDir::new("env-dir");
+    fill(tmp.path(), None);
+    let run = nitro(
+        &["cache", "ls", "--json"],
+        &[("NITRO_CACHE_DIR", tmp.path().to_str().unwrap())],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.json()["count"], 3);
+}
+
+#[test]
+fn explain_shows_the_key_components() {
+    let tmp = TempDir::new("explain");
+    fill(tmp.path(), None);
+
+    // By program identity (its last `::` parts): both STEP entries, and the record of the
+    // latest (k = 4) with the GraphConst field by name.
+    let run = nitro(&in_dir(&["explain", "Probe::step"], tmp.path()), &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    for component in [
+        "graph_const_fields",
+        "k = ",
+        "fingerprint",
+        "backend_components",
+        "nitro interpreter",
+        "signature",
+        "options",
+    ] {
+        assert!(
+            run.stdout.contains(component),
+            "`{component}` in:\n{}",
+            run.stdout
+        );
+    }
+    assert_eq!(run.stdout.matches("  entry ").count(), 2, "{}", run.stdout);
+
+    // By key prefix: that one entry, and the record says whether it describes it.
+    let ls = ls_json(tmp.path());
+    let newest_step = ls["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["meta"]["program"].as_str().unwrap().ends_with("step"))
+        .unwrap()
+        .clone();
+    let key = newest_step["key"].as_str().unwrap();
+    let run = nitro(&in_dir(&["explain", &key[..10], "--json"], tmp.path()), &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let doc = run.json();
+    let programs = doc["programs"].as_array().unwrap();
+    assert_eq!(programs.len(), 1);
+    assert_eq!(programs[0]["entries"].as_array().unwrap().len(), 1);
+    assert_eq!(programs[0]["entries"][0]["key"], key);
+    // The newest STEP entry is the program's latest compile: its record has its fingerprint.
+    assert_eq!(
+        programs[0]["record"]["fingerprint"],
+        newest_step["meta"]["fingerprint"]
+    );
+
+    // Nothing matches: a clear message, exit status 1.
+    let run = nitro(&in_dir(&["explain", "no_such_program"], tmp.path()), &[]);
+    assert_eq!(run.code, 1);
+    assert!(run.stderr.contains("nitro cache ls"), "{}", run.stderr);
+}
+
+#[test]
+fn gc_shrinks_to_the_bound_removing_least_recently_used_first() {
+    let tmp = TempDir::new("gc");
+    fill(tmp.path(), None);
+    let before = ls_json(tmp.path());
+    let total = before["total_bytes"].as_u64().unwrap();
+    let oldest = keys(&before).pop().unwrap();
+    let bound = total - 1;
+
+    let run = nitro(
+        &in_dir(
+            &["gc", "--max-size", &bound.to_string(), "--json"],
+            tmp.path(),
+        ),
+        &[],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let gc = run.json();
+    assert_eq!(gc["gc"]["removed"].as_array().unwrap().len(), 1);
+    assert_eq!(gc["gc"]["removed"][0]["key"], oldest.as_str());
+
+    let after = ls_json(tmp.path());
+    assert!(after["total_bytes"].as_u64().unwrap() <= bound);
+    assert_eq!(after["count"], 2);
+    assert!(!keys(&after).contains(&oldest));
+
+    // A bound of 0 removes everything; text output says how much.
+    let run = nitro(&in_dir(&["gc", "--max-size", "0K"], tmp.path()), &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("removed 2 entries"), "{}", run.stdout);
+    assert_eq!(ls_json(tmp.path())["count"], 0);
+}
+
+#[test]
+fn clear_empties_the_cache() {
+    let tmp = TempDir::new("clear");
+    fill(tmp.path(), None);
+    assert!(fs::read_dir(tmp.path().join("programs")).unwrap().count() > 0);
+    let run = nitro(&in_dir(&["clear", "--json"], tmp.path()), &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.json()["removed_entries"], 3);
+    assert_eq!(ls_json(tmp.path())["count"], 0);
+    assert_eq!(
+        fs::read_dir(tmp.path().join("programs")).unwrap().count(),
+        0
+    );
+    let run = nitro(&in_dir(&["ls"], tmp.path()), &[]);
+    assert!(
+        run.stdout.contains("no compiled programs"),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn verify_detects_a_corrupted_byte() {
+    let tmp = TempDir::new("verify");
+    fill(tmp.path(), None);
+    let run = nitro(&in_dir(&["verify"], tmp.path()), &[]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains("3 ok, 0 with problems"),
+        "{}",
+        run.stdout
+    );
+
+    let victim = entry_files(tmp.path()).remove(1);
+    let mut bytes = fs::read(&victim).unwrap();
+    let at = bytes.len() - 40;
+    bytes[at] ^= 0x01;
+    fs::write(&victim, bytes).unwrap();
+    let key = victim.file_stem().unwrap().to_str().unwrap().to_owned();
+
+    let run = nitro(&in_dir(&["verify", "--json"], tmp.path()), &[]);
+    assert_eq!(run.code, 1, "a problem is exit status 1");
+    let doc = run.json();
+    assert_eq!(doc["problems"], 1);
+    let bad: Vec<&Value> = doc["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| !e["problem"].is_null())
+        .collect();
+    assert_eq!(bad.len(), 1);
+    assert_eq!(bad[0]["key"], key.as_str());
+    assert_eq!(bad[0]["problem"]["kind"], "checksum");
+    // Verifying removes nothing: the damaged entry is still there for a second look.
+    assert!(victim.exists());
+    let run = nitro(&in_dir(&["verify"], tmp.path()), &[]);
+    assert!(
+        run.stdout.contains(&format!("BAD  {}", &key[..12])),
+        "{}",
+        run.stdout
+    );
+}
+
+#[test]
+fn verify_checks_signatures_with_the_key() {
+    let tmp = TempDir::new("signed");
+    fill(tmp.path(), Some(KEY_A));
+    let with = |key: &str| {
+        nitro(
+            &in_dir(&["verify", "--json"], tmp.path()),
+            &[("NITRO_CACHE_KEY", key)],
+        )
+    };
+
+    let right = with(KEY_A);
+    assert_eq!(right.code, 0, "{}", right.stdout);
+    assert_eq!(right.json()["signed"], true);
+    assert_eq!(right.json()["ok"], 3);
+
+    let wrong = with(KEY_B);
+    assert_eq!(wrong.code, 1);
+    let doc = wrong.json();
+    assert_eq!(doc["problems"], 3);
+    assert!(doc["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|e| e["problem"]["kind"] == "signature"));
+
+    let none = nitro(&in_dir(&["verify"], tmp.path()), &[]);
+    assert_eq!(none.code, 1);
+    assert!(none.stdout.contains("signed_no_key"), "{}", none.stdout);
+
+    let bad_key = with("not-a-key");
+    assert_eq!(bad_key.code, 2);
+    assert_eq!(bad_key.json()["error"]["kind"], "invalid_setting");
+}
+
+#[test]
+fn a_missing_directory_is_a_clear_error() {
+    let tmp = TempDir::new("missing");
+    for command in [
+        &["ls"][..],
+        &["explain", "x"],
+        &["gc", "--max-size", "1M"],
+        &["clear"],
+        &["verify"],
+    ] {
+        let run = nitro(&in_dir(command, tmp.path()), &[]);
+        assert_eq!(run.code, 2, "{command:?}");
+        assert!(run.stderr.contains("does not exist"), "{}", run.stderr);
+        assert!(run.stderr.contains("--dir"), "{}", run.stderr);
+    }
+    assert!(!tmp.path().exists(), "inspection creates nothing");
+    let mut json = in_dir(&["ls"], tmp.path());
+    json.push("--json");
+    let run = nitro(&json, &[]);
+    assert_eq!(run.code, 2);
+    assert_eq!(run.json()["error"]["kind"], "missing_directory");
+}
+
+#[cfg(unix)]
+#[test]
+fn an_untrusted_directory_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = TempDir::new("untrusted");
+    fill(tmp.path(), None);
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o777)).unwrap();
+    let run = nitro(&in_dir(&["ls"], tmp.path()), &[]);
+    assert_eq!(run.code, 2);
+    assert!(
+        run.stderr.contains("writable by every user"),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains("chmod go-w"), "{}", run.stderr);
+    let run = nitro(&in_dir(&["clear", "--json"], tmp.path()), &[]);
+    assert_eq!(run.code, 2);
+    assert_eq!(run.json()["error"]["kind"], "untrusted_directory");
+    fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o700)).unwrap();
+    assert_eq!(entry_files(tmp.path()).len(), 3, "nothing removed");
+}
