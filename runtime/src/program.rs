@@ -161,6 +161,14 @@ impl Packing {
             .collect()
     }
 
+    /// Zero-filled flat arrays of this packing's types.
+    pub(crate) fn zeros(&self) -> Vec<Array> {
+        self.groups
+            .iter()
+            .map(|&(dtype, n)| Array::zeros(dtype, &[n]))
+            .collect()
+    }
+
     /// Packs leaves (in walk order, of this packing's types) into the flat arrays.
     pub(crate) fn pack(&self, leaves: &[Array]) -> Result<Vec<Array>> {
         if leaves.len() != self.leaves.len() {

@@ -571,7 +571,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             });
         }
         let (packing, trainable, frozen) = device_leaves(&experiment)?;
-        let state = zero_state(&optimizer, &trainable);
+        let state = zero_state(&optimizer, &packing);
         let put = |v: Vec<Array>| -> Result<Vec<Value>> { place(backend, v) };
         let (trainable, frozen, state) = (put(trainable)?, put(frozen)?, put(state)?);
         let counter = put(vec![Array::scalar(0.0f32)])?;
@@ -681,14 +681,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let (backend, cache, experiment) = (self.backend, self.cache, &self.experiment);
         let update_inputs = update_inputs_shape(&opt);
         let accumulating = self.config.accum > 1;
-        let sums: AccumExtra = (
-            self.packing
-                .group_types()
-                .iter()
-                .map(|t| Array::zeros(t.dtype, &t.dims))
-                .collect(),
-            Array::scalar(1.0f32),
-        );
+        let sums: AccumExtra = (self.packing.zeros(), Array::scalar(1.0f32));
         // Compile the inventory concurrently: the first step waits for the slowest program,
         // not their sum.
         let (grad, update) = std::thread::scope(|s| {
@@ -803,12 +796,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let mut scale = None;
         if accumulating {
             if self.window.zeros.is_none() {
-                let zeros = self
-                    .packing
-                    .group_types()
-                    .iter()
-                    .map(|t| Array::zeros(t.dtype, &t.dims))
-                    .collect();
+                let zeros = self.packing.zeros();
                 self.window.zeros = Some(place(self.backend, zeros)?);
                 self.window.one = Some(self.place_one(Array::scalar(1.0f32))?);
             }
@@ -1220,7 +1208,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         change(&mut self.experiment);
         let (packing, trainable, frozen) = device_leaves(&self.experiment)?;
         if packing != self.packing {
-            self.state = place(self.backend, zero_state(&self.optimizer, &trainable))?;
+            self.state = place(self.backend, zero_state(&self.optimizer, &packing))?;
         }
         self.packing = packing;
         self.trainable = place(self.backend, trainable)?;
@@ -1346,9 +1334,9 @@ fn device_leaves<E: Experiment>(experiment: &E) -> Result<(Packing, Vec<Array>, 
 }
 
 /// Zeroed optimizer state for the packed trainable leaves: each slot, one array per group.
-fn zero_state<O: Optimizer>(optimizer: &O, packed: &[Array]) -> Vec<Array> {
+fn zero_state<O: Optimizer>(optimizer: &O, packing: &Packing) -> Vec<Array> {
     (0..optimizer.slots().len())
-        .flat_map(|_| packed.iter().map(|a| Array::zeros(a.dtype(), a.dims())))
+        .flat_map(|_| packing.zeros())
         .collect()
 }
 
