@@ -3,7 +3,9 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use nitro::cache::{DirStore, EntrySummary, Explanation, Store};
+use nitro::cache::{
+    DirStore, EntrySummary, Explanation, RedisStore, RemoteConfig, Store, Transfer,
+};
 use serde_json::{json, Value};
 
 use crate::text::{ago, bytes, compile_ms, render_lines};
@@ -16,13 +18,52 @@ const DIR_ENV: &str = "NITRO_CACHE_DIR";
 
 /// Runs one `cache` command.
 pub(crate) fn run(args: &CacheArgs) -> Result<Report, Failure> {
-    let dir = directory(args)?;
     let key = signing_key()?;
-    let store = DirStore::open_existing(&dir, key)?;
+    // `ls` and `explain` of the shared server need no directory.
+    match (&args.command, args.remote.is_some()) {
+        (CacheCommand::Ls, true) => {
+            let remote = remote_store(args, key)?;
+            return Ok(listing(&remote.list()?, remote.url()));
+        }
+        (CacheCommand::Explain { query }, true) => {
+            let remote = remote_store(args, key)?;
+            return explained(remote.explain(query)?, remote.url(), query);
+        }
+        _ => {}
+    }
+    let dir = directory(args)?;
     let dir_text = dir.display().to_string();
+    if let CacheCommand::Pull { queries } = &args.command {
+        // Pulling warms a store that may not exist yet.
+        let remote = remote_store(args, key)?;
+        let store = DirStore::open(&dir, nitro::cache::store::DEFAULT_CAPACITY_BYTES, key)?;
+        let t = remote.pull_into(&store, queries)?;
+        return Ok(transfer(
+            "pulled",
+            "from",
+            remote.url(),
+            "into",
+            &dir_text,
+            &t,
+        ));
+    }
+    let store = DirStore::open_existing(&dir, key)?;
     match &args.command {
         CacheCommand::Ls => Ok(ls(&store, &dir_text)),
         CacheCommand::Explain { query } => explain(&store, &dir_text, query),
+        CacheCommand::Push => {
+            let remote = remote_store(args, key)?;
+            let t = remote.push_from(&store)?;
+            Ok(transfer(
+                "pushed",
+                "from",
+                &dir_text,
+                "to",
+                remote.url(),
+                &t,
+            ))
+        }
+        CacheCommand::Pull { .. } => unreachable!("handled above"),
         CacheCommand::Gc { max_size } => Ok(gc(&store, &dir_text, *max_size)),
         CacheCommand::Clear => clear(&store, &dir_text),
         CacheCommand::Verify => Ok(verify(&store, &dir_text, key.is_some())),
@@ -46,6 +87,30 @@ fn directory(args: &CacheArgs) -> Result<PathBuf, Failure> {
             ),
         )
     })
+}
+
+/// The shared server: `--remote URL`, else `NITRO_CACHE_REMOTE`, with the other
+/// `NITRO_CACHE_REMOTE_*` settings; checked to answer.
+fn remote_store(args: &CacheArgs, key: Option<[u8; 32]>) -> Result<RedisStore, Failure> {
+    let url = args.remote.clone().filter(|u| !u.is_empty());
+    let config = RemoteConfig::from_env_at(url)?.ok_or_else(|| {
+        Failure::fatal(
+            "no_remote",
+            "no shared server: pass --remote URL (redis://host:port/db or \
+             redis+unix:///path/to/socket) or set NITRO_CACHE_REMOTE",
+        )
+    })?;
+    let store = RedisStore::open(config, key)?;
+    if !store.ping() {
+        return Err(Failure::fatal(
+            "remote_unreachable",
+            format!(
+                "the shared server {} does not answer; check the address and that it runs",
+                store.url()
+            ),
+        ));
+    }
+    Ok(store)
 }
 
 /// The signing key from `NITRO_CACHE_KEY`, when set.
@@ -102,14 +167,18 @@ fn now() -> u64 {
 }
 
 fn ls(store: &DirStore, dir: &str) -> Report {
-    let entries = store.list();
+    listing(&store.list(), dir)
+}
+
+/// `ls` of the entries of `place` (a directory or a server).
+fn listing(entries: &[EntrySummary], dir: &str) -> Report {
     let total: u64 = entries.iter().map(|e| e.size_bytes).sum();
     let saved: f64 = entries.iter().filter_map(EntrySummary::compile_ms).sum();
     let mut text = String::new();
     if entries.is_empty() {
         let _ = writeln!(text, "no compiled programs in {dir}");
     } else {
-        entry_lines(&mut text, &entries, now());
+        entry_lines(&mut text, entries, now());
         let _ = writeln!(
             text,
             "{} entries, {} in {dir}; a hit on each saves its compile time ({} in all)",
@@ -132,7 +201,11 @@ fn ls(store: &DirStore, dir: &str) -> Report {
 }
 
 fn explain(store: &DirStore, dir: &str, query: &str) -> Result<Report, Failure> {
-    let found = store.explain(query);
+    explained(store.explain(query), dir, query)
+}
+
+/// `explain`'s report of what `dir` (a directory or a server) holds for `query`.
+fn explained(found: Vec<Explanation>, dir: &str, query: &str) -> Result<Report, Failure> {
     if found.is_empty() {
         return Err(Failure::found(
             "no_match",
@@ -322,5 +395,33 @@ fn verify(store: &DirStore, dir: &str, signed: bool) -> Report {
             "entries": checked,
         }),
         problem,
+    }
+}
+
+/// The report of a push or a pull: `verb` entries `from_word` `from` `to_word` `to`.
+fn transfer(
+    verb: &str,
+    from_word: &str,
+    from: &str,
+    to_word: &str,
+    to: &str,
+    t: &Transfer,
+) -> Report {
+    let mut text = String::new();
+    for (key, why) in &t.skipped {
+        let _ = writeln!(text, "skipped {}: {why}", key.get(..12).unwrap_or(key));
+    }
+    let _ = writeln!(
+        text,
+        "{verb} {} entries ({}) {from_word} {from} {to_word} {to}; {} already there, {} skipped",
+        t.copied.len(),
+        bytes(t.bytes),
+        t.present,
+        t.skipped.len()
+    );
+    Report {
+        text,
+        json: json!({ "from": from, "to": to, verb: t }),
+        problem: None,
     }
 }

@@ -6,7 +6,13 @@
 //! nitro cache gc --max-size 500M     # drop least-recently-used entries down to a bound
 //! nitro cache clear                  # drop everything
 //! nitro cache verify                 # checksums, or signatures with NITRO_CACHE_KEY
+//! nitro cache push                   # upload local entries the shared server lacks
+//! nitro cache pull [QUERY...]        # copy entries from the shared server (all, or named)
+//! nitro cache ls --remote            # `ls` and `explain` of the shared server
 //! ```
+//!
+//! The shared server is `NITRO_CACHE_REMOTE` (with its `NITRO_CACHE_REMOTE_*` settings), or
+//! `--remote URL`; it needs the signing key in `NITRO_CACHE_KEY`.
 //!
 //! The directory is the one the library uses (`NITRO_CACHE_DIR`, else the platform's cache
 //! directory), or `--dir`. Every command takes `--json` (one JSON document on stdout). The
@@ -49,6 +55,11 @@ struct CacheArgs {
     /// Print one JSON document on stdout instead of text (errors too).
     #[arg(long, global = true)]
     json: bool,
+    /// The shared server (`redis://host:port/db` or `redis+unix:///path/to/socket`) for `push`
+    /// and `pull`, and the one `ls` and `explain` show instead of the directory
+    /// [default: NITRO_CACHE_REMOTE].
+    #[arg(long, global = true, value_name = "URL", num_args = 0..=1, default_missing_value = "")]
+    remote: Option<String>,
     #[command(subcommand)]
     command: CacheCommand,
 }
@@ -74,6 +85,14 @@ enum CacheCommand {
     Clear,
     /// Check every entry's checksum, or its signature when NITRO_CACHE_KEY is set.
     Verify,
+    /// Upload every local entry the shared server lacks (verified first).
+    Push,
+    /// Copy entries from the shared server into the cache directory: every one, or those the
+    /// queries name (keys, key prefixes or program identities, as `explain` takes them).
+    Pull {
+        /// What to copy; nothing means everything.
+        queries: Vec<String>,
+    },
 }
 
 /// Why a command did not succeed.
@@ -126,6 +145,8 @@ impl From<nitro::Error> for Failure {
             nitro::Error::CacheIo { .. } => "io",
             nitro::Error::CacheUntrusted { .. } => "untrusted_directory",
             nitro::Error::InvalidSetting { .. } => "invalid_setting",
+            nitro::Error::RemoteUnsigned { .. } => "unsigned_remote",
+            nitro::Error::RemoteCache { .. } => "remote",
             _ => "error",
         };
         Failure::fatal(kind, e.to_string())

@@ -84,7 +84,10 @@ fn nitro(args: &[&str], env: &[(&str, &str)]) -> Run {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_nitro"));
     cmd.args(args)
         .env_remove("NITRO_CACHE_DIR")
-        .env_remove("NITRO_CACHE_KEY");
+        .env_remove("NITRO_CACHE_KEY")
+        .env_remove("NITRO_CACHE_REMOTE")
+        .env_remove("NITRO_CACHE_REMOTE_PREFIX")
+        .env_remove("NITRO_CACHE_REMOTE_MODE");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -396,4 +399,107 @@ fn an_untrusted_directory_is_refused() {
     assert_eq!(run.json()["error"]["kind"], "untrusted_directory");
     fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o700)).unwrap();
     assert_eq!(entry_files(tmp.path()).len(), 3, "nothing removed");
+}
+
+fn sorted(mut v: Vec<String>) -> Vec<String> {
+    v.sort();
+    v
+}
+
+/// `push` uploads what the shared server lacks (once), `ls`/`explain --remote` show the server,
+/// `pull` warms an empty directory (everything, or the entries of one program) with entries
+/// that verify there; a read-only server, a missing key and a dead server are refused.
+#[test]
+fn push_and_pull_through_a_shared_server() {
+    let Some(url) = common::redis_or_skip("push_and_pull_through_a_shared_server") else {
+        return;
+    };
+    let ns = common::namespace("cli");
+    let tmp = TempDir::new("push-pull");
+    let a = tmp.path().join("a");
+    fill(&a, Some(KEY_A));
+    let local = sorted(keys(&ls_json(&a)));
+    assert_eq!(local.len(), 3);
+    let env = [
+        ("NITRO_CACHE_KEY", KEY_A),
+        ("NITRO_CACHE_REMOTE", url.as_str()),
+        ("NITRO_CACHE_REMOTE_PREFIX", ns.as_str()),
+    ];
+    let copied = |doc: &Value, verb: &str| -> Vec<String> {
+        doc[verb]["copied"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k.as_str().unwrap().to_owned())
+            .collect()
+    };
+
+    let push = nitro(&in_dir(&["push", "--json"], &a), &env);
+    assert_eq!(push.code, 0, "{}{}", push.stdout, push.stderr);
+    assert_eq!(sorted(copied(&push.json(), "pushed")), local);
+    let again = nitro(&in_dir(&["push", "--json"], &a), &env);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert_eq!(again.json()["pushed"]["present"], 3);
+    assert!(copied(&again.json(), "pushed").is_empty(), "nothing twice");
+
+    // The server's listing and explanations, without any directory.
+    let ls = nitro(&["cache", "ls", "--remote", "--json"], &env);
+    assert_eq!(ls.code, 0, "{}", ls.stderr);
+    assert_eq!(sorted(keys(&ls.json())), local);
+    let text = nitro(&["cache", "ls", "--remote"], &env);
+    assert!(text.stdout.contains("Probe::step"), "{}", text.stdout);
+    let explain = nitro(
+        &["cache", "explain", "Probe::step", "--remote", "--json"],
+        &env,
+    );
+    assert_eq!(explain.code, 0, "{}", explain.stderr);
+    assert_eq!(
+        explain.json()["programs"][0]["entries"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+
+    // Everything into a directory that does not exist yet; the entries verify there.
+    let b = tmp.path().join("b");
+    let pull = nitro(&in_dir(&["pull", "--json"], &b), &env);
+    assert_eq!(pull.code, 0, "{}", pull.stderr);
+    assert_eq!(sorted(copied(&pull.json(), "pulled")), local);
+    assert_eq!(sorted(keys(&ls_json(&b))), local);
+    let verify = nitro(&in_dir(&["verify"], &b), &[("NITRO_CACHE_KEY", KEY_A)]);
+    assert_eq!(verify.code, 0, "{}", verify.stdout);
+    // One program's entries only.
+    let c = tmp.path().join("c");
+    let pull = nitro(&in_dir(&["pull", "Probe::step", "--json"], &c), &env);
+    assert_eq!(pull.code, 0, "{}", pull.stderr);
+    assert_eq!(copied(&pull.json(), "pulled").len(), 2);
+    assert_eq!(keys(&ls_json(&c)).len(), 2);
+
+    // Refusals: read-only push, no key, a server that does not answer.
+    let mut ro = env.to_vec();
+    ro.push(("NITRO_CACHE_REMOTE_MODE", "ro"));
+    let run = nitro(&in_dir(&["push", "--json"], &a), &ro);
+    assert_eq!(run.code, 2);
+    assert_eq!(run.json()["error"]["kind"], "remote", "{}", run.stdout);
+    let run = nitro(&in_dir(&["push", "--json"], &a), &env[1..]);
+    assert_eq!(run.code, 2);
+    assert_eq!(
+        run.json()["error"]["kind"],
+        "unsigned_remote",
+        "{}",
+        run.stdout
+    );
+    let dead = format!("redis+unix://{}/no.sock", tmp.path().display());
+    let run = nitro(&["cache", "ls", "--remote", &dead, "--json"], &env);
+    assert_eq!(run.code, 2);
+    assert_eq!(
+        run.json()["error"]["kind"],
+        "remote_unreachable",
+        "{}",
+        run.stdout
+    );
+    let run = nitro(&["cache", "ls", "--remote", "--json"], &[]);
+    assert_eq!(run.code, 2);
+    assert_eq!(run.json()["error"]["kind"], "no_remote", "{}", run.stdout);
 }

@@ -38,36 +38,10 @@ const KEY: [u8; 32] = [7; 32];
 const OTHER_KEY: [u8; 32] = [9; 32];
 const GIB: u64 = 1 << 30;
 
-/// The shared server's URL, or `None` after a `skip:` line (a failure under
-/// `NITRO_REQUIRE_REDIS=1`).
-fn server_or_skip(test: &str) -> Option<String> {
-    match std::env::var("NITRO_TEST_REDIS") {
-        Ok(url) if !url.trim().is_empty() => Some(url.trim().to_owned()),
-        _ => {
-            common::skip_unless_required(
-                test,
-                "NITRO_REQUIRE_REDIS",
-                "there is no server",
-                &"NITRO_TEST_REDIS is not set (no redis-server to test on)",
-            );
-            None
-        }
-    }
-}
-
 /// The shared server's URL and a fresh namespace tagged `tag` for `test`, or `None` after a
 /// `skip:` line.
 fn shared_or_skip(test: &str, tag: &str) -> Option<(String, String)> {
-    server_or_skip(test).map(|url| (url, namespace(tag)))
-}
-
-/// A namespace no other test (or earlier run) uses.
-fn namespace(tag: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("nitro-test-{tag}-{}-{nanos}", std::process::id())
+    common::redis_or_skip(test).map(|url| (url, common::namespace(tag)))
 }
 
 fn config(url: &str, ns: &str) -> RemoteConfig {
@@ -616,12 +590,12 @@ fn hung_child() {
 
 #[test]
 fn a_server_stopped_and_restarted_mid_run() {
-    if server_or_skip("a_server_stopped_and_restarted_mid_run").is_none() {
+    if common::redis_or_skip("a_server_stopped_and_restarted_mid_run").is_none() {
         return;
     }
     let mut server = Server::start("restart", &[]);
     let url = server.url();
-    let ns = namespace("restart");
+    let ns = common::namespace("restart");
     let interp = backend::interpreter();
     let dir = TempDir::new("restart-a");
     let (a, store_a) = machine(config(&url, &ns), &dir);
@@ -776,7 +750,7 @@ fn an_entry_signed_with_another_key_is_rejected_rebuilt_and_reuploaded() {
 
 #[test]
 fn an_entry_evicted_by_the_server_is_rebuilt_and_reuploaded() {
-    if server_or_skip("an_entry_evicted_by_the_server_is_rebuilt_and_reuploaded").is_none() {
+    if common::redis_or_skip("an_entry_evicted_by_the_server_is_rebuilt_and_reuploaded").is_none() {
         return;
     }
     // A private server with a small memory bound, so filling it evicts for real.
@@ -785,7 +759,7 @@ fn an_entry_evicted_by_the_server_is_rebuilt_and_reuploaded() {
         &["--maxmemory", "3mb", "--maxmemory-policy", "allkeys-lru"],
     );
     let url = server.url();
-    let ns = namespace("evict");
+    let ns = common::namespace("evict");
     let interp = backend::interpreter();
     let dir = TempDir::new("evict-a");
     let (a, _) = machine(config(&url, &ns), &dir);

@@ -43,7 +43,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 pub use reason::MissReason;
-pub use remote::{LayeredStore, RedisStore, RemoteConfig, RemoteMode};
+pub use remote::{LayeredStore, RedisStore, RemoteConfig, RemoteMode, Transfer};
 pub use stats::{CacheStats, RemoteStats};
 pub use store::{
     DirStore, Entry, EntryMeta, EntrySummary, Explanation, GcReport, Lookup, RejectKind, Rejection,

@@ -38,7 +38,10 @@ use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::store::{decode_entry, encode_entry, DirStore, Entry, KeyLock, Lookup, Store};
+use super::store::{
+    decode_entry, encode_entry, explain_entries, meta_len_of, DirStore, Entry, EntrySummary,
+    Explanation, KeyLock, Lookup, Store, ENTRY_HEADER_BYTES,
+};
 use super::{RejectKind, Rejection, RemoteStats};
 use crate::error::{Error, Result};
 use crate::hash::Digest;
@@ -141,8 +144,19 @@ impl RemoteConfig {
     ///
     /// A value that is not understood is [`Error::InvalidSetting`].
     pub fn from_env() -> Result<Option<RemoteConfig>> {
-        let Some(url) = env_value("NITRO_CACHE_REMOTE")? else {
-            return Ok(None);
+        RemoteConfig::from_env_at(None)
+    }
+
+    /// Like [`from_env`](RemoteConfig::from_env), with `url` in place of
+    /// `NITRO_CACHE_REMOTE` when given (a tool's `--remote URL`); the other settings still come
+    /// from the environment.
+    pub fn from_env_at(url: Option<String>) -> Result<Option<RemoteConfig>> {
+        let url = match url {
+            Some(url) => url,
+            None => match env_value("NITRO_CACHE_REMOTE")? {
+                Some(url) => url,
+                None => return Ok(None),
+            },
         };
         let mut config = RemoteConfig::new(url);
         if let Some(prefix) = env_value("NITRO_CACHE_REMOTE_PREFIX")? {
@@ -689,6 +703,198 @@ impl RedisStore {
             .is_ok()
     }
 
+    /// Every entry of this namespace on the server, most recently used first, with the
+    /// metadata in its header (the header only is read; nothing is verified or changed, and
+    /// the reads are not counted in [`stats`](RedisStore::stats)). `last_used` is when the
+    /// server last served or stored it (0 when unknown: an LFU eviction policy does not track
+    /// it). For tools: one scan and a few commands per entry.
+    pub fn list(&self) -> Result<Vec<EntrySummary>> {
+        let prefix = format!("{}:entry:", self.remote.config.prefix);
+        let keys = self.scan("entry:*").map_err(|why| self.failed(why))?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            let (size, idle, head): (u64, Option<u64>, Vec<u8>) = self
+                .remote
+                .run("describe an entry", |c| {
+                    let (size, head): (u64, Vec<u8>) = redis::pipe()
+                        .cmd("STRLEN")
+                        .arg(&k)
+                        .cmd("GETRANGE")
+                        .arg(&k)
+                        .arg(0)
+                        .arg(ENTRY_HEADER_BYTES as i64 - 1)
+                        .query(c)?;
+                    // Refused under an LFU eviction policy: last use is then unknown (0).
+                    let idle: Option<u64> = redis::cmd("OBJECT")
+                        .arg("IDLETIME")
+                        .arg(&k)
+                        .query(c)
+                        .ok()
+                        .flatten();
+                    Ok((size, idle, head))
+                })
+                .map_err(|why| self.failed(why))?;
+            if size == 0 {
+                continue; // evicted or removed since the scan
+            }
+            let meta = match meta_len_of(&head).filter(|&n| n > 0 && n <= size) {
+                Some(n) => {
+                    let start = ENTRY_HEADER_BYTES as i64;
+                    let raw: Vec<u8> = self
+                        .remote
+                        .run("read an entry's header", |c| {
+                            redis::cmd("GETRANGE")
+                                .arg(&k)
+                                .arg(start)
+                                .arg(start + n as i64 - 1)
+                                .query(c)
+                        })
+                        .map_err(|why| self.failed(why))?;
+                    serde_json::from_slice(&raw).ok()
+                }
+                None => None,
+            };
+            out.push(EntrySummary {
+                key: k.strip_prefix(&prefix).unwrap_or(&k).to_owned(),
+                size_bytes: size,
+                last_used: idle.map_or(0, |i| now.saturating_sub(i)),
+                meta,
+            });
+        }
+        out.sort_by(|a, b| {
+            b.last_used
+                .cmp(&a.last_used)
+                .then_with(|| a.key.cmp(&b.key))
+        });
+        Ok(out)
+    }
+
+    /// What the server holds of the programs `query` names, matched as
+    /// [`DirStore::explain`] matches (a key or key prefix, or a program identity). Program
+    /// records stay local, so every explanation's `record` is `None`.
+    pub fn explain(&self, query: &str) -> Result<Vec<Explanation>> {
+        Ok(explain_entries(self.list()?, query, &|_| None))
+    }
+
+    /// Uploads every entry of `local` that the server lacks (`nitro cache push`). Each is
+    /// verified with the local store's key first, without touching the local store (an entry
+    /// it would reject is skipped, with the reason). Refused in read-only mode, and when the
+    /// local store is not signed with this store's key (its entries would all be refused).
+    pub fn push_from(&self, local: &DirStore) -> Result<Transfer> {
+        if self.read_only() {
+            return Err(self.failed(
+                "read-only (NITRO_CACHE_REMOTE_MODE=ro): nothing was uploaded; push from a \
+                 read-write store"
+                    .into(),
+            ));
+        }
+        self.same_key(local)?;
+        let mut t = Transfer::default();
+        for e in local.list() {
+            let Ok(key) = e.key.parse::<Digest>() else {
+                t.skipped.push((e.key, "the file name is not a key".into()));
+                continue;
+            };
+            if self
+                .remote
+                .exists(&self.remote.entry_key(&key))
+                .map_err(|why| self.failed(why))?
+            {
+                t.present += 1;
+                continue;
+            }
+            match local.read_entry(&key) {
+                Ok(entry) => self.copy_in(&mut t, key, &entry, |x| self.put(x))?,
+                Err(why) => t.skipped.push((e.key, why.to_string())),
+            }
+        }
+        Ok(t)
+    }
+
+    /// Copies entries from the server into `local` (`nitro cache pull`): those `queries` name
+    /// (each matched as [`explain`](RedisStore::explain) matches), or every one when `queries`
+    /// is empty. Entries `local` already holds are left alone; each copied entry is verified
+    /// with the key first (one the server's copy fails is skipped, with the reason).
+    pub fn pull_into(&self, local: &DirStore, queries: &[String]) -> Result<Transfer> {
+        self.same_key(local)?;
+        let all = self.list()?;
+        let wanted: Vec<EntrySummary> = if queries.is_empty() {
+            all
+        } else {
+            let mut v: Vec<EntrySummary> = Vec::new();
+            for q in queries {
+                for x in explain_entries(all.clone(), q, &|_| None) {
+                    for e in x.entries {
+                        if !v.iter().any(|w| w.key == e.key) {
+                            v.push(e);
+                        }
+                    }
+                }
+            }
+            v
+        };
+        let mut t = Transfer::default();
+        for e in wanted {
+            let Ok(key) = e.key.parse::<Digest>() else {
+                t.skipped.push((e.key, "not a key".into()));
+                continue;
+            };
+            if local.contains(&key) {
+                t.present += 1;
+                continue;
+            }
+            match self.get(&key)? {
+                Lookup::Hit(entry) => self.copy_in(&mut t, key, &entry, |x| local.put(x))?,
+                Lookup::Rejected(why) => t.skipped.push((e.key, why.to_string())),
+                Lookup::Absent => t.skipped.push((e.key, "gone from the server".into())),
+            }
+        }
+        Ok(t)
+    }
+
+    /// Writes `entry` through `put` and counts it in `t` (an upload over the size limit is
+    /// skipped by the server store, and counted as such).
+    fn copy_in(
+        &self,
+        t: &mut Transfer,
+        key: Digest,
+        entry: &Entry,
+        put: impl FnOnce(&Entry) -> Result<()>,
+    ) -> Result<()> {
+        let too_large = self.stats().too_large;
+        put(entry)?;
+        if self.stats().too_large > too_large {
+            t.skipped.push((
+                key.to_string(),
+                format!(
+                    "over the shared cache's entry limit of {} bytes",
+                    self.remote.config.max_entry_bytes
+                ),
+            ));
+        } else {
+            t.copied.push(key.to_string());
+            t.bytes += entry.payload.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Refuses a local store signed with another key (or none): its entries and this
+    /// store's could never be exchanged.
+    fn same_key(&self, local: &DirStore) -> Result<()> {
+        if local.signing_key() != Some(&self.remote.signing_key) {
+            return Err(self.failed(
+                "the local store is not signed with this store's key; set NITRO_CACHE_KEY to \
+                 the key both use"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
     fn failed(&self, why: String) -> Error {
         Error::RemoteCache {
             url: self.remote.shown.clone(),
@@ -718,6 +924,19 @@ impl RedisStore {
             cursor = next;
         }
     }
+}
+
+/// What [`RedisStore::push_from`] or [`RedisStore::pull_into`] did.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Transfer {
+    /// The keys copied.
+    pub copied: Vec<String>,
+    /// Entries the destination already held.
+    pub present: usize,
+    /// Entries not copied, with why (refused by verification, over the size limit).
+    pub skipped: Vec<(String, String)>,
+    /// Payload bytes copied.
+    pub bytes: u64,
 }
 
 /// `s` with the glob characters of Redis patterns escaped.

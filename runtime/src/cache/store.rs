@@ -531,7 +531,15 @@ impl DirStore {
         let key: Digest = key_of(path)
             .parse()
             .map_err(|_| Rejection::new(RejectKind::Malformed, "the file name is not a key"))?;
-        let (mut file, len) = match open_checked(path, MAX_ENTRY_BYTES) {
+        self.read_entry(&key).map(|_| ())
+    }
+
+    /// The entry under `key`, verified as a lookup verifies it, but without the lookup's side
+    /// effects: nothing is removed and last use is not refreshed (for tools that copy or check
+    /// entries). `Err` says why a lookup would reject it; an absent entry is `Unreadable`.
+    pub fn read_entry(&self, key: &Digest) -> std::result::Result<Entry, Rejection> {
+        let path = self.entry_path(key);
+        let (mut file, len) = match open_checked(&path, MAX_ENTRY_BYTES) {
             Ok(Checked::File(f, len)) => (f, len),
             Ok(Checked::Refused(kind, why)) => return Err(Rejection::new(kind, why)),
             Err(e) => {
@@ -543,7 +551,7 @@ impl DirStore {
         };
         let bytes = read_all(&mut file, len)
             .map_err(|e| Rejection::new(RejectKind::Unreadable, format!("unreadable: {e}")))?;
-        self.decode(&key, &bytes).map(|_| ())
+        self.decode(key, &bytes)
     }
 
     /// Removes least-recently-used entries until at most `max_bytes` are held (program records
@@ -565,51 +573,7 @@ impl DirStore {
     /// program matched; empty when nothing matches. A program whose entries were all evicted
     /// is still explained by its exact identity when its record is kept.
     pub fn explain(&self, query: &str) -> Vec<Explanation> {
-        let query = query.trim();
-        let all = self.list();
-        let explain = |program: &str, entries: Vec<EntrySummary>| Explanation {
-            program: program.to_owned(),
-            entries,
-            record: self.record_json(program),
-        };
-        let mut programs: Vec<String> = Vec::new();
-        let hex = query.to_ascii_lowercase();
-        if query.len() >= 4 && query.len() <= 64 && query.bytes().all(|b| b.is_ascii_hexdigit()) {
-            let by_key: Vec<&EntrySummary> =
-                all.iter().filter(|e| e.key.starts_with(&hex)).collect();
-            if !by_key.is_empty() {
-                for e in &by_key {
-                    if !programs.iter().any(|p| p == e.program()) {
-                        programs.push(e.program().to_owned());
-                    }
-                }
-                return programs
-                    .iter()
-                    .map(|p| {
-                        let mine = by_key.iter().filter(|e| e.program() == p);
-                        explain(p, mine.map(|e| (*e).clone()).collect())
-                    })
-                    .collect();
-            }
-        }
-        let suffix = format!("::{query}");
-        for e in &all {
-            let p = e.program();
-            let matches = p == query || p.ends_with(&suffix);
-            if matches && !programs.iter().any(|q| q == p) {
-                programs.push(p.to_owned());
-            }
-        }
-        if programs.is_empty() && self.record_json(query).is_some() {
-            programs.push(query.to_owned());
-        }
-        programs
-            .iter()
-            .map(|p| {
-                let mine = all.iter().filter(|e| e.program() == p).cloned().collect();
-                explain(p, mine)
-            })
-            .collect()
+        explain_entries(self.list(), query, &|program| self.record_json(program))
     }
 
     /// The record of `program` (an identity), as JSON.
@@ -642,8 +606,74 @@ impl DirStore {
     }
 }
 
+/// The explanations of `query` (see [`DirStore::explain`]) among the entries `all`, with each
+/// program's record from `record`.
+pub(crate) fn explain_entries(
+    all: Vec<EntrySummary>,
+    query: &str,
+    record: &dyn Fn(&str) -> Option<serde_json::Value>,
+) -> Vec<Explanation> {
+    let query = query.trim();
+    let explain = |program: &str, entries: Vec<EntrySummary>| Explanation {
+        program: program.to_owned(),
+        entries,
+        record: record(program),
+    };
+    let mut programs: Vec<String> = Vec::new();
+    let hex = query.to_ascii_lowercase();
+    if query.len() >= 4 && query.len() <= 64 && query.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let by_key: Vec<&EntrySummary> = all.iter().filter(|e| e.key.starts_with(&hex)).collect();
+        if !by_key.is_empty() {
+            for e in &by_key {
+                if !programs.iter().any(|p| p == e.program()) {
+                    programs.push(e.program().to_owned());
+                }
+            }
+            return programs
+                .iter()
+                .map(|p| {
+                    let mine = by_key.iter().filter(|e| e.program() == p);
+                    explain(p, mine.map(|e| (*e).clone()).collect())
+                })
+                .collect();
+        }
+    }
+    let suffix = format!("::{query}");
+    for e in &all {
+        let p = e.program();
+        let matches = p == query || p.ends_with(&suffix);
+        if matches && !programs.iter().any(|q| q == p) {
+            programs.push(p.to_owned());
+        }
+    }
+    if programs.is_empty() && record(query).is_some() {
+        programs.push(query.to_owned());
+    }
+    programs
+        .iter()
+        .map(|p| {
+            let mine = all.iter().filter(|e| e.program() == p).cloned().collect();
+            explain(p, mine)
+        })
+        .collect()
+}
+
 /// The largest entry header (metadata) [`read_meta`] reads.
 const MAX_META_BYTES: u64 = 1 << 20;
+
+/// The bytes before an entry's metadata: magic, signed flag, metadata length.
+pub(crate) const ENTRY_HEADER_BYTES: usize = MAGIC.len() + 1 + 8;
+
+/// The metadata length an entry's first [`ENTRY_HEADER_BYTES`] announce; `None` when they are
+/// not an entry's, or announce more than any entry's metadata.
+pub(crate) fn meta_len_of(head: &[u8]) -> Option<u64> {
+    if head.len() < ENTRY_HEADER_BYTES || &head[..MAGIC.len()] != MAGIC {
+        return None;
+    }
+    let mut raw = [0u8; 8];
+    raw.copy_from_slice(&head[MAGIC.len() + 1..ENTRY_HEADER_BYTES]);
+    Some(u64::from_le_bytes(raw)).filter(|&n| n <= MAX_META_BYTES)
+}
 
 /// The key of an entry file: its name without the extension.
 fn key_of(path: &Path) -> String {
@@ -671,17 +701,9 @@ fn read_meta(path: &Path) -> Option<EntryMeta> {
     let Ok(Checked::File(mut file, len)) = open_checked(path, MAX_ENTRY_BYTES) else {
         return None;
     };
-    let mut head = [0u8; MAGIC.len() + 1 + 8];
+    let mut head = [0u8; ENTRY_HEADER_BYTES];
     file.read_exact(&mut head).ok()?;
-    if &head[..MAGIC.len()] != MAGIC {
-        return None;
-    }
-    let mut raw = [0u8; 8];
-    raw.copy_from_slice(&head[MAGIC.len() + 1..]);
-    let meta_len = u64::from_le_bytes(raw);
-    if meta_len > MAX_META_BYTES.min(len) {
-        return None;
-    }
+    let meta_len = meta_len_of(&head).filter(|&n| n <= len)?;
     let mut meta = Vec::new();
     file.take(meta_len).read_to_end(&mut meta).ok()?;
     serde_json::from_slice(&meta).ok()

@@ -78,3 +78,29 @@ pub fn sigs(changes: &[(&str, &str, &str)]) -> nitro::cache::MissReason {
             .collect(),
     }
 }
+
+/// The shared server's URL, or `None` after a `skip:` line (a failure under
+/// `NITRO_REQUIRE_REDIS=1`).
+pub fn redis_or_skip(test: &str) -> Option<String> {
+    match std::env::var("NITRO_TEST_REDIS") {
+        Ok(url) if !url.trim().is_empty() => Some(url.trim().to_owned()),
+        _ => {
+            skip_unless_required(
+                test,
+                "NITRO_REQUIRE_REDIS",
+                "there is no server",
+                &"NITRO_TEST_REDIS is not set (no redis-server to test on)",
+            );
+            None
+        }
+    }
+}
+
+/// A namespace no other test (or earlier run) uses.
+pub fn namespace(tag: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("nitro-test-{tag}-{}-{nanos}", std::process::id())
+}
