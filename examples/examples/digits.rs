@@ -66,6 +66,7 @@ fn args() -> Result<Args, String> {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let started = std::time::Instant::now();
     // `RUST_LOG=nitro=info` shows one line per compile (with its reason and time) and per epoch.
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -124,7 +125,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .progress(!args.json);
     let mut run = Nitro::new(exp, Adam::default(), config)?;
+    let fit_started = std::time::Instant::now();
     let history = run.fit(&split.train, Some(&split.validation))?;
+    let fit_s = fit_started.elapsed().as_secs_f64();
     say(history.to_string());
 
     let stats = cache::cache_stats();
@@ -152,6 +155,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         "step_us_median": medians.get(medians.len() / 2).copied().unwrap_or(0.0),
         "first_step_ms": run.first_step_time().map_or(0.0, |d| d.as_secs_f64() * 1e3),
+        "fit_s": fit_s,
+        "process_s": started.elapsed().as_secs_f64(),
         "compile_ms_total": stats.compile_ms,
         // The shared cache's exchanges (NITRO_CACHE_REMOTE); null without one.
         "remote": stats.remote,
