@@ -26,10 +26,16 @@ import json  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
 
+import os  # noqa: E402
+
 import numpy as np  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+
+# The same initial parameters as the step benchmark's.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_jax import init  # noqa: E402
 
 EPOCHS = int(sys.argv[1]) if len(sys.argv) > 1 else 10
 BATCH, LR, B1, B2, EPS = 32, 1e-2, 0.9, 0.999, 1e-8
@@ -43,16 +49,6 @@ def load():
     ]
     data = np.array(rows)
     return (data[:, :64] / 16.0).astype(np.float32), data[:, 64].astype(np.int32)
-
-
-def init(key):
-    k1, k2 = jax.random.split(key)
-
-    def glorot(k, fan_in, fan_out):
-        limit = (6.0 / (fan_in + fan_out)) ** 0.5
-        return jax.random.uniform(k, (fan_in, fan_out), jnp.float32, -limit, limit)
-
-    return [glorot(k1, 64, 128), jnp.zeros(128), glorot(k2, 128, 10), jnp.zeros(10)]
 
 
 def per_example(params, x, y):
