@@ -93,6 +93,30 @@ pub enum Error {
         got: usize,
     },
 
+    /// A replicated program was run with input lists for another number of replicas.
+    #[error(
+        "the program runs as {expected} replica(s), one per device, but was given inputs for \
+         {got}; give one input list per replica"
+    )]
+    ReplicaCount {
+        /// The program's replica count.
+        expected: usize,
+        /// Input lists given.
+        got: usize,
+    },
+
+    /// More devices were asked for than the backend can give, or a device count that cannot
+    /// serve (zero, or one that does not divide the batch).
+    #[error("{what}: {requested} device(s) asked for; {reason}")]
+    Devices {
+        /// What asked (`Config::devices`, `NITRO_DEVICES`, …).
+        what: String,
+        /// The device count asked for.
+        requested: usize,
+        /// Why it cannot be served, and what to do.
+        reason: String,
+    },
+
     /// A program input has the wrong dtype or dims.
     #[error("input {index} (`{name}`) of the program must be {expected} but is {got}; a program is compiled for fixed shapes and dtypes")]
     InputType {

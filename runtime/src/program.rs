@@ -484,10 +484,23 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
     ///
     /// Only shapes and dtypes of Device leaves and inputs are read, never their values.
     pub fn trace<I: Tree<Mirror<Tensor> = M>>(&self, experiment: &E, inputs: &I) -> Result<Traced> {
+        self.trace_replicated(experiment, inputs, 1)
+    }
+
+    /// Like [`trace`](Program::trace), for a program that runs as `replicas` copies at once,
+    /// one per device (data parallelism: each replica sees its share of the batch, and
+    /// [`Tensor::all_sum`] sums across them). The emitted text declares the replica count, so
+    /// the fingerprint differs from the one-device program's.
+    pub fn trace_replicated<I: Tree<Mirror<Tensor> = M>>(
+        &self,
+        experiment: &E,
+        inputs: &I,
+        replicas: usize,
+    ) -> Result<Traced> {
         let mut names = Signature::default();
         let mut device_leaves = 0usize;
         let packing = self.packs_trainable.then(|| Packing::of(experiment));
-        let graph = trace::trace_with(|| {
+        let graph = trace::trace_replicated(replicas, || {
             let mut trainable = Vec::new();
             // Packed: the flat arrays come first, and each trainable leaf is a slice of one.
             let flats: Vec<Tensor> = packing

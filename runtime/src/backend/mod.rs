@@ -72,12 +72,20 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn device(&self) -> Option<&'static pjrt::Client> {
         None
     }
+    /// How many devices its programs run on at once, one replica each (1 for one device). Part
+    /// of the identity: a program for 4 replicas is never served for 2.
+    fn replicas(&self) -> usize {
+        1
+    }
 }
 
 /// A compiled program.
 pub trait Executable: Send + Sync + fmt::Debug {
     /// Runs on host arrays (checked against the program's input types first).
     fn run(&self, inputs: &[&Array]) -> Result<Vec<Array>>;
+    /// Runs a replicated program on host arrays: one input list per replica, one output list
+    /// per replica back.
+    fn run_replicas(&self, inputs: &[&[&Array]]) -> Result<Vec<Vec<Array>>>;
     /// The bytes the persistent cache stores.
     fn serialize(&self) -> Result<Vec<u8>>;
     /// Estimated size in memory, in bytes.
@@ -85,6 +93,10 @@ pub trait Executable: Send + Sync + fmt::Debug {
     /// The XLA executable, when this is one (for device-resident execution).
     fn as_pjrt(&self) -> Option<&pjrt::Executable> {
         None
+    }
+    /// How many replicas it runs as (one per device).
+    fn replicas(&self) -> usize {
+        1
     }
 }
 
@@ -94,6 +106,7 @@ pub trait Executable: Send + Sync + fmt::Debug {
 #[derive(Debug)]
 pub struct Interpreter {
     identity: Identity,
+    replicas: usize,
 }
 
 #[derive(Debug)]
@@ -106,6 +119,14 @@ struct InterpExecutable {
 impl Executable for InterpExecutable {
     fn run(&self, inputs: &[&Array]) -> Result<Vec<Array>> {
         interp::run_refs(&self.graph, inputs)
+    }
+
+    fn run_replicas(&self, inputs: &[&[&Array]]) -> Result<Vec<Vec<Array>>> {
+        interp::run_replicas(&self.graph, inputs)
+    }
+
+    fn replicas(&self) -> usize {
+        self.graph.replicas.max(1)
     }
 
     fn serialize(&self) -> Result<Vec<u8>> {
@@ -126,7 +147,12 @@ impl Backend for Interpreter {
         true
     }
 
+    fn replicas(&self) -> usize {
+        self.replicas
+    }
+
     fn compile(&self, graph: &Graph, text: &str) -> Result<Box<dyn Executable>> {
+        same_replicas(self.replicas, graph)?;
         Ok(Box::new(InterpExecutable {
             graph: Arc::new(graph.clone()),
             text_len: text.len() as u64,
@@ -145,23 +171,62 @@ impl Backend for Interpreter {
     }
 }
 
-/// The interpreter backend.
+/// An error unless `graph` runs as `replicas` replicas (the backend's count).
+fn same_replicas(replicas: usize, graph: &Graph) -> Result<()> {
+    if graph.replicas.max(1) == replicas {
+        return Ok(());
+    }
+    Err(Error::ReplicaCount {
+        expected: replicas,
+        got: graph.replicas.max(1),
+    })
+}
+
+/// The interpreter backend (one device).
 pub fn interpreter() -> &'static Interpreter {
     static INTERP: OnceLock<Interpreter> = OnceLock::new();
-    INTERP.get_or_init(|| {
-        let description = format!("nitro interpreter {}", env!("CARGO_PKG_VERSION"));
+    INTERP.get_or_init(|| Interpreter::with_replicas(1))
+}
+
+/// The interpreter running programs as `replicas` replicas in lockstep (see
+/// [`interp::run_replicas`]): the reference for data-parallel programs. One backend per count,
+/// made once per process.
+pub fn interpreter_for(replicas: usize) -> &'static Interpreter {
+    if replicas <= 1 {
+        return interpreter();
+    }
+    static MORE: std::sync::Mutex<Vec<&'static Interpreter>> = std::sync::Mutex::new(Vec::new());
+    let mut more = MORE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(i) = more.iter().find(|i| i.replicas == replicas) {
+        return i;
+    }
+    let made: &'static Interpreter = Box::leak(Box::new(Interpreter::with_replicas(replicas)));
+    more.push(made);
+    made
+}
+
+impl Interpreter {
+    fn with_replicas(replicas: usize) -> Interpreter {
+        let mut description = format!("nitro interpreter {}", env!("CARGO_PKG_VERSION"));
+        let mut components = vec![
+            ("backend".to_owned(), "nitro interpreter".to_owned()),
+            ("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
+        ];
+        // A one-device identity is what it was before replicas existed (its entries stay valid).
+        if replicas > 1 {
+            description.push_str(&format!(", {replicas} replicas"));
+            components.push(("devices".to_owned(), replicas.to_string()));
+        }
         Interpreter {
             identity: Identity {
                 digest: Digest::of(description.as_str()),
                 options: Digest::of(""),
-                components: vec![
-                    ("backend".to_owned(), "nitro interpreter".to_owned()),
-                    ("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
-                ],
+                components,
                 description,
             },
+            replicas,
         }
-    })
+    }
 }
 
 /// XLA through a PJRT plugin as a [`Backend`].
@@ -169,6 +234,7 @@ pub fn interpreter() -> &'static Interpreter {
 pub struct Xla {
     client: &'static pjrt::Client,
     identity: Identity,
+    replicas: usize,
 }
 
 #[derive(Debug)]
@@ -180,6 +246,14 @@ struct XlaExecutable {
 impl Executable for XlaExecutable {
     fn run(&self, inputs: &[&Array]) -> Result<Vec<Array>> {
         self.exe.execute_host(inputs)
+    }
+
+    fn run_replicas(&self, inputs: &[&[&Array]]) -> Result<Vec<Vec<Array>>> {
+        self.exe.execute_host_replicas(inputs)
+    }
+
+    fn replicas(&self) -> usize {
+        self.exe.replicas()
     }
 
     fn serialize(&self) -> Result<Vec<u8>> {
@@ -236,18 +310,31 @@ fn types_of(graph: &Graph) -> (Vec<LeafType>, Vec<LeafType>) {
 impl Xla {
     /// The XLA backend on the process-wide client of the discovered plugin.
     pub fn new(client: &'static pjrt::Client) -> Result<Xla> {
-        let id = client.identity()?;
+        Xla::replicated(client, 1)
+    }
+
+    /// The XLA backend for programs replicated over `replicas` devices of `client` (which must
+    /// have that many: [`Error::Devices`] otherwise).
+    pub fn replicated(client: &'static pjrt::Client, replicas: usize) -> Result<Xla> {
+        let replicas = replicas.max(1);
+        client.check_replicas(replicas)?;
+        let id = client.identity_for(replicas)?;
+        let mut description = client.describe();
+        if replicas > 1 {
+            description.push_str(&format!("; programs replicated over {replicas} devices"));
+        }
         Ok(Xla {
             client,
             identity: Identity {
                 digest: id.digest(),
                 options: id.compile_options_digest,
-                description: client.describe(),
+                description,
                 components: std::iter::once(("backend", "XLA (PJRT plugin)".to_owned()))
                     .chain(id.components())
                     .map(|(name, value)| (name.to_owned(), value))
                     .collect(),
             },
+            replicas,
         })
     }
 
@@ -266,12 +353,17 @@ impl Backend for Xla {
         true
     }
 
+    fn replicas(&self) -> usize {
+        self.replicas
+    }
+
     fn compile(&self, graph: &Graph, text: &str) -> Result<Box<dyn Executable>> {
         check_sizes(graph)?;
+        same_replicas(self.replicas, graph)?;
         let (inputs, outputs) = types_of(graph);
         let exe = self
             .client
-            .compile(text, &inputs, &outputs)?
+            .compile_replicated(text, &inputs, &outputs, self.replicas)?
             .with_input_names(input_names(graph));
         let size = text.len() as u64;
         Ok(Box::new(XlaExecutable { exe, size }))
@@ -282,8 +374,18 @@ impl Backend for Xla {
     }
 
     fn load(&self, payload: &[u8], graph: &Graph) -> Result<Box<dyn Executable>> {
+        same_replicas(self.replicas, graph)?;
         let exe = self.client.deserialize(payload)?;
         let (inputs, outputs) = types_of(graph);
+        if exe.replicas() != self.replicas {
+            return Err(Error::InvalidSerializedExecutable {
+                reason: format!(
+                    "the stored executable runs on {} device(s), the traced program on {}",
+                    exe.replicas(),
+                    self.replicas
+                ),
+            });
+        }
         if exe.inputs() != inputs.as_slice() || exe.outputs() != outputs.as_slice() {
             return Err(Error::InvalidSerializedExecutable {
                 reason: "the stored executable's signature is not the traced program's".into(),
@@ -305,6 +407,46 @@ pub fn xla() -> Result<&'static Xla> {
     }
     let made = Xla::new(pjrt::client()?)?;
     Ok(XLA.get_or_init(|| made))
+}
+
+/// The XLA backend whose programs run on `devices` devices at once (one replica each), on a
+/// client with that many devices ([`pjrt::client_for`]); one backend per count, made once per
+/// process. `xla_for(1)` is [`xla`].
+pub fn xla_for(devices: usize) -> Result<&'static Xla> {
+    if devices <= 1 {
+        return xla();
+    }
+    static MORE: std::sync::Mutex<Vec<&'static Xla>> = std::sync::Mutex::new(Vec::new());
+    let mut more = MORE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(x) = more.iter().find(|x| x.replicas == devices) {
+        return Ok(x);
+    }
+    let made: &'static Xla = Box::leak(Box::new(Xla::replicated(
+        pjrt::client_for(devices)?,
+        devices,
+    )?));
+    more.push(made);
+    Ok(made)
+}
+
+/// The backend [`current`] picks, for programs replicated over `devices` devices: XLA on a
+/// client with that many devices, or the interpreter running that many replicas.
+/// [`Error::Devices`] for zero devices or more than the plugin can give.
+pub fn for_devices(devices: usize) -> Result<&'static dyn Backend> {
+    if devices == 0 {
+        return Err(Error::Devices {
+            what: "a backend".into(),
+            requested: 0,
+            reason: "a program runs on at least one device".into(),
+        });
+    }
+    match pjrt::selected()? {
+        Some(_) => Ok(xla_for(devices)? as &'static dyn Backend),
+        None => {
+            current()?;
+            Ok(interpreter_for(devices))
+        }
+    }
 }
 
 /// The backend nitro runs on: XLA when a plugin is found (or `NITRO_BACKEND=xla`), else the

@@ -682,12 +682,12 @@ impl Cache {
         let address = program.code_address();
 
         if let Some(hit) = self.hit_route(&components, address) {
-            return self.verified(hit, program, experiment, inputs);
+            return self.verified(hit, program, experiment, inputs, backend.replicas());
         }
 
         // Tracing first: a traced program that asks the cache for a program (its own or
         // another) fails here with `NestedTrace`, never waits on a compile that waits on it.
-        let traced = program.trace(experiment, inputs)?;
+        let traced = program.trace_replicated(experiment, inputs, backend.replicas())?;
         let key = full_key(&components, &traced.fingerprint);
         if let Some(hit) = self.hit_traced(&key, &components, address) {
             return Ok(hit);
@@ -771,9 +771,10 @@ impl Cache {
         program: &Program<E, M, O>,
         experiment: &E,
         inputs: &I,
+        replicas: usize,
     ) -> Result<Served> {
         if self.verify.load(Ordering::Relaxed) {
-            let traced = program.trace(experiment, inputs)?;
+            let traced = program.trace_replicated(experiment, inputs, replicas)?;
             if traced.fingerprint != hit.fingerprint {
                 return Err(Error::StaleKey {
                     program: program.identity(),

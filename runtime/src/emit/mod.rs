@@ -220,7 +220,17 @@ impl<'g> Emitter<'g> {
     fn module(&mut self, options: &EmitOptions) -> fmt::Result {
         let graph = self.graph;
         let out = &mut self.out;
-        out.push_str("module @nitro {\n  func.func public @main(");
+        if graph.replicas > 1 {
+            // A replicated program says how many replicas it runs as; the compile options say
+            // the same (and a one-replica program's text is unchanged).
+            write!(
+                out,
+                "module @nitro attributes {{mhlo.num_partitions = 1 : i32, mhlo.num_replicas = {} : i32}} {{\n  func.func public @main(",
+                graph.replicas
+            )?;
+        } else {
+            out.push_str("module @nitro {\n  func.func public @main(");
+        }
         for (i, input) in graph.inputs.iter().enumerate() {
             if i > 0 {
                 out.push_str(", ");
@@ -422,6 +432,23 @@ impl<'g> Emitter<'g> {
                     "contracting_dims = {} x {} : ({at}, {bt}) -> {ty}",
                     List(lhs_contract),
                     List(rhs_contract)
+                )
+            }
+            Op::AllReduce => {
+                let scalar = Ty(Some(&LeafType {
+                    dtype: node.ty.dtype,
+                    dims: Vec::new(),
+                }));
+                let replicas = self.graph.replicas.max(1);
+                writeln!(out, "    {me} = \"stablehlo.all_reduce\"({an}) ({{")?;
+                writeln!(out, "      ^bb0(%lhs: {scalar}, %rhs: {scalar}):")?;
+                writeln!(out, "        %sum = stablehlo.add %lhs, %rhs : {scalar}")?;
+                writeln!(out, "        stablehlo.return %sum : {scalar}")?;
+                let group: Vec<usize> = (0..replicas).collect();
+                writeln!(
+                    out,
+                    "    }}) {{replica_groups = dense<[{}]> : tensor<1x{replicas}xi64>}} : ({at}) -> {ty}",
+                    List(&group)
                 )
             }
             Op::Reduce { kind, axes } => {

@@ -232,6 +232,9 @@ fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor, nodes: &[Node]) -> Vec<O
             vec![Some(ordered.reshape(&from))]
         }
         Op::Reshape => vec![Some(g.reshape(&ty_of(x[0]).dims))],
+        // Every replica's output holds every replica's input, so a replica's input receives
+        // the cotangents of all replicas' outputs.
+        Op::AllReduce => vec![Some(g.all_sum())],
         Op::Transpose { perm } => {
             let mut inv = vec![0; perm.len()];
             for (i, &p) in perm.iter().enumerate() {

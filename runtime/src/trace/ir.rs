@@ -203,6 +203,10 @@ pub enum Op {
         /// Reduced dims, ascending.
         axes: Vec<usize>,
     },
+    /// The element-wise sum of the operand over every replica of a replicated program
+    /// ([`Graph::replicas`]): each replica gets the same result. With one replica it is the
+    /// operand itself.
+    AllReduce,
 }
 
 impl Op {
@@ -224,6 +228,7 @@ impl Op {
             Op::Concatenate { .. } => "concatenate",
             Op::DotGeneral(_) => "dot_general",
             Op::Reduce { .. } => "reduce",
+            Op::AllReduce => "all_reduce",
         }
     }
 }
@@ -251,7 +256,7 @@ pub struct Input {
 }
 
 /// A recorded program: nodes in topological order, inputs and outputs.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Graph {
     /// All nodes; inputs of a node always precede it.
     pub nodes: Vec<Node>,
@@ -259,6 +264,20 @@ pub struct Graph {
     pub inputs: Vec<Input>,
     /// Program outputs, in order.
     pub outputs: Vec<NodeId>,
+    /// How many replicas of the program run at once, one per device, each on its own inputs
+    /// ([`Op::AllReduce`] sums over them). 1 for a program on one device.
+    pub replicas: usize,
+}
+
+impl Default for Graph {
+    fn default() -> Graph {
+        Graph {
+            nodes: Vec::new(),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            replicas: 1,
+        }
+    }
 }
 
 impl Graph {

@@ -230,6 +230,12 @@ pub fn trace(
 /// Records a program whose inputs are created inside `body` with [`input`]; the tensors `body`
 /// returns are the outputs. See [`trace`] for the errors.
 pub fn trace_with(body: impl FnOnce() -> Vec<Tensor>) -> Result<Graph> {
+    trace_replicated(1, body)
+}
+
+/// Like [`trace_with`], for a program that runs as `replicas` copies at once, one per device
+/// ([`Graph::replicas`]): [`Tensor::all_sum`] sums over them. `replicas` below 1 counts as 1.
+pub fn trace_replicated(replicas: usize, body: impl FnOnce() -> Vec<Tensor>) -> Result<Graph> {
     let id = NEXT_TRACE.fetch_add(1, Ordering::Relaxed);
     let started = ACTIVE.with(|a| {
         let mut a = a.borrow_mut();
@@ -238,7 +244,10 @@ pub fn trace_with(body: impl FnOnce() -> Vec<Tensor>) -> Result<Graph> {
         }
         *a = Some(Recording {
             id,
-            graph: Graph::default(),
+            graph: Graph {
+                replicas: replicas.max(1),
+                ..Graph::default()
+            },
             error: None,
         });
         true
@@ -309,6 +318,12 @@ impl Recording {
             trace: self.id,
         }
     }
+}
+
+/// How many replicas the program being traced on this thread runs as (1 outside a trace, and
+/// for programs on one device).
+pub fn replicas() -> usize {
+    ACTIVE.with(|a| a.borrow().as_ref().map_or(1, |r| r.graph.replicas))
 }
 
 /// Whether a trace is active on this thread.

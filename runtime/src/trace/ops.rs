@@ -397,6 +397,23 @@ impl Recording {
         )
     }
 
+    /// The sum of `a` over every replica of the program being traced.
+    pub(super) fn all_reduce(&mut self, a: Tensor, op: &'static str, at: &Location<'_>) -> Tensor {
+        if !self.owns(a, op, at) {
+            return self.stand_in(scalar_ty(DType::F32));
+        }
+        let ty = self.ty_of(a);
+        if ty.dtype == DType::Bool {
+            return self.fail(
+                op,
+                format!("cannot sum a bool tensor over replicas ({ty}); convert it first"),
+                at,
+                ty,
+            );
+        }
+        self.push(Op::AllReduce, vec![a.node], ty, op, at)
+    }
+
     pub(super) fn reduce(
         &mut self,
         kind: ReduceOp,
@@ -1040,6 +1057,31 @@ impl Tensor {
     pub fn min(self, axes: &[usize]) -> Tensor {
         let at = at!();
         with_recording(|r| r.reduce(ReduceOp::Min, self, axes, false, "min", at))
+    }
+
+    /// The element-wise sum of this tensor over every replica of a replicated program (one
+    /// replica per device, see [`crate::train::Config::devices`]): every replica gets the same
+    /// sum. In a program traced for one device it is the tensor itself. The gradient of a
+    /// replica's input is the sum of the cotangents over all replicas.
+    #[track_caller]
+    pub fn all_sum(self) -> Tensor {
+        let at = at!();
+        if with_recording(|r| r.graph.replicas) == 1 {
+            return self;
+        }
+        with_recording(|r| r.all_reduce(self, "all_sum", at))
+    }
+
+    /// The element-wise mean of this tensor over every replica (float tensors): [`Tensor::all_sum`]
+    /// divided by the replica count ([`crate::trace::replicas`]).
+    #[track_caller]
+    pub fn all_mean(self) -> Tensor {
+        let at = at!();
+        let n = with_recording(|r| r.graph.replicas);
+        if n == 1 {
+            return self;
+        }
+        with_recording(|r| r.all_reduce(self, "all_mean", at)) / n as f64
     }
 
     /// Mean over `axes` (removed). Float tensors only.

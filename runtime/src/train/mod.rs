@@ -43,7 +43,7 @@ use crate::trace::{self, Tensor};
 use crate::tree::{Array, DType, LeafType, Node, Tree};
 
 mod values;
-use values::{exec, place, to_host, In, Value};
+use values::{exec, place, place_rows, to_host, In, Value};
 
 /// A model the training handle can train: an experiment with a batch type and a per-example
 /// loss over its compile view.
@@ -118,13 +118,27 @@ type BatchInputs<E, X> = (
 type AccumExtra = (Vec<Array>, Array);
 
 /// The mean loss over the real rows, then the gradient of every trainable leaf (packed).
+///
+/// Replicated over several devices, each replica differentiates the summed loss of its own rows;
+/// the sums and the gradients are then added over the replicas (one `all_reduce` per packed
+/// group) and divided by the real rows of the whole batch, so every replica ends with the
+/// gradient of the global batch's mean loss.
 fn grad_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, ()>) -> Vec<Tensor> {
     let (batch, mask, ()) = inputs;
     let losses = E::loss(v, batch);
     let mask = mask.convert(losses.dtype());
-    let mean = (losses * mask).sum_all() / mask.sum_all().maximum(1.0);
-    let grads = program::pack_like_trainable(trace::grad(mean, &program::trainable_leaves()));
-    std::iter::once(mean).chain(grads).collect()
+    if trace::replicas() == 1 {
+        let mean = (losses * mask).sum_all() / mask.sum_all().maximum(1.0);
+        let grads = program::pack_like_trainable(trace::grad(mean, &program::trainable_leaves()));
+        return std::iter::once(mean).chain(grads).collect();
+    }
+    let total = (losses * mask).sum_all();
+    let count = mask.sum_all().all_sum().maximum(1.0);
+    let grads = program::pack_like_trainable(trace::grad(total, &program::trainable_leaves()));
+    let mean = total.all_sum() / count;
+    std::iter::once(mean)
+        .chain(grads.into_iter().map(|g| g.all_sum() / count.convert(g.dtype())))
+        .collect()
 }
 
 /// One micro-batch of an accumulation window: the mean loss over its real rows, then
@@ -137,12 +151,14 @@ fn grad_accum_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, AccumExtra>)
     let losses = E::loss(v, batch);
     let mask = mask.convert(losses.dtype());
     let total = (losses * mask).sum_all();
-    let mean = total / mask.sum_all().maximum(1.0);
+    // Replicated, the sums and gradients add over the replicas (`all_sum` is the tensor itself
+    // on one device).
+    let mean = total.all_sum() / mask.sum_all().all_sum().maximum(1.0);
     let grads = program::pack_like_trainable(trace::grad(total, &program::trainable_leaves()));
     let summed = sums
         .iter()
         .zip(grads)
-        .map(|(s, g)| (*s + g) * scale.convert(g.dtype()));
+        .map(|(s, g)| (*s + g.all_sum()) * scale.convert(g.dtype()));
     std::iter::once(mean).chain(summed).collect()
 }
 
@@ -151,9 +167,11 @@ fn eval_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, ()>) -> Vec<Tensor
     let (batch, mask, ()) = inputs;
     let losses = E::loss(v, batch);
     let mask_l = mask.convert(losses.dtype());
-    let mut out = vec![(losses * mask_l).sum_all()];
+    // Replicated, the sums add over the replicas; the predictions stay per replica (each its
+    // own rows), joined on the host.
+    let mut out = vec![(losses * mask_l).sum_all().all_sum()];
     if let Some(correct) = E::correct(v, batch) {
-        out.push((correct.convert(DType::F32) * *mask).sum_all());
+        out.push((correct.convert(DType::F32) * *mask).sum_all().all_sum());
     }
     if let Some(predictions) = E::predict(v, batch) {
         out.push(predictions);
@@ -169,7 +187,7 @@ fn metric_fn<E: Model, M: DeviceMetric<E>>(
     let (batch, mask, sum) = inputs;
     let values = M::per_example(v, batch);
     let mask = mask.convert(values.dtype());
-    vec![*sum + (values * mask).sum_all().convert(sum.dtype())]
+    vec![*sum + (values * mask).sum_all().all_sum().convert(sum.dtype())]
 }
 
 fn metric_program<E: Model, M: DeviceMetric<E>>() -> Program<E, BatchInputs<E, Array>, Vec<Tensor>>
@@ -186,7 +204,7 @@ trait MetricSlot<E: Model>: Send {
         cache: &Cache,
         backend: &'static dyn Backend,
         experiment: &E,
-        sample: &E::Batch,
+        sample: &Shaped<'_, E::Batch>,
         mask: &Array,
     ) -> Result<Served>;
 }
@@ -203,7 +221,7 @@ impl<E: Model, M: DeviceMetric<E>> MetricSlot<E> for MetricOf<M> {
         cache: &Cache,
         backend: &'static dyn Backend,
         experiment: &E,
-        sample: &E::Batch,
+        sample: &Shaped<'_, E::Batch>,
         mask: &Array,
     ) -> Result<Served> {
         let sum = Array::scalar(0.0f32);
@@ -291,6 +309,13 @@ pub struct Config {
     /// rows. 1 (the default) updates after every batch. Accumulating adds no program: it
     /// replaces the gradient program by an accumulating one.
     pub accum: usize,
+    /// Devices to train on at once (data parallelism), `None` for the count `NITRO_DEVICES`
+    /// sets, else 1. Every program runs as one replica per device: parameters and optimizer
+    /// state are replicated, each batch is split by rows across the devices (so
+    /// [`Config::batch`] must be a multiple of the count), gradients and sums are added over the
+    /// devices inside the programs, and every device runs the optimizer. The program inventory
+    /// is the same at any count.
+    pub devices: Option<usize>,
 }
 
 impl Default for Config {
@@ -303,6 +328,7 @@ impl Default for Config {
             schedule: None,
             progress: true,
             accum: 1,
+            devices: None,
         }
     }
 }
@@ -347,6 +373,21 @@ impl Config {
     pub fn accumulate(mut self, micro_batches: usize) -> Config {
         self.accum = micro_batches;
         self
+    }
+
+    /// Devices to train on at once (see [`Config::devices`]).
+    pub fn devices(mut self, devices: usize) -> Config {
+        self.devices = Some(devices);
+        self
+    }
+
+    /// The device count a handle made with [`Nitro::new`] uses: [`Config::devices`], else
+    /// `NITRO_DEVICES`, else 1.
+    pub fn device_count(&self) -> Result<usize> {
+        match self.devices {
+            Some(n) => Ok(n),
+            None => Ok(crate::backend::pjrt::devices_setting()?.unwrap_or(1)),
+        }
     }
 
     /// A learning-rate schedule (constant, step decay, warm-up, cosine, or your own).
@@ -495,8 +536,9 @@ pub struct Nitro<E: Model, O: Optimizer> {
     window: Window,
     /// Losses of steps taken with [`Nitro::step_deferred`], not read yet.
     pending_losses: Vec<Value>,
-    /// The end of the last update enqueued on the device (XLA), not waited for yet.
-    in_flight: Option<Completion>,
+    /// The end of the last update enqueued on the device (XLA; one per replica), not waited
+    /// for yet.
+    in_flight: Vec<Completion>,
     /// Whether the experiment's trainable leaves are stale (the device holds newer values).
     host_stale: bool,
     step: u64,
@@ -537,15 +579,11 @@ impl<E: Model, O: Optimizer> std::fmt::Debug for Nitro<E, O> {
 
 impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// A handle training `experiment` with `optimizer` on the current backend
-    /// ([`crate::backend::current`]) through the process-wide cache.
+    /// ([`crate::backend::current`]) through the process-wide cache, on the devices
+    /// [`Config::device_count`] names ([`crate::backend::for_devices`]).
     pub fn new(experiment: E, optimizer: O, config: Config) -> Result<Nitro<E, O>> {
-        Nitro::with_backend(
-            experiment,
-            optimizer,
-            config,
-            crate::backend::current()?,
-            crate::cache::global(),
-        )
+        let backend = crate::backend::for_devices(config.device_count()?)?;
+        Nitro::with_backend(experiment, optimizer, config, backend, crate::cache::global())
     }
 
     /// A handle on an explicit backend and cache.
@@ -570,6 +608,28 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 expected: "at least one micro-batch per optimizer step".into(),
             });
         }
+        let replicas = backend.replicas();
+        if let Some(n) = config.devices.filter(|&n| n != replicas) {
+            return Err(Error::Devices {
+                what: "Config::devices".into(),
+                requested: n,
+                reason: format!(
+                    "the backend given runs programs on {replicas} device(s); pass \
+                     `nitro::backend::for_devices({n})`, or make the handle with `Nitro::new`"
+                ),
+            });
+        }
+        if config.batch % replicas != 0 {
+            return Err(Error::Devices {
+                what: "Config::devices".into(),
+                requested: replicas,
+                reason: format!(
+                    "a batch of {} rows cannot be split evenly across {replicas} devices; make \
+                     Config::batch a multiple of {replicas}",
+                    config.batch
+                ),
+            });
+        }
         let (packing, trainable, frozen) = device_leaves(&experiment)?;
         let state = zero_state(&optimizer, &packing);
         let put = |v: Vec<Array>| -> Result<Vec<Value>> { place(backend, v) };
@@ -590,7 +650,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             full_mask: None,
             window: Window::default(),
             pending_losses: Vec::new(),
-            in_flight: None,
+            in_flight: Vec::new(),
             host_stale: false,
             step: 0,
             programs: None,
@@ -676,7 +736,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let batch_types = leaf_types(sample);
         // Tracing reads the experiment's leaf types only, which steps never change: no sync.
         let started = Instant::now();
-        let mask = Array::zeros(DType::F32, &[rows]);
+        // Each replica's programs see its share of the rows.
+        let sample = &Shaped::new(sample, self.backend.replicas())?;
+        let mask = Array::zeros(DType::F32, &[rows / self.backend.replicas()]);
         let opt = self.optimizer_step_shape();
         let (backend, cache, experiment) = (self.backend, self.cache, &self.experiment);
         let update_inputs = update_inputs_shape(&opt);
@@ -718,12 +780,13 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             return Ok(eval);
         }
         let started = Instant::now();
-        let mask = Array::zeros(DType::F32, &[self.config.batch]);
+        let replicas = self.backend.replicas();
+        let mask = Array::zeros(DType::F32, &[self.config.batch / replicas]);
         let served = self.cache.get(
             self.backend,
             &eval_program::<E>(),
             &self.experiment,
-            &BatchRef(sample, &mask, &()),
+            &BatchRef(&Shaped::new(sample, replicas)?, &mask, &()),
         )?;
         self.compile_time += started.elapsed();
         if let Some(p) = &mut self.programs {
@@ -776,10 +839,10 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let rows = self.config.batch;
         check_real_rows(rows, real)?;
         if self.full_mask.is_none() {
-            self.full_mask = Some(self.place_one(mask_of(rows, rows)?)?);
+            self.full_mask = Some(place_rows(self.backend, mask_of(rows, rows)?)?);
         }
         let ragged = if real < rows {
-            Some(self.place_one(mask_of(rows, real)?)?)
+            Some(place_rows(self.backend, mask_of(rows, real)?)?)
         } else {
             None
         };
@@ -917,7 +980,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     ) -> Result<(EvalResult, Array)> {
         let eval = self.prepare_eval(batch)?;
         let mask = mask_of(self.config.batch, real)?;
-        let args = batch_args(&self.trainable, &self.frozen, batch, In::Array(&mask));
+        let args = batch_args(&self.trainable, &self.frozen, batch, In::Rows(&mask));
         let (out, _) = exec(&eval, args)?;
         // Outputs: the loss sum, then the correct count (a scalar) when the model has
         // `correct`, then the predictions (`[batch, ...]`) when it predicts.
@@ -933,7 +996,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 },
                 rows: real,
                 predictions: match (predictions && has_predictions, out.last()) {
-                    (true, Some(p)) => Some(p.to_host()?),
+                    (true, Some(p)) => Some(p.rows_to_host()?),
                     _ => None,
                 },
                 metrics: Vec::new(),
@@ -1000,7 +1063,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             let (r, mask) = self.run_eval(&batch, real, want_predictions)?;
             for (i, sum) in sums.iter_mut().enumerate() {
                 let compiled = self.metric_program(i, &batch, &mask)?;
-                let mut args = batch_args(&self.trainable, &self.frozen, &batch, In::Array(&mask));
+                let mut args = batch_args(&self.trainable, &self.frozen, &batch, In::Rows(&mask));
                 args.push(In::Give(sum.take().ok_or_else(no_output)?));
                 let (out, _) = exec(&compiled, args)?;
                 *sum = out.into_iter().next();
@@ -1036,12 +1099,14 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             return Ok(c.clone());
         }
         let started = Instant::now();
+        let replicas = self.backend.replicas();
+        let local_mask = Array::zeros(mask.dtype(), &[mask.dims()[0] / replicas]);
         let served = self.device_metrics[i].slot.get(
             self.cache,
             self.backend,
             &self.experiment,
-            sample,
-            mask,
+            &Shaped::new(sample, replicas)?,
+            &local_mask,
         )?;
         self.compile_time += started.elapsed();
         self.device_metrics[i].compiled = Some(served.compiled.clone());
@@ -1137,12 +1202,13 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         config: Config,
         checkpoint: Checkpoint,
     ) -> Result<Nitro<E, O>> {
+        let backend = crate::backend::for_devices(config.device_count()?)?;
         Nitro::resume_with(
             experiment,
             optimizer,
             config,
             checkpoint,
-            crate::backend::current()?,
+            backend,
             crate::cache::global(),
         )
     }
@@ -1241,10 +1307,10 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// device surfaces here. Reading losses, parameters or a checkpoint waits by itself; call
     /// this to time steps, or before measuring anything else.
     pub fn wait(&mut self) -> Result<()> {
-        match self.in_flight.take() {
-            Some(done) => done.wait(),
-            None => Ok(()),
+        for done in std::mem::take(&mut self.in_flight) {
+            done.wait()?;
         }
+        Ok(())
     }
 
     /// The experiment, with its trainable leaves as of the last step (copied from the device).
@@ -1259,11 +1325,109 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         Ok(self.experiment)
     }
 
+    /// How many devices the handle trains on (one replica of every program on each).
+    pub fn devices(&self) -> usize {
+        self.backend.replicas()
+    }
+
+    /// The trainable leaves as every replica holds them, one list per device (after waiting
+    /// for the steps taken so far). Replicas run the same update on the same reduced
+    /// gradients, so the lists are equal — on the interpreter bit for bit; this is how to
+    /// check it.
+    pub fn replica_params(&mut self) -> Result<Vec<Vec<Array>>> {
+        self.wait()?;
+        let mut per_replica: Vec<Vec<Array>> = Vec::new();
+        for value in &self.trainable {
+            for (r, a) in value.replicas_to_host()?.into_iter().enumerate() {
+                if per_replica.len() <= r {
+                    per_replica.push(Vec::new());
+                }
+                per_replica[r].push(a);
+            }
+        }
+        per_replica
+            .iter()
+            .map(|packed| self.packing.unpack(packed))
+            .collect()
+    }
+
     /// The number of arrays the trainable leaves and the optimizer state are kept in between
     /// steps: the trainable leaves are packed into one flat array per dtype, and each optimizer
     /// slot keeps one array per such group.
     pub fn state_len(&self) -> (usize, usize) {
         (self.trainable.len(), self.state.len())
+    }
+}
+
+/// A batch's structure with every leaf's first dim cut to one replica's share of the rows:
+/// what a replicated program is traced on (zero-filled stand-ins; tracing reads only types).
+struct Shaped<'a, B> {
+    batch: &'a B,
+    leaves: Vec<Array>,
+}
+
+impl<'a, B: Tree> Shaped<'a, B> {
+    /// `batch` shaped for `replicas` replicas (itself for one).
+    fn new(batch: &'a B, replicas: usize) -> Result<Shaped<'a, B>> {
+        let mut leaves = Vec::new();
+        let mut bad = None;
+        batch.for_each_leaf("", &mut |path, a| {
+            let mut dims = a.dims().to_vec();
+            match dims.first_mut() {
+                Some(rows) if *rows % replicas == 0 => *rows /= replicas,
+                _ => {
+                    bad.get_or_insert_with(|| format!("`{path}` ({})", a.leaf_type()));
+                }
+            }
+            leaves.push(Array::zeros(a.dtype(), &dims));
+        });
+        if let Some(leaf) = bad {
+            return Err(Error::Devices {
+                what: "a batch split across devices".into(),
+                requested: replicas,
+                reason: format!(
+                    "its leaf {leaf} has no first dim of rows divisible by {replicas}; make \
+                     Config::batch a multiple of the device count"
+                ),
+            });
+        }
+        Ok(Shaped { batch, leaves })
+    }
+}
+
+impl<B: Tree> Tree for Shaped<'_, B> {
+    type Mirror<L> = B::Mirror<L>;
+
+    fn visit<'a>(
+        &'a self,
+        at: &mut crate::tree::LeafPath,
+        f: &mut dyn FnMut(&crate::tree::LeafPath, Node<'a>),
+    ) {
+        let mut leaves = self.leaves.iter();
+        self.batch.visit(at, &mut |path, node| match node {
+            Node::Leaf(leaf) => f(path, Node::Leaf(leaves.next().unwrap_or(leaf))),
+            node => f(path, node),
+        });
+    }
+
+    fn visit_mut(
+        &mut self,
+        _: &mut crate::tree::LeafPath,
+        _: &mut dyn FnMut(&crate::tree::LeafPath, &mut Array),
+    ) {
+        // Stand-ins for tracing: never written.
+    }
+
+    fn mirror<L>(
+        &self,
+        at: &mut crate::tree::LeafPath,
+        f: &mut dyn FnMut(&crate::tree::LeafPath, &Array) -> L,
+    ) -> Self::Mirror<L> {
+        let mut leaves = self.leaves.iter();
+        self.batch.mirror(at, &mut |path, leaf| match leaves.next() {
+            Some(local) => f(path, local),
+            None => f(path, leaf),
+        })
     }
 }
 
@@ -1408,7 +1572,7 @@ fn batch_args<'a, B: Tree>(
     mask: In<'a>,
 ) -> Vec<In<'a>> {
     let mut args: Vec<In<'a>> = trainable.iter().chain(frozen).map(In::Keep).collect();
-    args.extend(leaves(batch).into_iter().map(In::Array));
+    args.extend(leaves(batch).into_iter().map(In::Rows));
     args.push(mask);
     args
 }

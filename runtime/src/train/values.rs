@@ -1,12 +1,13 @@
 //! What the training handle keeps between runs, on either backend: host arrays on the
-//! interpreter, device buffers on XLA — and one way to run a program over them, so the handle
-//! has a single code path for both.
+//! interpreter, device buffers on XLA, one per replica when programs are replicated over
+//! several devices — and one way to run a program over them, so the handle has a single code
+//! path for every backend and device count.
 
 use crate::backend::pjrt::{Arg, Completion, DeviceBuffer};
 use crate::backend::Backend;
 use crate::cache::Compiled;
 use crate::error::{Error, Result};
-use crate::tree::{Array, LeafType};
+use crate::tree::{Array, ArrayData, LeafType};
 
 /// One value kept between runs.
 pub(crate) enum Value {
@@ -14,22 +15,50 @@ pub(crate) enum Value {
     Host(Array),
     /// In a device buffer (XLA).
     Device(DeviceBuffer),
+    /// One value per replica of a replicated program, replica `r`'s on device `r`.
+    Replicas(Vec<Value>),
 }
 
 impl Value {
-    /// Its dtype and dims.
+    /// Its dtype and dims (one replica's).
     pub(crate) fn leaf_type(&self) -> LeafType {
         match self {
             Value::Host(a) => a.leaf_type(),
             Value::Device(b) => b.leaf_type().clone(),
+            Value::Replicas(r) => r.first().map_or_else(
+                || Array::scalar(0.0f32).leaf_type(),
+                |v| v.leaf_type(),
+            ),
         }
     }
 
-    /// A host copy (waits for the computation that produces it on XLA).
+    /// A host copy (waits for the computation that produces it on XLA). Of replicated values,
+    /// replica 0's: every replica holds the same parameters, state and reduced sums.
     pub(crate) fn to_host(&self) -> Result<Array> {
         match self {
             Value::Host(a) => Ok(a.clone()),
             Value::Device(b) => b.to_host(),
+            Value::Replicas(r) => r.first().ok_or_else(no_replica)?.to_host(),
+        }
+    }
+
+    /// Host copies of every replica's value (one for an unreplicated value).
+    pub(crate) fn replicas_to_host(&self) -> Result<Vec<Array>> {
+        match self {
+            Value::Replicas(r) => r.iter().map(Value::to_host).collect(),
+            v => Ok(vec![v.to_host()?]),
+        }
+    }
+
+    /// A host copy of a value whose replicas hold consecutive rows of one batch (the
+    /// predictions), joined back in replica order.
+    pub(crate) fn rows_to_host(&self) -> Result<Array> {
+        match self {
+            Value::Replicas(r) => {
+                let parts = r.iter().map(Value::to_host).collect::<Result<Vec<_>>>()?;
+                join_rows(&parts)
+            }
+            v => v.to_host(),
         }
     }
 
@@ -37,7 +66,7 @@ impl Value {
     pub(crate) fn scalar(&self) -> Result<f64> {
         let a = match self {
             Value::Host(a) => std::borrow::Cow::Borrowed(a),
-            Value::Device(b) => std::borrow::Cow::Owned(b.to_host()?),
+            v => std::borrow::Cow::Owned(v.to_host()?),
         };
         Ok(match a.dtype() {
             crate::DType::F32 => f64::from(a.as_slice::<f32>()?.first().copied().unwrap_or(0.0)),
@@ -54,19 +83,54 @@ pub(crate) enum In<'a> {
     /// A kept value, given: the program may reuse its memory (donation, where the program
     /// marks it), and it is gone afterwards.
     Give(Value),
-    /// A host array (a batch leaf): uploaded first on XLA.
-    Array(&'a Array),
+    /// A host array of batch rows (a batch leaf, a row mask): uploaded first on XLA; with
+    /// several replicas, replica `r` gets the `r`-th of as many equal runs of rows.
+    Rows(&'a Array),
 }
 
-/// `arrays` placed where `backend` keeps values between runs.
+/// `arrays` placed where `backend` keeps values between runs: one copy per replica when its
+/// programs are replicated.
 pub(crate) fn place(backend: &dyn Backend, arrays: Vec<Array>) -> Result<Vec<Value>> {
+    let replicas = backend.replicas();
     match backend.device() {
+        Some(client) if replicas > 1 => arrays
+            .iter()
+            .map(|a| {
+                (0..replicas)
+                    .map(|r| client.upload_to(a, r).map(Value::Device))
+                    .collect::<Result<Vec<_>>>()
+                    .map(Value::Replicas)
+            })
+            .collect(),
         Some(client) => arrays
             .iter()
             .map(|a| client.upload(a).map(Value::Device))
             .collect(),
+        None if replicas > 1 => Ok(arrays
+            .into_iter()
+            .map(|a| Value::Replicas((0..replicas).map(|_| Value::Host(a.clone())).collect()))
+            .collect()),
         None => Ok(arrays.into_iter().map(Value::Host).collect()),
     }
+}
+
+/// A batch array (a row mask) placed to be kept: with several replicas, replica `r` keeps the
+/// `r`-th run of its rows (as [`In::Rows`] would pass it).
+pub(crate) fn place_rows(backend: &dyn Backend, rows: Array) -> Result<Value> {
+    let replicas = backend.replicas();
+    if replicas == 1 {
+        return place(backend, vec![rows])?.pop().ok_or_else(no_replica);
+    }
+    let parts = split_rows(&rows, replicas)?;
+    let values = match backend.device() {
+        Some(client) => parts
+            .iter()
+            .enumerate()
+            .map(|(r, p)| client.upload_to(p, r).map(Value::Device))
+            .collect::<Result<Vec<_>>>()?,
+        None => parts.into_iter().map(Value::Host).collect(),
+    };
+    Ok(Value::Replicas(values))
 }
 
 /// Host copies of `values`.
@@ -75,19 +139,20 @@ pub(crate) fn to_host(values: &[Value]) -> Result<Vec<Array>> {
 }
 
 /// Runs `compiled` on `args`. On XLA the run is enqueued, not waited for: its outputs are
-/// buffers in the making, and the completion says when it is done. On the interpreter it runs
-/// at once and there is no completion.
-pub(crate) fn exec(
-    compiled: &Compiled,
-    args: Vec<In<'_>>,
-) -> Result<(Vec<Value>, Option<Completion>)> {
+/// buffers in the making, and the completions (one per replica) say when it is done. On the
+/// interpreter it runs at once and there is no completion.
+pub(crate) fn exec(compiled: &Compiled, args: Vec<In<'_>>) -> Result<(Vec<Value>, Vec<Completion>)> {
+    let replicas = compiled.executable.replicas();
+    if replicas > 1 {
+        return exec_replicas(compiled, args, replicas);
+    }
     match compiled.executable.as_pjrt() {
         Some(exe) => {
             let client = exe.client();
             let uploads: Vec<DeviceBuffer> = args
                 .iter()
                 .filter_map(|a| match a {
-                    In::Array(a) => Some(client.upload(a)),
+                    In::Rows(a) => Some(client.upload(a)),
                     _ => None,
                 })
                 .collect::<Result<_>>()?;
@@ -97,31 +162,245 @@ pub(crate) fn exec(
                 pjrt_args.push(match a {
                     In::Keep(Value::Device(b)) => Arg::Borrow(b),
                     In::Give(Value::Device(b)) => Arg::Donate(b),
-                    In::Array(_) => Arg::Borrow(uploaded.next().ok_or_else(mixed)?),
-                    In::Keep(Value::Host(_)) | In::Give(Value::Host(_)) => return Err(mixed()),
+                    In::Rows(_) => Arg::Borrow(uploaded.next().ok_or_else(mixed)?),
+                    _ => return Err(mixed()),
                 });
             }
             let executed = exe.enqueue(pjrt_args)?;
             let outputs = executed.outputs.into_iter().map(Value::Device).collect();
-            Ok((outputs, Some(executed.done)))
+            Ok((outputs, vec![executed.done]))
         }
         None => {
             let refs: Vec<&Array> = args
                 .iter()
                 .map(|a| match a {
                     In::Keep(Value::Host(a)) | In::Give(Value::Host(a)) => Ok(a),
-                    In::Array(a) => Ok(*a),
-                    In::Keep(Value::Device(_)) | In::Give(Value::Device(_)) => Err(mixed()),
+                    In::Rows(a) => Ok(*a),
+                    _ => Err(mixed()),
                 })
                 .collect::<Result<_>>()?;
             let outputs = compiled.executable.run(&refs)?;
-            Ok((outputs.into_iter().map(Value::Host).collect(), None))
+            Ok((outputs.into_iter().map(Value::Host).collect(), Vec::new()))
         }
+    }
+}
+
+/// [`exec`] for a program replicated over `replicas` devices: every kept value holds one value
+/// per replica, and every batch array is split into equal runs of rows, one per replica.
+fn exec_replicas(
+    compiled: &Compiled,
+    args: Vec<In<'_>>,
+    replicas: usize,
+) -> Result<(Vec<Value>, Vec<Completion>)> {
+    // Each batch array's rows, split once, in argument order.
+    let splits: Vec<Vec<Array>> = args
+        .iter()
+        .filter_map(|a| match a {
+            In::Rows(a) => Some(split_rows(a, replicas)),
+            _ => None,
+        })
+        .collect::<Result<_>>()?;
+    let outputs = compiled.outputs.len();
+    match compiled.executable.as_pjrt() {
+        Some(exe) => {
+            let client = exe.client();
+            let uploads: Vec<Vec<DeviceBuffer>> = splits
+                .iter()
+                .map(|parts| {
+                    parts
+                        .iter()
+                        .enumerate()
+                        .map(|(r, p)| client.upload_to(p, r))
+                        .collect::<Result<Vec<_>>>()
+                })
+                .collect::<Result<_>>()?;
+            let mut lists: Vec<Vec<Arg<'_>>> = (0..replicas)
+                .map(|_| Vec::with_capacity(args.len()))
+                .collect();
+            let mut uploaded = uploads.iter();
+            for a in args {
+                match a {
+                    In::Keep(Value::Replicas(values)) if values.len() == replicas => {
+                        for (list, v) in lists.iter_mut().zip(values) {
+                            let Value::Device(b) = v else {
+                                return Err(mixed());
+                            };
+                            list.push(Arg::Borrow(b));
+                        }
+                    }
+                    In::Give(Value::Replicas(values)) if values.len() == replicas => {
+                        for (list, v) in lists.iter_mut().zip(values) {
+                            let Value::Device(b) = v else {
+                                return Err(mixed());
+                            };
+                            list.push(Arg::Donate(b));
+                        }
+                    }
+                    In::Rows(_) => {
+                        let parts = uploaded.next().ok_or_else(mixed)?;
+                        for (list, b) in lists.iter_mut().zip(parts) {
+                            list.push(Arg::Borrow(b));
+                        }
+                    }
+                    _ => return Err(mixed()),
+                }
+            }
+            let runs = exe.enqueue_replicas(lists)?;
+            let mut per_output: Vec<Vec<Value>> = (0..outputs)
+                .map(|_| Vec::with_capacity(replicas))
+                .collect();
+            let mut done = Vec::with_capacity(replicas);
+            for run in runs {
+                for (slot, b) in per_output.iter_mut().zip(run.outputs) {
+                    slot.push(Value::Device(b));
+                }
+                done.push(run.done);
+            }
+            Ok((per_output.into_iter().map(Value::Replicas).collect(), done))
+        }
+        None => {
+            let mut lists: Vec<Vec<&Array>> = (0..replicas)
+                .map(|_| Vec::with_capacity(args.len()))
+                .collect();
+            let mut split = splits.iter();
+            for a in &args {
+                match a {
+                    In::Keep(Value::Replicas(values)) | In::Give(Value::Replicas(values))
+                        if values.len() == replicas =>
+                    {
+                        for (list, v) in lists.iter_mut().zip(values) {
+                            let Value::Host(a) = v else {
+                                return Err(mixed());
+                            };
+                            list.push(a);
+                        }
+                    }
+                    In::Rows(_) => {
+                        let parts = split.next().ok_or_else(mixed)?;
+                        for (list, p) in lists.iter_mut().zip(parts) {
+                            list.push(p);
+                        }
+                    }
+                    _ => return Err(mixed()),
+                }
+            }
+            let refs: Vec<&[&Array]> = lists.iter().map(Vec::as_slice).collect();
+            let runs = compiled.executable.run_replicas(&refs)?;
+            let mut per_output: Vec<Vec<Value>> = (0..outputs)
+                .map(|_| Vec::with_capacity(replicas))
+                .collect();
+            for run in runs {
+                for (slot, a) in per_output.iter_mut().zip(run) {
+                    slot.push(Value::Host(a));
+                }
+            }
+            Ok((
+                per_output.into_iter().map(Value::Replicas).collect(),
+                Vec::new(),
+            ))
+        }
+    }
+}
+
+/// `a` cut along its first dim into `parts` equal runs of rows, in order.
+pub(crate) fn split_rows(a: &Array, parts: usize) -> Result<Vec<Array>> {
+    let rows = a.dims().first().copied().unwrap_or(1);
+    if parts == 0 || a.dims().is_empty() || rows % parts != 0 {
+        return Err(Error::Devices {
+            what: "a batch split across devices".into(),
+            requested: parts,
+            reason: format!(
+                "an array of {} cannot be cut into {parts} equal runs of rows; make the batch \
+                 size a multiple of the device count",
+                a.leaf_type()
+            ),
+        });
+    }
+    let per = rows / parts;
+    let row_len: usize = a.dims()[1..].iter().product();
+    let mut dims = a.dims().to_vec();
+    dims[0] = per;
+    let chunk = per * row_len;
+    macro_rules! cut {
+        ($v:expr, $variant:ident) => {
+            (0..parts)
+                .map(|p| {
+                    Array::from_data(
+                        &dims,
+                        ArrayData::$variant($v[p * chunk..(p + 1) * chunk].to_vec()),
+                    )
+                })
+                .collect()
+        };
+    }
+    match a.data() {
+        ArrayData::F32(v) => cut!(v, F32),
+        ArrayData::F64(v) => cut!(v, F64),
+        ArrayData::I32(v) => cut!(v, I32),
+        ArrayData::I64(v) => cut!(v, I64),
+        ArrayData::U8(v) => cut!(v, U8),
+        ArrayData::Bool(v) => cut!(v, Bool),
+    }
+}
+
+/// Arrays of one dtype and the same trailing dims joined along their first dim.
+fn join_rows(parts: &[Array]) -> Result<Array> {
+    let Some(first) = parts.first() else {
+        return Err(no_replica());
+    };
+    if first.dims().is_empty() {
+        return Ok(first.clone());
+    }
+    let mut dims = first.dims().to_vec();
+    dims[0] = parts.iter().map(|p| p.dims()[0]).sum();
+    macro_rules! join {
+        ($variant:ident) => {{
+            let mut out = Vec::new();
+            for p in parts {
+                match p.data() {
+                    ArrayData::$variant(v) => out.extend_from_slice(v),
+                    _ => return Err(mixed()),
+                }
+            }
+            Array::from_data(&dims, ArrayData::$variant(out))
+        }};
+    }
+    match first.data() {
+        ArrayData::F32(_) => join!(F32),
+        ArrayData::F64(_) => join!(F64),
+        ArrayData::I32(_) => join!(I32),
+        ArrayData::I64(_) => join!(I64),
+        ArrayData::U8(_) => join!(U8),
+        ArrayData::Bool(_) => join!(Bool),
     }
 }
 
 fn mixed() -> Error {
     Error::Misconfigured {
-        message: "a training handle's values are split between host and device".into(),
+        message: "a training handle's values are split between host and device, or between \
+                  device counts"
+            .into(),
+    }
+}
+
+fn no_replica() -> Error {
+    Error::Misconfigured {
+        message: "a replicated value has no replica".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_split_and_join_back() {
+        let a = Array::from_vec(&[4, 2], (0..8).map(|i| i as f32).collect()).unwrap();
+        let parts = split_rows(&a, 2).unwrap();
+        assert_eq!(parts[0].dims(), &[2, 2]);
+        assert_eq!(parts[1].as_slice::<f32>().unwrap(), &[4.0, 5.0, 6.0, 7.0]);
+        assert_eq!(join_rows(&parts).unwrap(), a);
+        let err = split_rows(&a, 3).unwrap_err();
+        assert!(matches!(err, Error::Devices { requested: 3, .. }), "{err}");
     }
 }

@@ -162,6 +162,13 @@ pub(super) fn node(graph: &Graph, id: usize) -> Result<(), String> {
             }
             ins[1].clone()
         }
+        Op::AllReduce => {
+            arity(1, ins.len())?;
+            if ins[0].dtype == DType::Bool {
+                return Err(format!("it is not defined for {}", ins[0]));
+            }
+            ins[0].clone()
+        }
         Op::Convert => {
             arity(1, ins.len())?;
             LeafType {

@@ -73,7 +73,27 @@ pub fn run(graph: &Graph, inputs: &[Array]) -> Result<Vec<Array>> {
 
 /// [`run`] on borrowed inputs (no copies of parameters that live elsewhere).
 pub fn run_refs(graph: &Graph, inputs: &[&Array]) -> Result<Vec<Array>> {
-    check_inputs(graph, inputs)?;
+    let mut outputs = run_replicas(graph, &[inputs])?;
+    Ok(outputs.pop().unwrap_or_default())
+}
+
+/// Runs a replicated program ([`Graph::replicas`]): one input list per replica, one output list
+/// per replica back. The replicas advance in lockstep, node by node; an
+/// [`Op::AllReduce`](crate::trace::Op::AllReduce) adds the replicas' values in replica order
+/// (0, 1, 2, …), so a run is deterministic and every replica gets bit-identical sums.
+///
+/// Errors: those of [`run`], for any replica; [`Error::ReplicaCount`] when the number of input
+/// lists is not the program's replica count.
+pub fn run_replicas(graph: &Graph, inputs: &[&[&Array]]) -> Result<Vec<Vec<Array>>> {
+    if inputs.len() != graph.replicas.max(1) {
+        return Err(Error::ReplicaCount {
+            expected: graph.replicas.max(1),
+            got: inputs.len(),
+        });
+    }
+    for replica in inputs {
+        check_inputs(graph, replica)?;
+    }
 
     let n = graph.nodes.len();
     // Ids must point backwards (or, for outputs, inside the graph) before liveness can follow them.
@@ -112,7 +132,11 @@ pub fn run_refs(graph: &Graph, inputs: &[&Array]) -> Result<Vec<Array>> {
         }
     }
 
-    let mut values: Vec<Option<Cow<'_, Array>>> = (0..n).map(|_| None).collect();
+    // Every replica's values, indexed by node id.
+    let mut values: Vec<Vec<Option<Cow<'_, Array>>>> = inputs
+        .iter()
+        .map(|_| (0..n).map(|_| None).collect())
+        .collect();
     for (id, node) in graph.nodes.iter().enumerate() {
         if !live[id] {
             continue;
@@ -134,28 +158,74 @@ pub fn run_refs(graph: &Graph, inputs: &[&Array]) -> Result<Vec<Array>> {
             },
         };
         check::node(graph, id).map_err(invalid)?;
-        let operands = node
-            .inputs
-            .iter()
-            .map(|&i| values[i as usize].as_deref())
-            .collect::<Option<Vec<&Array>>>()
-            .ok_or_else(|| invalid("an operand was not computed before it".into()))?;
-        let value = eval(node, &operands, inputs).map_err(fault)?;
-        if value.dims() != node.ty.dims.as_slice() || value.dtype() != node.ty.dtype {
-            return Err(invalid(format!(
-                "it computed {} but declares {}",
-                value.leaf_type(),
-                node.ty
-            )));
+        let mut computed = Vec::with_capacity(inputs.len());
+        for (replica, replica_inputs) in values.iter().zip(inputs) {
+            let operands = node
+                .inputs
+                .iter()
+                .map(|&i| replica[i as usize].as_deref())
+                .collect::<Option<Vec<&Array>>>()
+                .ok_or_else(|| invalid("an operand was not computed before it".into()))?;
+            computed.push(match node.op {
+                // Summed below, once every replica's operand is known.
+                Op::AllReduce => None,
+                _ => Some(eval(node, &operands, replica_inputs).map_err(fault)?),
+            });
         }
-        for &i in &node.inputs {
-            if last_use[i as usize] == id && !keep[i as usize] {
-                values[i as usize] = None;
+        if matches!(node.op, Op::AllReduce) {
+            let operands: Vec<&Array> = values
+                .iter()
+                .filter_map(|replica| replica[node.inputs[0] as usize].as_deref())
+                .collect();
+            let sum = all_reduce(node, &operands).map_err(fault)?;
+            for slot in computed.iter_mut() {
+                *slot = Some(Cow::Owned(copy(&sum).map_err(fault)?));
             }
         }
-        values[id] = Some(value);
+        for (replica, value) in values.iter_mut().zip(computed) {
+            let Some(value) = value else {
+                return Err(invalid("a replica computed no value".into()));
+            };
+            if value.dims() != node.ty.dims.as_slice() || value.dtype() != node.ty.dtype {
+                return Err(invalid(format!(
+                    "it computed {} but declares {}",
+                    value.leaf_type(),
+                    node.ty
+                )));
+            }
+            for &i in &node.inputs {
+                if last_use[i as usize] == id && !keep[i as usize] {
+                    replica[i as usize] = None;
+                }
+            }
+            replica[id] = Some(value);
+        }
     }
 
+    values
+        .into_iter()
+        .map(|replica| outputs(graph, replica))
+        .collect()
+}
+
+/// The sum of one node's operand over every replica, added in replica order.
+fn all_reduce(node: &Node, operands: &[&Array]) -> std::result::Result<Array, Fault> {
+    let Some((first, rest)) = operands.split_first() else {
+        return Err(Fault::Invalid("no replica computed its operand".into()));
+    };
+    let mut sum = copy(first)?;
+    for a in rest {
+        sum = array(
+            node,
+            kernels::binary(crate::trace::BinaryOp::Add, sum.data(), a.data())?,
+        )?;
+    }
+    Ok(sum)
+}
+
+/// The outputs of one replica's run, moved out of its values (copied where an output is listed
+/// twice or is a borrowed parameter or constant).
+fn outputs(graph: &Graph, mut values: Vec<Option<Cow<'_, Array>>>) -> Result<Vec<Array>> {
     let mut outputs = Vec::with_capacity(graph.outputs.len());
     for (k, &o) in graph.outputs.iter().enumerate() {
         // The last use of a value moves it out; an earlier one (an output listed twice), or a
@@ -331,6 +401,10 @@ fn eval<'a>(
             let a = operands[0];
             owned(kernels::reduce(*kind, a.data(), a.dims(), axes)?)
         }
+        // Summed across replicas by `run_replicas`; never evaluated one replica at a time.
+        Op::AllReduce => Err(Fault::Invalid(
+            "an all_reduce is evaluated across replicas".into(),
+        )),
     }
 }
 

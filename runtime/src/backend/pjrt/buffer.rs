@@ -38,6 +38,8 @@ pub struct DeviceBuffer {
     pub(crate) client: Arc<ClientInner>,
     pub(crate) raw: *mut RawBuffer,
     ty: LeafType,
+    /// The index of its device among the client's addressable devices.
+    pub(crate) device: usize,
 }
 
 // SAFETY: a PJRT buffer may be used and destroyed from any thread (PjRtBuffer is thread-safe, and
@@ -54,13 +56,27 @@ impl std::fmt::Debug for DeviceBuffer {
 }
 
 impl DeviceBuffer {
-    /// Takes ownership of a buffer the plugin returned.
-    pub(crate) fn from_raw(client: Arc<ClientInner>, raw: *mut RawBuffer, ty: LeafType) -> Self {
-        DeviceBuffer { client, raw, ty }
+    /// Takes ownership of a buffer the plugin returned, on the client's device `device`.
+    pub(crate) fn from_raw(
+        client: Arc<ClientInner>,
+        raw: *mut RawBuffer,
+        ty: LeafType,
+        device: usize,
+    ) -> Self {
+        DeviceBuffer {
+            client,
+            raw,
+            ty,
+            device,
+        }
     }
 
-    /// Uploads an array to the client's first device.
-    pub(crate) fn upload(client: &Arc<ClientInner>, array: &Array) -> Result<DeviceBuffer> {
+    /// Uploads an array to the client's device `device` (an index the caller checked).
+    pub(crate) fn upload(
+        client: &Arc<ClientInner>,
+        array: &Array,
+        device: usize,
+    ) -> Result<DeviceBuffer> {
         let plugin = client.plugin;
         let f = plugin.func(
             plugin.api.fns.client_buffer_from_host,
@@ -99,14 +115,14 @@ impl DeviceBuffer {
         };
         a.num_dims = dims.len();
         a.host_buffer_semantics = ffi::IMMUTABLE_ONLY_DURING_CALL;
-        a.device = client.device;
+        a.device = client.devices.get(device).copied().unwrap_or(client.device);
         // SAFETY: `a` is a valid `PJRT_Client_BufferFromHostBuffer_Args`: the client and device
         // are live (held by `client`), `data` points to `bytes.len()` bytes laid out densely,
         // row-major, of the declared type and dims (an `Array` guarantees the length), and `dims`
         // outlives the call. With kImmutableOnlyDuringCall the plugin copies before returning.
         let result = unsafe { plugin.api.check(names::client_buffer_from_host, f(&mut a)) };
         result?;
-        let buffer = DeviceBuffer::from_raw(client.clone(), a.buffer, ty);
+        let buffer = DeviceBuffer::from_raw(client.clone(), a.buffer, ty, device);
         // SAFETY: the event (possibly null) was just returned to us, and is awaited and destroyed
         // once; `bytes` and `dims` are still alive.
         unsafe {
@@ -115,6 +131,11 @@ impl DeviceBuffer {
                 .await_event(names::client_buffer_from_host, a.done_with_host_buffer)
         }?;
         Ok(buffer)
+    }
+
+    /// The index of the device it lives on, among its client's devices.
+    pub fn device(&self) -> usize {
+        self.device
     }
 
     /// The dtype and dims.

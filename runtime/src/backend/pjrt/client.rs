@@ -18,8 +18,11 @@ use super::COMPILE_OPTIONS;
 pub(crate) struct ClientInner {
     pub(crate) plugin: &'static Plugin,
     pub(crate) raw: *mut RawClient,
-    /// The first addressable device: where buffers are put and programs run.
+    /// The first addressable device: where buffers are put and one-device programs run.
     pub(crate) device: *mut RawDevice,
+    /// Every addressable device, in the client's order: replica `r` of a replicated program
+    /// runs on device `r`.
+    pub(crate) devices: Vec<*mut RawDevice>,
     platform_name: String,
     platform_version: String,
     device_count: usize,
@@ -81,15 +84,23 @@ unsafe fn copy_str(ptr: *const u8, len: usize) -> String {
 }
 
 impl Client {
-    /// Creates a client on `plugin` (no client options) and reads its platform and devices.
-    /// Logs one INFO line.
+    /// Creates a client on `plugin` and reads its platform and devices. A CPU plugin gets the
+    /// device count of `NITRO_DEVICES` (or `NITRO_PJRT_CPU_DEVICES`), 1 by default. Logs one
+    /// INFO line.
     pub fn new(plugin: &'static Plugin) -> Result<Client> {
+        Client::with_cpu_devices(plugin, cpu_device_setting()?)
+    }
+
+    /// Creates a client on `plugin` asking a CPU plugin for `cpu_devices` devices (plugins of
+    /// other platforms have the devices their hardware has, and are created without the
+    /// option). Logs one INFO line.
+    pub fn with_cpu_devices(plugin: &'static Plugin, cpu_devices: usize) -> Result<Client> {
         let started = Instant::now();
         let create = plugin.func(plugin.api.fns.client_create, names::client_create)?;
         // A CPU plugin makes 4 devices unless told otherwise, each with its own threads; nitro
-        // runs on one unless `NITRO_PJRT_CPU_DEVICES` asks for more. Plugins of other platforms
-        // refuse the option (an unknown name is an error), so they are created without it.
-        let cpu_devices = cpu_device_setting()?;
+        // asks for the count it needs. Plugins of other platforms refuse the option (an unknown
+        // name is an error), so they are created without it.
+        let cpu_devices = cpu_devices.clamp(1, 2048) as i64;
         const OPTION: &str = "cpu_device_count";
         let mut option = ffi::NamedValue::new();
         option.name = OPTION.as_ptr();
@@ -121,6 +132,7 @@ impl Client {
             plugin,
             raw: a.client,
             device: std::ptr::null_mut(),
+            devices: Vec::new(),
             platform_name: String::new(),
             platform_version: String::new(),
             device_count: 0,
@@ -167,6 +179,10 @@ impl Client {
         // SAFETY: the plugin returned an array of `num_addressable_devices` (> 0) device
         // pointers owned by the client.
         inner.device = unsafe { *d.addressable_devices };
+        // SAFETY: as above: `num_addressable_devices` pointers, owned by the client, copied.
+        inner.devices =
+            unsafe { std::slice::from_raw_parts(d.addressable_devices, d.num_addressable_devices) }
+                .to_vec();
         inner.device_count = d.num_addressable_devices;
         let client = Client {
             inner: Arc::new(inner),
@@ -199,7 +215,8 @@ impl Client {
         &self.inner.platform_version
     }
 
-    /// How many devices the client can address (programs run on the first).
+    /// How many devices the client can address (one-device programs run on the first; replica
+    /// `r` of a replicated program runs on device `r`).
     pub fn device_count(&self) -> usize {
         self.inner.device_count
     }
@@ -216,6 +233,35 @@ impl Client {
         )
     }
 
+    /// The backend identity of programs replicated over `replicas` devices: the one-device
+    /// [`identity`](Client::identity) with the compile options and device count of `replicas`.
+    pub fn identity_for(&self, replicas: usize) -> Result<BackendIdentity> {
+        let mut id = self.identity()?.clone();
+        if replicas > 1 {
+            id.replicas = replicas;
+            id.compile_options_digest =
+                crate::Digest::from(blake3::hash(&super::compile_options(replicas)));
+        }
+        Ok(id)
+    }
+
+    /// An error unless the client has at least `replicas` devices.
+    pub(crate) fn check_replicas(&self, replicas: usize) -> Result<()> {
+        if replicas <= self.device_count() {
+            return Ok(());
+        }
+        Err(Error::Devices {
+            what: "a replicated program".into(),
+            requested: replicas,
+            reason: format!(
+                "this {} client has {} device(s); on CPU, ask for more with \
+                 `Config::devices` or `NITRO_DEVICES`",
+                self.platform_name(),
+                self.device_count()
+            ),
+        })
+    }
+
     /// The backend identity (hashes the plugin file the first time: tens to hundreds of ms for a
     /// 200 MB plugin, once per process).
     pub fn identity(&self) -> Result<&BackendIdentity> {
@@ -229,6 +275,7 @@ impl Client {
             platform_version: self.inner.platform_version.clone(),
             cpu_features: cpu_features().to_owned(),
             compile_options_digest: crate::Digest::from(blake3::hash(COMPILE_OPTIONS)),
+            replicas: 1,
         };
         Ok(self.inner.identity.get_or_init(|| id))
     }
@@ -250,12 +297,39 @@ impl Client {
         inputs: &[LeafType],
         outputs: &[LeafType],
     ) -> Result<Executable> {
-        Executable::compile(&self.inner, mlir, inputs, outputs)
+        Executable::compile(&self.inner, mlir, inputs, outputs, 1)
     }
 
-    /// Uploads an array to the device.
+    /// Compiles a program that runs as `replicas` copies at once, replica `r` on device `r`
+    /// (its text declares `mhlo.num_replicas`; see [`compile_options`](super::compile_options)).
+    /// [`Error::Devices`] when the client has fewer devices. Run it with
+    /// [`Executable::enqueue_replicas`].
+    pub fn compile_replicated(
+        &self,
+        mlir: &str,
+        inputs: &[LeafType],
+        outputs: &[LeafType],
+        replicas: usize,
+    ) -> Result<Executable> {
+        self.check_replicas(replicas)?;
+        Executable::compile(&self.inner, mlir, inputs, outputs, replicas.max(1))
+    }
+
+    /// Uploads an array to the first device.
     pub fn upload(&self, array: &Array) -> Result<DeviceBuffer> {
-        DeviceBuffer::upload(&self.inner, array)
+        DeviceBuffer::upload(&self.inner, array, 0)
+    }
+
+    /// Uploads an array to device `device` (see [`device_count`](Client::device_count)).
+    pub fn upload_to(&self, array: &Array, device: usize) -> Result<DeviceBuffer> {
+        if device >= self.device_count() {
+            return Err(Error::Devices {
+                what: format!("an upload to device {device}"),
+                requested: device + 1,
+                reason: format!("the client has {} device(s)", self.device_count()),
+            });
+        }
+        DeviceBuffer::upload(&self.inner, array, device)
     }
 
     /// Loads an executable that [`Executable::serialize`] wrote, after checking that it was built
@@ -266,23 +340,41 @@ impl Client {
     }
 }
 
-/// The variable that sets how many devices a CPU plugin's client has (default 1).
+/// The variable that sets how many devices a CPU plugin's process-wide client has (default 1).
+/// A handle asking for more devices ([`crate::train::Config::devices`]) gets a client of its
+/// own with that many.
 pub const CPU_DEVICES_ENV: &str = "NITRO_PJRT_CPU_DEVICES";
 
-/// The CPU device count asked for by [`CPU_DEVICES_ENV`]: 1 when unset.
-fn cpu_device_setting() -> Result<i64> {
-    match std::env::var(CPU_DEVICES_ENV) {
-        Err(_) => Ok(1),
-        Ok(v) if v.trim().is_empty() => Ok(1),
-        Ok(v) => match v.trim().parse::<i64>() {
-            Ok(n) if (1..=2048).contains(&n) => Ok(n),
-            _ => Err(Error::InvalidSetting {
-                variable: CPU_DEVICES_ENV,
-                value: v,
-                expected: "a device count from 1 to 2048".into(),
-            }),
-        },
+/// The variable that sets how many devices training handles use by default (and how many a
+/// CPU plugin's process-wide client has), like [`CPU_DEVICES_ENV`], which it takes precedence
+/// over.
+pub const DEVICES_ENV: &str = "NITRO_DEVICES";
+
+/// The device count asked for by [`DEVICES_ENV`] or [`CPU_DEVICES_ENV`]: `None` when neither
+/// is set.
+pub fn devices_setting() -> Result<Option<usize>> {
+    for variable in [DEVICES_ENV, CPU_DEVICES_ENV] {
+        match std::env::var(variable) {
+            Err(_) => continue,
+            Ok(v) if v.trim().is_empty() => continue,
+            Ok(v) => {
+                return match v.trim().parse::<usize>() {
+                    Ok(n) if (1..=2048).contains(&n) => Ok(Some(n)),
+                    _ => Err(Error::InvalidSetting {
+                        variable,
+                        value: v,
+                        expected: "a device count from 1 to 2048".into(),
+                    }),
+                }
+            }
+        }
     }
+    Ok(None)
+}
+
+/// The CPU device count of the process-wide client: [`devices_setting`], 1 when unset.
+fn cpu_device_setting() -> Result<usize> {
+    Ok(devices_setting()?.unwrap_or(1))
 }
 
 /// Runs `f` with the process's standard error pointed at `/dev/null`, then restores it: the CPU

@@ -12,7 +12,7 @@ use super::ffi::{
     self, code_name, names, Api, RawBuffer, RawEvent, RawExecutable, RawLoadedExecutable,
 };
 use super::identity::BackendIdentity;
-use super::COMPILE_OPTIONS;
+use super::{compile_options, COMPILE_OPTIONS};
 
 /// A program compiled for one PJRT client, with the input and output types it was declared with.
 ///
@@ -26,6 +26,8 @@ pub struct Executable {
     /// The inputs' names (leaf paths) for errors; `argN` where none was given.
     input_names: Vec<String>,
     outputs: Vec<LeafType>,
+    /// How many devices it runs on at once (replica `r` on the client's device `r`).
+    replicas: usize,
 }
 
 // SAFETY: a `PJRT_LoadedExecutable` may be executed concurrently from several threads and
@@ -41,6 +43,7 @@ impl std::fmt::Debug for Executable {
             .field("inputs", &self.inputs)
             .field("input_names", &self.input_names)
             .field("outputs", &self.outputs)
+            .field("replicas", &self.replicas)
             .finish()
     }
 }
@@ -224,6 +227,15 @@ pub fn serialized_identity(bytes: &[u8]) -> Result<BackendIdentity> {
     parse(bytes).map(|(h, _)| h.identity)
 }
 
+/// The error for an execution that produced no run (never expected).
+fn no_run() -> Error {
+    Error::Pjrt {
+        call: names::loaded_executable_execute,
+        code: "nitro",
+        message: "the execution returned no result for a device".into(),
+    }
+}
+
 /// `arg0`, `arg1`, …: the names of inputs nobody named.
 fn default_names(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("arg{i}")).collect()
@@ -245,8 +257,10 @@ impl Executable {
         mlir: &str,
         inputs: &[LeafType],
         outputs: &[LeafType],
+        replicas: usize,
     ) -> Result<Executable> {
         const _: () = assert!(!COMPILE_OPTIONS.is_empty());
+        let options = compile_options(replicas);
         let plugin = client.plugin;
         let f = plugin.func(plugin.api.fns.client_compile, names::client_compile)?;
         // The C field is `char*`; hand it a private copy so nothing can write into `mlir`.
@@ -259,8 +273,8 @@ impl Executable {
         let mut a = ffi::ClientCompileArgs::new();
         a.client = client.raw;
         a.program = &program;
-        a.compile_options = COMPILE_OPTIONS.as_ptr();
-        a.compile_options_size = COMPILE_OPTIONS.len();
+        a.compile_options = options.as_ptr();
+        a.compile_options_size = options.len();
         // SAFETY: `a` is a valid `PJRT_Client_Compile_Args`: a live client, a program whose code
         // and format outlive the call, and non-empty, well-formed compile options (empty options
         // abort the process inside XLA, so they are never sent).
@@ -287,9 +301,16 @@ impl Executable {
             inputs: inputs.to_vec(),
             input_names: default_names(inputs.len()),
             outputs: outputs.to_vec(),
+            replicas,
         };
         exe.check_outputs()?;
         Ok(exe)
+    }
+
+    /// How many devices the program runs on at once: 1, or the replica count it was compiled
+    /// for ([`Client::compile_replicated`]).
+    pub fn replicas(&self) -> usize {
+        self.replicas
     }
 
     /// The declared input types, in argument order.
@@ -451,8 +472,13 @@ impl Executable {
             .unwrap_or_else(|| format!("arg{index}"))
     }
 
-    /// Checks the arguments' count, client, dtypes and dims against the declared inputs.
-    fn check_args<'b>(&self, args: impl ExactSizeIterator<Item = &'b DeviceBuffer>) -> Result<()> {
+    /// Checks the arguments' count, client, device, dtypes and dims against the declared inputs
+    /// of replica `replica`.
+    fn check_args<'b>(
+        &self,
+        replica: usize,
+        args: impl ExactSizeIterator<Item = &'b DeviceBuffer>,
+    ) -> Result<()> {
         if args.len() != self.inputs.len() {
             return Err(Error::InputCount {
                 expected: self.inputs.len(),
@@ -462,6 +488,17 @@ impl Executable {
         for (index, (b, want)) in args.zip(&self.inputs).enumerate() {
             if !Arc::ptr_eq(&b.client, &self.client) {
                 return Err(Error::ForeignBuffer { index });
+            }
+            if b.device != replica {
+                return Err(Error::Devices {
+                    what: format!("argument {index} (`{}`)", self.input_name(index)),
+                    requested: replica + 1,
+                    reason: format!(
+                        "it lives on device {}, but replica {replica} runs on device {replica}; \
+                         upload each replica's arguments to its own device",
+                        b.device
+                    ),
+                });
             }
             if b.leaf_type() != want {
                 return Err(Error::InputType {
@@ -480,12 +517,25 @@ impl Executable {
     /// fresh output buffer instead (see [`execute_donating`](Executable::execute_donating)).
     /// Waits until the device has finished.
     pub fn execute(&self, args: &[&DeviceBuffer]) -> Result<Vec<DeviceBuffer>> {
-        self.check_args(args.iter().copied())?;
+        self.one_replica()?;
+        self.check_args(0, args.iter().copied())?;
         let raws: Vec<*mut RawBuffer> = args.iter().map(|b| b.raw).collect();
         let keep: Vec<i64> = (0..args.len() as i64).collect();
-        let (outputs, done) = self.run(&raws, &keep)?;
+        let mut runs = self.run(&[raws], &keep)?;
+        let (outputs, done) = runs.pop().ok_or_else(no_run)?;
         done.wait()?;
         Ok(outputs)
+    }
+
+    /// An error for a replicated executable run as one.
+    fn one_replica(&self) -> Result<()> {
+        match self.replicas {
+            1 => Ok(()),
+            n => Err(Error::ReplicaCount {
+                expected: n,
+                got: 1,
+            }),
+        }
     }
 
     /// Runs the program, letting it reuse the memory of the arguments passed by value
@@ -506,34 +556,108 @@ impl Executable {
     /// An execution that fails later reports it through [`Executed::done`] and through any read
     /// of its outputs.
     pub fn enqueue(&self, args: Vec<Arg<'_>>) -> Result<Executed> {
-        self.check_args(args.iter().map(Arg::buffer))?;
-        let raws: Vec<*mut RawBuffer> = args.iter().map(|a| a.buffer().raw).collect();
-        let keep: Vec<i64> = args
+        self.one_replica()?;
+        self.enqueue_replicas(vec![args])?
+            .pop()
+            .ok_or_else(no_run)
+    }
+
+    /// [`enqueue`](Executable::enqueue) for a replicated program: one argument list per replica,
+    /// replica `r`'s buffers on device `r` ([`Client::upload_to`]), one [`Executed`] per replica
+    /// back. Every replica passes the same arguments by value or by reference (PJRT's donation
+    /// options are per argument position, not per device): the first list decides.
+    /// [`Error::ReplicaCount`] when the number of lists is not the program's replica count.
+    pub fn enqueue_replicas(&self, args: Vec<Vec<Arg<'_>>>) -> Result<Vec<Executed>> {
+        if args.len() != self.replicas {
+            return Err(Error::ReplicaCount {
+                expected: self.replicas,
+                got: args.len(),
+            });
+        }
+        for (replica, list) in args.iter().enumerate() {
+            self.check_args(replica, list.iter().map(Arg::buffer))?;
+        }
+        let raws: Vec<Vec<*mut RawBuffer>> = args
+            .iter()
+            .map(|list| list.iter().map(|a| a.buffer().raw).collect())
+            .collect();
+        let keep: Vec<i64> = args[0]
             .iter()
             .enumerate()
             .filter(|(_, a)| matches!(a, Arg::Borrow(_)))
             .map(|(i, _)| i as i64)
             .collect();
-        let (outputs, done) = self.run(&raws, &keep)?;
-        let mut donated = Vec::new();
-        for (i, a) in args.iter().enumerate() {
-            if let Arg::Donate(b) = a {
-                if b.is_deleted().unwrap_or(false) {
-                    donated.push(i);
+        let runs = self.run(&raws, &keep)?;
+        let mut executed = Vec::with_capacity(runs.len());
+        for ((outputs, done), list) in runs.into_iter().zip(args) {
+            let mut donated = Vec::new();
+            for (i, a) in list.iter().enumerate() {
+                if let Arg::Donate(b) = a {
+                    if b.is_deleted().unwrap_or(false) {
+                        donated.push(i);
+                    }
                 }
             }
+            drop(list);
+            executed.push(Executed {
+                outputs,
+                donated,
+                done,
+            });
         }
-        drop(args);
-        Ok(Executed {
-            outputs,
-            donated,
-            done,
-        })
+        Ok(executed)
     }
 
     /// Uploads host arrays (checked against the declared inputs first), runs the program and
     /// copies every output back.
     pub fn execute_host(&self, inputs: &[&Array]) -> Result<Vec<Array>> {
+        self.one_replica()?;
+        self.execute_host_replicas(&[inputs])?
+            .pop()
+            .ok_or_else(no_run)
+    }
+
+    /// [`execute_host`](Executable::execute_host) for a replicated program: one input list per
+    /// replica (uploaded to its device), one output list per replica back.
+    pub fn execute_host_replicas(&self, inputs: &[&[&Array]]) -> Result<Vec<Vec<Array>>> {
+        if inputs.len() != self.replicas {
+            return Err(Error::ReplicaCount {
+                expected: self.replicas,
+                got: inputs.len(),
+            });
+        }
+        for replica in inputs {
+            self.check_host_inputs(replica)?;
+        }
+        let client = self.client();
+        let mut lists = Vec::with_capacity(inputs.len());
+        for (device, replica) in inputs.iter().enumerate() {
+            let buffers = replica
+                .iter()
+                .map(|a| client.upload_to(a, device))
+                .collect::<Result<Vec<_>>>()?;
+            lists.push(buffers);
+        }
+        let args: Vec<Vec<Arg<'_>>> = lists
+            .iter()
+            .map(|l| l.iter().map(Arg::Borrow).collect())
+            .collect();
+        let runs = self.enqueue_replicas(args)?;
+        let mut out = Vec::with_capacity(runs.len());
+        for run in runs {
+            run.done.wait()?;
+            out.push(
+                run.outputs
+                    .iter()
+                    .map(DeviceBuffer::to_host)
+                    .collect::<Result<Vec<_>>>()?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Checks host inputs' count, dtypes and dims against the declared inputs.
+    fn check_host_inputs(&self, inputs: &[&Array]) -> Result<()> {
         if inputs.len() != self.inputs.len() {
             return Err(Error::InputCount {
                 expected: self.inputs.len(),
@@ -551,32 +675,34 @@ impl Executable {
                 });
             }
         }
-        let buffers = inputs
-            .iter()
-            .map(|a| DeviceBuffer::upload(&self.client, a))
-            .collect::<Result<Vec<_>>>()?;
-        let refs: Vec<&DeviceBuffer> = buffers.iter().collect();
-        let outputs = self.execute(&refs)?;
-        outputs.iter().map(DeviceBuffer::to_host).collect()
+        Ok(())
     }
 
-    /// Enqueues an execution on the first device with checked raw arguments; `non_donatable`
-    /// lists the argument positions PJRT must not donate. Returns the outputs and the
-    /// execution's completion, not waited for.
+    /// Enqueues an execution on the program's devices (replica `r` on device `r`) with checked
+    /// raw argument lists, one per replica; `non_donatable` lists the argument positions PJRT
+    /// must not donate. Returns each replica's outputs and completion, not waited for.
     fn run(
         &self,
-        raws: &[*mut RawBuffer],
+        raws: &[Vec<*mut RawBuffer>],
         non_donatable: &[i64],
-    ) -> Result<(Vec<DeviceBuffer>, Completion)> {
+    ) -> Result<Vec<(Vec<DeviceBuffer>, Completion)>> {
         let plugin = self.client.plugin;
         let f = plugin.func(
             plugin.api.fns.loaded_executable_execute,
             names::loaded_executable_execute,
         )?;
-        let mut outs: Vec<*mut RawBuffer> = vec![std::ptr::null_mut(); self.outputs.len()];
-        let arg_lists: [*const *mut RawBuffer; 1] = [raws.as_ptr()];
-        let out_lists: [*mut *mut RawBuffer; 1] = [outs.as_mut_ptr()];
-        let mut events: [*mut RawEvent; 1] = [std::ptr::null_mut()];
+        let devices = raws.len();
+        let num_args = raws.first().map_or(0, Vec::len);
+        if devices == 0 || raws.iter().any(|l| l.len() != num_args) {
+            return Err(no_run());
+        }
+        let mut outs: Vec<Vec<*mut RawBuffer>> = (0..devices)
+            .map(|_| vec![std::ptr::null_mut(); self.outputs.len()])
+            .collect();
+        let arg_lists: Vec<*const *mut RawBuffer> = raws.iter().map(|l| l.as_ptr()).collect();
+        let out_lists: Vec<*mut *mut RawBuffer> =
+            outs.iter_mut().map(|l| l.as_mut_ptr()).collect();
+        let mut events: Vec<*mut RawEvent> = vec![std::ptr::null_mut(); devices];
         let mut options = ffi::ExecuteOptions::new();
         if !non_donatable.is_empty() {
             options.non_donatable_input_indices = non_donatable.as_ptr();
@@ -586,35 +712,47 @@ impl Executable {
         a.executable = self.raw;
         a.options = &mut options;
         a.argument_lists = arg_lists.as_ptr();
-        a.num_devices = 1;
-        a.num_args = raws.len();
+        a.num_devices = devices;
+        a.num_args = num_args;
         a.output_lists = out_lists.as_ptr();
         a.device_complete_events = events.as_mut_ptr();
-        // SAFETY: `a` is a valid `PJRT_LoadedExecutable_Execute_Args` for one device: the
-        // executable is live; the one argument list holds `num_args` live buffers of this client
+        // SAFETY: `a` is a valid `PJRT_LoadedExecutable_Execute_Args` for `devices` devices (the
+        // program's replica count, checked by the callers): the executable is live; each
+        // argument list holds `num_args` live buffers of this client, on its replica's device,
         // whose count, dtypes and dims were checked against the program (XLA checks only byte
-        // sizes); the one output list has room for the program's output count (checked at
-        // compile); the options and the index list outlive the call.
+        // sizes); each output list has room for the program's output count (checked at
+        // compile); the event array has one slot per device; the options and the index list
+        // outlive the call.
         unsafe {
             plugin
                 .api
                 .check(names::loaded_executable_execute, f(&mut a))
         }?;
-        // Take ownership of every returned buffer first, so an error below frees them.
-        let mut outputs = Vec::with_capacity(outs.len());
+        // Take ownership of every returned buffer and event first, so an error below frees
+        // them.
+        let mut runs = Vec::with_capacity(devices);
         let mut missing = false;
-        for (&raw, ty) in outs.iter().zip(&self.outputs) {
-            if raw.is_null() {
-                missing = true;
-            } else {
-                outputs.push(DeviceBuffer::from_raw(self.client.clone(), raw, ty.clone()));
+        for (device, (list, &event)) in outs.iter().zip(&events).enumerate() {
+            let mut outputs = Vec::with_capacity(list.len());
+            for (&raw, ty) in list.iter().zip(&self.outputs) {
+                if raw.is_null() {
+                    missing = true;
+                } else {
+                    outputs.push(DeviceBuffer::from_raw(
+                        self.client.clone(),
+                        raw,
+                        ty.clone(),
+                        device,
+                    ));
+                }
             }
+            // The completion event (possibly null) was just returned to us: owned from here.
+            let done = Completion {
+                client: (!event.is_null()).then(|| self.client.clone()),
+                raw: event,
+            };
+            runs.push((outputs, done));
         }
-        // The completion event (possibly null) was just returned to us: owned from here on.
-        let done = Completion {
-            client: (!events[0].is_null()).then(|| self.client.clone()),
-            raw: events[0],
-        };
         if missing {
             return Err(Error::Pjrt {
                 call: names::loaded_executable_execute,
@@ -622,7 +760,7 @@ impl Executable {
                 message: "the plugin returned fewer output buffers than the program has".into(),
             });
         }
-        Ok((outputs, done))
+        Ok(runs)
     }
 
     /// The plugin's serialized executable (native code; tied to the plugin build and CPU).
@@ -666,8 +804,7 @@ impl Executable {
         let identity = Client {
             inner: self.client.clone(),
         }
-        .identity()?
-        .clone();
+        .identity_for(self.replicas)?;
         let payload = self.serialize_raw()?;
         let header = Header {
             identity,
@@ -692,8 +829,9 @@ impl Executable {
     /// and ([`Error::InvalidSerializedExecutable`]) bytes that are not intact.
     pub fn deserialize(client: &Client, bytes: &[u8]) -> Result<Executable> {
         let (header, payload) = parse(bytes)?;
-        let mine = client.identity()?;
-        if let Some((component, stored, current)) = header.identity.first_difference(mine) {
+        let replicas = header.identity.replicas.max(1);
+        let mine = client.identity_for(replicas)?;
+        if let Some((component, stored, current)) = header.identity.first_difference(&mine) {
             return Err(Error::BackendMismatch {
                 component,
                 stored,
@@ -705,6 +843,7 @@ impl Executable {
                 "the executable's checksum does not match (corrupt bytes)",
             ));
         }
+        client.check_replicas(replicas)?;
         let inner = &client.inner;
         let plugin = inner.plugin;
         let f = plugin.func(
@@ -737,6 +876,7 @@ impl Executable {
             inputs: header.inputs,
             input_names: names,
             outputs: header.outputs,
+            replicas,
         }
         .with_input_names(header.input_names);
         exe.check_outputs()?;

@@ -32,6 +32,15 @@ pub struct BackendIdentity {
     pub cpu_features: String,
     /// blake3 of the serialized compile options nitro passes.
     pub compile_options_digest: Digest,
+    /// How many devices the program runs on at once, one replica each (1 unless the program is
+    /// replicated; see [`compile_options`](super::compile_options)). Absent in executables
+    /// serialized before replication existed, which were all for one device.
+    #[serde(default = "one")]
+    pub replicas: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl BackendIdentity {
@@ -41,8 +50,8 @@ impl BackendIdentity {
     }
 
     /// The components, named, in a fixed order: plugin file digest, PJRT API version,
-    /// platform name and version, CPU features, compile options, and the device count programs
-    /// run on.
+    /// platform name and version, CPU features, the device count programs run on, and the
+    /// compile options.
     pub fn components(&self) -> Vec<(&'static str, String)> {
         vec![
             ("plugin file digest", self.plugin_digest.to_string()),
@@ -53,9 +62,11 @@ impl BackendIdentity {
             ("platform name", self.platform_name.clone()),
             ("platform version", self.platform_version.clone()),
             ("CPU features", self.cpu_features.clone()),
+            // The devices a program runs on: one per replica (devices 0..replicas of the
+            // client, in order), one partition. Before the compile options, which follow from
+            // it, so that a changed count is named as such.
+            ("devices", self.replicas.to_string()),
             ("compile options", self.compile_options_digest.to_string()),
-            // Programs are compiled for one device (1 replica, 1 partition).
-            ("devices", "1".to_owned()),
         ]
     }
 
@@ -83,6 +94,12 @@ impl ContentHash for BackendIdentity {
         h.write_str(&self.platform_version);
         h.write_str(&self.cpu_features);
         h.write_digest(&self.compile_options_digest);
+        // One-device identities hash as they did before replication existed, so their cache
+        // entries stay valid.
+        if self.replicas != 1 {
+            h.write_str("replicas");
+            h.write_u64(self.replicas as u64);
+        }
     }
 }
 

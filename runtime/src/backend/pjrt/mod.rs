@@ -55,7 +55,7 @@ pub mod plugin;
 use std::sync::{Mutex, OnceLock};
 
 pub use buffer::DeviceBuffer;
-pub use client::Client;
+pub use client::{devices_setting, Client, CPU_DEVICES_ENV, DEVICES_ENV};
 pub use executable::{serialized_identity, Arg, Completion, Executable, Executed};
 pub use identity::{cpu_features, plugin_file_digest, BackendIdentity};
 pub use plugin::{
@@ -65,10 +65,43 @@ pub use plugin::{
 use crate::error::{Error, Result};
 use crate::tree::LeafType;
 
-/// The serialized `xla.CompileOptionsProto` passed to every compile:
-/// `executable_build_options { num_replicas: 1, num_partitions: 1 }`. Both fields are required;
-/// empty options abort the process inside XLA.
+/// The serialized `xla.CompileOptionsProto` passed to every compile of a one-device program:
+/// `executable_build_options { num_replicas: 1, num_partitions: 1 }`, the same bytes as
+/// [`compile_options`]`(1)`. Both fields are required; empty options abort the process inside
+/// XLA.
 pub const COMPILE_OPTIONS: &[u8] = &[0x1a, 0x04, 0x20, 0x01, 0x28, 0x01];
+
+/// The serialized `xla.CompileOptionsProto` for a program replicated over `replicas` devices:
+/// `executable_build_options` (field 3) holding `num_replicas` (field 4) = `replicas` and
+/// `num_partitions` (field 5) = 1. Data parallelism here is replication — every device runs the
+/// whole program on its share of the batch, and `all_reduce` sums across them — so no SPMD
+/// partitioner is involved and nitro's own autodiff sees an ordinary program.
+///
+/// ```
+/// use nitro::backend::pjrt::{compile_options, COMPILE_OPTIONS};
+/// assert_eq!(compile_options(1), COMPILE_OPTIONS);
+/// assert_eq!(compile_options(4), [0x1a, 0x04, 0x20, 0x04, 0x28, 0x01]);
+/// // 300 needs a two-byte varint, so the nested message grows by one byte.
+/// assert_eq!(compile_options(300), [0x1a, 0x05, 0x20, 0xac, 0x02, 0x28, 0x01]);
+/// ```
+pub fn compile_options(replicas: usize) -> Vec<u8> {
+    fn varint(out: &mut Vec<u8>, mut v: u64) {
+        while v >= 0x80 {
+            out.push((v as u8 & 0x7f) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+    // Field 4 (num_replicas) and field 5 (num_partitions), both varints (wire type 0).
+    let mut build = vec![0x20];
+    varint(&mut build, replicas.max(1) as u64);
+    build.extend_from_slice(&[0x28, 0x01]);
+    // Field 3 (executable_build_options), length-delimited (wire type 2).
+    let mut out = vec![0x1a];
+    varint(&mut out, build.len() as u64);
+    out.extend_from_slice(&build);
+    out
+}
 
 /// The environment variable choosing the backend: `xla` (or `pjrt`), `interp`, or unset/`auto`.
 pub const BACKEND_ENV: &str = "NITRO_BACKEND";
@@ -145,6 +178,49 @@ pub fn client() -> Result<&'static Client> {
     };
     let created = Client::new(plugin)?;
     Ok(CLIENT.get_or_init(|| created))
+}
+
+/// A client with at least `devices` devices on the [`selected`] plugin: the process-wide
+/// [`client()`] when it has enough, else (on a CPU plugin) a client of its own with `devices`
+/// devices, created once per process and count. [`Error::Devices`] when the plugin's platform
+/// cannot be asked for more devices (a GPU plugin has the devices its machine has).
+pub fn client_for(devices: usize) -> Result<&'static Client> {
+    let default = client()?;
+    if devices <= default.device_count() {
+        return Ok(default);
+    }
+    if !default.platform_name().eq_ignore_ascii_case("cpu") {
+        return Err(Error::Devices {
+            what: "a training handle".into(),
+            requested: devices,
+            reason: format!(
+                "the {} plugin's client has {} device(s); ask for at most that many",
+                default.platform_name(),
+                default.device_count()
+            ),
+        });
+    }
+    static MORE: Mutex<Vec<&'static Client>> = Mutex::new(Vec::new());
+    let mut more = MORE.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(c) = more.iter().find(|c| c.device_count() >= devices) {
+        return Ok(c);
+    }
+    let created = Client::with_cpu_devices(default.plugin(), devices)?;
+    if created.device_count() < devices {
+        return Err(Error::Devices {
+            what: "a training handle".into(),
+            requested: devices,
+            reason: format!(
+                "the CPU plugin made a client of {} device(s) when asked for {devices}",
+                created.device_count()
+            ),
+        });
+    }
+    // Clients live as long as the process, like the process-wide one: executables and buffers
+    // hold them, and there is one per device count asked for.
+    let created: &'static Client = Box::leak(Box::new(created));
+    more.push(created);
+    Ok(created)
 }
 
 /// Compiles StableHLO text on the process-wide [`client()`]; see [`Client::compile`].
