@@ -122,6 +122,7 @@ fn op_kind(op: &Op) -> &'static str {
             ReduceOp::Max => "reduce max",
             ReduceOp::Min => "reduce min",
         },
+        Op::AllReduce => "all_reduce",
     }
 }
 
@@ -156,7 +157,32 @@ const ALL_KINDS: &[&str] = &[
     "reduce sum",
     "reduce max",
     "reduce min",
+    "all_reduce",
 ];
+
+/// A program replicated over two devices: the sum of its input over both.
+fn replicated_program() -> Graph {
+    let ty = f32t(&[2]);
+    nitro::trace::trace_replicated(2, || vec![nitro::trace::input("x", ty.clone()).all_sum()])
+        .unwrap()
+}
+
+#[test]
+fn a_replicated_program_declares_its_replica_count_and_sums_over_all_replicas() {
+    let expected = "\
+module @nitro attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 2 : i32} {
+  func.func public @main(%arg0: tensor<2xf32>) -> tensor<2xf32> {
+    %0 = \"stablehlo.all_reduce\"(%arg0) ({
+      ^bb0(%lhs: tensor<f32>, %rhs: tensor<f32>):
+        %sum = stablehlo.add %lhs, %rhs : tensor<f32>
+        stablehlo.return %sum : tensor<f32>
+    }) {replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>} : (tensor<2xf32>) -> tensor<2xf32>
+    return %0 : tensor<2xf32>
+  }
+}
+";
+    assert_eq!(emit(&replicated_program()), expected);
+}
 
 fn elementwise_program() -> Graph {
     program(&[f32t(&[2, 3]), f32t(&[2, 3])], |i| {
@@ -621,6 +647,7 @@ fn every_op_kind_is_covered() {
         shape_program(),
         reduce_program(),
         constant_program(),
+        replicated_program(),
     ];
     let mut seen = std::collections::BTreeSet::new();
     for g in &graphs {
