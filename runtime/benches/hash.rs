@@ -18,7 +18,7 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
 use nitro::cache::Prepared;
 use nitro::prelude::*;
 use nitro::Digest;
@@ -47,13 +47,16 @@ fn graph_const_hash(c: &mut Criterion) {
         };
 
         let mut group = c.benchmark_group(format!("graph_const_hash/{label}"));
+        group.warm_up_time(Duration::from_millis(500));
+        group.measurement_time(Duration::from_secs(2));
         if bytes >= 100_000_000 {
+            // Tens of milliseconds an iteration: ten samples of a few iterations each.
+            group.sampling_mode(SamplingMode::Flat);
             group.sample_size(10);
             group.warm_up_time(Duration::from_secs(1));
-            group.measurement_time(Duration::from_secs(3));
-        } else {
-            group.warm_up_time(Duration::from_millis(500));
-            group.measurement_time(Duration::from_secs(2));
+            group.measurement_time(Duration::from_secs(4));
+        } else if bytes >= 1_000_000 {
+            group.sample_size(50);
         }
         group.throughput(Throughput::Bytes(bytes as u64));
         group.bench_function("raw_blake3", |b| b.iter(|| blake3::hash(black_box(&raw))));
