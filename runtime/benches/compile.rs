@@ -19,7 +19,7 @@
 //!   - `deserialize`: the backend loading the serialized executable alone.
 //!
 //! The store lives in a fresh directory under the system's temporary directory, removed at the
-//! end; the user's cache directory is never touched.
+//! end; no program is read from or written to the user's compile cache.
 //!
 //! Run with `cargo bench -p nitro --bench compile`.
 #![allow(missing_docs)]
