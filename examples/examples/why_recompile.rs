@@ -31,7 +31,7 @@ use nitro::cache::{Cache, CacheStats, Outcome};
 use nitro::data::{Dataset, Order};
 use nitro::prelude::*;
 use nitro::program::Program;
-use nitro_examples::report::{cache_json, median, Summary};
+use nitro_examples::report::{cache_json, median, short_program, Summary};
 use nitro_examples::run::TRAIN_FRACTION;
 use nitro_examples::{
     data, glorot, Arch, Batch, BatchMirror, Dense, DenseMirror, DigitsMlp, DigitsMlpView,
@@ -144,7 +144,7 @@ impl Trainable for DigitsMlp {
 struct Miss {
     /// The step it happened at (from 1; a lookup before the first step counts as step 1).
     step: u64,
-    /// The program (`Experiment::name`).
+    /// The program, without module paths (`DigitsMlp::sgd_step`).
     program: String,
     /// What the lookup did, and why.
     outcome: Outcome,
@@ -235,8 +235,7 @@ impl<'a> Sweep<'a> {
             return;
         }
         let ms = served.build_time.as_secs_f64() * 1e3;
-        let program = served.program.rsplit("::").take(2).collect::<Vec<_>>();
-        let program = format!("{}::{}", program[program.len() - 1], program[0]);
+        let program = short_program(&served.program);
         if !self.quiet {
             println!("    {when}: {program} {} in {ms:.0} ms", served.outcome);
         }

@@ -131,6 +131,38 @@ pub fn median(values: &[f64]) -> f64 {
     sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
 }
 
+/// A program identity without its module paths, for tables:
+/// `nitro::train::OptimizerStep<nitro::optim::Adam>::nitro.update` becomes
+/// `OptimizerStep<Adam>::nitro.update`, `nitro_examples::DigitsMlp::nitro.grad` becomes
+/// `DigitsMlp::nitro.grad`. (Module names are the leading lower-case segments of each path.)
+pub fn short_program(program: &str) -> String {
+    let mut out = String::with_capacity(program.len());
+    let mut path = String::new();
+    let flush = |path: &mut String, out: &mut String| {
+        if path.starts_with("::") {
+            out.push_str(path);
+        } else {
+            let segments: Vec<&str> = path.split("::").collect();
+            let keep = segments
+                .iter()
+                .position(|s| s.starts_with(|c: char| c.is_ascii_uppercase()))
+                .unwrap_or(segments.len().saturating_sub(1));
+            out.push_str(&segments[keep..].join("::"));
+        }
+        path.clear();
+    };
+    for c in program.chars() {
+        if matches!(c, '<' | '>' | ',' | ' ' | '(' | ')' | '[' | ']' | ';' | '&') {
+            flush(&mut path, &mut out);
+            out.push(c);
+        } else {
+            path.push(c);
+        }
+    }
+    flush(&mut path, &mut out);
+    out
+}
+
 /// The last line of `output` that is a JSON object (an example's summary), parsed; `None`
 /// when there is none.
 pub fn last_json_line(output: &str) -> Option<Map<String, Value>> {
@@ -229,6 +261,25 @@ mod tests {
         let v = Summary::with_backend("x", "interp", "p").to_value();
         assert_eq!(v["epochs"], 0);
         assert_eq!(v["val_accuracy"], Value::Null);
+    }
+
+    #[test]
+    fn short_program_drops_module_paths() {
+        assert_eq!(
+            short_program("nitro::train::OptimizerStep<nitro::optim::Adam>::nitro.update"),
+            "OptimizerStep<Adam>::nitro.update"
+        );
+        assert_eq!(
+            short_program("nitro_examples::DigitsMlp::nitro.grad"),
+            "DigitsMlp::nitro.grad"
+        );
+        assert_eq!(
+            short_program("a::Pair<x::A, y::z::B>::step"),
+            "Pair<A, B>::step"
+        );
+        assert_eq!(short_program("plain"), "plain");
+        assert_eq!(short_program("m::f"), "f");
+        assert_eq!(short_program(""), "");
     }
 
     #[test]
