@@ -21,7 +21,7 @@ use clap::{Parser, ValueEnum};
 use nitro::cache;
 use nitro::optim::{Adam, AdamW, Momentum, Sgd};
 use nitro::Experiment;
-use nitro_examples::report::Summary;
+use nitro_examples::report::{exit_status, Summary};
 use nitro_examples::run::{self, Settings, TRAIN_FRACTION};
 use nitro_examples::{data, plot, DigitsMlp};
 
@@ -82,7 +82,11 @@ impl OptimizerKind {
     }
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    exit_status("digits", try_main())
+}
+
+fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     let started = std::time::Instant::now();
     // `RUST_LOG=nitro=info` shows one line per compile (with its reason and time) and per epoch.
     tracing_subscriber::fmt()

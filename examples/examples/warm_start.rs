@@ -24,7 +24,7 @@ use std::time::Instant;
 use clap::Parser;
 use nitro::optim::Adam;
 use nitro_examples::data;
-use nitro_examples::report::{last_json_line, short_program, Summary};
+use nitro_examples::report::{exit_status, last_json_line, short_program, Summary};
 use nitro_examples::run::{self, Settings, TRAIN_FRACTION};
 use serde_json::{json, Map, Value};
 
@@ -47,7 +47,11 @@ struct Args {
 /// The programs of a digits run with validation: gradient, update, evaluation.
 const PROGRAMS: u64 = 3;
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    exit_status("warm_start", try_main())
+}
+
+fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     if args.epochs == 0 {
         return Err("--epochs must be at least 1".into());
@@ -153,6 +157,30 @@ impl ChildRun {
             .unwrap_or_default()
     }
 
+    /// The programs this child compiled instead of loading, with the cache's reasons
+    /// (`: grad (store_rejected: load)`), or nothing.
+    fn compiled_reasons(&self) -> String {
+        let compiled: Vec<String> = self
+            .summary
+            .get("programs")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|p| p["loaded"] == false)
+            .map(|p| {
+                format!(
+                    "{} ({})",
+                    short_program(p["program"].as_str().unwrap_or("?")),
+                    p["reason"].as_str().unwrap_or("?")
+                )
+            })
+            .collect();
+        match compiled.is_empty() {
+            true => String::new(),
+            false => format!(" (compiled: {})", compiled.join("; ")),
+        }
+    }
+
     /// The figures the parent's JSON line keeps of this child.
     fn to_json(&self) -> Value {
         json!({
@@ -180,11 +208,11 @@ fn run_child(args: &Args, dir: &Path) -> Result<ChildRun, Box<dyn std::error::Er
         .output()?;
     let wall_ms = started.elapsed().as_secs_f64() * 1e3;
     if !out.status.success() {
-        return Err(format!("warm_start: the child process failed ({})", out.status).into());
+        return Err(format!("the child process failed ({})", out.status).into());
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
     let summary = last_json_line(&stdout)
-        .ok_or_else(|| format!("warm_start: the child printed no JSON line:\n{stdout}"))?;
+        .ok_or_else(|| format!("the child printed no JSON line:\n{stdout}"))?;
     Ok(ChildRun { summary, wall_ms })
 }
 
@@ -261,9 +289,10 @@ fn parent(args: &Args, dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     if cold_compiles != PROGRAMS || cold_loads != 0 || warm_compiles != 0 || warm_loads != PROGRAMS
     {
         return Err(format!(
-            "warm_start: expected the cold child to compile {PROGRAMS} programs and the warm \
+            "expected the cold child to compile {PROGRAMS} programs and the warm \
              one to load them all; cold compiled {cold_compiles} and loaded {cold_loads}, warm \
-             compiled {warm_compiles} and loaded {warm_loads}"
+             compiled {warm_compiles} and loaded {warm_loads}{}",
+            warm.compiled_reasons()
         )
         .into());
     }

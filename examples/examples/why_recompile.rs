@@ -31,7 +31,7 @@ use nitro::cache::{Cache, CacheStats, Outcome};
 use nitro::data::{Dataset, Order};
 use nitro::prelude::*;
 use nitro::program::Program;
-use nitro_examples::report::{cache_json, median, short_program, Summary};
+use nitro_examples::report::{cache_json, exit_status, median, short_program, Summary};
 use nitro_examples::run::TRAIN_FRACTION;
 use nitro_examples::{
     data, glorot, Arch, Batch, BatchMirror, Dense, DenseMirror, DigitsMlp, DigitsMlpView,
@@ -294,11 +294,15 @@ fn check(ok: bool, what: &str) -> Result<(), Box<dyn std::error::Error>> {
     if ok {
         Ok(())
     } else {
-        Err(format!("why_recompile: expected {what}").into())
+        Err(format!("expected {what}").into())
     }
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    exit_status("why_recompile", try_main())
+}
+
+fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     if args.epochs == 0 {
         return Err("--epochs must be at least 1".into());

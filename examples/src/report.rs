@@ -17,6 +17,7 @@
 //! ```
 
 use std::fmt;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use nitro::backend::Backend;
@@ -161,6 +162,18 @@ pub fn short_program(program: &str) -> String {
     }
     flush(&mut path, &mut out);
     out
+}
+
+/// The exit status of an example's `main`: success, or failure after printing the error on
+/// stderr as a sentence (`digits: cannot write the plot to …`), not as a debug dump.
+pub fn exit_status(example: &str, result: Result<(), Box<dyn std::error::Error>>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{example}: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// The last line of `output` that is a JSON object (an example's summary), parsed; `None`
