@@ -265,7 +265,7 @@ fn parent(args: &Args, dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
         )
     };
     say(line(
-        "all programs (as the handle waited)",
+        "getting the programs (handle total)",
         "programs_ms",
         1.0,
     ));
