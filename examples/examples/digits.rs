@@ -1,6 +1,6 @@
-//! Trains the digits MLP (64 → 128 tanh → 10) with Adam through the training handle, on XLA
-//! when a PJRT plugin is installed (else on the reference interpreter), and checks the
-//! acceptance criterion: no recompile after step 1.
+//! Trains the digits MLP (64 → 128 tanh → 10; Adam unless `--optimizer` says otherwise) through
+//! the training handle, on XLA when a PJRT plugin is installed (else on the reference
+//! interpreter), and checks the acceptance criterion: no recompile after step 1.
 //!
 //! The data set is split 80/20 with a seed, batches are reshuffled every epoch, and the ragged
 //! last batch is padded and masked, so every step runs the same program. Parameters and the
