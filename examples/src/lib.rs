@@ -6,6 +6,9 @@
 
 pub mod data;
 mod model;
+pub mod plot;
+pub mod report;
+pub mod run;
 
 pub use model::{Rows, RowsMirror};
 

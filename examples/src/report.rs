@@ -1,0 +1,306 @@
+//! The one JSON line every example ends with, built in one place.
+//!
+//! Scripts read the last line of an example's output: an object with `example`, `backend`
+//! (`xla` or `interp`), `plugin`, `epochs`, `val_accuracy`, `cache` (hits, misses, entries,
+//! compiles, loads from the persistent cache, misses by reason), `step_us_median`,
+//! `first_step_ms` and `compile_ms_total`, plus whatever an example adds ([`Summary::field`]).
+//!
+//! ```
+//! use nitro_examples::report::{last_json_line, Summary};
+//!
+//! let line = Summary::with_backend("demo", "interp", "reference interpreter")
+//!     .field("note", "extra fields go last")
+//!     .to_string();
+//! let parsed = last_json_line(&format!("a table\n{line}\n")).expect("one JSON line");
+//! assert_eq!(parsed["example"], "demo");
+//! assert_eq!(parsed["note"], "extra fields go last");
+//! ```
+
+use std::fmt;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use nitro::backend::Backend;
+use nitro::cache::CacheStats;
+use nitro::train::History;
+use serde_json::{json, Map, Value};
+
+/// The summary line of an example run: the common fields, then the example's own.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Summary {
+    fields: Map<String, Value>,
+}
+
+impl Summary {
+    /// A summary of `example` run on `backend` (`backend` is `xla` when the backend has a
+    /// PJRT device, `interp` otherwise). The other common fields start empty: 0 epochs, no
+    /// accuracy, no cache figures, zero times.
+    pub fn new(example: &str, backend: &dyn Backend) -> Summary {
+        Summary::with_backend(
+            example,
+            backend_kind(backend),
+            &backend.identity().description,
+        )
+    }
+
+    /// A summary with the backend given in words (`kind` is `xla` or `interp`; `plugin` the
+    /// backend's description), for a process that did not open a backend itself.
+    pub fn with_backend(example: &str, kind: &str, plugin: &str) -> Summary {
+        let mut fields = Map::new();
+        fields.insert("example".into(), json!(example));
+        fields.insert("backend".into(), json!(kind));
+        fields.insert("plugin".into(), json!(plugin));
+        fields.insert("epochs".into(), json!(0));
+        fields.insert("val_accuracy".into(), Value::Null);
+        fields.insert("cache".into(), Value::Null);
+        fields.insert("step_us_median".into(), json!(0.0));
+        fields.insert("first_step_ms".into(), json!(0.0));
+        fields.insert("compile_ms_total".into(), json!(0.0));
+        Summary { fields }
+    }
+
+    /// The epochs of a training history: how many, the last epoch's validation accuracy, and
+    /// the median of the epochs' median step times.
+    pub fn history(self, history: &History) -> Summary {
+        let medians: Vec<f64> = history.epochs.iter().map(|e| e.step_us_median).collect();
+        self.field("epochs", history.epochs.len())
+            .field(
+                "val_accuracy",
+                history.epochs.last().and_then(|e| e.val_accuracy),
+            )
+            .field("step_us_median", median(&medians))
+    }
+
+    /// The compile cache's figures (`cache`, `compile_ms_total`, and `remote`: the shared
+    /// cache's exchanges, `null` without one).
+    pub fn cache(self, stats: &CacheStats) -> Summary {
+        self.field("cache", cache_json(stats))
+            .field("compile_ms_total", stats.compile_ms)
+            .field("remote", json!(stats.remote))
+    }
+
+    /// How long the run took to finish its first step (0 when it took none).
+    pub fn first_step(self, time: Option<Duration>) -> Summary {
+        self.field("first_step_ms", time.map_or(0.0, |d| d.as_secs_f64() * 1e3))
+    }
+
+    /// Sets field `key` (a common one, or one of the example's own).
+    pub fn field(mut self, key: &str, value: impl Into<Value>) -> Summary {
+        self.fields.insert(key.to_owned(), value.into());
+        self
+    }
+
+    /// The summary as a JSON value.
+    pub fn to_value(&self) -> Value {
+        Value::Object(self.fields.clone())
+    }
+}
+
+impl fmt::Display for Summary {
+    /// The summary as one line of JSON.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.to_value())
+    }
+}
+
+/// `xla` when `backend` runs on a PJRT device, `interp` for the reference interpreter.
+pub fn backend_kind(backend: &dyn Backend) -> &'static str {
+    if backend.device().is_some() {
+        "xla"
+    } else {
+        "interp"
+    }
+}
+
+/// The cache figures of a summary: hits, misses, entries, compiles, loads from the persistent
+/// cache (`l2_loads`) and misses by reason.
+pub fn cache_json(stats: &CacheStats) -> Value {
+    json!({
+        "hits": stats.hits,
+        "misses": stats.misses,
+        "entries": stats.entries,
+        "compiles": stats.compiles,
+        "l2_loads": stats.l2_hits,
+        "misses_by_reason": stats.misses_by_reason,
+    })
+}
+
+/// The median of `values` (the upper one of an even count); 0 for none.
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// A program identity without its module paths, for tables:
+/// `nitro::train::OptimizerStep<nitro::optim::Adam>::nitro.update` becomes
+/// `OptimizerStep<Adam>::nitro.update`, `nitro_examples::DigitsMlp::nitro.grad` becomes
+/// `DigitsMlp::nitro.grad`. (Module names are the leading lower-case segments of each path.)
+pub fn short_program(program: &str) -> String {
+    let mut out = String::with_capacity(program.len());
+    let mut path = String::new();
+    let flush = |path: &mut String, out: &mut String| {
+        if path.starts_with("::") {
+            out.push_str(path);
+        } else {
+            let segments: Vec<&str> = path.split("::").collect();
+            let keep = segments
+                .iter()
+                .position(|s| s.starts_with(|c: char| c.is_ascii_uppercase()))
+                .unwrap_or(segments.len().saturating_sub(1));
+            out.push_str(&segments[keep..].join("::"));
+        }
+        path.clear();
+    };
+    for c in program.chars() {
+        if matches!(c, '<' | '>' | ',' | ' ' | '(' | ')' | '[' | ']' | ';' | '&') {
+            flush(&mut path, &mut out);
+            out.push(c);
+        } else {
+            path.push(c);
+        }
+    }
+    flush(&mut path, &mut out);
+    out
+}
+
+/// The exit status of an example's `main`: success, or failure after printing the error on
+/// stderr as a sentence (`digits: cannot write the plot to …`), not as a debug dump.
+pub fn exit_status(example: &str, result: Result<(), Box<dyn std::error::Error>>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{example}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The last line of `output` that is a JSON object (an example's summary), parsed; `None`
+/// when there is none.
+pub fn last_json_line(output: &str) -> Option<Map<String, Value>> {
+    output.lines().rev().find_map(|line| {
+        let line = line.trim();
+        if !line.starts_with('{') {
+            return None;
+        }
+        match serde_json::from_str(line) {
+            Ok(Value::Object(map)) => Some(map),
+            _ => None,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nitro::train::EpochRecord;
+
+    fn epoch(epoch: usize, step_us: f64, accuracy: Option<f64>) -> EpochRecord {
+        EpochRecord {
+            epoch,
+            train_loss: 1.0 / epoch as f64,
+            val_loss: accuracy.map(|a| 1.0 - a),
+            val_accuracy: accuracy,
+            metrics: Vec::new(),
+            steps: 45,
+            step_us_median: step_us,
+            seconds: 0.1,
+        }
+    }
+
+    #[test]
+    fn median_takes_the_middle_of_the_sorted_values() {
+        assert_eq!(median(&[]), 0.0);
+        assert_eq!(median(&[3.0]), 3.0);
+        assert_eq!(median(&[9.0, 1.0, 5.0]), 5.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 3.0);
+    }
+
+    #[test]
+    fn summary_has_the_common_fields_and_the_history() {
+        let history = History {
+            epochs: vec![
+                epoch(1, 50.0, Some(0.8)),
+                epoch(2, 30.0, Some(0.9)),
+                epoch(3, 40.0, Some(0.95)),
+            ],
+        };
+        let mut stats = CacheStats {
+            misses: 3,
+            compiles: 2,
+            l2_hits: 1,
+            entries: 3,
+            compile_ms: 12.5,
+            ..CacheStats::default()
+        };
+        stats.misses_by_reason.insert("empty".into(), 3);
+        let s = Summary::with_backend("digits", "xla", "a plugin")
+            .history(&history)
+            .cache(&stats)
+            .first_step(Some(Duration::from_millis(250)))
+            .field("extra", 7);
+        let v = s.to_value();
+        for key in [
+            "example",
+            "backend",
+            "plugin",
+            "epochs",
+            "val_accuracy",
+            "cache",
+            "step_us_median",
+            "first_step_ms",
+            "compile_ms_total",
+        ] {
+            assert!(v.get(key).is_some(), "missing {key}");
+        }
+        assert_eq!(v["epochs"], 3);
+        assert_eq!(v["val_accuracy"], 0.95);
+        assert_eq!(v["step_us_median"], 40.0);
+        assert_eq!(v["first_step_ms"], 250.0);
+        assert_eq!(v["compile_ms_total"], 12.5);
+        assert_eq!(v["cache"]["l2_loads"], 1);
+        assert_eq!(v["cache"]["misses_by_reason"]["empty"], 3);
+        assert_eq!(v["remote"], Value::Null);
+        assert_eq!(v["extra"], 7);
+        // One line, which parses back to the same object.
+        let line = s.to_string();
+        assert!(!line.contains('\n'));
+        assert_eq!(last_json_line(&line).map(Value::Object), Some(v));
+    }
+
+    #[test]
+    fn a_summary_without_a_history_has_no_accuracy() {
+        let v = Summary::with_backend("x", "interp", "p").to_value();
+        assert_eq!(v["epochs"], 0);
+        assert_eq!(v["val_accuracy"], Value::Null);
+    }
+
+    #[test]
+    fn short_program_drops_module_paths() {
+        assert_eq!(
+            short_program("nitro::train::OptimizerStep<nitro::optim::Adam>::nitro.update"),
+            "OptimizerStep<Adam>::nitro.update"
+        );
+        assert_eq!(
+            short_program("nitro_examples::DigitsMlp::nitro.grad"),
+            "DigitsMlp::nitro.grad"
+        );
+        assert_eq!(
+            short_program("a::Pair<x::A, y::z::B>::step"),
+            "Pair<A, B>::step"
+        );
+        assert_eq!(short_program("plain"), "plain");
+        assert_eq!(short_program("m::f"), "f");
+        assert_eq!(short_program(""), "");
+    }
+
+    #[test]
+    fn last_json_line_skips_other_lines() {
+        let out = "epoch  train loss\n{\"a\": 1}\n  1  0.5\n{not json\n{\"b\": 2}\ncache ok\n";
+        let last = last_json_line(out).expect("a JSON line");
+        assert_eq!(last.get("b"), Some(&json!(2)));
+        assert_eq!(last_json_line("no json here\n[1, 2]\n"), None);
+        assert_eq!(last_json_line(""), None);
+    }
+}
