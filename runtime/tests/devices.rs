@@ -15,9 +15,9 @@ use nitro::backend::{self, interp, Backend};
 use nitro::cache::{Cache, MissReason, Outcome};
 use nitro::optim::Adam;
 use nitro::prelude::*;
-use nitro::{Error, LeafType};
 use nitro::trace::{self, Op};
 use nitro::train::{Config, Nitro};
+use nitro::{Error, LeafType};
 
 fn f32s(v: &[f32], dims: &[usize]) -> Array {
     Array::from_vec(dims, v.to_vec()).unwrap()
@@ -29,7 +29,8 @@ fn four_replica_sum() -> (nitro::trace::Graph, Vec<Array>) {
         dtype: DType::F32,
         dims: vec![3],
     };
-    let graph = trace::trace_replicated(4, || vec![trace::input("x", ty.clone()).all_sum()]).unwrap();
+    let graph =
+        trace::trace_replicated(4, || vec![trace::input("x", ty.clone()).all_sum()]).unwrap();
     let inputs = (0..4)
         .map(|r| {
             let base = 3.0 * r as f32;
@@ -54,7 +55,13 @@ fn all_sum_adds_over_replicas_on_the_interpreter_and_is_the_tensor_itself_on_one
     // Input lists for another replica count are refused, typed.
     let err = interp::run_replicas(&graph, &refs[..2]).unwrap_err();
     assert!(
-        matches!(err, Error::ReplicaCount { expected: 4, got: 2 }),
+        matches!(
+            err,
+            Error::ReplicaCount {
+                expected: 4,
+                got: 2
+            }
+        ),
         "{err}"
     );
     // Traced for one device, `all_sum` adds no node and `all_mean` divides by 1.
@@ -122,8 +129,10 @@ fn the_gradient_of_all_sum_matches_finite_differences_over_replicas() {
     let arr = |v: &[f64]| Array::from_vec(&[3], v.to_vec()).unwrap();
     let objective = |xs: &[Vec<f64>]| -> f64 {
         let g = forward(false);
-        let (xa, wa): (Vec<Array>, Vec<Array>) =
-            (xs.iter().map(|v| arr(v)).collect(), ws.iter().map(|v| arr(v)).collect());
+        let (xa, wa): (Vec<Array>, Vec<Array>) = (
+            xs.iter().map(|v| arr(v)).collect(),
+            ws.iter().map(|v| arr(v)).collect(),
+        );
         let lists: Vec<Vec<&Array>> = (0..replicas).map(|r| vec![&xa[r], &wa[r]]).collect();
         let refs: Vec<&[&Array]> = lists.iter().map(Vec::as_slice).collect();
         interp::run_replicas(&g, &refs)
@@ -133,8 +142,10 @@ fn the_gradient_of_all_sum_matches_finite_differences_over_replicas() {
             .sum()
     };
     let g = forward(true);
-    let (xa, wa): (Vec<Array>, Vec<Array>) =
-        (xs.iter().map(|v| arr(v)).collect(), ws.iter().map(|v| arr(v)).collect());
+    let (xa, wa): (Vec<Array>, Vec<Array>) = (
+        xs.iter().map(|v| arr(v)).collect(),
+        ws.iter().map(|v| arr(v)).collect(),
+    );
     let lists: Vec<Vec<&Array>> = (0..replicas).map(|r| vec![&xa[r], &wa[r]]).collect();
     let refs: Vec<&[&Array]> = lists.iter().map(Vec::as_slice).collect();
     let out = interp::run_replicas(&g, &refs).unwrap();
@@ -197,13 +208,25 @@ fn a_replicated_program_declares_its_replicas_and_runs_on_xla() {
     let two = backend::xla_for(2).unwrap();
     let err = two.load(&bytes, &graph).unwrap_err();
     assert!(
-        matches!(err, Error::ReplicaCount { expected: 2, got: 4 }),
+        matches!(
+            err,
+            Error::ReplicaCount {
+                expected: 2,
+                got: 4
+            }
+        ),
         "{err}"
     );
     // Running it as one replica is refused, typed.
     let err = exe.run(&[&inputs[0]]).unwrap_err();
     assert!(
-        matches!(err, Error::ReplicaCount { expected: 4, got: 1 }),
+        matches!(
+            err,
+            Error::ReplicaCount {
+                expected: 4,
+                got: 1
+            }
+        ),
         "{err}"
     );
     // The identities differ in the device count.
@@ -281,9 +304,9 @@ fn training_on_one_two_and_four_devices_gives_the_same_parameters_on_the_interpr
 
 #[test]
 fn training_on_one_two_and_four_devices_gives_the_same_parameters_on_xla() {
-    let Some(_) = xla_or_skip(
-        "training_on_one_two_and_four_devices_gives_the_same_parameters_on_xla",
-    ) else {
+    let Some(_) =
+        xla_or_skip("training_on_one_two_and_four_devices_gives_the_same_parameters_on_xla")
+    else {
         return;
     };
     same_parameters_on(|n| backend::xla_for(n).expect("XLA devices"), 1e-5);
@@ -299,9 +322,14 @@ fn inventory_and_keys_on(pick: impl Fn(usize) -> &'static dyn Backend) {
     let ragged = batch(&x, &y, 8, 3, 8);
     for (k, devices) in [2usize, 4].into_iter().enumerate() {
         let config = Config::new().batch(8).devices(devices);
-        let mut run =
-            Nitro::with_backend(mlp(Act::Tanh), Adam::default(), config, pick(devices), cache)
-                .unwrap();
+        let mut run = Nitro::with_backend(
+            mlp(Act::Tanh),
+            Adam::default(),
+            config,
+            pick(devices),
+            cache,
+        )
+        .unwrap();
         let outcomes = run.prepare(&full).unwrap();
         assert_eq!(outcomes.len(), 2);
         if k == 1 {
@@ -342,8 +370,8 @@ fn inventory_and_keys_on(pick: impl Fn(usize) -> &'static dyn Backend) {
 }
 
 #[test]
-fn the_inventory_is_the_same_at_any_device_count_and_counts_never_share_entries_on_the_interpreter(
-) {
+fn the_inventory_is_the_same_at_any_device_count_and_counts_never_share_entries_on_the_interpreter()
+{
     inventory_and_keys_on(|n| backend::interpreter_for(n));
 }
 

@@ -784,3 +784,57 @@ fn predict_reuses_the_evaluation_program() {
         assert!((g - w).abs() < 1e-5, "{got:?} vs {want:?}");
     }
 }
+
+/// A fresh cache on the same directory loads the handle's programs instead of compiling them —
+/// the donating update program included — on the interpreter as on XLA.
+fn a_fresh_cache_loads_both_programs_on(backend: &'static dyn Backend) {
+    let dir = common::TempDir::new("handle-store");
+    let cache_on_dir = || -> &'static Cache {
+        let store = nitro::cache::DirStore::open(dir.path(), 1 << 30, None).expect("store");
+        Box::leak(Box::new(Cache::new(8, Some(std::sync::Arc::new(store)))))
+    };
+    let (x, y) = data(32, 3);
+    let b = batch(&x, &y, 0, 32, 32);
+    let mut first = handle(
+        backend,
+        cache_on_dir(),
+        mlp(Act::Tanh),
+        Adam::default(),
+        32,
+        0.01,
+    );
+    let outcomes = first.prepare(&b).unwrap();
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Outcome::Compiled { .. })),
+        "{outcomes:?}"
+    );
+    let mut second = handle(
+        backend,
+        cache_on_dir(),
+        mlp(Act::Tanh),
+        Adam::default(),
+        32,
+        0.01,
+    );
+    let outcomes = second.prepare(&b).unwrap();
+    assert!(
+        outcomes.iter().all(|o| matches!(o, Outcome::Loaded { .. })),
+        "{outcomes:?}"
+    );
+    second.step(&b, 32).unwrap();
+}
+
+#[test]
+fn a_fresh_cache_loads_both_programs_on_the_interpreter() {
+    a_fresh_cache_loads_both_programs_on(backend::interpreter());
+}
+
+#[test]
+fn a_fresh_cache_loads_both_programs_on_xla() {
+    let Some(xla) = xla_or_skip("a_fresh_cache_loads_both_programs_on_xla") else {
+        return;
+    };
+    a_fresh_cache_loads_both_programs_on(xla);
+}

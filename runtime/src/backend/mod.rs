@@ -161,14 +161,42 @@ impl Backend for Interpreter {
     }
 
     fn load(&self, payload: &[u8], graph: &Graph) -> Result<Box<dyn Executable>> {
-        let text = crate::emit::emit(graph);
-        if payload != text.as_bytes() {
+        // The stored text is the compiled one, donation attributes included; the graph does not
+        // record donation, so those are set aside before comparing.
+        let stored =
+            std::str::from_utf8(payload).map_err(|_| Error::InvalidSerializedExecutable {
+                reason: "the stored program is not text".into(),
+            })?;
+        if without_donation(stored) != crate::emit::emit(graph) {
             return Err(Error::InvalidSerializedExecutable {
                 reason: "the stored program is not the traced one".into(),
             });
         }
-        self.compile(graph, &text)
+        self.compile(graph, stored)
     }
+}
+
+/// StableHLO text with every argument's ` {tf.aliasing_output = K : i32}` removed: the text
+/// [`crate::emit::emit`] gives for the same graph without donation.
+fn without_donation(text: &str) -> String {
+    const OPEN: &str = " {tf.aliasing_output = ";
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(OPEN) {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + OPEN.len()..];
+        match after.find(" : i32}") {
+            Some(end) if after[..end].bytes().all(|b| b.is_ascii_digit()) => {
+                rest = &after[end + " : i32}".len()..];
+            }
+            _ => {
+                out.push_str(OPEN);
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// An error unless `graph` runs as `replicas` replicas (the backend's count).

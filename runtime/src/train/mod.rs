@@ -137,7 +137,11 @@ fn grad_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, ()>) -> Vec<Tensor
     let grads = program::pack_like_trainable(trace::grad(total, &program::trainable_leaves()));
     let mean = total.all_sum() / count;
     std::iter::once(mean)
-        .chain(grads.into_iter().map(|g| g.all_sum() / count.convert(g.dtype())))
+        .chain(
+            grads
+                .into_iter()
+                .map(|g| g.all_sum() / count.convert(g.dtype())),
+        )
         .collect()
 }
 
@@ -583,7 +587,13 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// [`Config::device_count`] names ([`crate::backend::for_devices`]).
     pub fn new(experiment: E, optimizer: O, config: Config) -> Result<Nitro<E, O>> {
         let backend = crate::backend::for_devices(config.device_count()?)?;
-        Nitro::with_backend(experiment, optimizer, config, backend, crate::cache::global())
+        Nitro::with_backend(
+            experiment,
+            optimizer,
+            config,
+            backend,
+            crate::cache::global(),
+        )
     }
 
     /// A handle on an explicit backend and cache.
@@ -1424,10 +1434,11 @@ impl<B: Tree> Tree for Shaped<'_, B> {
         f: &mut dyn FnMut(&crate::tree::LeafPath, &Array) -> L,
     ) -> Self::Mirror<L> {
         let mut leaves = self.leaves.iter();
-        self.batch.mirror(at, &mut |path, leaf| match leaves.next() {
-            Some(local) => f(path, local),
-            None => f(path, leaf),
-        })
+        self.batch
+            .mirror(at, &mut |path, leaf| match leaves.next() {
+                Some(local) => f(path, local),
+                None => f(path, leaf),
+            })
     }
 }
 

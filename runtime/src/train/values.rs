@@ -25,10 +25,9 @@ impl Value {
         match self {
             Value::Host(a) => a.leaf_type(),
             Value::Device(b) => b.leaf_type().clone(),
-            Value::Replicas(r) => r.first().map_or_else(
-                || Array::scalar(0.0f32).leaf_type(),
-                |v| v.leaf_type(),
-            ),
+            Value::Replicas(r) => r
+                .first()
+                .map_or_else(|| Array::scalar(0.0f32).leaf_type(), |v| v.leaf_type()),
         }
     }
 
@@ -141,7 +140,10 @@ pub(crate) fn to_host(values: &[Value]) -> Result<Vec<Array>> {
 /// Runs `compiled` on `args`. On XLA the run is enqueued, not waited for: its outputs are
 /// buffers in the making, and the completions (one per replica) say when it is done. On the
 /// interpreter it runs at once and there is no completion.
-pub(crate) fn exec(compiled: &Compiled, args: Vec<In<'_>>) -> Result<(Vec<Value>, Vec<Completion>)> {
+pub(crate) fn exec(
+    compiled: &Compiled,
+    args: Vec<In<'_>>,
+) -> Result<(Vec<Value>, Vec<Completion>)> {
     let replicas = compiled.executable.replicas();
     if replicas > 1 {
         return exec_replicas(compiled, args, replicas);
@@ -246,9 +248,8 @@ fn exec_replicas(
                 }
             }
             let runs = exe.enqueue_replicas(lists)?;
-            let mut per_output: Vec<Vec<Value>> = (0..outputs)
-                .map(|_| Vec::with_capacity(replicas))
-                .collect();
+            let mut per_output: Vec<Vec<Value>> =
+                (0..outputs).map(|_| Vec::with_capacity(replicas)).collect();
             let mut done = Vec::with_capacity(replicas);
             for run in runs {
                 for (slot, b) in per_output.iter_mut().zip(run.outputs) {
@@ -286,9 +287,8 @@ fn exec_replicas(
             }
             let refs: Vec<&[&Array]> = lists.iter().map(Vec::as_slice).collect();
             let runs = compiled.executable.run_replicas(&refs)?;
-            let mut per_output: Vec<Vec<Value>> = (0..outputs)
-                .map(|_| Vec::with_capacity(replicas))
-                .collect();
+            let mut per_output: Vec<Vec<Value>> =
+                (0..outputs).map(|_| Vec::with_capacity(replicas)).collect();
             for run in runs {
                 for (slot, a) in per_output.iter_mut().zip(run) {
                     slot.push(Value::Host(a));

@@ -111,4 +111,3 @@ pub fn batch(x: &[f32], y: &[i32], start: usize, real: usize, rows: usize) -> Ba
         y: Array::from_vec(&[rows], by).unwrap(),
     }
 }
-

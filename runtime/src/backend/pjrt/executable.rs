@@ -557,9 +557,7 @@ impl Executable {
     /// of its outputs.
     pub fn enqueue(&self, args: Vec<Arg<'_>>) -> Result<Executed> {
         self.one_replica()?;
-        self.enqueue_replicas(vec![args])?
-            .pop()
-            .ok_or_else(no_run)
+        self.enqueue_replicas(vec![args])?.pop().ok_or_else(no_run)
     }
 
     /// [`enqueue`](Executable::enqueue) for a replicated program: one argument list per replica,
@@ -700,8 +698,7 @@ impl Executable {
             .map(|_| vec![std::ptr::null_mut(); self.outputs.len()])
             .collect();
         let arg_lists: Vec<*const *mut RawBuffer> = raws.iter().map(|l| l.as_ptr()).collect();
-        let out_lists: Vec<*mut *mut RawBuffer> =
-            outs.iter_mut().map(|l| l.as_mut_ptr()).collect();
+        let out_lists: Vec<*mut *mut RawBuffer> = outs.iter_mut().map(|l| l.as_mut_ptr()).collect();
         let mut events: Vec<*mut RawEvent> = vec![std::ptr::null_mut(); devices];
         let mut options = ffi::ExecuteOptions::new();
         if !non_donatable.is_empty() {
