@@ -24,6 +24,8 @@ pub struct Settings {
     pub seed: u64,
     /// Whether to draw a progress bar per epoch (on a terminal only).
     pub progress: bool,
+    /// Devices to train on (data parallel; `None`: `NITRO_DEVICES`, else 1).
+    pub devices: Option<usize>,
 }
 
 impl Default for Settings {
@@ -35,6 +37,7 @@ impl Default for Settings {
             hidden: 128,
             seed: 1,
             progress: true,
+            devices: None,
         }
     }
 }
@@ -49,7 +52,11 @@ impl Settings {
     /// nothing.
     pub fn config(&self, train_rows: usize) -> Config {
         let steps = (train_rows.div_ceil(self.batch.max(1)) * self.epochs) as u64;
-        Config::new()
+        let config = match self.devices {
+            Some(n) => Config::new().devices(n),
+            None => Config::new(),
+        };
+        config
             .batch(self.batch)
             .epochs(self.epochs)
             .seed(self.seed)
