@@ -24,7 +24,7 @@ use clap::{Parser, ValueEnum};
 use nitro::cache;
 use nitro::optim::{Adam, AdamW, Momentum, Sgd};
 use nitro::Experiment;
-use nitro_examples::report::{exit_status, Summary};
+use nitro_examples::report::{exit_status, install_log, Summary};
 use nitro_examples::run::{self, Settings, TRAIN_FRACTION};
 use nitro_examples::{data, plot, DigitsMlp};
 
@@ -96,11 +96,7 @@ fn main() -> std::process::ExitCode {
 fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     let started = std::time::Instant::now();
     // `RUST_LOG=nitro=info` shows one line per compile (with its reason and time) and per epoch.
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    install_log();
     let args = Args::parse();
     if args.epochs == 0 || args.batch == 0 || args.hidden == 0 {
         return Err("--epochs, --batch and --hidden must be at least 1".into());

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use nitro::Array;
 
+use nitro_examples::report::Summary;
 use nitro_examples::{data, glorot, Activation, Arch, Batch, DigitsMlp, GRAD};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -64,10 +65,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         emit_only.as_secs_f64() * 1e3
     );
 
-    let mut inputs = Vec::new();
-    exp.visit_device_leaves(&mut inputs);
-    inputs.push(batch.x.clone());
-    inputs.push(batch.y.clone());
+    // The run's arguments in the traced program's input order: Device leaves, then the batch.
+    let inputs: Vec<Array> = GRAD.arguments(&exp, &batch).into_iter().cloned().collect();
     let start = Instant::now();
     let out = nitro::backend::interp::run(&traced.graph, &inputs)?;
     let first = start.elapsed();
@@ -92,8 +91,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .take(out.len().saturating_sub(1))
             .map(|(path, _)| format!("d loss / d {path}")),
     );
-    run_on_xla(&traced.graph, &traced.text, &inputs, &out, &names)?;
+    let xla = run_on_xla(&traced.graph, &traced.text, &inputs, &out, &names)?;
+
+    let backend = nitro::backend::current()?;
+    let mut summary = Summary::new("emit", backend)
+        .field("program", GRAD.identity())
+        .field("nodes", traced.graph.nodes.len())
+        .field("stablehlo_bytes", traced.text.len())
+        .field("fingerprint", traced.fingerprint.to_string())
+        .field("trace_emit_ms", trace_and_emit.as_secs_f64() * 1e3);
+    if let Some(x) = xla {
+        summary = summary
+            .field("compile_ms_total", x.compile_ms)
+            .field("step_us_median", x.execute_us)
+            .field("max_abs_diff", x.max_diff);
+    }
+    println!("{summary}");
     Ok(())
+}
+
+/// What the XLA run measured.
+struct XlaFigures {
+    compile_ms: f64,
+    /// Mean execute time on device buffers.
+    execute_us: f64,
+    /// The largest difference from the interpreter over every output element.
+    max_diff: f64,
 }
 
 /// Compiles and runs the program on XLA when [`nitro::backend::current`] is XLA, comparing with
@@ -104,12 +127,12 @@ fn run_on_xla(
     inputs: &[Array],
     want: &[Array],
     names: &[String],
-) -> Result<(), Box<dyn std::error::Error>> {
+) -> Result<Option<XlaFigures>, Box<dyn std::error::Error>> {
     let backend = match nitro::backend::current() {
         Ok(b) => b,
         Err(e) => {
             println!("XLA          not available: {e}");
-            return Ok(());
+            return Ok(None);
         }
     };
     let start = Instant::now();
@@ -121,7 +144,7 @@ fn run_on_xla(
              `pip install --no-deps lammps-jax-pjrt-cpu==0.11.2` installs one); ran on {}",
             backend.identity().description
         );
-        return Ok(());
+        return Ok(None);
     };
     println!("XLA          {}", backend.identity().description);
 
@@ -180,7 +203,11 @@ fn run_on_xla(
         host.as_secs_f64() * 1e6,
         device.as_secs_f64() * 1e6
     );
-    Ok(())
+    Ok(Some(XlaFigures {
+        compile_ms: compile.as_secs_f64() * 1e3,
+        execute_us: device.as_secs_f64() * 1e6,
+        max_diff,
+    }))
 }
 
 /// The mean time of `runs` calls of `f`.
@@ -190,19 +217,4 @@ fn mean_of(runs: u32, mut f: impl FnMut() -> nitro::Result<()>) -> nitro::Result
         f()?;
     }
     Ok(start.elapsed() / runs)
-}
-
-trait DeviceLeaves {
-    fn visit_device_leaves(&self, out: &mut Vec<nitro::Array>);
-}
-
-impl DeviceLeaves for DigitsMlp {
-    fn visit_device_leaves(&self, out: &mut Vec<nitro::Array>) {
-        use nitro::Experiment;
-        self.visit_device(&mut |_, _, node| {
-            if let nitro::Node::Leaf(a) = node {
-                out.push(a.clone());
-            }
-        });
-    }
 }

@@ -12,9 +12,11 @@
 use nitro::cache;
 use nitro::optim::Adam;
 use nitro::train::{Config, Nitro};
+use nitro_examples::report::{install_log, Summary};
 use nitro_examples::{data, DigitsMlp};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    install_log();
     let data = data::Digits::load(data::DIGITS_PATH)?;
     let split = data.split(0.8, 1)?;
     // In-memory misses are counted per process: a program loaded from the persistent cache
@@ -67,14 +69,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let stats = cache.stats();
     println!("cache    {stats}");
-    let json = serde_json::json!({
-        "example": "sweep",
-        "runs": rows,
-        "cache": {
-            "misses": stats.misses, "entries": stats.entries, "compiles": stats.compiles,
-            "l2_loads": stats.l2_hits, "misses_by_reason": stats.misses_by_reason,
-        },
-    });
-    println!("{json}");
+    let summary = Summary::new("sweep", nitro::backend::current()?)
+        .cache(&stats)
+        .field("epochs", 2)
+        .field("runs", serde_json::Value::Array(rows));
+    println!("{summary}");
     Ok(())
 }

@@ -48,6 +48,7 @@ struct Args {
 const PROGRAMS: u64 = 3;
 
 fn main() -> std::process::ExitCode {
+    nitro_examples::report::install_log();
     exit_status("warm_start", try_main())
 }
 

@@ -66,3 +66,11 @@ pub struct Checkpoints;
 /// `docs/comparison.md`.
 #[doc = include_str!("../../docs/comparison.md")]
 pub struct Comparison;
+
+/// `docs/devices.md`.
+#[doc = include_str!("../../docs/devices.md")]
+pub struct Devices;
+
+/// `docs/examples.md`.
+#[doc = include_str!("../../docs/examples.md")]
+pub struct Examples;
