@@ -191,6 +191,16 @@ pub fn last_json_line(output: &str) -> Option<Map<String, Value>> {
     })
 }
 
+/// Installs the examples' log subscriber on stderr: `RUST_LOG=nitro=info` shows one line per
+/// compile (with its reason and time) and per epoch; nothing is logged without `RUST_LOG`.
+pub fn install_log() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -303,14 +313,4 @@ mod tests {
         assert_eq!(last_json_line("no json here\n[1, 2]\n"), None);
         assert_eq!(last_json_line(""), None);
     }
-}
-
-/// Installs the examples' log subscriber on stderr: `RUST_LOG=nitro=info` shows one line per
-/// compile (with its reason and time) and per epoch; nothing is logged without `RUST_LOG`.
-pub fn install_log() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
 }

@@ -629,7 +629,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 ),
             });
         }
-        if config.batch % replicas != 0 {
+        if !config.batch.is_multiple_of(replicas) {
             return Err(Error::Devices {
                 what: "Config::devices".into(),
                 requested: replicas,
