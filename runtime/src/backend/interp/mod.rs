@@ -79,7 +79,7 @@ pub fn run_refs(graph: &Graph, inputs: &[&Array]) -> Result<Vec<Array>> {
 
 /// Runs a replicated program ([`Graph::replicas`]): one input list per replica, one output list
 /// per replica back. The replicas advance in lockstep, node by node; an
-/// [`Op::AllReduce`](crate::trace::Op::AllReduce) adds the replicas' values in replica order
+/// [`Op::AllReduce`] adds the replicas' values in replica order
 /// (0, 1, 2, …), so a run is deterministic and every replica gets bit-identical sums.
 ///
 /// Errors: those of [`run`], for any replica; [`Error::ReplicaCount`] when the number of input
