@@ -586,7 +586,7 @@ impl safetensors::View for Raw {
     }
 }
 
-fn st_dtype(dtype: DType) -> safetensors::Dtype {
+pub(crate) fn st_dtype(dtype: DType) -> safetensors::Dtype {
     match dtype {
         DType::F32 => safetensors::Dtype::F32,
         DType::F64 => safetensors::Dtype::F64,
@@ -598,7 +598,9 @@ fn st_dtype(dtype: DType) -> safetensors::Dtype {
 }
 
 /// Decodes a tensor; the error says what is wrong with it.
-fn to_array(view: &safetensors::tensor::TensorView<'_>) -> std::result::Result<Array, String> {
+pub(crate) fn to_array(
+    view: &safetensors::tensor::TensorView<'_>,
+) -> std::result::Result<Array, String> {
     fn from_le<T, const N: usize>(bytes: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
         bytes
             .chunks_exact(N)
@@ -705,4 +707,25 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// One array as a safetensors file holding one tensor, `value` (a cached stage's stored
+/// output).
+pub(crate) fn array_to_safetensors(array: &Array) -> Result<Vec<u8>> {
+    safetensors::serialize([("value", Raw::of(array))], None).map_err(|e| Error::CheckpointInput {
+        why: format!(
+            "safetensors cannot encode an array of {}: {e}",
+            array.leaf_type()
+        ),
+    })
+}
+
+/// The array [`array_to_safetensors`] wrote; the error says what is wrong with the bytes.
+pub(crate) fn array_from_safetensors(bytes: &[u8]) -> std::result::Result<Array, String> {
+    let file = safetensors::SafeTensors::deserialize(bytes)
+        .map_err(|e| format!("is not a safetensors file ({e})"))?;
+    let view = file
+        .tensor("value")
+        .map_err(|e| format!("holds no tensor `value` ({e})"))?;
+    to_array(&view)
 }

@@ -73,6 +73,25 @@ impl Dataset {
     /// [`MASK`], or repeats, or when a column is a scalar (it has no rows);
     /// [`Error::DatasetRows`] when the columns' first dims differ.
     pub fn new<N: Into<String>>(columns: impl IntoIterator<Item = (N, Array)>) -> Result<Dataset> {
+        let mut data = Dataset::checked(columns)?;
+        data.digest = digest_columns(&data.columns);
+        Ok(data)
+    }
+
+    /// A data set of the given columns named by `digest` instead of a hash of its contents:
+    /// for data derived from named inputs (a cached stage's outputs, named by their keys), so
+    /// naming it costs nothing. The caller answers for the digest standing for the contents.
+    pub(crate) fn named<N: Into<String>>(
+        columns: impl IntoIterator<Item = (N, Array)>,
+        digest: Digest,
+    ) -> Result<Dataset> {
+        let mut data = Dataset::checked(columns)?;
+        data.digest = digest;
+        Ok(data)
+    }
+
+    /// The columns checked (see [`Dataset::new`]'s errors), not yet named.
+    fn checked<N: Into<String>>(columns: impl IntoIterator<Item = (N, Array)>) -> Result<Dataset> {
         let columns: Vec<(String, Array)> =
             columns.into_iter().map(|(n, a)| (n.into(), a)).collect();
         let Some((first, first_array)) = columns.first() else {
@@ -110,11 +129,10 @@ impl Dataset {
                 });
             }
         }
-        let digest = digest_columns(&columns);
         Ok(Dataset {
             columns,
             rows,
-            digest,
+            digest: Digest::default(),
         })
     }
 

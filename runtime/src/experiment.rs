@@ -20,6 +20,11 @@ pub enum Role {
         /// `#[device(trainable)]`: gradients flow to its floating-point leaves.
         trainable: bool,
     },
+    /// `#[device(frozen)]`: a traced input like any Device field (only its signature is in
+    /// the compile key) that never changes while training — no gradient reaches it. Cached
+    /// stages ([`crate::stage`]) read only GraphConst and frozen fields, and the content digest
+    /// of the frozen fields names their stored outputs.
+    Frozen,
     /// `#[host]` or no marker: invisible to traced code and absent from the key.
     Host,
 }
@@ -31,6 +36,7 @@ impl Role {
             Role::GraphConst => "GraphConst",
             Role::Device { trainable: false } => "Device",
             Role::Device { trainable: true } => "Device, trainable",
+            Role::Frozen => "Device, frozen",
             Role::Host => "Host",
         }
     }
@@ -40,13 +46,16 @@ impl Role {
         match self {
             Role::GraphConst => "content hash (blake3)",
             Role::Device { .. } => "dtypes and shapes of its leaves, never values",
+            Role::Frozen => {
+                "dtypes and shapes of its leaves, never values (its content names cached stage outputs)"
+            }
             Role::Host => "nothing — not visible to traced code",
         }
     }
 
     /// Whether the field is a traced input.
     pub const fn is_device(self) -> bool {
-        matches!(self, Role::Device { .. })
+        matches!(self, Role::Device { .. } | Role::Frozen)
     }
 }
 

@@ -59,6 +59,7 @@ pub mod init;
 pub mod optim;
 pub mod program;
 pub mod settings;
+pub mod stage;
 pub mod trace;
 pub mod train;
 pub mod tree;

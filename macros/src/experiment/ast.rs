@@ -4,13 +4,17 @@ use proc_macro2::Span;
 use syn::spanned::Spanned;
 
 use crate::ctxt::Ctxt;
-use crate::symbol::{DEVICE, GRAPH_CONST, HOST, MARKERS, MARKERS_HELP, TRAINABLE};
+use crate::symbol::{DEVICE, FROZEN, GRAPH_CONST, HOST, MARKERS, MARKERS_HELP, TRAINABLE};
 
 /// A field's role, as parsed.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Role {
     GraphConst,
-    Device { trainable: bool },
+    Device {
+        trainable: bool,
+    },
+    /// `#[device(frozen)]`: a traced input that never changes while training.
+    Frozen,
     Host,
 }
 
@@ -22,8 +26,14 @@ impl Role {
             Role::Device { trainable } => {
                 quote::quote!(::nitro::__private::Role::Device { trainable: #trainable })
             }
+            Role::Frozen => quote::quote!(::nitro::__private::Role::Frozen),
             Role::Host => quote::quote!(::nitro::__private::Role::Host),
         }
+    }
+
+    /// Whether the field is a traced input (Device, trainable or not, or frozen).
+    pub(crate) fn is_device(self) -> bool {
+        matches!(self, Role::Device { .. } | Role::Frozen)
     }
 
     /// A stable tag for the schema digest.
@@ -33,6 +43,7 @@ impl Role {
             Role::Device { trainable: false } => 1,
             Role::Device { trainable: true } => 2,
             Role::Host => 3,
+            Role::Frozen => 4,
         }
     }
 
@@ -42,6 +53,7 @@ impl Role {
             Role::GraphConst => "GraphConst",
             Role::Device { trainable: false } => "Device",
             Role::Device { trainable: true } => "Device, trainable",
+            Role::Frozen => "Device, frozen",
             Role::Host => "Host",
         }
     }
@@ -51,6 +63,9 @@ impl Role {
         match self {
             Role::GraphConst => "content hash (blake3)",
             Role::Device { .. } => "dtypes and shapes of its leaves, never values",
+            Role::Frozen => {
+                "dtypes and shapes of its leaves, never values (its content names cached stage outputs)"
+            }
             Role::Host => "nothing — not visible to traced code",
         }
     }
@@ -157,7 +172,7 @@ fn check_plain(cx: &Ctxt, attr: &syn::Attribute, marker: &str, name: &str) {
     }
 }
 
-/// `#[device]` or `#[device(trainable)]`.
+/// `#[device]`, `#[device(trainable)]` or `#[device(frozen)]`.
 fn parse_device(cx: &Ctxt, attr: &syn::Attribute, name: &str) -> Role {
     let list = match &attr.meta {
         syn::Meta::Path(_) => return Role::Device { trainable: false },
@@ -167,35 +182,43 @@ fn parse_device(cx: &Ctxt, attr: &syn::Attribute, name: &str) -> Role {
                 nv,
                 format!(
                     "`#[{DEVICE}]` on field `{name}` takes options in parentheses: \
-                     `#[{DEVICE}({TRAINABLE})]`"
+                     `#[{DEVICE}({TRAINABLE})]` or `#[{DEVICE}({FROZEN})]`"
                 ),
             );
             return Role::Device { trainable: false };
         }
     };
     let mut trainable: Option<Span> = None;
+    let mut frozen: Option<Span> = None;
     let result = list.parse_nested_meta(|meta| {
-        if meta.path.is_ident(TRAINABLE) {
-            if trainable.is_some() {
+        let option = if meta.path.is_ident(TRAINABLE) {
+            Some((TRAINABLE, &mut trainable))
+        } else if meta.path.is_ident(FROZEN) {
+            Some((FROZEN, &mut frozen))
+        } else {
+            None
+        };
+        if let Some((word, slot)) = option {
+            if slot.is_some() {
                 cx.error_at(
                     &meta.path,
                     format!(
-                        "duplicate `{TRAINABLE}` option in `#[{DEVICE}(...)]` on field \
-                         `{name}`; write it once"
+                        "duplicate `{word}` option in `#[{DEVICE}(...)]` on field `{name}`; \
+                         write it once"
                     ),
                 );
             }
-            trainable = Some(meta.path.span());
+            *slot = Some(meta.path.span());
             if !meta.input.is_empty() && !meta.input.peek(syn::Token![,]) {
-                return Err(meta.error(format!("`{TRAINABLE}` takes no value")));
+                return Err(meta.error(format!("`{word}` takes no value")));
             }
             Ok(())
         } else {
             cx.error_at(
                 &meta.path,
                 format!(
-                    "unknown `#[{DEVICE}]` option `{}` on field `{name}`; the only option is \
-                     `{TRAINABLE}`",
+                    "unknown `#[{DEVICE}]` option `{}` on field `{name}`; the options are \
+                     `{TRAINABLE}` and `{FROZEN}`",
                     path_text(&meta.path)
                 ),
             );
@@ -213,8 +236,21 @@ fn parse_device(cx: &Ctxt, attr: &syn::Attribute, name: &str) -> Role {
     if let Err(e) = result {
         cx.push(e);
     }
-    Role::Device {
-        trainable: trainable.is_some(),
+    match (trainable, frozen) {
+        (Some(_), Some(at)) => {
+            cx.error_at(
+                &syn::Ident::new(FROZEN, at),
+                format!(
+                    "field `{name}` is marked both `{TRAINABLE}` and `{FROZEN}`: a frozen field \
+                     never changes while training, so it cannot be trained; keep one"
+                ),
+            );
+            Role::Device { trainable: true }
+        }
+        (_, Some(_)) => Role::Frozen,
+        (trainable, None) => Role::Device {
+            trainable: trainable.is_some(),
+        },
     }
 }
 

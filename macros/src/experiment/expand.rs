@@ -30,11 +30,23 @@ pub(crate) fn expand(input: &mut syn::DeriveInput, fields: &[Field]) -> TokenStr
     let devices: Vec<(usize, &Field)> = fields
         .iter()
         .enumerate()
-        .filter(|(_, f)| matches!(f.role, Role::Device { .. }))
+        .filter(|(_, f)| f.role.is_device())
         .collect();
 
-    // ---- the view type -------------------------------------------------------------------
-    let (view_struct, view_args) = view_type(input, fields, &view, &lt);
+    // ---- the view types ------------------------------------------------------------------
+    let (view_struct, view_args) =
+        view_type(input, fields, &view, &docs::view_doc(&name), &lt, |r| {
+            r != Role::Host
+        });
+    let frozen_view = format_ident!("{}FrozenView", name);
+    let (frozen_struct, _) = view_type(
+        input,
+        fields,
+        &frozen_view,
+        &docs::frozen_view_doc(&name),
+        &lt,
+        |r| matches!(r, Role::GraphConst | Role::Frozen),
+    );
 
     // ---- impl Experiment -----------------------------------------------------------------
     let (impl_generics, ty_generics, _) = input.generics.split_for_impl();
@@ -77,26 +89,37 @@ pub(crate) fn expand(input: &mut syn::DeriveInput, fields: &[Field]) -> TokenStr
             });
         )
     });
-    let build_view = fields.iter().enumerate().filter_map(|(i, f)| {
-        let (ident, ty, n) = (&f.ident, &f.ty, &f.name);
-        // Spanned at the type, like the view's field, so a non-tree type is one error.
-        let mut ident_at_ty = ident.clone();
-        ident_at_ty.set_span(ty.span());
-        match f.role {
-            Role::GraphConst => Some(quote!(#ident: &self.#ident)),
-            Role::Device { .. } => Some(quote_spanned!(ty.span()=>
-                #ident_at_ty: <#ty as #p::Tree>::mirror(&self.#ident, &mut #p::LeafPath::root(#n), &mut |__path, __leaf| {
-                    __leaf_fn(&<Self as #p::Experiment>::FIELDS[#i], __path, __leaf)
-                })
-            )),
-            Role::Host => None,
-        }
-    });
+    let build_view = |include: fn(Role) -> bool| {
+        let p = p.clone();
+        fields
+            .iter()
+            .enumerate()
+            .filter(move |(_, f)| include(f.role))
+            .filter_map(move |(i, f)| {
+                let (ident, ty, n) = (&f.ident, &f.ty, &f.name);
+                // Spanned at the type, like the view's field, so a non-tree type is one error.
+                let mut ident_at_ty = ident.clone();
+                ident_at_ty.set_span(ty.span());
+                match f.role {
+                    Role::GraphConst => Some(quote!(#ident: &self.#ident)),
+                    Role::Device { .. } | Role::Frozen => Some(quote_spanned!(ty.span()=>
+                        #ident_at_ty: <#ty as #p::Tree>::mirror(&self.#ident, &mut #p::LeafPath::root(#n), &mut |__path, __leaf| {
+                            __leaf_fn(&<Self as #p::Experiment>::FIELDS[#i], __path, __leaf)
+                        })
+                    )),
+                    Role::Host => None,
+                }
+            })
+    };
+    let build_full_view = build_view(|r| r != Role::Host);
+    let build_frozen_view = build_view(|r| matches!(r, Role::GraphConst | Role::Frozen));
 
     quote! {
         #struct_tokens
 
         #view_struct
+
+        #frozen_struct
 
         impl #impl_generics #name #ty_generics #where_all {
             /// Declares a program of this experiment: a `fn` over its compile view and traced
@@ -177,7 +200,23 @@ pub(crate) fn expand(input: &mut syn::DeriveInput, fields: &[Field]) -> TokenStr
                     __leaf_fn: &mut dyn ::core::ops::FnMut(&#p::FieldInfo, &#p::LeafPath, &#p::Array) -> #p::Tensor,
                 ) -> #view #view_args {
                     #view {
-                        #(#build_view,)*
+                        #(#build_full_view,)*
+                        __nitro_marker: #p::PhantomData,
+                    }
+                }
+            }
+
+            #[automatically_derived]
+            impl #impl_generics ::nitro::stage::Frozen for #name #ty_generics #where_all {
+                type FrozenView<#lt> = #frozen_view #view_args where Self: #lt;
+
+                #[allow(unused_variables)]
+                fn frozen_view<#lt>(
+                    &#lt self,
+                    __leaf_fn: &mut dyn ::core::ops::FnMut(&#p::FieldInfo, &#p::LeafPath, &#p::Array) -> #p::Tensor,
+                ) -> #frozen_view #view_args {
+                    #frozen_view {
+                        #(#build_frozen_view,)*
                         __nitro_marker: #p::PhantomData,
                     }
                 }
@@ -186,12 +225,15 @@ pub(crate) fn expand(input: &mut syn::DeriveInput, fields: &[Field]) -> TokenStr
     }
 }
 
-/// The view struct and the generic arguments naming it (`<'__nitro, T, N>`).
+/// A view struct holding the fields whose role `include` accepts (GraphConsts by reference,
+/// Device fields as tensor trees), and the generic arguments naming it (`<'__nitro, T, N>`).
 fn view_type(
     input: &syn::DeriveInput,
     fields: &[Field],
     view: &syn::Ident,
+    doc: &str,
     lt: &syn::Lifetime,
+    include: fn(Role) -> bool,
 ) -> (TokenStream, TokenStream) {
     let p = quote!(::nitro::__private);
     let vis = &input.vis;
@@ -200,6 +242,9 @@ fn view_type(
         _ => Vec::new(),
     };
     let view_fields = fields.iter().zip(named).filter_map(|(f, orig)| {
+        if !include(f.role) {
+            return None;
+        }
         let (ident, ty, fvis) = (&f.ident, &f.ty, &orig.vis);
         let user_docs = orig.attrs.iter().filter(|a| a.path().is_ident("doc"));
         let role_doc = docs::view_field_doc(f);
@@ -207,7 +252,7 @@ fn view_type(
             Role::GraphConst => quote!(#fvis #ident: &#lt #ty),
             // Spanned wholly at the field's type: if the type is not a `Tree`, the view's error
             // then coincides with the impl's and rustc reports it once.
-            Role::Device { .. } => {
+            Role::Device { .. } | Role::Frozen => {
                 let span = ty.span();
                 let fvis = respan(fvis.to_token_stream(), span);
                 let mut ident = ident.clone();
@@ -253,7 +298,6 @@ fn view_type(
     });
     let params = input.generics.params.iter();
     let where_clause = &input.generics.where_clause;
-    let doc = docs::view_doc(&input.ident);
     let tokens = quote! {
         #[doc = #doc]
         // A program need not read every field of the view.

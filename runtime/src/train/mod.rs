@@ -42,6 +42,7 @@ use crate::program::{self, Packing, Program};
 use crate::trace::{self, Tensor};
 use crate::tree::{Array, DType, LeafType, Node, Tree};
 
+mod staged;
 mod values;
 use values::{exec, place, place_rows, to_host, In, Value};
 
@@ -557,6 +558,8 @@ pub struct Nitro<E: Model, O: Optimizer> {
     device_metrics: Vec<DeviceMetricState<E>>,
     /// Validation metrics computed on the host from the evaluation outputs.
     host_metrics: Vec<Box<dyn HostMetric<E>>>,
+    /// A cached stage's program, held outputs and counts (unused without one).
+    stage: staged::StageState,
 }
 
 /// The state of a gradient-accumulation window.
@@ -670,6 +673,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             step_times: Vec::new(),
             device_metrics: Vec::new(),
             host_metrics: Vec::new(),
+            stage: staged::StageState::default(),
         })
     }
 
@@ -1130,11 +1134,36 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     where
         E::Batch: FromBatch,
     {
+        self.fit_with(train, validation, |_, data| {
+            Ok(std::borrow::Cow::Borrowed(data))
+        })
+    }
+
+    /// [`fit`](Nitro::fit) with `each_epoch` giving, before every epoch, the data the epoch
+    /// trains and validates on (a cached stage's columns added, for one), timed with it.
+    fn fit_with(
+        &mut self,
+        train: &Dataset,
+        validation: Option<&Dataset>,
+        mut each_epoch: impl for<'d> FnMut(
+            &mut Self,
+            &'d Dataset,
+        ) -> Result<std::borrow::Cow<'d, Dataset>>,
+    ) -> Result<History>
+    where
+        E::Batch: FromBatch,
+    {
         let mut history = History::default();
         for epoch in 0..self.config.epochs {
             let started = Instant::now();
             let steps_before = self.step;
-            let train_loss = self.train_epoch(train, epoch as u64)?;
+            let train = each_epoch(self, train)?;
+            let validation = match validation {
+                Some(v) => Some(each_epoch(self, v)?),
+                None => None,
+            };
+            let validation = validation.as_deref();
+            let train_loss = self.train_epoch(&train, epoch as u64)?;
             let mut metrics = Vec::new();
             let (val_loss, val_accuracy) = match validation {
                 Some(v) => {
@@ -1290,6 +1319,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         self.trainable = place(self.backend, trainable)?;
         self.frozen = place(self.backend, frozen)?;
         self.programs = None;
+        // Frozen fields or GraphConsts may have changed: the stage is traced and its frozen
+        // state digested again (held outputs stay valid: their keys say what they were).
+        self.stage.forget_program();
         Ok(())
     }
 

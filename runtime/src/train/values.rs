@@ -344,7 +344,7 @@ pub(crate) fn split_rows(a: &Array, parts: usize) -> Result<Vec<Array>> {
 }
 
 /// Arrays of one dtype and the same trailing dims joined along their first dim.
-fn join_rows(parts: &[Array]) -> Result<Array> {
+pub(crate) fn join_rows(parts: &[Array]) -> Result<Array> {
     let Some(first) = parts.first() else {
         return Err(no_replica());
     };

@@ -1,0 +1,281 @@
+//! Cached stages: a frozen random-feature encoder in front of a trainable linear head. Later
+//! epochs run the stage zero times and train the same head as an uncached run (bit for bit on
+//! the interpreter); what the key names misses when it changes, what it does not name hits; a
+//! fresh handle on the same store reuses stored outputs; corrupt entries are computed again.
+#![allow(missing_docs)]
+
+mod common;
+
+#[path = "common/mlp.rs"]
+mod mlp;
+
+use std::sync::Arc;
+
+use common::TempDir;
+use nitro::backend::{self, Backend};
+use nitro::cache::{Cache, DirStore};
+use nitro::data::{BatchMirror, Dataset};
+use nitro::init::{self, Seed};
+use nitro::optim::{Adam, Optimizer, Sgd};
+use nitro::prelude::*;
+use nitro::stage::{ChunkFate, Stage, StagePass};
+use nitro::trace::nn;
+use nitro::train::{Config, Model, Nitro};
+use nitro::Error;
+
+/// The probe: `MODE` picks how the stage is written (0 and 1 compute the same thing through
+/// differently named helpers; 2 computes something else); `CACHED` whether it is cached.
+#[experiment]
+pub struct Probe<const CACHED: bool, const MODE: u8> {
+    /// Scales the features (shapes the stage's program: a constant in it).
+    #[graph_const]
+    pub gain: u32,
+    #[device(frozen)]
+    pub encoder: Array,
+    #[device(trainable)]
+    pub head: Array,
+}
+
+fn squash(t: Tensor) -> Tensor {
+    t.tanh()
+}
+
+fn squash_renamed(t: Tensor) -> Tensor {
+    t.tanh()
+}
+
+impl<const CACHED: bool, const MODE: u8> Stage for Probe<CACHED, MODE> {
+    const NAME: &'static str = "encode";
+    const INPUT: &'static str = "x";
+    const OUTPUT: &'static str = "features";
+    const CACHED: bool = CACHED;
+    type Output = Tensor;
+
+    fn run(v: &ProbeFrozenView<'_, CACHED, MODE>, x: &Tensor) -> Tensor {
+        let z = x.matmul(v.encoder) * f64::from(*v.gain);
+        match MODE {
+            0 => squash(z),
+            1 => squash_renamed(z),
+            _ => z.relu(),
+        }
+    }
+}
+
+impl<const CACHED: bool, const MODE: u8> Model for Probe<CACHED, MODE> {
+    type Batch = nitro::data::Batch;
+
+    fn loss(v: &ProbeView<'_, CACHED, MODE>, b: &BatchMirror<Tensor>) -> Tensor {
+        let (f, y) = (
+            *b.get("features").expect("features"),
+            *b.get("y").expect("y"),
+        );
+        nn::softmax_cross_entropy(f.matmul(v.head), y)
+    }
+}
+
+const FEATURES: usize = 16;
+
+fn probe<const C: bool, const M: u8>(encoder_seed: u64, gain: u32) -> Probe<C, M> {
+    Probe {
+        gain,
+        encoder: init::normal(&[4, FEATURES], 0.0, 1.0, Seed(encoder_seed)),
+        head: Array::zeros(DType::F32, &[FEATURES, 3]),
+    }
+}
+
+fn dataset(rows: usize, seed: u64) -> Dataset {
+    let (x, y) = mlp::data(rows, seed);
+    Dataset::new([
+        ("x", Array::from_vec(&[rows, 4], x).unwrap()),
+        ("y", Array::from_vec(&[rows], y).unwrap()),
+    ])
+    .unwrap()
+}
+
+fn store_cache(dir: &TempDir) -> &'static Cache {
+    let store = DirStore::open(dir.path(), 1 << 30, None).expect("store");
+    Box::leak(Box::new(Cache::new(16, Some(Arc::new(store)))))
+}
+
+fn handle<const C: bool, const M: u8, O: Optimizer>(
+    e: Probe<C, M>,
+    o: O,
+    cache: &'static Cache,
+    backend: &'static dyn Backend,
+    epochs: usize,
+) -> Nitro<Probe<C, M>, O> {
+    let config = Config::new()
+        .batch(16)
+        .lr(0.05)
+        .epochs(epochs)
+        .seed(3)
+        .progress(false);
+    Nitro::with_backend(e, o, config, backend, cache).expect("handle")
+}
+
+fn fates(pass: &StagePass) -> (usize, usize, usize) {
+    (
+        pass.count(ChunkFate::Computed),
+        pass.count(ChunkFate::Loaded),
+        pass.count(ChunkFate::Spared),
+    )
+}
+
+fn head_after_fit<const C: bool>(backend: &'static dyn Backend) -> (Array, u64, u64) {
+    let dir = TempDir::new("stage-fit");
+    let split = dataset(100, 1).split(0.8, 7).unwrap();
+    let mut run = handle(
+        probe::<C, 0>(5, 2),
+        Adam::default(),
+        store_cache(&dir),
+        backend,
+        3,
+    );
+    let history = run
+        .fit_staged(&split.train, Some(&split.validation))
+        .unwrap();
+    assert_eq!(history.epochs.len(), 3);
+    let stats = run.stage_stats();
+    let head = run.into_experiment().unwrap().head;
+    (head, stats.executions, stats.spared)
+}
+
+#[test]
+fn later_epochs_run_no_stage_and_train_the_head_of_an_uncached_run_bit_for_bit() {
+    // 80 training rows and 20 validation rows: 5 + 2 chunks of 16.
+    let (cached, runs, spared) = head_after_fit::<true>(backend::interpreter());
+    assert_eq!(
+        runs, 7,
+        "epoch 1 runs the stage once per chunk, later epochs never"
+    );
+    assert_eq!(spared, 14, "epochs 2 and 3 spare every chunk");
+    let (uncached, runs, spared) = head_after_fit::<false>(backend::interpreter());
+    assert_eq!(runs, 21, "uncached, every epoch runs every chunk");
+    assert_eq!(spared, 0);
+    assert_eq!(
+        cached, uncached,
+        "the head trained on restored outputs is the same"
+    );
+}
+
+#[test]
+fn later_epochs_run_no_stage_on_xla() {
+    let Some(xla) = common::xla_or_skip("later_epochs_run_no_stage_on_xla") else {
+        return;
+    };
+    let (_, runs, spared) = head_after_fit::<true>(xla);
+    assert_eq!((runs, spared), (7, 14));
+}
+
+/// One pre-pass of `e` over `data` on a fresh handle (a fresh process's view: nothing held).
+fn pass<const M: u8>(
+    e: Probe<true, M>,
+    data: &Dataset,
+    cache: &'static Cache,
+) -> (usize, usize, usize) {
+    let mut run = handle(e, Sgd, cache, backend::interpreter(), 1);
+    let (staged, pass) = run.stage_pass(data).unwrap();
+    assert_eq!(
+        staged.column("features").unwrap().dims(),
+        &[data.rows(), FEATURES]
+    );
+    fates(&pass)
+}
+
+#[test]
+fn what_the_key_names_misses_and_what_it_does_not_name_hits() {
+    let dir = TempDir::new("stage-keys");
+    let cache = store_cache(&dir);
+    let data = dataset(40, 2); // 3 chunks: 16, 16, 8
+    assert_eq!(pass(probe::<true, 0>(5, 2), &data, cache), (3, 0, 0));
+    // A fresh handle (as in a new process) loads every stored output.
+    assert_eq!(pass(probe::<true, 0>(5, 2), &data, cache), (0, 3, 0));
+    // A helper renamed: the same emitted program, so the same keys.
+    assert_eq!(pass(probe::<true, 1>(5, 2), &data, cache), (0, 3, 0));
+    // The stage computes something else: another program, new keys.
+    assert_eq!(pass(probe::<true, 2>(5, 2), &data, cache), (3, 0, 0));
+    // Other frozen weights.
+    assert_eq!(pass(probe::<true, 0>(6, 2), &data, cache), (3, 0, 0));
+    // Another GraphConst value.
+    assert_eq!(pass(probe::<true, 0>(5, 3), &data, cache), (3, 0, 0));
+    // Another data set.
+    assert_eq!(
+        pass(probe::<true, 0>(5, 2), &dataset(40, 9), cache),
+        (3, 0, 0)
+    );
+    // Another split of the same data, or the same split with another seed.
+    let full = dataset(50, 4);
+    let a = full.split(0.8, 1).unwrap().train;
+    let b = full.split(0.8, 2).unwrap().train;
+    assert_eq!(pass(probe::<true, 0>(5, 2), &a, cache), (3, 0, 0));
+    assert_eq!(pass(probe::<true, 0>(5, 2), &b, cache), (3, 0, 0));
+    assert_eq!(pass(probe::<true, 0>(5, 2), &a, cache), (0, 3, 0));
+    // The head's hyper-parameters (optimizer, learning rate, epochs) are not in the key.
+    let mut run = Nitro::with_backend(
+        probe::<true, 0>(5, 2),
+        Adam::default(),
+        Config::new().batch(16).lr(0.3).epochs(9).progress(false),
+        backend::interpreter(),
+        cache,
+    )
+    .unwrap();
+    let (_, p) = run.stage_pass(&data).unwrap();
+    assert_eq!(fates(&p), (0, 3, 0));
+    // Within a handle, a second pass spares every chunk.
+    let (_, p) = run.stage_pass(&data).unwrap();
+    assert_eq!(fates(&p), (0, 0, 3));
+    let stats = run.stage_stats();
+    assert_eq!(
+        (stats.executions, stats.compiles),
+        (0, 0),
+        "nothing missing: no compile"
+    );
+}
+
+#[test]
+fn corrupt_stored_outputs_are_computed_again() {
+    let dir = TempDir::new("stage-corrupt");
+    let data = dataset(40, 3);
+    assert_eq!(
+        pass(probe::<true, 0>(5, 2), &data, store_cache(&dir)),
+        (3, 0, 0)
+    );
+    let mut corrupted = 0;
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "entry") {
+            let mut bytes = std::fs::read(&path).unwrap();
+            let last = bytes.len() - 1;
+            bytes[last] ^= 0xff;
+            std::fs::write(&path, bytes).unwrap();
+            corrupted += 1;
+        }
+    }
+    assert_eq!(corrupted, 3);
+    // A fresh handle and cache: every entry fails its checksum, is dropped and recomputed.
+    assert_eq!(
+        pass(probe::<true, 0>(5, 2), &data, store_cache(&dir)),
+        (3, 0, 0)
+    );
+    assert_eq!(
+        pass(probe::<true, 0>(5, 2), &data, store_cache(&dir)),
+        (0, 3, 0)
+    );
+}
+
+#[test]
+fn a_data_set_without_the_input_column_is_a_typed_error() {
+    let data = Dataset::new([("z", Array::zeros(DType::F32, &[8, 4]))]).unwrap();
+    let mut run = handle(
+        probe::<true, 0>(5, 2),
+        Sgd,
+        Box::leak(Box::new(Cache::in_memory(4))),
+        backend::interpreter(),
+        1,
+    );
+    let err = run.stage_pass(&data).unwrap_err();
+    assert!(
+        matches!(err, Error::DatasetColumn { ref column, .. } if column == "x"),
+        "{err}"
+    );
+}
