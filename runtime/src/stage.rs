@@ -62,6 +62,11 @@ pub trait Frozen: Experiment {
 
 /// What a stage may return: something the store can hold. A tensor is stored as an array
 /// (safetensors bytes); a stage returning any other type does not compile.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be stored as a cached stage's output",
+    label = "not storable",
+    note = "a stage returns one `Tensor` (stored as an array); return that instead"
+)]
 pub trait StageOutput {
     /// The traced value the stage program returns.
     fn into_tensor(self) -> Tensor;

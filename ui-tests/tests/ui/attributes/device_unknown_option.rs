@@ -2,7 +2,7 @@ use nitro::Array;
 
 #[nitro::experiment]
 struct Probe {
-    #[device(frozen)]
+    #[device(sharded)]
     field: Array,
 }
 

@@ -3,7 +3,7 @@ use nitro::prelude::*;
 
 #[experiment]
 pub struct Probe {
-    #[device(frozen)]
+    #[device(sharded)]
     pub w: Array,
 }
 
