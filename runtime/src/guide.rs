@@ -74,3 +74,7 @@ pub struct Devices;
 /// `docs/examples.md`.
 #[doc = include_str!("../../docs/examples.md")]
 pub struct Examples;
+
+/// `docs/stages.md`.
+#[doc = include_str!("../../docs/stages.md")]
+pub struct Stages;

@@ -198,8 +198,9 @@ pub struct StageStats {
     pub saved_ms: f64,
 }
 
-/// The key of a stage output (see the [module docs](self)).
-pub(crate) fn output_key(
+/// The key of a stage output (see the [module docs](self)): naming a chunk costs one small
+/// hash, whatever the size of its rows.
+pub fn output_key(
     identity: &str,
     fingerprint: &Digest,
     graph_const: &Digest,

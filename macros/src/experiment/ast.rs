@@ -239,7 +239,7 @@ fn parse_device(cx: &Ctxt, attr: &syn::Attribute, name: &str) -> Role {
     match (trainable, frozen) {
         (Some(_), Some(at)) => {
             cx.error_at(
-                &syn::Ident::new(FROZEN, at),
+                syn::Ident::new(FROZEN, at),
                 format!(
                     "field `{name}` is marked both `{TRAINABLE}` and `{FROZEN}`: a frozen field \
                      never changes while training, so it cannot be trained; keep one"
