@@ -78,13 +78,39 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         v[v.len() / 10]
     };
     let (median, read_median) = (median(times), median(read));
+    let dispatch = trivial_dispatch_us(steps)?.map_or("null".to_owned(), |us| format!("{us:.1}"));
     println!(
         "{{\"bench\": \"step\", \"backend\": {:?}, \"steps\": {steps}, \"step_us_median\": {median:.1}, \
-         \"step_us_p10\": {p10:.1}, \"loss_read_step_us_median\": {read_median:.1}, \"pipelined_step_us\": {pipelined:.1}, \"first_step_ms\": {first_step_ms:.1}, \"compile_ms\": {:.1}, \
+         \"step_us_p10\": {p10:.1}, \"loss_read_step_us_median\": {read_median:.1}, \"pipelined_step_us\": {pipelined:.1}, \"first_step_ms\": {first_step_ms:.1}, \"compile_ms\": {:.1}, \"trivial_dispatch_us\": {dispatch}, \
          \"final_loss\": {loss:.4}, \"cache\": {}}}",
         backend.identity().description,
         run.compile_time().as_secs_f64() * 1e3,
         serde_json::to_string(&nitro::cache::cache_stats())?
     );
     Ok(())
+}
+
+/// The median time of one execute of a trivial program (`x + 1` on a scalar already on the
+/// device), waited for: the runtime's own cost per execute. `None` without XLA.
+fn trivial_dispatch_us(calls: usize) -> Result<Option<f64>, Box<dyn std::error::Error>> {
+    let Ok(client) = nitro::backend::pjrt::client() else {
+        return Ok(None);
+    };
+    let scalar = nitro::LeafType {
+        dtype: nitro::DType::F32,
+        dims: Vec::new(),
+    };
+    let graph = nitro::trace::trace(&[("x".into(), scalar)], |x| vec![x[0] + 1.0])?;
+    let text = nitro::emit::emit(&graph);
+    let exe = client.compile(&text, &graph.input_types(), &graph.output_types())?;
+    let x = client.upload(&Array::scalar(0.0f32))?;
+    exe.execute(&[&x])?;
+    let mut times = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        let t = Instant::now();
+        std::hint::black_box(exe.execute(&[&x])?);
+        times.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(Some(times[times.len() / 2]))
 }
