@@ -257,6 +257,18 @@ fn exec_replicas(
                 }
                 done.push(run.done);
             }
+            // The CPU plugin runs every device's part of an execution on one shared thread pool,
+            // and a collective blocks its thread until every replica arrives: with executions
+            // of several programs in flight, the threads can all be taken by replicas waiting
+            // for one that is queued behind them — a deadlock XLA ends by aborting the process
+            // after 40 s (seen with 4 devices on 2 cores). So on CPU a replicated execution is
+            // waited for before the next is enqueued. Other platforms stay asynchronous (not
+            // checked on a GPU here).
+            if client.platform_name().eq_ignore_ascii_case("cpu") {
+                for d in std::mem::take(&mut done) {
+                    d.wait()?;
+                }
+            }
             Ok((per_output.into_iter().map(Value::Replicas).collect(), done))
         }
         None => {

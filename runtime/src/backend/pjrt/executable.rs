@@ -565,6 +565,11 @@ impl Executable {
     /// back. Every replica passes the same arguments by value or by reference (PJRT's donation
     /// options are per argument position, not per device): the first list decides.
     /// [`Error::ReplicaCount`] when the number of lists is not the program's replica count.
+    ///
+    /// On the CPU plugin, wait for a replicated execution's completions before enqueueing
+    /// another replicated execution: every device's share runs on one shared thread pool, and
+    /// replicas blocked in a collective can take every thread from a replica queued behind
+    /// them — a deadlock that XLA ends by aborting the process. The training handle does.
     pub fn enqueue_replicas(&self, args: Vec<Vec<Arg<'_>>>) -> Result<Vec<Executed>> {
         if args.len() != self.replicas {
             return Err(Error::ReplicaCount {
