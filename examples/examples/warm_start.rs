@@ -310,15 +310,11 @@ fn parent(args: &Args, dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     };
     let mut summary = Summary::with_backend("warm_start", &text("backend"), &text("plugin"));
     // The warm child's figures are the summary's: a process that starts on a warm cache.
-    for key in [
-        "epochs",
-        "val_accuracy",
-        "cache",
-        "step_us_median",
-        "first_step_ms",
-        "compile_ms_total",
-        "remote",
-    ] {
+    for key in Summary::COMMON_FIELDS[3..]
+        .iter()
+        .copied()
+        .chain(["remote"])
+    {
         if let Some(v) = warm.summary.get(key) {
             summary = summary.field(key, v.clone());
         }

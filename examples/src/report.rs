@@ -43,6 +43,19 @@ impl Summary {
         )
     }
 
+    /// The fields every example's line has, whose names and meanings scripts rely on.
+    pub const COMMON_FIELDS: [&'static str; 9] = [
+        "example",
+        "backend",
+        "plugin",
+        "epochs",
+        "val_accuracy",
+        "cache",
+        "step_us_median",
+        "first_step_ms",
+        "compile_ms_total",
+    ];
+
     /// A summary with the backend given in words (`kind` is `xla` or `interp`; `plugin` the
     /// backend's description), for a process that did not open a backend itself.
     pub fn with_backend(example: &str, kind: &str, plugin: &str) -> Summary {
@@ -251,17 +264,7 @@ mod tests {
             .first_step(Some(Duration::from_millis(250)))
             .field("extra", 7);
         let v = s.to_value();
-        for key in [
-            "example",
-            "backend",
-            "plugin",
-            "epochs",
-            "val_accuracy",
-            "cache",
-            "step_us_median",
-            "first_step_ms",
-            "compile_ms_total",
-        ] {
+        for key in Summary::COMMON_FIELDS {
             assert!(v.get(key).is_some(), "missing {key}");
         }
         assert_eq!(v["epochs"], 3);
