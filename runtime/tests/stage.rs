@@ -279,3 +279,64 @@ fn a_data_set_without_the_input_column_is_a_typed_error() {
         "{err}"
     );
 }
+
+/// Stage outputs live in the same store as compiled programs: behind a local directory, a
+/// shared Redis server hands a fresh machine (an empty local directory) every output another
+/// machine computed.
+#[test]
+fn a_fresh_machine_loads_stage_outputs_from_the_shared_server() {
+    use nitro::cache::{LayeredStore, RedisStore, RemoteConfig};
+    let Some(url) =
+        common::redis_or_skip("a_fresh_machine_loads_stage_outputs_from_the_shared_server")
+    else {
+        return;
+    };
+    let namespace = common::namespace("stage");
+    let key = [7u8; 32];
+    let machine = |dir: &TempDir| -> &'static Cache {
+        let mut config = RemoteConfig::new(&url);
+        config.prefix = namespace.clone();
+        config.timeout = std::time::Duration::from_secs(10);
+        let remote = RedisStore::open(config, Some(key)).expect("the shared store opens");
+        let local = DirStore::open(dir.path(), 1 << 30, Some(key)).expect("the local store");
+        let store = LayeredStore::new(local, remote).expect("same keys");
+        Box::leak(Box::new(Cache::new(16, Some(Arc::new(store)))))
+    };
+    let (first, second) = (TempDir::new("stage-first"), TempDir::new("stage-second"));
+    let data = dataset(40, 6);
+    assert_eq!(
+        pass(probe::<true, 0>(5, 2), &data, machine(&first)),
+        (3, 0, 0)
+    );
+    assert_eq!(
+        pass(probe::<true, 0>(5, 2), &data, machine(&second)),
+        (0, 3, 0)
+    );
+}
+
+/// A handle on several devices runs its stage on one device and trains the head on all of
+/// them; the keys do not depend on the device count, so a one-device handle reuses its outputs.
+#[test]
+fn a_handle_on_two_devices_runs_its_stage_on_one_and_shares_the_outputs() {
+    let dir = TempDir::new("stage-devices");
+    let cache = store_cache(&dir);
+    let data = dataset(40, 8);
+    let config = Config::new().batch(16).epochs(2).devices(2).progress(false);
+    let mut run = Nitro::with_backend(
+        probe::<true, 0>(5, 2),
+        Sgd,
+        config,
+        backend::interpreter_for(2),
+        cache,
+    )
+    .unwrap();
+    let (_, p) = run.stage_pass(&data).unwrap();
+    assert_eq!(fates(&p), (3, 0, 0));
+    run.fit_staged(&data, None).unwrap();
+    assert_eq!(
+        run.stage_stats().executions,
+        3,
+        "fit ran no stage: all held"
+    );
+    assert_eq!(pass(probe::<true, 0>(5, 2), &data, cache), (0, 3, 0));
+}

@@ -63,9 +63,11 @@ impl<E: Model + Stage, O: Optimizer> Nitro<E, O> {
     /// if some chunk needs it — and stored. With [`Stage::CACHED`] false the stage runs for
     /// every chunk and nothing is stored or held.
     ///
+    /// On a handle with several devices the stage runs on one (XLA's or the interpreter's
+    /// one-device backend); the head then trains on all of them.
+    ///
     /// Errors: [`Error::DatasetColumn`] when `data` has no [`Stage::INPUT`] column or already
-    /// has a [`Stage::OUTPUT`] column; a stage that runs on more than one device
-    /// ([`Error::Devices`]); the trace's, compile's and run's errors.
+    /// has a [`Stage::OUTPUT`] column; the trace's, compile's and run's errors.
     pub fn stage_pass(&mut self, data: &Dataset) -> Result<(Dataset, StagePass)> {
         let input = data.column(E::INPUT)?;
         if data.columns().any(|(n, _)| n == E::OUTPUT) {
@@ -164,16 +166,14 @@ impl<E: Model + Stage, O: Optimizer> Nitro<E, O> {
             let x = batch.column(E::INPUT).ok_or_else(super::no_output)?;
             let program = self.stage.program.as_mut().ok_or_else(super::no_output)?;
             if program.compiled.is_none() {
-                let backend = self.backend;
-                if backend.replicas() > 1 {
-                    return Err(Error::Devices {
-                        what: format!("the cached stage {}", E::NAME),
-                        requested: backend.replicas(),
-                        reason: "stages run on one device; train the head on several devices \
-                                 after a pre-pass on one"
-                            .into(),
-                    });
-                }
+                // A stage runs on one device: on a handle replicated over several, on the
+                // one-device backend of the same kind (its outputs are host arrays, split
+                // across the devices with the rest of the batch).
+                let backend: &dyn crate::backend::Backend = match self.backend.replicas() {
+                    1 => self.backend,
+                    _ if self.backend.device().is_some() => crate::backend::xla()?,
+                    _ => crate::backend::interpreter(),
+                };
                 let started = Instant::now();
                 program.compiled = Some(backend.compile(&program.graph, &program.text)?);
                 self.compile_time += started.elapsed();
