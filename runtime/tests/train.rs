@@ -795,29 +795,24 @@ fn a_fresh_cache_loads_both_programs_on(backend: &'static dyn Backend) {
     };
     let (x, y) = data(32, 3);
     let b = batch(&x, &y, 0, 32, 32);
-    let mut first = handle(
-        backend,
-        cache_on_dir(),
-        mlp(Act::Tanh),
-        Adam::default(),
-        32,
-        0.01,
-    );
-    let outcomes = first.prepare(&b).unwrap();
+    let fresh = || {
+        handle(
+            backend,
+            cache_on_dir(),
+            mlp(Act::Tanh),
+            Adam::default(),
+            32,
+            0.01,
+        )
+    };
+    let outcomes = fresh().prepare(&b).unwrap();
     assert!(
         outcomes
             .iter()
             .all(|o| matches!(o, Outcome::Compiled { .. })),
         "{outcomes:?}"
     );
-    let mut second = handle(
-        backend,
-        cache_on_dir(),
-        mlp(Act::Tanh),
-        Adam::default(),
-        32,
-        0.01,
-    );
+    let mut second = fresh();
     let outcomes = second.prepare(&b).unwrap();
     assert!(
         outcomes.iter().all(|o| matches!(o, Outcome::Loaded { .. })),
