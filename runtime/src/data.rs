@@ -675,7 +675,9 @@ fn first_bad<T: Copy>(values: &[T], ok: impl Fn(&T) -> bool) -> Option<(usize, T
 
 /// The rows at `rows` (all valid) of `array`, as one array `[rows.len(), …]`: one allocation,
 /// one slice copy per row.
-fn gather_rows(array: &Array, rows: &[usize]) -> Result<Array> {
+/// The rows at `rows` (indices into the first dim, each in range) of `array`, copied in that
+/// order into a new array.
+pub(crate) fn gather_rows(array: &Array, rows: &[usize]) -> Result<Array> {
     fn copy<T: Copy>(src: &[T], stride: usize, rows: &[usize]) -> Vec<T> {
         let mut out = Vec::with_capacity(stride * rows.len());
         for &r in rows {

@@ -219,17 +219,26 @@ pub fn output_key(
     h.finish()
 }
 
+/// Calls `f` with every leaf of the experiment's `#[device(frozen)]` fields and its path, in
+/// walk order (the order of the stage program's frozen inputs).
+pub(crate) fn for_each_frozen_leaf<'a, E: Experiment>(
+    experiment: &'a E,
+    f: &mut dyn FnMut(&LeafPath, &'a Array),
+) {
+    experiment.visit_device(&mut |field, path, node| {
+        if let (crate::experiment::Role::Frozen, crate::tree::Node::Leaf(a)) = (field.role, node) {
+            f(path, a);
+        }
+    });
+}
+
 /// The content digest of the frozen fields' leaves: each leaf's path, type and bytes.
 pub(crate) fn frozen_digest<E: Experiment>(experiment: &E) -> Digest {
     let mut h = ContentHasher::new();
     h.write_str("nitro.stage.frozen.v1");
-    experiment.visit_device(&mut |field, path, node| {
-        if field.role == crate::experiment::Role::Frozen {
-            if let crate::tree::Node::Leaf(a) = node {
-                h.write_str(path.as_str());
-                crate::hash::ContentHash::content_hash(a, &mut h);
-            }
-        }
+    for_each_frozen_leaf(experiment, &mut |path, a| {
+        h.write_str(path.as_str());
+        crate::hash::ContentHash::content_hash(a, &mut h);
     });
     h.finish()
 }

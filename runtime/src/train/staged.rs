@@ -10,15 +10,14 @@ use crate::backend::Executable;
 use crate::cache::{Entry, EntryMeta, Lookup};
 use crate::data::{Dataset, Order};
 use crate::error::{Error, Result};
-use crate::experiment::Role;
 use crate::hash::{ContentHasher, Digest};
 use crate::optim::Optimizer;
 use crate::stage::{
-    frozen_digest, output_key, Chunk, ChunkFate, Coordinate, Stage, StageOutput, StagePass,
-    StageStats,
+    for_each_frozen_leaf, frozen_digest, output_key, Chunk, ChunkFate, Coordinate, Stage,
+    StageOutput, StagePass, StageStats,
 };
 use crate::trace::{self, Graph};
-use crate::tree::{Array, ArrayData, LeafType};
+use crate::tree::{Array, LeafType};
 
 /// A handle's stage: its traced program (per input type), compiled when first needed, the
 /// frozen state's digest, the outputs held in memory, and the counts.
@@ -151,13 +150,7 @@ impl<E: Model + Stage, O: Optimizer> Nitro<E, O> {
 
         // Run the stage for the missing chunks only.
         let mut frozen_leaves: Vec<&Array> = Vec::new();
-        self.experiment.visit_device(&mut |field, _, node| {
-            if field.role == Role::Frozen {
-                if let crate::tree::Node::Leaf(a) = node {
-                    frozen_leaves.push(a);
-                }
-            }
-        });
+        for_each_frozen_leaf(&self.experiment, &mut |_, a| frozen_leaves.push(a));
         for ((chunk, output), span) in chunks.iter().zip(outputs.iter_mut()).zip(epoch.spans()) {
             if output.is_some() {
                 continue;
@@ -186,7 +179,9 @@ impl<E: Model + Stage, O: Optimizer> Nitro<E, O> {
             let full = exe.run(&args)?.pop().ok_or_else(super::no_output)?;
             self.stage.stats.run_ms += started.elapsed().as_secs_f64() * 1e3;
             self.stage.stats.executions += 1;
-            let out = first_rows(&full, chunk.coordinate.rows)?;
+            // The chunk's rows without the padding.
+            let real: Vec<usize> = (0..chunk.coordinate.rows).collect();
+            let out = crate::data::gather_rows(&full, &real)?;
             if cached {
                 if let Some(s) = &store {
                     let payload = crate::checkpoint::array_to_safetensors(&out)?;
@@ -219,16 +214,11 @@ impl<E: Model + Stage, O: Optimizer> Nitro<E, O> {
         }
 
         // Counts: every chunk not computed was spared a run.
-        let (spared, computed) = (
-            chunks
-                .iter()
-                .filter(|c| c.fate != ChunkFate::Computed)
-                .count() as u64,
-            chunks
-                .iter()
-                .filter(|c| c.fate == ChunkFate::Computed)
-                .count() as u64,
-        );
+        let computed = chunks
+            .iter()
+            .filter(|c| c.fate == ChunkFate::Computed)
+            .count() as u64;
+        let spared = chunks.len() as u64 - computed;
         let stats = &mut self.stage.stats;
         stats.hits += spared;
         stats.spared += spared;
@@ -239,7 +229,7 @@ impl<E: Model + Stage, O: Optimizer> Nitro<E, O> {
 
         // The data set with the stage's column, named by the chunks' keys (nothing hashed).
         let parts: Vec<Array> = outputs.into_iter().flatten().collect();
-        let column = join_rows(&parts)?;
+        let column = super::values::join_rows(&parts)?;
         let mut h = ContentHasher::new();
         h.write_str("nitro.stage.dataset.v1");
         h.write_digest(&data.digest());
@@ -316,30 +306,4 @@ fn load(store: &dyn crate::cache::Store, key: &Digest) -> Result<Option<Array>> 
             Ok(None)
         }
     }
-}
-
-/// The first `rows` rows of `a` (a chunk's output without its padding).
-fn first_rows(a: &Array, rows: usize) -> Result<Array> {
-    let all = a.dims().first().copied().unwrap_or(0);
-    if rows == all {
-        return Ok(a.clone());
-    }
-    let per_row: usize = a.dims()[1..].iter().product();
-    let mut dims = a.dims().to_vec();
-    dims[0] = rows;
-    let n = rows * per_row;
-    let data = match a.data() {
-        ArrayData::F32(v) => ArrayData::F32(v[..n].to_vec()),
-        ArrayData::F64(v) => ArrayData::F64(v[..n].to_vec()),
-        ArrayData::I32(v) => ArrayData::I32(v[..n].to_vec()),
-        ArrayData::I64(v) => ArrayData::I64(v[..n].to_vec()),
-        ArrayData::U8(v) => ArrayData::U8(v[..n].to_vec()),
-        ArrayData::Bool(v) => ArrayData::Bool(v[..n].to_vec()),
-    };
-    Array::from_data(&dims, data)
-}
-
-/// Chunks' outputs joined along their first dim.
-fn join_rows(parts: &[Array]) -> Result<Array> {
-    super::values::join_rows(parts)
 }

@@ -329,30 +329,12 @@ pub(crate) fn split_rows(a: &Array, parts: usize) -> Result<Vec<Array>> {
         });
     }
     let per = rows / parts;
-    let row_len: usize = a.dims()[1..].iter().product();
-    let mut dims = a.dims().to_vec();
-    dims[0] = per;
-    let chunk = per * row_len;
-    macro_rules! cut {
-        ($v:expr, $variant:ident) => {
-            (0..parts)
-                .map(|p| {
-                    Array::from_data(
-                        &dims,
-                        ArrayData::$variant($v[p * chunk..(p + 1) * chunk].to_vec()),
-                    )
-                })
-                .collect()
-        };
-    }
-    match a.data() {
-        ArrayData::F32(v) => cut!(v, F32),
-        ArrayData::F64(v) => cut!(v, F64),
-        ArrayData::I32(v) => cut!(v, I32),
-        ArrayData::I64(v) => cut!(v, I64),
-        ArrayData::U8(v) => cut!(v, U8),
-        ArrayData::Bool(v) => cut!(v, Bool),
-    }
+    (0..parts)
+        .map(|p| {
+            let span: Vec<usize> = (p * per..(p + 1) * per).collect();
+            crate::data::gather_rows(a, &span)
+        })
+        .collect()
 }
 
 /// Arrays of one dtype and the same trailing dims joined along their first dim.
