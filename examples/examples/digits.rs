@@ -122,7 +122,8 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     say(format!(
         "data     {} rows, digest {}",
         data.rows(),
-        data.digest().short()
+        data.digest()
+            .map_or_else(|| "none".to_owned(), |d| d.short().to_string())
     ));
     say(format!("backend  {}", backend.identity().description));
     let split = data.split(TRAIN_FRACTION, args.seed)?;
@@ -130,7 +131,9 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         "split    {} train / {} held out, split {}",
         split.train.rows(),
         split.validation.rows(),
-        split.identity().short()
+        split
+            .identity()
+            .map_or_else(|| "none".to_owned(), |d| d.short().to_string())
     ));
     say(format!(
         "model    64 → {} tanh → 10, {}, peak lr {}, batch {}",

@@ -179,7 +179,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     // Naming a chunk by its coordinate vs hashing a batch of bytes (a 19 MB batch: 32 rows of
     // 150k floats, as a large encoder input would be).
     let at = Coordinate {
-        dataset: split.train.digest(),
+        dataset: split.train.digest().unwrap_or_default(),
         start: 0,
         rows: args.batch,
     };

@@ -20,7 +20,7 @@ fn loads_every_row_as_a_dataset_with_a_pinned_digest() {
     // data or the way it is loaded changes.
     assert_eq!(d.digest(), shipped().digest());
     assert_eq!(
-        d.digest().to_string(),
+        d.digest().expect("loaded data is named").to_string(),
         "523997c02fdedcb523e448b087674e748e63974e21c3eb205a620d60e8547230"
     );
     d.check_labels("y", CLASSES).unwrap();

@@ -3,6 +3,9 @@
 //! A [`Dataset`] is a set of named columns ([`Array`]s) that share their first dim, the rows:
 //! pixels `x: f32[rows, 64]` and labels `y: i32[rows]`, say. Its [`Digest`] (blake3 over the
 //! column names, dtypes, dims and bytes) is computed once, when it is built, and names the data.
+//! A data set too large to hash at every start can be made without one
+//! ([`Dataset::unnamed`]): it trains the same, but what needs its name — the coordinates of a
+//! cached stage's outputs — refuses it ([`Error::Nameless`]).
 //!
 //! ```
 //! use nitro::data::{Dataset, Order};
@@ -56,13 +59,15 @@ pub const MASK: &str = "mask";
 /// Named columns of arrays that share their first dim (one entry per row), with a content
 /// digest.
 ///
-/// Build one with [`Dataset::new`]; it never changes afterwards (derive new data sets with
-/// [`select`](Dataset::select) or [`split`](Dataset::split)), so its digest stays true.
+/// Build one with [`Dataset::new`] (or [`Dataset::unnamed`], which skips the digest); it never
+/// changes afterwards (derive new data sets with [`select`](Dataset::select) or
+/// [`split`](Dataset::split)), so its digest stays true.
 #[derive(Clone, PartialEq)]
 pub struct Dataset {
     columns: Vec<(String, Array)>,
     rows: usize,
-    digest: Digest,
+    /// `None` for a data set made with [`Dataset::unnamed`] (or derived from one).
+    digest: Option<Digest>,
 }
 
 impl Dataset {
@@ -73,9 +78,34 @@ impl Dataset {
     /// [`MASK`], or repeats, or when a column is a scalar (it has no rows);
     /// [`Error::DatasetRows`] when the columns' first dims differ.
     pub fn new<N: Into<String>>(columns: impl IntoIterator<Item = (N, Array)>) -> Result<Dataset> {
-        let mut data = Dataset::checked(columns)?;
-        data.digest = digest_columns(&data.columns);
-        Ok(data)
+        Ok(Dataset::checked(columns)?.into_named())
+    }
+
+    /// A data set of the given columns without a digest: nothing is hashed, so making one
+    /// costs no pass over its bytes (about 0.5 ms per MB here) — for data too large to hash at
+    /// every start that never feeds a cached stage.
+    ///
+    /// It batches, splits, trains and validates like any other; its derived data sets
+    /// ([`select`](Dataset::select), [`split`](Dataset::split)) have no digest either.
+    /// What needs its name refuses it: a cached stage, whose outputs are named by the data
+    /// set's digest and a span of rows, returns [`Error::Nameless`].
+    /// [`into_named`](Dataset::into_named) hashes it later. Used as part of a content hash, it
+    /// is hashed then (the same hash a named data set of the same contents gives).
+    ///
+    /// Errors: those of [`Dataset::new`].
+    pub fn unnamed<N: Into<String>>(
+        columns: impl IntoIterator<Item = (N, Array)>,
+    ) -> Result<Dataset> {
+        Dataset::checked(columns)
+    }
+
+    /// This data set with its content digest: hashed now when it has none
+    /// ([`Dataset::unnamed`]), unchanged otherwise.
+    pub fn into_named(mut self) -> Dataset {
+        if self.digest.is_none() {
+            self.digest = Some(digest_columns(&self.columns));
+        }
+        self
     }
 
     /// A data set of the given columns named by `digest` instead of a hash of its contents:
@@ -86,11 +116,11 @@ impl Dataset {
         digest: Digest,
     ) -> Result<Dataset> {
         let mut data = Dataset::checked(columns)?;
-        data.digest = digest;
+        data.digest = Some(digest);
         Ok(data)
     }
 
-    /// The columns checked (see [`Dataset::new`]'s errors), not yet named.
+    /// The columns checked (see [`Dataset::new`]'s errors), without a digest.
     fn checked<N: Into<String>>(columns: impl IntoIterator<Item = (N, Array)>) -> Result<Dataset> {
         let columns: Vec<(String, Array)> =
             columns.into_iter().map(|(n, a)| (n.into(), a)).collect();
@@ -132,7 +162,7 @@ impl Dataset {
         Ok(Dataset {
             columns,
             rows,
-            digest: Digest::default(),
+            digest: None,
         })
     }
 
@@ -143,8 +173,9 @@ impl Dataset {
 
     /// The content digest: blake3 over every column's name, dtype, dims and bytes, in column
     /// order. Equal data gives equal digests on every run and platform; any changed byte,
-    /// dtype, dim, name or column order gives another.
-    pub fn digest(&self) -> Digest {
+    /// dtype, dim, name or column order gives another. `None` for a data set without one
+    /// ([`Dataset::unnamed`]).
+    pub fn digest(&self) -> Option<Digest> {
         self.digest
     }
 
@@ -210,7 +241,8 @@ impl Dataset {
     }
 
     /// A new data set of the rows at `indices`, in that order (repeats allowed), with the same
-    /// columns. [`Error::RowOutOfRange`] when an index is not a row.
+    /// columns, named by its content (without a digest when this data set has none).
+    /// [`Error::RowOutOfRange`] when an index is not a row.
     pub fn select(&self, indices: &[usize]) -> Result<Dataset> {
         self.check_indices(indices)?;
         let columns = self
@@ -218,7 +250,11 @@ impl Dataset {
             .iter()
             .map(|(name, array)| Ok((name.clone(), gather_rows(array, indices)?)))
             .collect::<Result<Vec<_>>>()?;
-        Dataset::new(columns)
+        let selected = Dataset::checked(columns)?;
+        Ok(match self.digest {
+            Some(_) => selected.into_named(),
+            None => selected,
+        })
     }
 
     /// Splits the rows at random into a training part of `round(train_fraction · rows)` rows
@@ -245,17 +281,20 @@ impl Dataset {
         let (mut train, mut validation) = (train.to_vec(), validation.to_vec());
         train.sort_unstable();
         validation.sort_unstable();
-        let mut h = ContentHasher::new();
-        h.write_str("nitro.data.split.v1");
-        h.write_digest(&self.digest);
-        h.write_u64(train_fraction.to_bits());
-        h.write_u64(seed);
+        let identity = self.digest.map(|parent| {
+            let mut h = ContentHasher::new();
+            h.write_str("nitro.data.split.v1");
+            h.write_digest(&parent);
+            h.write_u64(train_fraction.to_bits());
+            h.write_u64(seed);
+            h.finish()
+        });
         Ok(Split {
             train: self.select(&train)?,
             validation: self.select(&validation)?,
             train_rows: train,
             validation_rows: validation,
-            identity: h.finish(),
+            identity,
         })
     }
 
@@ -324,12 +363,10 @@ impl Dataset {
 
 impl fmt::Debug for Dataset {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Dataset({} rows, digest {}",
-            self.rows,
-            self.digest.short()
-        )?;
+        match &self.digest {
+            Some(d) => write!(f, "Dataset({} rows, digest {}", self.rows, d.short())?,
+            None => write!(f, "Dataset({} rows, no digest", self.rows)?,
+        }
         for (name, array) in &self.columns {
             write!(f, ", {name}: {}", array.leaf_type())?;
         }
@@ -337,10 +374,12 @@ impl fmt::Debug for Dataset {
     }
 }
 
-/// A data set's digest stands for its contents (so a data set can be part of a content hash).
+/// A data set's digest stands for its contents (so a data set can be part of a content hash);
+/// one without a digest is hashed here, to the digest it would have.
 impl ContentHash for Dataset {
     fn content_hash(&self, h: &mut ContentHasher) {
-        h.write_digest(&self.digest);
+        let digest = self.digest.unwrap_or_else(|| digest_columns(&self.columns));
+        h.write_digest(&digest);
     }
 }
 
@@ -353,14 +392,14 @@ pub struct Split {
     pub validation: Dataset,
     train_rows: Vec<usize>,
     validation_rows: Vec<usize>,
-    identity: Digest,
+    identity: Option<Digest>,
 }
 
 impl Split {
     /// Names the split: blake3 over the parent's digest, the train fraction and the seed.
     /// Stable across runs and platforms; each part's own content digest is
-    /// [`Dataset::digest`].
-    pub fn identity(&self) -> Digest {
+    /// [`Dataset::digest`]. `None` when the parent has no digest ([`Dataset::unnamed`]).
+    pub fn identity(&self) -> Option<Digest> {
         self.identity
     }
 

@@ -516,6 +516,56 @@ pub enum Error {
         /// Why.
         why: String,
     },
+
+    /// A cached stage's outputs cannot be named: the data set it reads has no digest
+    /// ([`Dataset::unnamed`](crate::data::Dataset::unnamed)).
+    #[error(
+        "the cached stage `{stage}` cannot name its outputs for {data}: that data set has no \
+         digest (it was made with `Dataset::unnamed`, or derived from one), and a stored \
+         output is named by its data set's digest and a span of rows. Give it one with \
+         `Dataset::into_named` (one hash of its contents) or make it with `Dataset::new`; or \
+         set the stage's `CACHED` to false"
+    )]
+    Nameless {
+        /// The stage's name.
+        stage: String,
+        /// Which data: `the training data`, `the validation data`, `the data passed to
+        /// stage_pass`.
+        data: String,
+    },
+
+    /// Something upstream of a stage is not settled by what names its outputs: its program
+    /// reads a value that is neither a frozen field nor its input column.
+    #[error(
+        "the stage `{stage}` reads program input `{input}`, which is neither a frozen field \
+         nor its input column `{column}`: nitro can neither supply it nor name the stage's \
+         outputs by it. A stage reads only its frozen view and its input tensor; create no \
+         inputs in `Stage::run` (with `nitro::trace::input`), and mark the fields it needs \
+         `#[device(frozen)]` or `#[graph_const]`"
+    )]
+    Unsettled {
+        /// The stage's name.
+        stage: String,
+        /// The input's name, as the stage created it.
+        input: String,
+        /// The stage's input column ([`Stage::INPUT`](crate::stage::Stage::INPUT)).
+        column: String,
+    },
+
+    /// A stage's output does not have one row per input row.
+    #[error(
+        "the stage `{stage}` returns {output} for a chunk of {rows} rows; a stage returns one \
+         output row per input row (an array whose first dim is {rows}), computing each row \
+         from its own input row"
+    )]
+    StageOutputRows {
+        /// The stage's name.
+        stage: String,
+        /// The output's type.
+        output: String,
+        /// The chunk's rows.
+        rows: usize,
+    },
 }
 
 fn describe_trace(e: &crate::trace::TraceError) -> String {

@@ -27,7 +27,10 @@
 //!
 //! A stage reads only GraphConst and frozen fields: its function takes the generated
 //! `{Name}FrozenView`, which has no other field, so reading a trainable field in a stage is a
-//! compile error. Its output must be [`StageOutput`] (a tensor, stored as an array): anything
+//! compile error. What the view's type cannot stop is refused before the stage runs: data
+//! without a digest ([`Error::Nameless`](crate::Error::Nameless)), an input the stage made
+//! itself ([`Error::Unsettled`](crate::Error::Unsettled)), an output without one row per input
+//! row ([`Error::StageOutputRows`](crate::Error::StageOutputRows)). Its output must be [`StageOutput`] (a tensor, stored as an array): anything
 //! else is a compile error rather than a silent recompute. Restored outputs are data, leaves of
 //! the head's programs: no gradient flows into them, and none could reach the frozen fields.
 //!
@@ -126,7 +129,8 @@ pub trait Stage: Frozen {
 /// Where a chunk's input comes from: the data set (by its digest) and the span of its rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct Coordinate {
-    /// The data set's digest.
+    /// The data set's digest (all zeros for a data set without one, which only an uncached
+    /// stage accepts: its keys name nothing that is kept).
     pub dataset: Digest,
     /// The first row of the span.
     pub start: usize,
@@ -175,12 +179,13 @@ impl StagePass {
 /// A handle's stage counts, over its life.
 #[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
 pub struct StageStats {
-    /// Chunks whose output was found stored (read from the store, or held in memory).
+    /// Chunks whose output was found in the store ([`ChunkFate::Loaded`]).
     pub hits: u64,
-    /// Chunks whose output was not stored, so the stage ran.
+    /// Chunks whose output was not stored, so the stage ran ([`ChunkFate::Computed`]).
     pub misses: u64,
-    /// Chunks a pass did not run the stage for because their output was cached (stored or
-    /// held): `hits`, counted per pass.
+    /// Chunks a pass did not run the stage for because their output was cached: found in the
+    /// store or held in memory from an earlier pass ([`ChunkFate::Loaded`] and
+    /// [`ChunkFate::Spared`]), so at least `hits`.
     pub spared: u64,
     /// Times the stage program ran (one per missed chunk).
     pub executions: u64,
@@ -193,8 +198,8 @@ pub struct StageStats {
     pub bytes_loaded: u64,
     /// Time spent running the stage program, in milliseconds.
     pub run_ms: f64,
-    /// Time the spared chunks would have cost to run, at this handle's mean time per run, in
-    /// milliseconds.
+    /// What the spared chunks took to compute when they were computed (measured by this
+    /// handle, or recorded in the stored entry), in milliseconds.
     pub saved_ms: f64,
 }
 

@@ -31,6 +31,7 @@ fn digest_is_stable_and_moves_with_any_change() {
     let a = toy(5);
     assert_eq!(a.digest(), toy(5).digest());
     let base = a.digest();
+    assert!(base.is_some(), "Dataset::new names its data");
 
     // One changed byte.
     let mut cols = a.clone().into_columns();
@@ -320,4 +321,42 @@ fn distinct_rows_of_the_split_never_overlap() {
     let s = toy(60).split(0.5, 11).unwrap();
     let train: BTreeSet<_> = s.train_indices().iter().collect();
     assert!(s.validation_indices().iter().all(|i| !train.contains(i)));
+}
+
+#[test]
+fn an_unnamed_data_set_trains_the_same_and_is_named_only_when_asked() {
+    let named = toy(10);
+    let unnamed = Dataset::unnamed(named.clone().into_columns()).unwrap();
+    assert!(named.digest().is_some());
+    assert_eq!(unnamed.digest(), None);
+    assert!(format!("{unnamed:?}").contains("no digest"));
+
+    // Its derived data sets have no digest either; their rows are the named one's.
+    let (s, t) = (unnamed.split(0.8, 7).unwrap(), named.split(0.8, 7).unwrap());
+    assert_eq!(s.identity(), None);
+    assert!(t.identity().is_some());
+    assert_eq!((s.train.digest(), s.validation.digest()), (None, None));
+    assert_eq!(s.train_indices(), t.train_indices());
+    assert_eq!(s.train.column("x").unwrap(), t.train.column("x").unwrap());
+    assert_eq!(unnamed.select(&[3, 1]).unwrap().digest(), None);
+    let plan = unnamed.plan(4, Order::Shuffled { seed: 3 }).unwrap();
+    let a: Vec<_> = plan
+        .epoch(1)
+        .batches(&unnamed)
+        .map(Result::unwrap)
+        .collect();
+    let b: Vec<_> = plan.epoch(1).batches(&named).map(Result::unwrap).collect();
+    for (a, b) in a.iter().zip(&b) {
+        assert_eq!(a.column("x"), b.column("x"));
+        assert_eq!(a.mask(), b.mask());
+    }
+
+    // Named later, or hashed as part of a content hash: the digest the named one has.
+    assert_eq!(unnamed.clone().into_named().digest(), named.digest());
+    assert_eq!(nitro::Digest::of(&unnamed), nitro::Digest::of(&named));
+    assert_eq!(
+        t.train.clone().into_named().digest(),
+        t.train.digest(),
+        "naming a named data set keeps its digest"
+    );
 }

@@ -56,6 +56,10 @@ impl<const CACHED: bool, const MODE: u8> Stage for Probe<CACHED, MODE> {
         match MODE {
             0 => squash(z),
             1 => squash_renamed(z),
+            // Reads a value it makes itself, which nitro neither supplies nor names.
+            3 => z + nitro::trace::input("bias", z.ty()),
+            // One output row per encoder row, not per input row.
+            4 => v.encoder.tanh(),
             _ => z.relu(),
         }
     }
@@ -136,6 +140,8 @@ fn head_after_fit<const C: bool>(backend: &'static dyn Backend) -> (Array, u64, 
         .unwrap();
     assert_eq!(history.epochs.len(), 3);
     let stats = run.stage_stats();
+    // A fresh store: nothing found in it; later epochs find every chunk held.
+    assert_eq!((stats.hits, stats.misses), (0, stats.executions));
     let head = run.into_experiment().unwrap().head;
     (head, stats.executions, stats.spared)
 }
@@ -219,16 +225,23 @@ fn what_the_key_names_misses_and_what_it_does_not_name_hits() {
         cache,
     )
     .unwrap();
-    let (_, p) = run.stage_pass(&data).unwrap();
+    let (first, p) = run.stage_pass(&data).unwrap();
     assert_eq!(fates(&p), (0, 3, 0));
-    // Within a handle, a second pass spares every chunk.
-    let (_, p) = run.stage_pass(&data).unwrap();
+    // Within a handle, a second pass spares every chunk (and makes the same data set).
+    let (second, p) = run.stage_pass(&data).unwrap();
     assert_eq!(fates(&p), (0, 0, 3));
+    assert_eq!(first, second);
     let stats = run.stage_stats();
     assert_eq!(
         (stats.executions, stats.compiles),
         (0, 0),
         "nothing missing: no compile"
+    );
+    // Hits are outputs found in the store; spared, chunks not run (found stored or held).
+    assert_eq!((stats.hits, stats.misses, stats.spared), (3, 0, 6));
+    assert!(
+        stats.saved_ms > 0.0,
+        "loaded outputs carry what computing them took"
     );
 }
 
@@ -339,4 +352,101 @@ fn a_handle_on_two_devices_runs_its_stage_on_one_and_shares_the_outputs() {
         "fit ran no stage: all held"
     );
     assert_eq!(pass(probe::<true, 0>(5, 2), &data, cache), (0, 3, 0));
+}
+
+fn unnamed(data: &Dataset) -> Dataset {
+    Dataset::unnamed(data.clone().into_columns()).unwrap()
+}
+
+/// A cached stage names its outputs by the data set's digest: data without one is refused,
+/// naming which data, before anything runs; an uncached stage takes it.
+#[test]
+fn a_data_set_without_a_digest_is_refused_by_a_cached_stage_before_anything_runs() {
+    let cache: &'static Cache = Box::leak(Box::new(Cache::in_memory(8)));
+    let split = dataset(60, 5).split(0.8, 3).unwrap();
+    let (train, validation) = (unnamed(&split.train), unnamed(&split.validation));
+    let mut run = handle(
+        probe::<true, 0>(5, 2),
+        Sgd,
+        cache,
+        backend::interpreter(),
+        2,
+    );
+    let refusals = [
+        (
+            run.fit_staged(&train, Some(&split.validation)),
+            "the training data",
+        ),
+        (
+            run.fit_staged(&split.train, Some(&validation)),
+            "the validation data",
+        ),
+        (
+            run.stage_pass(&train).map(|_| Default::default()),
+            "the data passed to stage_pass",
+        ),
+    ];
+    for (outcome, which) in refusals {
+        let err = outcome.unwrap_err();
+        assert!(
+            matches!(err, Error::Nameless { ref stage, ref data } if stage == "encode" && data == which),
+            "{err}"
+        );
+        assert!(err.to_string().contains("Dataset::into_named"), "{err}");
+    }
+    let stats = run.stage_stats();
+    assert_eq!((stats.executions, stats.compiles, stats.misses), (0, 0, 0));
+    assert_eq!(run.steps(), 0, "no epoch started");
+
+    // Named when needed, it runs; an uncached stage needs no name.
+    run.fit_staged(&train.clone().into_named(), None).unwrap();
+    let mut uncached = handle(
+        probe::<false, 0>(5, 2),
+        Sgd,
+        cache,
+        backend::interpreter(),
+        2,
+    );
+    let history = uncached.fit_staged(&train, Some(&validation)).unwrap();
+    assert_eq!(history.epochs.len(), 2);
+    let (staged, _) = uncached.stage_pass(&train).unwrap();
+    assert_eq!(staged.digest(), None, "made from unnamed data, unnamed");
+}
+
+/// A stage that makes a program input of its own reads something that is neither frozen nor
+/// its data: refused at its trace, naming the input.
+#[test]
+fn a_stage_reading_an_input_it_made_itself_is_unsettled() {
+    let cache: &'static Cache = Box::leak(Box::new(Cache::in_memory(8)));
+    let mut run = handle(
+        probe::<true, 3>(5, 2),
+        Sgd,
+        cache,
+        backend::interpreter(),
+        1,
+    );
+    let err = run.stage_pass(&dataset(20, 1)).unwrap_err();
+    assert!(
+        matches!(err, Error::Unsettled { ref input, ref column, .. } if input == "bias" && column == "x"),
+        "{err}"
+    );
+    assert_eq!(run.stage_stats().executions, 0);
+}
+
+/// A stage returns one row per input row; anything else is refused at its trace.
+#[test]
+fn a_stage_output_without_a_row_per_input_row_is_a_typed_error() {
+    let cache: &'static Cache = Box::leak(Box::new(Cache::in_memory(8)));
+    let mut run = handle(
+        probe::<true, 4>(5, 2),
+        Sgd,
+        cache,
+        backend::interpreter(),
+        1,
+    );
+    let err = run.stage_pass(&dataset(20, 1)).unwrap_err();
+    assert!(
+        matches!(err, Error::StageOutputRows { rows: 16, ref output, .. } if output == "f32[4,16]"),
+        "{err}"
+    );
 }

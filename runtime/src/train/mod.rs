@@ -1134,9 +1134,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     where
         E::Batch: FromBatch,
     {
-        self.fit_with(train, validation, |_, data| {
-            Ok(std::borrow::Cow::Borrowed(data))
-        })
+        self.fit_with(train, validation, |_, data| Ok(EpochData::Given(data)))
     }
 
     /// [`fit`](Nitro::fit) with `each_epoch` giving, before every epoch, the data the epoch
@@ -1145,10 +1143,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         &mut self,
         train: &Dataset,
         validation: Option<&Dataset>,
-        mut each_epoch: impl for<'d> FnMut(
-            &mut Self,
-            &'d Dataset,
-        ) -> Result<std::borrow::Cow<'d, Dataset>>,
+        mut each_epoch: impl for<'d> FnMut(&mut Self, &'d Dataset) -> Result<EpochData<'d>>,
     ) -> Result<History>
     where
         E::Batch: FromBatch,
@@ -1668,4 +1663,22 @@ fn mask_of(rows: usize, real: usize) -> Result<Array> {
         .map(|i| if i < real { 1.0 } else { 0.0 })
         .collect();
     Array::from_vec(&[rows], values)
+}
+
+/// The data an epoch of [`Nitro::fit_with`] runs on: the data set given, or one made for the
+/// epoch and shared (a cached stage's memo of its data set with the stage's column).
+pub(crate) enum EpochData<'d> {
+    Given(&'d Dataset),
+    Shared(std::sync::Arc<Dataset>),
+}
+
+impl std::ops::Deref for EpochData<'_> {
+    type Target = Dataset;
+
+    fn deref(&self) -> &Dataset {
+        match self {
+            EpochData::Given(d) => d,
+            EpochData::Shared(d) => d,
+        }
+    }
 }
