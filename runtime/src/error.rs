@@ -273,6 +273,19 @@ pub enum Error {
         accepted: &'static str,
     },
 
+    /// `XLA_FLAGS` holds a token the plugin would not parse: XLA ends the process (exit status
+    /// 1, no message) on one, so nitro refuses before loading the plugin.
+    #[error(
+        "XLA_FLAGS=\"{value}\" would end the process inside the XLA plugin, which exits without \
+         a message on a flag it cannot parse: {why}. Fix or unset XLA_FLAGS"
+    )]
+    XlaFlags {
+        /// The variable's value (tokens joined by one space).
+        value: String,
+        /// Which token, and what is wrong with it.
+        why: String,
+    },
+
     /// Verify mode found a program whose emitted code changed while its cache key did not: the
     /// program reads something the key cannot see (a global, a thread-local, the clock).
     #[error(

@@ -836,3 +836,94 @@ fn hand_built_graphs_over_the_size_limit_are_refused_before_xla() {
         other => panic!("expected InvalidGraph, got {other:?}"),
     }
 }
+
+/// Runs the ignored test `name` in a child process of this test binary with `XLA_FLAGS` set
+/// (the plugin reads it once per process), returning its status and output.
+fn child_with_xla_flags(name: &str, flags: &str) -> (std::process::ExitStatus, String) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            name,
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("XLA_FLAGS", flags)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status, text)
+}
+
+/// A flag the plugin does not know would end the process inside XLA (exit status 1, no
+/// message); nitro refuses it first, naming the token.
+#[test]
+fn an_unknown_xla_flag_is_a_typed_error_not_a_silent_exit() {
+    if client_or_skip("an_unknown_xla_flag_is_a_typed_error_not_a_silent_exit").is_none() {
+        return;
+    }
+    let (status, out) = child_with_xla_flags(
+        "xla_flags_child_refused",
+        "--xla_cpu_enable_fast_math=false --xla_bogus_flag=1",
+    );
+    assert!(status.success(), "the child failed: {out}");
+    assert!(out.contains("xla-flags: refused"), "{out}");
+}
+
+#[test]
+#[ignore = "run by an_unknown_xla_flag_is_a_typed_error_not_a_silent_exit with XLA_FLAGS set"]
+fn xla_flags_child_refused() {
+    let err = pjrt::client().unwrap_err();
+    assert!(
+        matches!(err, Error::XlaFlags { ref why, .. } if why.contains("`--xla_bogus_flag=1`")),
+        "{err}"
+    );
+    println!("xla-flags: refused: {err}");
+}
+
+/// XLA_FLAGS change the code XLA generates, so they are part of the backend identity: a
+/// program compiled under them is never served to a process without them.
+#[test]
+fn xla_flags_are_part_of_the_backend_identity() {
+    let Some(client) = client_or_skip("xla_flags_are_part_of_the_backend_identity") else {
+        return;
+    };
+    let here = client.identity().unwrap().clone();
+    let flags = "  --xla_backend_optimization_level=1   --xla_cpu_enable_fast_math=false ";
+    let (status, out) = child_with_xla_flags("xla_flags_child_identity", flags);
+    assert!(status.success(), "the child failed: {out}");
+    let json = out
+        .lines()
+        .find_map(|l| l.split_once("xla-flags: identity ").map(|(_, json)| json))
+        .unwrap_or_else(|| panic!("no identity line: {out}"));
+    let there: pjrt::BackendIdentity = serde_json::from_str(json).unwrap();
+    assert_eq!(
+        there.xla_flags,
+        "--xla_backend_optimization_level=1 --xla_cpu_enable_fast_math=false"
+    );
+    if std::env::var("XLA_FLAGS").is_err() {
+        assert_eq!(here.xla_flags, "");
+        assert_ne!(there.digest(), here.digest());
+        let (name, ours, theirs) = here.first_difference(&there).unwrap();
+        assert_eq!(name, "XLA_FLAGS");
+        assert_eq!(ours, "\"\"");
+        assert!(theirs.contains("optimization_level=1"), "{theirs}");
+    }
+}
+
+#[test]
+#[ignore = "run by xla_flags_are_part_of_the_backend_identity with XLA_FLAGS set"]
+fn xla_flags_child_identity() {
+    let client = pjrt::client().unwrap();
+    // The flags were accepted: the plugin compiles and runs under them.
+    let exe = compile_add(client);
+    let (a, b) = add_inputs();
+    let out = exe.execute_host(&[&a, &b]).unwrap();
+    assert_eq!(out[0].as_slice::<f32>().unwrap(), &ADD_EXPECTED);
+    let identity = serde_json::to_string(client.identity().unwrap()).unwrap();
+    println!("xla-flags: identity {identity}");
+}

@@ -276,6 +276,7 @@ impl Client {
             cpu_features: cpu_features().to_owned(),
             compile_options_digest: crate::Digest::from(blake3::hash(COMPILE_OPTIONS)),
             replicas: 1,
+            xla_flags: self.plugin().xla_flags().to_owned(),
         };
         Ok(self.inner.identity.get_or_init(|| id))
     }

@@ -11,8 +11,8 @@ use crate::hash::{ContentHash, ContentHasher, Digest};
 /// Everything besides the program that decides what a compiled executable is, and so whether a
 /// serialized one may be loaded here: the plugin **file** (its digest, not its path or version
 /// string: two builds can share a version and differ in code), the PJRT API version, the platform,
-/// the host CPU's features (XLA CPU code is compiled for the host's instruction set) and the
-/// compile options.
+/// the host CPU's features (XLA CPU code is compiled for the host's instruction set), the
+/// compile options and the `XLA_FLAGS` the plugin started under.
 ///
 /// A serialized executable carries the identity of the client that built it, and
 /// [`Client::deserialize`](super::Client::deserialize) refuses one whose identity differs from
@@ -37,6 +37,12 @@ pub struct BackendIdentity {
     /// serialized before replication existed, which were all for one device.
     #[serde(default = "one")]
     pub replicas: usize,
+    /// The `XLA_FLAGS` the plugin started under, normalized (tokens joined by one space; empty
+    /// when unset): XLA's debug options (optimization level, fast math, …) change the code it
+    /// generates. Absent in executables serialized before it was recorded, which were built
+    /// without it only if nobody set it — the case the default stands for.
+    #[serde(default)]
+    pub xla_flags: String,
 }
 
 fn one() -> usize {
@@ -50,8 +56,8 @@ impl BackendIdentity {
     }
 
     /// The components, named, in a fixed order: plugin file digest, PJRT API version,
-    /// platform name and version, CPU features, the device count programs run on, and the
-    /// compile options.
+    /// platform name and version, CPU features, the device count programs run on, the
+    /// compile options and `XLA_FLAGS`.
     pub fn components(&self) -> Vec<(&'static str, String)> {
         vec![
             ("plugin file digest", self.plugin_digest.to_string()),
@@ -67,6 +73,7 @@ impl BackendIdentity {
             // it, so that a changed count is named as such.
             ("devices", self.replicas.to_string()),
             ("compile options", self.compile_options_digest.to_string()),
+            ("XLA_FLAGS", format!("{:?}", self.xla_flags)),
         ]
     }
 
@@ -99,6 +106,11 @@ impl ContentHash for BackendIdentity {
         if self.replicas != 1 {
             h.write_str("replicas");
             h.write_u64(self.replicas as u64);
+        }
+        // Likewise identities without XLA_FLAGS.
+        if !self.xla_flags.is_empty() {
+            h.write_str("XLA_FLAGS");
+            h.write_str(&self.xla_flags);
         }
     }
 }

@@ -51,6 +51,7 @@ mod executable;
 mod ffi;
 mod identity;
 pub mod plugin;
+pub mod xla_flags;
 
 use std::sync::{Mutex, OnceLock};
 

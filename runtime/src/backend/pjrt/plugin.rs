@@ -289,6 +289,8 @@ impl Discovery {
 pub struct Plugin {
     path: PathBuf,
     pub(crate) api: Api,
+    /// The `XLA_FLAGS` the plugin started under (normalized).
+    xla_flags: String,
     // Kept so the library is never unloaded (the table's functions live in it).
     _library: libloading::Library,
 }
@@ -308,7 +310,8 @@ impl Plugin {
     ///
     /// Errors ([`Error::PjrtPlugin`]) for a missing file, a file that is not a shared library, a
     /// library without `GetPjrtApi`, a table of an unknown major version or lacking a function
-    /// nitro needs, or a failing `PJRT_Plugin_Initialize`.
+    /// nitro needs, or a failing `PJRT_Plugin_Initialize`; [`Error::XlaFlags`] when `XLA_FLAGS`
+    /// holds a token the plugin would end the process on (see [`xla_flags`](super::xla_flags)).
     pub fn load(path: impl AsRef<Path>) -> Result<&'static Plugin> {
         static LOADED: OnceLock<Mutex<HashMap<PathBuf, &'static Plugin>>> = OnceLock::new();
         let path = path.as_ref();
@@ -340,6 +343,12 @@ impl Plugin {
             reason,
         };
         let started = std::time::Instant::now();
+        // Read before the plugin can: XLA parses it once, when the client starts, and exits
+        // on a token it cannot parse.
+        let xla_flags = super::xla_flags::xla_flags_setting();
+        if !xla_flags.is_empty() {
+            super::xla_flags::check_xla_flags(path, &xla_flags)?;
+        }
         let library = open_library(path).map_err(|e| {
             bad(format!(
                 "it is not a loadable shared library ({})",
@@ -378,6 +387,7 @@ impl Plugin {
         Ok(Plugin {
             path: path.to_path_buf(),
             api,
+            xla_flags,
             _library: library,
         })
     }
@@ -385,6 +395,12 @@ impl Plugin {
     /// The plugin file (canonical path).
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The `XLA_FLAGS` value the plugin was loaded under, normalized (tokens joined by one
+    /// space; empty when unset). See [`xla_flags`](super::xla_flags).
+    pub fn xla_flags(&self) -> &str {
+        &self.xla_flags
     }
 
     /// The PJRT C API version the plugin implements: (major, minor).
