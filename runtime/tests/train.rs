@@ -833,3 +833,50 @@ fn a_fresh_cache_loads_both_programs_on_xla() {
     };
     a_fresh_cache_loads_both_programs_on(xla);
 }
+
+/// A schedule that records, at the first step, how many programs the cache had compiled.
+#[derive(Debug)]
+struct CompiledAtFirstStep {
+    cache: &'static Cache,
+    seen: std::sync::Arc<std::sync::Mutex<Option<u64>>>,
+}
+
+impl nitro::optim::Schedule for CompiledAtFirstStep {
+    fn lr(&self, step: u64) -> f64 {
+        if step == 0 {
+            *self.seen.lock().unwrap() = Some(self.cache.stats().compiles);
+        }
+        0.05
+    }
+}
+
+/// `fit` with validation compiles the whole inventory — gradient, update, evaluation and each
+/// device metric's program — together before the first step, not the evaluation programs
+/// after the first epoch; without validation, the two training programs alone.
+#[test]
+fn fit_compiles_the_evaluation_programs_with_the_training_ones() {
+    for (validation, metric, expected) in [(false, false, 2), (true, false, 3), (true, true, 4)] {
+        let cache = own_cache();
+        let seen = std::sync::Arc::default();
+        let schedule = CompiledAtFirstStep {
+            cache,
+            seen: std::sync::Arc::clone(&seen),
+        };
+        let config = Config::new().batch(32).epochs(2).schedule(schedule);
+        let mut run =
+            Nitro::with_backend(mlp(Act::Tanh), Sgd, config, backend::interpreter(), cache)
+                .unwrap();
+        if metric {
+            run.add_device_metric::<DeviceAccuracy>();
+        }
+        let val = dataset(40, 5);
+        run.fit(&dataset(64, 4), validation.then_some(&val))
+            .unwrap();
+        assert_eq!(
+            *seen.lock().unwrap(),
+            Some(expected),
+            "compiled before the first step (validation {validation}, metric {metric})"
+        );
+        assert_eq!(cache.stats().compiles, expected, "and nothing after");
+    }
+}

@@ -201,7 +201,7 @@ fn metric_program<E: Model, M: DeviceMetric<E>>() -> Program<E, BatchInputs<E, A
 }
 
 /// A registered device metric, its type erased.
-trait MetricSlot<E: Model>: Send {
+trait MetricSlot<E: Model>: Send + Sync {
     fn name(&self) -> &'static str;
     /// Gets (or compiles) its program for batches like `sample`.
     fn get(
@@ -678,7 +678,8 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     }
 
     /// Registers a validation metric accumulated on the device ([`DeviceMetric`]): one more
-    /// program, compiled by the first validation.
+    /// program, compiled by the first validation (by the first step of a `fit` with validation
+    /// data).
     pub fn add_device_metric<M: DeviceMetric<E>>(&mut self) {
         self.device_metrics.push(DeviceMetricState {
             slot: Box::new(MetricOf::<M>(std::marker::PhantomData)),
@@ -730,14 +731,29 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// Gets (or compiles) the training programs — gradient and update — for batches like
     /// `sample`, concurrently, and returns what each lookup did. Called by the first step; call
     /// it earlier to pay for compiles before training. The evaluation program is compiled by
-    /// the first [`evaluate`](Nitro::evaluate).
+    /// the first [`evaluate`](Nitro::evaluate) — or with these by [`fit`](Nitro::fit) when it
+    /// is given validation data.
     pub fn prepare(&mut self, sample: &E::Batch) -> Result<Vec<Outcome>> {
+        self.prepare_programs(sample, false)
+    }
+
+    /// [`prepare`](Nitro::prepare), and with `validation` also the evaluation program and
+    /// every device metric's, all compiled at once: the first step waits for the slowest
+    /// program of the run's whole inventory, not for the training programs and then, after
+    /// the first epoch, for the evaluation programs.
+    fn prepare_programs(&mut self, sample: &E::Batch, validation: bool) -> Result<Vec<Outcome>> {
         // Every step comes here: the common case (programs held for these batch types) is
         // answered without allocating.
-        if let Some(p) = &self.programs {
-            if has_types(sample, &p.batch_types) {
-                return Ok(Vec::new());
-            }
+        let training_ready = self
+            .programs
+            .as_ref()
+            .is_some_and(|p| has_types(sample, &p.batch_types));
+        let evaluation_ready = !validation
+            || training_ready
+                && self.programs.as_ref().is_some_and(|p| p.eval.is_some())
+                && self.device_metrics.iter().all(|m| m.compiled.is_some());
+        if training_ready && evaluation_ready {
+            return Ok(Vec::new());
         }
         let rows = batch_rows(sample)?;
         if rows != self.config.batch {
@@ -758,32 +774,88 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let update_inputs = update_inputs_shape(&opt);
         let accumulating = self.config.accum > 1;
         let sums: AccumExtra = (self.packing.zeros(), Array::scalar(1.0f32));
+        let held_eval = match &self.programs {
+            Some(p) if training_ready => p.eval.clone(),
+            _ => None,
+        };
+        let metrics: Vec<(&dyn MetricSlot<E>, Option<Arc<Compiled>>)> = self
+            .device_metrics
+            .iter()
+            .map(|m| {
+                let held = if training_ready {
+                    m.compiled.clone()
+                } else {
+                    None
+                };
+                (m.slot.as_ref(), held)
+            })
+            .collect();
         // Compile the inventory concurrently: the first step waits for the slowest program,
         // not their sum.
-        let (grad, update) = std::thread::scope(|s| {
-            let update =
-                s.spawn(|| cache.get(backend, &update_program::<O>(), &opt, &update_inputs));
-            let grad = if accumulating {
-                let inputs = BatchRef(sample, &mask, &sums);
-                cache.get(backend, &grad_accum_program::<E>(), experiment, &inputs)
-            } else {
-                let inputs = BatchRef(sample, &mask, &());
-                cache.get(backend, &grad_program::<E>(), experiment, &inputs)
+        let (training, eval, metrics) = std::thread::scope(|s| {
+            let update = (!training_ready).then(|| {
+                s.spawn(|| cache.get(backend, &update_program::<O>(), &opt, &update_inputs))
+            });
+            let wanted = |held: &Option<Arc<Compiled>>| validation && held.is_none();
+            let eval = wanted(&held_eval).then(|| {
+                s.spawn(|| {
+                    let inputs = BatchRef(sample, &mask, &());
+                    cache.get(backend, &eval_program::<E>(), experiment, &inputs)
+                })
+            });
+            let metric_threads: Vec<_> = metrics
+                .iter()
+                .map(|(slot, held)| {
+                    wanted(held)
+                        .then(|| s.spawn(|| slot.get(cache, backend, experiment, sample, &mask)))
+                })
+                .collect();
+            let grad = (!training_ready).then(|| {
+                if accumulating {
+                    let inputs = BatchRef(sample, &mask, &sums);
+                    cache.get(backend, &grad_accum_program::<E>(), experiment, &inputs)
+                } else {
+                    let inputs = BatchRef(sample, &mask, &());
+                    cache.get(backend, &grad_program::<E>(), experiment, &inputs)
+                }
+            });
+            let training = match (grad, update) {
+                (Some(grad), Some(update)) => Some((grad, join(update))),
+                _ => None,
             };
-            (grad, join(update))
+            let metrics: Vec<Option<Result<Served>>> =
+                metric_threads.into_iter().map(|t| t.map(join)).collect();
+            (training, eval.map(join), metrics)
         });
-        let (grad, update): (Served, Served) = (grad?, update?);
-        self.compile_time += started.elapsed();
-        let outcomes = vec![grad.outcome.clone(), update.outcome.clone()];
-        for m in &mut self.device_metrics {
-            m.compiled = None;
+        let mut outcomes = Vec::new();
+        if let Some((grad, update)) = training {
+            let (grad, update): (Served, Served) = (grad?, update?);
+            outcomes.extend([grad.outcome.clone(), update.outcome.clone()]);
+            for m in &mut self.device_metrics {
+                m.compiled = None;
+            }
+            self.programs = Some(Programs {
+                grad: grad.compiled,
+                update: update.compiled,
+                eval: None,
+                batch_types,
+            });
         }
-        self.programs = Some(Programs {
-            grad: grad.compiled,
-            update: update.compiled,
-            eval: None,
-            batch_types,
-        });
+        if let Some(eval) = eval {
+            let eval = eval?;
+            outcomes.push(eval.outcome.clone());
+            if let Some(p) = &mut self.programs {
+                p.eval = Some(eval.compiled);
+            }
+        }
+        for (state, served) in self.device_metrics.iter_mut().zip(metrics) {
+            if let Some(served) = served {
+                let served = served?;
+                outcomes.push(served.outcome.clone());
+                state.compiled = Some(served.compiled);
+            }
+        }
+        self.compile_time += started.elapsed();
         Ok(outcomes)
     }
 
@@ -1128,8 +1200,8 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     }
 
     /// Trains for the configured epochs on `train`, validating on `validation` after each
-    /// epoch when given. A train-only run compiles two programs, validation a third; no
-    /// epoch after the first compiles anything.
+    /// epoch when given. A train-only run compiles two programs, validation a third (and one
+    /// per device metric), all concurrently before the first step; nothing after compiles.
     pub fn fit(&mut self, train: &Dataset, validation: Option<&Dataset>) -> Result<History>
     where
         E::Batch: FromBatch,
@@ -1158,6 +1230,14 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 None => None,
             };
             let validation = validation.as_deref();
+            if epoch == 0 {
+                // The whole inventory at once, the evaluation programs with the training ones.
+                let plan = train.plan(self.config.batch, Order::Sequential)?;
+                if let Some(first) = plan.epoch(0).batches(&train).next() {
+                    let first = E::Batch::from_batch(first?)?;
+                    self.prepare_programs(&first, validation.is_some())?;
+                }
+            }
             let train_loss = self.train_epoch(&train, epoch as u64)?;
             let mut metrics = Vec::new();
             let (val_loss, val_accuracy) = match validation {
