@@ -9,7 +9,7 @@ mod common;
 #[path = "common/mlp.rs"]
 mod mlp;
 
-use common::xla_or_skip;
+use common::xla_devices_or_skip;
 use mlp::*;
 use nitro::backend::{self, interp, Backend};
 use nitro::cache::{Cache, MissReason, Outcome};
@@ -183,10 +183,12 @@ fn a_replicated_program_declares_its_replicas_and_runs_on_xla() {
         text.contains("replica_groups = dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>"),
         "{text}"
     );
-    let Some(_) = xla_or_skip("a_replicated_program_declares_its_replicas_and_runs_on_xla") else {
+    let Some(xla) = xla_devices_or_skip(
+        "a_replicated_program_declares_its_replicas_and_runs_on_xla",
+        4,
+    ) else {
         return;
     };
-    let xla = backend::xla_for(4).unwrap();
     assert_eq!(xla.replicas(), 4);
     assert!(xla.client().device_count() >= 4);
     let exe = xla.compile(&graph, &text).unwrap();
@@ -304,9 +306,10 @@ fn training_on_one_two_and_four_devices_gives_the_same_parameters_on_the_interpr
 
 #[test]
 fn training_on_one_two_and_four_devices_gives_the_same_parameters_on_xla() {
-    let Some(_) =
-        xla_or_skip("training_on_one_two_and_four_devices_gives_the_same_parameters_on_xla")
-    else {
+    let Some(_) = xla_devices_or_skip(
+        "training_on_one_two_and_four_devices_gives_the_same_parameters_on_xla",
+        4,
+    ) else {
         return;
     };
     same_parameters_on(|n| backend::xla_for(n).expect("XLA devices"), 1e-5);
@@ -377,7 +380,8 @@ fn the_inventory_is_the_same_at_any_device_count_and_counts_never_share_entries_
 
 #[test]
 fn the_inventory_is_the_same_at_any_device_count_and_counts_never_share_entries_on_xla() {
-    let Some(_) = xla_or_skip("the_inventory_is_the_same_at_any_device_count_on_xla") else {
+    let Some(_) = xla_devices_or_skip("the_inventory_is_the_same_at_any_device_count_on_xla", 4)
+    else {
         return;
     };
     inventory_and_keys_on(|n| backend::xla_for(n).expect("XLA devices"));

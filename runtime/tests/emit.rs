@@ -53,7 +53,7 @@ fn golden_text() {
     let expected = "\
 module @nitro {
   func.func public @main(%arg0: tensor<2x3xf32>, %arg1: tensor<3x4xf32>) -> tensor<2xf32> {
-    %0 = stablehlo.dot_general %arg0, %arg1, contracting_dims = [1] x [0] : (tensor<2x3xf32>, tensor<3x4xf32>) -> tensor<2x4xf32>
+    %0 = stablehlo.dot_general %arg0, %arg1, contracting_dims = [1] x [0], precision = [HIGHEST, HIGHEST] : (tensor<2x3xf32>, tensor<3x4xf32>) -> tensor<2x4xf32>
     %1 = stablehlo.constant dense<0x3F800000> : tensor<f32>
     %2 = stablehlo.broadcast_in_dim %1, dims = [] : (tensor<f32>) -> tensor<2x4xf32>
     %3 = stablehlo.add %0, %2 : tensor<2x4xf32>
@@ -389,8 +389,8 @@ fn shape_op_lines() {
                 .ends_with(", dim = 1 : (tensor<3x4xf32>, tensor<3x2xf32>) -> tensor<3x6xf32>"),
         "{concat}"
     );
-    has(&text, "= stablehlo.dot_general %arg2, %arg3, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<2x2x3xf32>, tensor<2x3x2xf32>) -> tensor<2x2x2xf32>");
-    has(&text, "= stablehlo.dot_general %arg4, %arg0, contracting_dims = [0] x [0] : (tensor<3x2xf32>, tensor<3x4xf32>) -> tensor<2x4xf32>");
+    has(&text, "= stablehlo.dot_general %arg2, %arg3, batching_dims = [0] x [0], contracting_dims = [2] x [1], precision = [HIGHEST, HIGHEST] : (tensor<2x2x3xf32>, tensor<2x3x2xf32>) -> tensor<2x2x2xf32>");
+    has(&text, "= stablehlo.dot_general %arg4, %arg0, contracting_dims = [0] x [0], precision = [HIGHEST, HIGHEST] : (tensor<3x2xf32>, tensor<3x4xf32>) -> tensor<2x4xf32>");
     has(&text, "= stablehlo.iota dim = 1 : tensor<2x3xi64>");
 }
 

@@ -55,6 +55,24 @@ pub fn xla_or_skip(test: &str) -> Option<&'static dyn nitro::backend::Backend> {
     }
 }
 
+/// XLA's backend on `devices` devices, or `None` (after a `skip:` line) when XLA is unavailable
+/// or its platform has fewer devices: a CPU client makes as many as asked, a GPU machine has
+/// the GPUs it has (one, say), which no setting changes. On CPU a refusal fails the test.
+#[allow(dead_code)]
+pub fn xla_devices_or_skip(test: &str, devices: usize) -> Option<&'static nitro::backend::Xla> {
+    xla_or_skip(test)?;
+    match nitro::backend::xla_for(devices) {
+        Ok(x) => Some(x),
+        Err(e @ nitro::Error::Devices { .. })
+            if nitro::backend::pjrt::client().is_ok_and(|c| c.platform_name() != "cpu") =>
+        {
+            println!("skip: {test}: this machine's accelerators cannot serve it: {e}");
+            None
+        }
+        Err(e) => panic!("{test}: XLA on {devices} devices: {e}"),
+    }
+}
+
 /// Prints a `skip:` line for `test` because `what` (`why`), or fails the test when the
 /// environment variable `require` is `1` (CI, where the skip would hide a broken setup).
 pub fn skip_unless_required(test: &str, require: &str, what: &str, why: &dyn std::fmt::Display) {
