@@ -42,6 +42,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut run = Nitro::new(exp, Adam::default(), Config::new().batch(32).lr(1e-3))?;
     run.step(&batches[0], 32)?;
     let first_step_ms = started.elapsed().as_secs_f64() * 1e3;
+    // Each program's compile (or load) time, compiled side by side: the floor of the first step.
+    let per_program: serde_json::Map<String, serde_json::Value> = nitro::cache::global()
+        .recent_misses()
+        .into_iter()
+        .map(|m| (m.program, serde_json::json!((m.ms * 10.0).round() / 10.0)))
+        .collect();
     let next = |i: usize| &batches[(i + 1) % batches.len()];
     // Like JAX's timed loop: one step, then wait until its update has finished on the device.
     let mut times = Vec::with_capacity(steps);
@@ -81,10 +87,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dispatch = trivial_dispatch_us(steps)?.map_or("null".to_owned(), |us| format!("{us:.1}"));
     println!(
         "{{\"bench\": \"step\", \"backend\": {:?}, \"steps\": {steps}, \"step_us_median\": {median:.1}, \
-         \"step_us_p10\": {p10:.1}, \"loss_read_step_us_median\": {read_median:.1}, \"pipelined_step_us\": {pipelined:.1}, \"first_step_ms\": {first_step_ms:.1}, \"compile_ms\": {:.1}, \"trivial_dispatch_us\": {dispatch}, \
+         \"step_us_p10\": {p10:.1}, \"loss_read_step_us_median\": {read_median:.1}, \"pipelined_step_us\": {pipelined:.1}, \"first_step_ms\": {first_step_ms:.1}, \"compile_ms\": {:.1}, \"compile_ms_by_program\": {}, \"trivial_dispatch_us\": {dispatch}, \
          \"final_loss\": {loss:.4}, \"cache\": {}}}",
         backend.identity().description,
         run.compile_time().as_secs_f64() * 1e3,
+        serde_json::Value::Object(per_program),
         serde_json::to_string(&nitro::cache::cache_stats())?
     );
     Ok(())

@@ -402,6 +402,66 @@ fn inputs_the_output_does_not_depend_on_get_zeros() {
 }
 
 #[test]
+fn stop_gradient_passes_the_value_and_no_gradient() {
+    let x = r(1, &[2, 3], 0.0, 1.0);
+    let g = trace::trace(&types(std::slice::from_ref(&x)), |t| {
+        // d/dx [x·stop(x) + stop(x)²] = stop(x) = x, where without the stops it would be 4x.
+        let s = t[0].stop_gradient();
+        let y = (t[0] * s + s * s).sum_all();
+        let mut out = grad(y, t);
+        out.push(y);
+        out
+    })
+    .unwrap();
+    let out = interp::run(&g, std::slice::from_ref(&x)).unwrap();
+    assert_eq!(out[0], x, "the gradient is stop(x) alone");
+    let v: f64 = x
+        .as_slice::<f64>()
+        .unwrap()
+        .iter()
+        .map(|v| 2.0 * v * v)
+        .sum();
+    assert!(
+        (out[1].as_slice::<f64>().unwrap()[0] - v).abs() < 1e-12,
+        "the value is unchanged"
+    );
+}
+
+/// log_softmax shifts by a maximum no gradient goes through: its gradient is still the
+/// finite differences' (the shift cancels out), and the program has no path back through
+/// the maximum.
+#[test]
+fn log_softmax_gradient_skips_the_maximum() {
+    check(
+        "log_softmax",
+        |x| weigh(nn::log_softmax(x[0], 1)),
+        vec![r(3, &[4, 5], -2.0, 2.0)],
+        None,
+    );
+    let g = trace::trace(&types(&[r(3, &[4, 5], -2.0, 2.0)]), |x| {
+        grad(weigh(nn::log_softmax(x[0], 1)), x)
+    })
+    .unwrap();
+    let compares = g
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.op, trace::Op::Compare(_)))
+        .count();
+    // The forward maximum spells out NaN propagation; the backward pass adds no comparison
+    // (the gradient of a maximum would compare every element with it).
+    let forward = trace::trace(&types(&[r(3, &[4, 5], -2.0, 2.0)]), |x| {
+        vec![weigh(nn::log_softmax(x[0], 1))]
+    })
+    .unwrap();
+    let forward_compares = forward
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.op, trace::Op::Compare(_)))
+        .count();
+    assert_eq!(compares, forward_compares);
+}
+
+#[test]
 fn non_differentiable_paths_carry_no_gradient() {
     // argmax and comparisons are piecewise constant: no gradient flows through them.
     let g = trace::trace(&types(&[r(1, &[2, 3], 0.0, 1.0)]), |x| {

@@ -123,6 +123,7 @@ fn op_kind(op: &Op) -> &'static str {
             ReduceOp::Min => "reduce min",
         },
         Op::AllReduce => "all_reduce",
+        Op::StopGradient => "stop_gradient",
     }
 }
 
@@ -158,7 +159,23 @@ const ALL_KINDS: &[&str] = &[
     "reduce max",
     "reduce min",
     "all_reduce",
+    "stop_gradient",
 ];
+
+/// `stop_gradient` is the value itself: a same-type reshape XLA removes.
+fn stop_gradient_program() -> Graph {
+    program(&[f32t(&[2, 3])], |i| vec![i[0].stop_gradient().exp()])
+}
+
+#[test]
+fn stop_gradient_is_a_same_type_reshape() {
+    let text = emit(&stop_gradient_program());
+    has(
+        &text,
+        "    %0 = stablehlo.reshape %arg0 : (tensor<2x3xf32>) -> tensor<2x3xf32>",
+    );
+    has(&text, "    %1 = stablehlo.exponential %0 : tensor<2x3xf32>");
+}
 
 /// A program replicated over two devices: the sum of its input over both.
 fn replicated_program() -> Graph {
@@ -648,6 +665,7 @@ fn every_op_kind_is_covered() {
         reduce_program(),
         constant_program(),
         replicated_program(),
+        stop_gradient_program(),
     ];
     let mut seen = std::collections::BTreeSet::new();
     for g in &graphs {

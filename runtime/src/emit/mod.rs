@@ -375,7 +375,10 @@ impl<'g> Emitter<'g> {
                 "    {me} = stablehlo.broadcast_in_dim {an}, dims = {} : ({at}) -> {ty}",
                 List(dims)
             ),
-            Op::Reshape => writeln!(out, "    {me} = stablehlo.reshape {an} : ({at}) -> {ty}"),
+            // A reshape to the same type: the value itself, which XLA's simplifier removes.
+            Op::Reshape | Op::StopGradient => {
+                writeln!(out, "    {me} = stablehlo.reshape {an} : ({at}) -> {ty}")
+            }
             Op::Transpose { perm } => writeln!(
                 out,
                 "    {me} = stablehlo.transpose {an}, dims = {} : ({at}) -> {ty}",

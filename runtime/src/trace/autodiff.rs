@@ -235,6 +235,7 @@ fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor, nodes: &[Node]) -> Vec<O
         // Every replica's output holds every replica's input, so a replica's input receives
         // the cotangents of all replicas' outputs.
         Op::AllReduce => vec![Some(g.all_sum())],
+        Op::StopGradient => vec![None],
         Op::Transpose { perm } => {
             let mut inv = vec![0; perm.len()];
             for (i, &p) in perm.iter().enumerate() {

@@ -207,6 +207,9 @@ pub enum Op {
     /// ([`Graph::replicas`]): each replica gets the same result. With one replica it is the
     /// operand itself.
     AllReduce,
+    /// The operand itself, through which no gradient flows: the reverse pass gives its
+    /// operand no cotangent. Emitted as a same-shape reshape, which XLA removes.
+    StopGradient,
 }
 
 impl Op {
@@ -229,6 +232,7 @@ impl Op {
             Op::DotGeneral(_) => "dot_general",
             Op::Reduce { .. } => "reduce",
             Op::AllReduce => "all_reduce",
+            Op::StopGradient => "stop_gradient",
         }
     }
 }

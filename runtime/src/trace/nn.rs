@@ -24,14 +24,15 @@ pub fn sigmoid(x: Tensor) -> Tensor {
 /// `log(softmax(x))` along `axis`, computed stably (the maximum is subtracted first).
 #[track_caller]
 pub fn log_softmax(x: Tensor, axis: usize) -> Tensor {
-    let shifted = x - x.max_keep(&[axis]);
+    // The shift cancels out of the result, so no gradient goes through the maximum.
+    let shifted = x - x.max_keep(&[axis]).stop_gradient();
     shifted - shifted.exp().sum_keep(&[axis]).log()
 }
 
 /// `softmax(x)` along `axis`, computed stably.
 #[track_caller]
 pub fn softmax(x: Tensor, axis: usize) -> Tensor {
-    let e = (x - x.max_keep(&[axis])).exp();
+    let e = (x - x.max_keep(&[axis]).stop_gradient()).exp();
     e / e.sum_keep(&[axis])
 }
 

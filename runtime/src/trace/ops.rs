@@ -397,6 +397,16 @@ impl Recording {
         )
     }
 
+    /// `a` itself, with no gradient flowing back through it.
+    pub(super) fn stop_gradient(&mut self, a: Tensor, at: &Location<'_>) -> Tensor {
+        let op = "stop_gradient";
+        if !self.owns(a, op, at) {
+            return self.stand_in(scalar_ty(DType::F32));
+        }
+        let ty = self.ty_of(a);
+        self.push(Op::StopGradient, vec![a.node], ty, op, at)
+    }
+
     /// The sum of `a` over every replica of the program being traced.
     pub(super) fn all_reduce(&mut self, a: Tensor, op: &'static str, at: &Location<'_>) -> Tensor {
         if !self.owns(a, op, at) {
@@ -1057,6 +1067,15 @@ impl Tensor {
     pub fn min(self, axes: &[usize]) -> Tensor {
         let at = at!();
         with_recording(|r| r.reduce(ReduceOp::Min, self, axes, false, "min", at))
+    }
+
+    /// This tensor's value, as a constant to differentiation: no gradient flows back through
+    /// it to what it was computed from. For a shift that cancels out of the result (the
+    /// maximum subtracted in a stable softmax) or a target held fixed.
+    #[track_caller]
+    pub fn stop_gradient(self) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.stop_gradient(self, at))
     }
 
     /// The element-wise sum of this tensor over every replica of a replicated program (one

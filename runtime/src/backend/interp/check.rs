@@ -162,6 +162,10 @@ pub(super) fn node(graph: &Graph, id: usize) -> Result<(), String> {
             }
             ins[1].clone()
         }
+        Op::StopGradient => {
+            arity(1, ins.len())?;
+            ins[0].clone()
+        }
         Op::AllReduce => {
             arity(1, ins.len())?;
             if ins[0].dtype == DType::Bool {

@@ -358,7 +358,7 @@ fn eval<'a>(
             let a = operands[0];
             owned(layout::broadcast(a.data(), a.dims(), out_dims, dims)?)
         }
-        Op::Reshape => owned(copy_data(operands[0].data())?),
+        Op::Reshape | Op::StopGradient => owned(copy_data(operands[0].data())?),
         Op::Transpose { perm } => {
             let a = operands[0];
             owned(layout::transpose(a.data(), a.dims(), perm)?)
