@@ -413,38 +413,36 @@ fn a_data_set_without_a_digest_is_refused_by_a_cached_stage_before_anything_runs
     assert_eq!(staged.digest(), None, "made from unnamed data, unnamed");
 }
 
-/// A stage that makes a program input of its own reads something that is neither frozen nor
-/// its data: refused at its trace, naming the input.
-#[test]
-fn a_stage_reading_an_input_it_made_itself_is_unsettled() {
+/// The refusal of a pre-pass by the probe written as `MODE`, before it ran for any chunk.
+fn refusal<const MODE: u8>() -> Error {
     let cache: &'static Cache = Box::leak(Box::new(Cache::in_memory(8)));
     let mut run = handle(
-        probe::<true, 3>(5, 2),
+        probe::<true, MODE>(5, 2),
         Sgd,
         cache,
         backend::interpreter(),
         1,
     );
     let err = run.stage_pass(&dataset(20, 1)).unwrap_err();
+    assert_eq!(run.stage_stats().executions, 0, "{err}");
+    err
+}
+
+/// A stage that makes a program input of its own reads something that is neither frozen nor
+/// its data: refused at its trace, naming the input.
+#[test]
+fn a_stage_reading_an_input_it_made_itself_is_unsettled() {
+    let err = refusal::<3>();
     assert!(
         matches!(err, Error::Unsettled { ref input, ref column, .. } if input == "bias" && column == "x"),
         "{err}"
     );
-    assert_eq!(run.stage_stats().executions, 0);
 }
 
 /// A stage returns one row per input row; anything else is refused at its trace.
 #[test]
 fn a_stage_output_without_a_row_per_input_row_is_a_typed_error() {
-    let cache: &'static Cache = Box::leak(Box::new(Cache::in_memory(8)));
-    let mut run = handle(
-        probe::<true, 4>(5, 2),
-        Sgd,
-        cache,
-        backend::interpreter(),
-        1,
-    );
-    let err = run.stage_pass(&dataset(20, 1)).unwrap_err();
+    let err = refusal::<4>();
     assert!(
         matches!(err, Error::StageOutputRows { rows: 16, ref output, .. } if output == "f32[4,16]"),
         "{err}"
