@@ -328,10 +328,7 @@ impl<E: Model + Stage, O: Optimizer> Nitro<E, O> {
     {
         if E::CACHED {
             // Refused before anything runs.
-            let named = [
-                (Some(train), "the training data"),
-                (validation, "the validation data"),
-            ];
+            let named = [(Some(train), TRAINING), (validation, VALIDATION)];
             if let Some((_, which)) = named
                 .iter()
                 .find(|(d, _)| d.is_some_and(|d| d.digest().is_none()))
@@ -341,9 +338,9 @@ impl<E: Model + Stage, O: Optimizer> Nitro<E, O> {
         }
         self.fit_with(train, validation, |run, data| {
             let which = if std::ptr::eq(data, train) {
-                "the training data"
+                TRAINING
             } else {
-                "the validation data"
+                VALIDATION
             };
             run.pass(data, which)
                 .map(|(staged, _)| EpochData::Shared(staged))
@@ -403,6 +400,10 @@ impl<E: Model + Stage, O: Optimizer> Nitro<E, O> {
         Ok(())
     }
 }
+
+/// How a refusal names `fit_staged`'s data.
+const TRAINING: &str = "the training data";
+const VALIDATION: &str = "the validation data";
 
 /// The refusal of a cached stage over `which` data, which has no digest.
 fn nameless<E: Stage>(which: &str) -> Error {
