@@ -239,6 +239,15 @@ impl<E: Model, M: DeviceMetric<E>> MetricSlot<E> for MetricOf<M> {
     }
 }
 
+/// What [`Nitro::prepare_programs`] compiles: the training programs, with the evaluation
+/// program, with that and every device metric's.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Inventory {
+    Train,
+    Evaluate,
+    Validate,
+}
+
 /// A registered device metric and its program, once compiled.
 struct DeviceMetricState<E: Model> {
     slot: Box<dyn MetricSlot<E>>,
@@ -734,24 +743,29 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// the first [`evaluate`](Nitro::evaluate) — or with these by [`fit`](Nitro::fit) when it
     /// is given validation data.
     pub fn prepare(&mut self, sample: &E::Batch) -> Result<Vec<Outcome>> {
-        self.prepare_programs(sample, false)
+        self.prepare_programs(sample, Inventory::Train)
     }
 
-    /// [`prepare`](Nitro::prepare), and with `validation` also the evaluation program and
-    /// every device metric's, all compiled at once: the first step waits for the slowest
-    /// program of the run's whole inventory, not for the training programs and then, after
+    /// Gets (or compiles) the programs `inventory` names for batches like `sample` — the
+    /// training programs always — all at once: a `fit` with validation data waits for the
+    /// slowest program of its whole inventory, not for the training programs and then, after
     /// the first epoch, for the evaluation programs.
-    fn prepare_programs(&mut self, sample: &E::Batch, validation: bool) -> Result<Vec<Outcome>> {
+    fn prepare_programs(
+        &mut self,
+        sample: &E::Batch,
+        inventory: Inventory,
+    ) -> Result<Vec<Outcome>> {
+        let want_eval = inventory != Inventory::Train;
+        let want_metrics = inventory == Inventory::Validate;
         // Every step comes here: the common case (programs held for these batch types) is
         // answered without allocating.
         let training_ready = self
             .programs
             .as_ref()
             .is_some_and(|p| has_types(sample, &p.batch_types));
-        let evaluation_ready = !validation
-            || training_ready
-                && self.programs.as_ref().is_some_and(|p| p.eval.is_some())
-                && self.device_metrics.iter().all(|m| m.compiled.is_some());
+        let evaluation_ready = training_ready
+            && (!want_eval || self.programs.as_ref().is_some_and(|p| p.eval.is_some()))
+            && (!want_metrics || self.device_metrics.iter().all(|m| m.compiled.is_some()));
         if training_ready && evaluation_ready {
             return Ok(Vec::new());
         }
@@ -796,8 +810,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             let update = (!training_ready).then(|| {
                 s.spawn(|| cache.get(backend, &update_program::<O>(), &opt, &update_inputs))
             });
-            let wanted = |held: &Option<Arc<Compiled>>| validation && held.is_none();
-            let eval = wanted(&held_eval).then(|| {
+            let eval = (want_eval && held_eval.is_none()).then(|| {
                 s.spawn(|| {
                     let inputs = BatchRef(sample, &mask, &());
                     cache.get(backend, &eval_program::<E>(), experiment, &inputs)
@@ -806,7 +819,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             let metric_threads: Vec<_> = metrics
                 .iter()
                 .map(|(slot, held)| {
-                    wanted(held)
+                    (want_metrics && held.is_none())
                         .then(|| s.spawn(|| slot.get(cache, backend, experiment, sample, &mask)))
                 })
                 .collect();
@@ -861,24 +874,11 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
 
     /// Gets (or compiles) the evaluation program for batches like `sample`.
     fn prepare_eval(&mut self, sample: &E::Batch) -> Result<Arc<Compiled>> {
-        self.prepare(sample)?;
-        if let Some(eval) = self.programs.as_ref().and_then(|p| p.eval.clone()) {
-            return Ok(eval);
-        }
-        let started = Instant::now();
-        let replicas = self.backend.replicas();
-        let mask = Array::zeros(DType::F32, &[self.config.batch / replicas]);
-        let served = self.cache.get(
-            self.backend,
-            &eval_program::<E>(),
-            &self.experiment,
-            &BatchRef(&Shaped::new(sample, replicas)?, &mask, &()),
-        )?;
-        self.compile_time += started.elapsed();
-        if let Some(p) = &mut self.programs {
-            p.eval = Some(served.compiled.clone());
-        }
-        Ok(served.compiled)
+        self.prepare_programs(sample, Inventory::Evaluate)?;
+        self.programs
+            .as_ref()
+            .and_then(|p| p.eval.clone())
+            .ok_or_else(no_output)
     }
 
     /// The optimizer program's experiment, with arrays of the right types (values unused).
@@ -1148,7 +1148,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             let batch = E::Batch::from_batch(batch)?;
             let (r, mask) = self.run_eval(&batch, real, want_predictions)?;
             for (i, sum) in sums.iter_mut().enumerate() {
-                let compiled = self.metric_program(i, &batch, &mask)?;
+                let compiled = self.metric_program(i, &batch)?;
                 let mut args = batch_args(&self.trainable, &self.frozen, &batch, In::Rows(&mask));
                 args.push(In::Give(sum.take().ok_or_else(no_output)?));
                 let (out, _) = exec(&compiled, args)?;
@@ -1174,29 +1174,14 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         Ok(total)
     }
 
-    /// Device metric `i`'s program for batches like `sample`, compiled by its first use.
-    fn metric_program(
-        &mut self,
-        i: usize,
-        sample: &E::Batch,
-        mask: &Array,
-    ) -> Result<Arc<Compiled>> {
-        if let Some(c) = &self.device_metrics[i].compiled {
-            return Ok(c.clone());
-        }
-        let started = Instant::now();
-        let replicas = self.backend.replicas();
-        let local_mask = Array::zeros(mask.dtype(), &[mask.dims()[0] / replicas]);
-        let served = self.device_metrics[i].slot.get(
-            self.cache,
-            self.backend,
-            &self.experiment,
-            &Shaped::new(sample, replicas)?,
-            &local_mask,
-        )?;
-        self.compile_time += started.elapsed();
-        self.device_metrics[i].compiled = Some(served.compiled.clone());
-        Ok(served.compiled)
+    /// Device metric `i`'s program for batches like `sample`, compiled (with every other
+    /// device metric's) by the first use.
+    fn metric_program(&mut self, i: usize, sample: &E::Batch) -> Result<Arc<Compiled>> {
+        self.prepare_programs(sample, Inventory::Validate)?;
+        self.device_metrics[i]
+            .compiled
+            .clone()
+            .ok_or_else(no_output)
     }
 
     /// Trains for the configured epochs on `train`, validating on `validation` after each
@@ -1235,7 +1220,11 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 let plan = train.plan(self.config.batch, Order::Sequential)?;
                 if let Some(first) = plan.epoch(0).batches(&train).next() {
                     let first = E::Batch::from_batch(first?)?;
-                    self.prepare_programs(&first, validation.is_some())?;
+                    let inventory = match validation {
+                        Some(_) => Inventory::Validate,
+                        None => Inventory::Train,
+                    };
+                    self.prepare_programs(&first, inventory)?;
                 }
             }
             let train_loss = self.train_epoch(&train, epoch as u64)?;
