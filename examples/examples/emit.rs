@@ -103,7 +103,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(x) = xla {
         summary = summary
             .field("compile_ms_total", x.compile_ms)
-            .field("step_us_median", x.execute_us)
+            .field("grad_execute_us", x.execute_us)
             .field("max_abs_diff", x.max_diff);
     }
     println!("{summary}");

@@ -253,6 +253,7 @@ mod tests {
                     metrics: Vec::new(),
                     steps: 45,
                     step_us_median: 40.0,
+                    step_us_pipelined: 20.0,
                     seconds: 0.1,
                 })
                 .collect(),

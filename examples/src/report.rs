@@ -2,8 +2,11 @@
 //!
 //! Scripts read the last line of an example's output: an object with `example`, `backend`
 //! (`xla` or `interp`), `plugin`, `epochs`, `val_accuracy`, `cache` (hits, misses, entries,
-//! compiles, loads from the persistent cache, misses by reason), `step_us_median`,
-//! `first_step_ms` and `compile_ms_total`, plus whatever an example adds ([`Summary::field`]).
+//! compiles, loads from the persistent cache, misses by reason), `step_us_median` (a whole
+//! step, waited for), `step_us_pipelined` (an epoch's training wall time ÷ its batches, steps
+//! enqueued while earlier ones run), `first_step_ms` and `compile_ms_total`, plus whatever an
+//! example adds ([`Summary::field`]). The step figures are `null` for an example that takes
+//! no training steps.
 //!
 //! ```
 //! use nitro_examples::report::{last_json_line, Summary};
@@ -44,7 +47,7 @@ impl Summary {
     }
 
     /// The fields every example's line has, whose names and meanings scripts rely on.
-    pub const COMMON_FIELDS: [&'static str; 9] = [
+    pub const COMMON_FIELDS: [&'static str; 10] = [
         "example",
         "backend",
         "plugin",
@@ -52,6 +55,7 @@ impl Summary {
         "val_accuracy",
         "cache",
         "step_us_median",
+        "step_us_pipelined",
         "first_step_ms",
         "compile_ms_total",
     ];
@@ -66,22 +70,26 @@ impl Summary {
         fields.insert("epochs".into(), json!(0));
         fields.insert("val_accuracy".into(), Value::Null);
         fields.insert("cache".into(), Value::Null);
-        fields.insert("step_us_median".into(), json!(0.0));
+        fields.insert("step_us_median".into(), Value::Null);
+        fields.insert("step_us_pipelined".into(), Value::Null);
         fields.insert("first_step_ms".into(), json!(0.0));
         fields.insert("compile_ms_total".into(), json!(0.0));
         Summary { fields }
     }
 
-    /// The epochs of a training history: how many, the last epoch's validation accuracy, and
-    /// the median of the epochs' median step times.
+    /// The epochs of a training history: how many, the last epoch's validation accuracy, the
+    /// median of the epochs' median waited steps, and the median of their pipelined step
+    /// times.
     pub fn history(self, history: &History) -> Summary {
-        let medians: Vec<f64> = history.epochs.iter().map(|e| e.step_us_median).collect();
+        let waited: Vec<f64> = history.epochs.iter().map(|e| e.step_us_median).collect();
+        let pipelined: Vec<f64> = history.epochs.iter().map(|e| e.step_us_pipelined).collect();
         self.field("epochs", history.epochs.len())
             .field(
                 "val_accuracy",
                 history.epochs.last().and_then(|e| e.val_accuracy),
             )
-            .field("step_us_median", median(&medians))
+            .field("step_us_median", median(&waited))
+            .field("step_us_pipelined", median(&pipelined))
     }
 
     /// The compile cache's figures (`cache`, `compile_ms_total`, and `remote`: the shared
@@ -228,6 +236,7 @@ mod tests {
             metrics: Vec::new(),
             steps: 45,
             step_us_median: step_us,
+            step_us_pipelined: step_us / 2.0,
             seconds: 0.1,
         }
     }
@@ -270,6 +279,7 @@ mod tests {
         assert_eq!(v["epochs"], 3);
         assert_eq!(v["val_accuracy"], 0.95);
         assert_eq!(v["step_us_median"], 40.0);
+        assert_eq!(v["step_us_pipelined"], 20.0);
         assert_eq!(v["first_step_ms"], 250.0);
         assert_eq!(v["compile_ms_total"], 12.5);
         assert_eq!(v["cache"]["l2_loads"], 1);

@@ -61,21 +61,39 @@
 //! checkpoint.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::io::Read;
+use std::path::Path;
 
+pub use crate::error::FieldChange;
 use crate::error::{Error, Result};
 use crate::experiment::Experiment;
+use crate::files::{self, Opened, Owner};
 use crate::hash::{ContentHasher, Digest};
+use crate::optim::Optimizer;
 use crate::tree::{Array, ArrayData, DType, Node, Signature, SignatureEntry};
 
-/// The checkpoint format version this nitro writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The checkpoint format version this nitro writes and reads. Version 2 added the optimizer's
+/// identity, the epoch position, the accumulation window and the GraphConst values; version 1
+/// files are refused by name.
+pub const FORMAT_VERSION: u32 = 2;
 
 /// The prefix of optimizer-state tensor names.
 pub const OPTIMIZER_PREFIX: &str = "opt/";
+
+/// The prefix of the tensors of an open gradient-accumulation window (its gradient sums, by
+/// trainable leaf path).
+pub const WINDOW_PREFIX: &str = "acc/";
+
+/// The largest step a checkpoint may hold: the step counter is an `i64` on the device, exact
+/// over any run.
+pub const MAX_STEP: u64 = i64::MAX as u64;
+
+/// The largest header read (the `safetensors` crate's own bound).
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// The longest GraphConst value print kept in a checkpoint; longer ones are left out (a
+/// refusal then names the field by digest).
+const MAX_VALUE_PRINT: usize = 4096;
 
 /// The metadata keys of a nitro checkpoint.
 pub mod meta {
@@ -96,50 +114,72 @@ pub mod meta {
     pub const GRAPH_CONST_FIELDS: &str = "nitro.graph_const_fields";
     /// Prefix of each GraphConst field's digest (hex): `nitro.graph_const.<field>`.
     pub const GRAPH_CONST_FIELD_PREFIX: &str = "nitro.graph_const.";
+    /// Prefix of each printable GraphConst field's value (`{:#?}`):
+    /// `nitro.graph_const_value.<field>`.
+    pub const GRAPH_CONST_VALUE_PREFIX: &str = "nitro.graph_const_value.";
     /// The Device signature, as JSON (entries with `path` and `kind`).
     pub const DEVICE_SIGNATURE: &str = "nitro.device_signature";
     /// The optimizer-state names (without the prefix), as a JSON array of strings, in order.
     pub const OPTIMIZER: &str = "nitro.optimizer";
+    /// The optimizer's identity (JSON: name, constants digest, constants as printed, slot
+    /// names), when the checkpoint was taken by a training handle.
+    pub const OPTIMIZER_IDENTITY: &str = "nitro.optimizer_identity";
     /// The step (decimal).
     pub const STEP: &str = "nitro.step";
+    /// The epochs completed (decimal).
+    pub const EPOCH: &str = "nitro.epoch";
+    /// The batches of the next epoch already trained (decimal).
+    pub const EPOCH_BATCHES: &str = "nitro.epoch_batches";
+    /// An open gradient-accumulation window (JSON: micro-batches and real rows seen, and the
+    /// names of its sum tensors), when there is one.
+    pub const WINDOW: &str = "nitro.accumulation_window";
     /// The checksum (hex blake3; see the [module docs](super)).
     pub const CHECKSUM: &str = "nitro.checksum";
 }
 
-/// One GraphConst field whose digest differs between a checkpoint and an experiment.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FieldChange {
-    /// The field's name.
-    pub field: String,
-    /// Its digest in the checkpoint; `None` when the checkpoint has no such field.
-    pub stored: Option<Digest>,
-    /// Its digest in the experiment; `None` when the experiment has no such field.
-    pub current: Option<Digest>,
+/// What identifies an optimizer in a checkpoint: its name, the digest of its constants, the
+/// constants as they print, and its state slots.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct OptimizerIdentity {
+    /// [`Optimizer::name`] (`adam`, `adamw`, `nesterov`).
+    pub name: String,
+    /// The content digest of its constants.
+    pub digest: Digest,
+    /// The optimizer as `Debug` prints it (`Adam { beta1: 0.9, … }`), for messages.
+    pub constants: String,
+    /// [`Optimizer::slots`], in order.
+    pub slots: Vec<String>,
 }
 
-impl fmt::Display for FieldChange {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (&self.stored, &self.current) {
-            (Some(s), Some(c)) => {
-                write!(f, "`{}` (digest {} → {})", self.field, s.short(), c.short())
-            }
-            (Some(_), None) => write!(f, "`{}` (in the checkpoint only)", self.field),
-            (None, Some(_)) => write!(f, "`{}` (in the experiment only)", self.field),
-            (None, None) => write!(f, "`{}`", self.field),
+impl OptimizerIdentity {
+    /// The identity of `optimizer`.
+    pub fn of<O: Optimizer>(optimizer: &O) -> OptimizerIdentity {
+        OptimizerIdentity {
+            name: optimizer.name().to_owned(),
+            digest: Digest::of(optimizer),
+            constants: format!("{optimizer:?}"),
+            slots: optimizer.slots().iter().map(|s| (*s).to_owned()).collect(),
         }
     }
 }
 
-/// The changes as one line, for [`Error::CheckpointGraphConst`].
-pub(crate) fn describe_field_changes(changes: &[FieldChange]) -> String {
-    if changes.is_empty() {
-        return "none by digest (the type path or field order differs)".into();
-    }
-    changes
-        .iter()
-        .map(|c| c.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
+/// An open gradient-accumulation window: the gradient sums of the micro-batches since the
+/// last optimizer step (by trainable leaf path), how many there were and their real rows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AccumulationWindow {
+    /// Micro-batches accumulated.
+    pub micro_batches: usize,
+    /// Their real rows.
+    pub rows: usize,
+    /// The summed gradient of each trainable leaf, by its path.
+    pub sums: Vec<(String, Array)>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct WindowMeta {
+    micro_batches: usize,
+    rows: usize,
+    sums: Vec<String>,
 }
 
 /// What [`Checkpoint::restore_into`] hands back besides the Device values it wrote.
@@ -149,6 +189,14 @@ pub struct Restored {
     pub step: u64,
     /// The optimizer state, by the names it was captured with, in capture order.
     pub optimizer: Vec<(String, Array)>,
+    /// The optimizer that kept that state, when recorded.
+    pub optimizer_identity: Option<OptimizerIdentity>,
+    /// Epochs completed when it was taken.
+    pub epoch: u64,
+    /// Batches of the next epoch already trained.
+    pub epoch_batches: u64,
+    /// The open accumulation window, if any.
+    pub window: Option<AccumulationWindow>,
 }
 
 /// A snapshot of an experiment's Device values, optimizer state and step, with the identity
@@ -159,35 +207,34 @@ pub struct Checkpoint {
     schema_digest: Digest,
     graph_const_digest: Digest,
     graph_const_fields: Vec<(String, Digest)>,
+    graph_const_values: Vec<(String, String)>,
     device_signature: Signature,
     device: Vec<(String, Array)>,
     optimizer: Vec<(String, Array)>,
+    optimizer_identity: Option<OptimizerIdentity>,
+    allow_retuned: bool,
     step: u64,
+    epoch: u64,
+    epoch_batches: u64,
+    window: Option<AccumulationWindow>,
 }
 
 impl Checkpoint {
     /// Captures `experiment`'s Device leaves (copied), the optimizer state `optimizer` (by
     /// name, stored under [`OPTIMIZER_PREFIX`]) and `step`.
     ///
-    /// [`Error::CheckpointInput`] when an optimizer name is empty or repeats.
+    /// [`Error::CheckpointInput`] when an optimizer name is empty or repeats, or the step is
+    /// over [`MAX_STEP`].
     pub fn capture<E: Experiment + ?Sized>(
         experiment: &E,
         optimizer: &[(&str, &Array)],
         step: u64,
     ) -> Result<Checkpoint> {
-        for (i, (name, _)) in optimizer.iter().enumerate() {
-            if name.is_empty() {
-                return Err(Error::CheckpointInput {
-                    why: "an optimizer-state array has an empty name; name each one (`m/layers[0].w`)".into(),
-                });
-            }
-            if optimizer[..i].iter().any(|(n, _)| n == name) {
-                return Err(Error::CheckpointInput {
-                    why: format!(
-                        "optimizer-state name `{name}` is used twice; names must be unique"
-                    ),
-                });
-            }
+        unique_names(optimizer.iter().map(|(n, _)| *n), "optimizer-state")?;
+        if step > MAX_STEP {
+            return Err(Error::CheckpointInput {
+                why: format!("step {step} is over the largest step nitro counts, {MAX_STEP}"),
+            });
         }
         let mut signature = Signature::default();
         let mut device = Vec::new();
@@ -200,24 +247,82 @@ impl Checkpoint {
             }
         });
         let fields = experiment.graph_const_field_digests();
+        let graph_const_values = experiment
+            .graph_const_field_values()
+            .into_iter()
+            .filter_map(|(n, v)| Some((n.to_owned(), v.filter(|v| v.len() <= MAX_VALUE_PRINT)?)))
+            .collect();
         Ok(Checkpoint {
             experiment: E::TYPE_PATH.to_owned(),
             schema_digest: E::SCHEMA_DIGEST,
             graph_const_digest: crate::experiment::combine_graph_const::<E>(&fields),
             graph_const_fields: fields.into_iter().map(|(n, d)| (n.to_owned(), d)).collect(),
+            graph_const_values,
             device_signature: signature,
             device,
             optimizer: optimizer
                 .iter()
                 .map(|(n, a)| ((*n).to_owned(), (*a).clone()))
                 .collect(),
+            optimizer_identity: None,
+            allow_retuned: false,
             step,
+            epoch: 0,
+            epoch_batches: 0,
+            window: None,
         })
+    }
+
+    /// Records which optimizer kept the optimizer state (a training handle's checkpoints do):
+    /// a resume then refuses another optimizer, other constants or other slots.
+    pub fn with_optimizer<O: Optimizer>(mut self, optimizer: &O) -> Checkpoint {
+        self.optimizer_identity = Some(OptimizerIdentity::of(optimizer));
+        self
+    }
+
+    /// Records the position in the data: `epoch` epochs completed and `batches` batches of the
+    /// next one trained (a training handle's `fit` continues from there).
+    pub fn with_position(mut self, epoch: u64, batches: u64) -> Checkpoint {
+        self.epoch = epoch;
+        self.epoch_batches = batches;
+        self
+    }
+
+    /// Records an open gradient-accumulation window (its sums are stored under
+    /// [`WINDOW_PREFIX`]). [`Error::CheckpointInput`] when a sum's name is empty or repeats.
+    pub fn with_window(mut self, window: AccumulationWindow) -> Result<Checkpoint> {
+        unique_names(window.sums.iter().map(|(n, _)| n.as_str()), "window-sum")?;
+        self.window = Some(window);
+        Ok(self)
+    }
+
+    /// Lets a training handle resume this checkpoint with an optimizer of the same name and
+    /// slots whose constants differ (Adam with another `beta2`, say): the moments are kept and
+    /// the new constants apply from the next step. Without it such a resume is refused
+    /// ([`Error::CheckpointOptimizer`]) — constants that differ by accident are the usual case.
+    pub fn allow_retuned_optimizer(mut self) -> Checkpoint {
+        self.allow_retuned = true;
+        self
+    }
+
+    /// Whether [`allow_retuned_optimizer`](Checkpoint::allow_retuned_optimizer) was called.
+    pub fn allows_retuned_optimizer(&self) -> bool {
+        self.allow_retuned
     }
 
     /// The step.
     pub fn step(&self) -> u64 {
         self.step
+    }
+
+    /// Epochs completed when it was taken.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Batches of the next epoch trained when it was taken.
+    pub fn epoch_batches(&self) -> u64 {
+        self.epoch_batches
     }
 
     /// The experiment type path that wrote it.
@@ -240,6 +345,11 @@ impl Checkpoint {
         &self.graph_const_fields
     }
 
+    /// Each printable GraphConst field's value (`{:#?}`) when it was written.
+    pub fn graph_const_values(&self) -> &[(String, String)] {
+        &self.graph_const_values
+    }
+
     /// The Device signature when it was written.
     pub fn device_signature(&self) -> &Signature {
         &self.device_signature
@@ -255,15 +365,39 @@ impl Checkpoint {
         &self.optimizer
     }
 
+    /// The optimizer that kept the state, when recorded.
+    pub fn optimizer_identity(&self) -> Option<&OptimizerIdentity> {
+        self.optimizer_identity.as_ref()
+    }
+
+    /// The open accumulation window, if any.
+    pub fn window(&self) -> Option<&AccumulationWindow> {
+        self.window.as_ref()
+    }
+
     /// The GraphConst fields whose digests differ from `experiment`'s, in the experiment's
-    /// declaration order, then fields only the checkpoint has.
+    /// declaration order, then fields only the checkpoint has. Where both sides' values
+    /// printed, each change says what differs in them.
     pub fn graph_const_changes<E: Experiment + ?Sized>(&self, experiment: &E) -> Vec<FieldChange> {
         let current = experiment.graph_const_field_digests();
+        let values = experiment.graph_const_field_values();
         let stored: HashMap<&str, Digest> = self
             .graph_const_fields
             .iter()
             .map(|(n, d)| (n.as_str(), *d))
             .collect();
+        let stored_value = |n: &str| {
+            self.graph_const_values
+                .iter()
+                .find(|(f, _)| f == n)
+                .map(|(_, v)| v.as_str())
+        };
+        let current_value = |n: &str| {
+            values
+                .iter()
+                .find(|(f, _)| *f == n)
+                .and_then(|(_, v)| v.as_deref())
+        };
         let mut changes: Vec<FieldChange> = current
             .iter()
             .filter(|(n, d)| stored.get(n) != Some(d))
@@ -271,6 +405,10 @@ impl Checkpoint {
                 field: (*n).to_owned(),
                 stored: stored.get(n).copied(),
                 current: Some(*d),
+                diff: match (stored_value(n), current_value(n)) {
+                    (Some(old), Some(new)) => value_diff(n, old, new),
+                    _ => Vec::new(),
+                },
             })
             .collect();
         changes.extend(
@@ -281,14 +419,15 @@ impl Checkpoint {
                     field: n.clone(),
                     stored: Some(*d),
                     current: None,
+                    diff: Vec::new(),
                 }),
         );
         changes
     }
 
     /// Checks that this checkpoint can be restored into `experiment`: the same experiment
-    /// type, GraphConst digest and Device signature. The errors are those of
-    /// [`restore_into`](Checkpoint::restore_into).
+    /// type, GraphConst digest and Device signature (compared by leaf path, so a pure reorder
+    /// of fields fits). The errors are those of [`restore_into`](Checkpoint::restore_into).
     pub fn check<E: Experiment + ?Sized>(&self, experiment: &E) -> Result<()> {
         if self.experiment != E::TYPE_PATH {
             return Err(Error::CheckpointExperiment {
@@ -312,31 +451,43 @@ impl Checkpoint {
         Ok(())
     }
 
-    /// Writes every Device leaf back into `experiment` and returns the step and the optimizer
-    /// state. Checks first (see [`check`](Checkpoint::check)); on an error nothing is written.
+    /// Writes every Device leaf back into `experiment`, **by its path** (a field or tree
+    /// reordered since the checkpoint was taken gets its own values), and returns the step and
+    /// the optimizer state. Checks first (see [`check`](Checkpoint::check)); on an error
+    /// nothing is written.
     pub fn restore_into<E: Experiment + ?Sized>(self, experiment: &mut E) -> Result<Restored> {
         self.check(experiment)?;
-        let mut leaves = self.device.into_iter();
-        experiment.visit_device_mut(&mut |_, _, leaf| {
-            if let Some((_, array)) = leaves.next() {
+        let mut by_path: HashMap<String, Array> = self.device.into_iter().collect();
+        experiment.visit_device_mut(&mut |_, path, leaf| {
+            if let Some(array) = by_path.remove(path.as_str()) {
                 *leaf = array;
             }
         });
         Ok(Restored {
             step: self.step,
             optimizer: self.optimizer,
+            optimizer_identity: self.optimizer_identity,
+            epoch: self.epoch,
+            epoch_batches: self.epoch_batches,
+            window: self.window,
         })
     }
 
     /// The checkpoint as the bytes of a `safetensors` file.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let window_len = self.window.as_ref().map_or(0, |w| w.sums.len());
         let mut tensors: Vec<(String, Raw)> =
-            Vec::with_capacity(self.device.len() + self.optimizer.len());
+            Vec::with_capacity(self.device.len() + self.optimizer.len() + window_len);
         for (name, array) in &self.device {
             tensors.push((name.clone(), Raw::of(array)));
         }
         for (name, array) in &self.optimizer {
             tensors.push((format!("{OPTIMIZER_PREFIX}{name}"), Raw::of(array)));
+        }
+        if let Some(w) = &self.window {
+            for (name, array) in &w.sums {
+                tensors.push((format!("{WINDOW_PREFIX}{name}"), Raw::of(array)));
+            }
         }
         let mut metadata = BTreeMap::new();
         metadata.insert(meta::FORMAT.to_owned(), meta::FORMAT_VALUE.to_owned());
@@ -362,6 +513,12 @@ impl Checkpoint {
                 digest.to_string(),
             );
         }
+        for (name, value) in &self.graph_const_values {
+            metadata.insert(
+                format!("{}{name}", meta::GRAPH_CONST_VALUE_PREFIX),
+                value.clone(),
+            );
+        }
         let json = |e: serde_json::Error| Error::CheckpointInput {
             why: format!("cannot encode the metadata: {e}"),
         };
@@ -374,7 +531,29 @@ impl Checkpoint {
             meta::OPTIMIZER.to_owned(),
             serde_json::to_string(&opt_names).map_err(json)?,
         );
+        if let Some(id) = &self.optimizer_identity {
+            metadata.insert(
+                meta::OPTIMIZER_IDENTITY.to_owned(),
+                serde_json::to_string(id).map_err(json)?,
+            );
+        }
+        if let Some(w) = &self.window {
+            let m = WindowMeta {
+                micro_batches: w.micro_batches,
+                rows: w.rows,
+                sums: w.sums.iter().map(|(n, _)| n.clone()).collect(),
+            };
+            metadata.insert(
+                meta::WINDOW.to_owned(),
+                serde_json::to_string(&m).map_err(json)?,
+            );
+        }
         metadata.insert(meta::STEP.to_owned(), self.step.to_string());
+        metadata.insert(meta::EPOCH.to_owned(), self.epoch.to_string());
+        metadata.insert(
+            meta::EPOCH_BATCHES.to_owned(),
+            self.epoch_batches.to_string(),
+        );
         let views: Vec<(&str, safetensors::Dtype, &[usize], &[u8])> = tensors
             .iter()
             .map(|(n, r)| (n.as_str(), r.dtype, r.shape.as_slice(), r.bytes.as_slice()))
@@ -388,27 +567,114 @@ impl Checkpoint {
         })
     }
 
-    /// Writes the checkpoint to `path` atomically: into a new temporary file beside it (mode
-    /// 0600 on unix), synced, then renamed over `path`, and the directory synced. A reader sees
-    /// the old file or the new one, never a part; on an error no file is left behind.
+    /// Writes the checkpoint to `path` atomically: into a new temporary file beside it
+    /// (`<name>.tmp.<pid>.<n>`, mode 0600 on unix), synced, then renamed over `path`, and the
+    /// directory synced. A reader sees the old file or the new one, never a part; on an error
+    /// no file is left behind. Temporary files that earlier saves into the same directory left
+    /// when killed mid-write (`SIGKILL`, a file-size limit) are removed first: those whose
+    /// process is gone, and any older than an hour.
     ///
-    /// [`Error::CheckpointIo`] when the directory does not exist or cannot be written.
+    /// [`Error::CheckpointIo`] (naming `path`, and the temporary file in its message) when the
+    /// directory does not exist or cannot be written — a full disk, say.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
-        write_atomic(path.as_ref(), &self.to_bytes()?)
+        let path = path.as_ref();
+        let no_name = || Error::CheckpointIo {
+            path: path.to_path_buf(),
+            what: "write to",
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "the path names no file; pass a file path such as `run/step-100.safetensors`",
+            ),
+        };
+        let name = path.file_name().ok_or_else(no_name)?.to_owned();
+        if name == ".." || name == "." {
+            return Err(no_name());
+        }
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        // Only temporary files of checkpoints (same extension as this one) are touched.
+        let ext = path.extension().map(|e| e.to_owned());
+        files::remove_stale_temps(dir, |target| {
+            Path::new(target).extension().map(|e| e.to_owned()) == ext
+        });
+        let bytes = self.to_bytes()?;
+        files::write_atomic(path, &bytes, true).map_err(|f| Error::CheckpointIo {
+            path: path.to_path_buf(),
+            what: match f.step {
+                "create" => "create a temporary file beside",
+                "write" => "write (through a temporary file beside it)",
+                "sync" => "sync (through a temporary file beside it)",
+                _ => "rename a temporary file onto",
+            },
+            source: std::io::Error::new(
+                f.source.kind(),
+                format!("{} (temporary file {})", f.source, f.tmp.display()),
+            ),
+        })
     }
 
     /// Reads a checkpoint written by [`save`](Checkpoint::save).
     ///
-    /// [`Error::CheckpointIo`] when it cannot be read; [`Error::CheckpointCorrupt`] when it is
-    /// truncated, altered or not a nitro checkpoint of this format version.
+    /// Only a regular file is read (a FIFO, socket, device or directory is refused without
+    /// blocking on it), and only as many bytes as its header says it holds: the header's
+    /// length is read first and bounded, then the tensors' extent; a file of another length
+    /// is refused before its data is read.
+    ///
+    /// [`Error::CheckpointIo`] when it cannot be opened or read; [`Error::CheckpointCorrupt`]
+    /// when it is not a regular file, or is truncated, altered or not a nitro checkpoint of
+    /// this format version.
     pub fn load(path: impl AsRef<Path>) -> Result<Checkpoint> {
         let path = path.as_ref();
-        let bytes = std::fs::read(path).map_err(|source| Error::CheckpointIo {
-            path: path.to_path_buf(),
-            what: "read",
-            source,
-        })?;
-        Checkpoint::decode(&bytes, &format!("`{}`", path.display()))
+        let origin = format!("`{}`", path.display());
+        let io = |what: &'static str| {
+            move |source| Error::CheckpointIo {
+                path: path.to_path_buf(),
+                what,
+                source,
+            }
+        };
+        let corrupt = |why: String| Error::CheckpointCorrupt {
+            origin: origin.clone(),
+            why,
+        };
+        let (mut file, len) =
+            match files::open_regular(path, u64::MAX, Owner::Anyone).map_err(io("open"))? {
+                Opened::File(f, len) => (f, len),
+                Opened::Refused(r) => return Err(corrupt(format!("it is {}", r.why()))),
+            };
+        let mut n = [0u8; 8];
+        file.read_exact(&mut n)
+            .map_err(|_| corrupt(format!("it holds {len} bytes, too few for a header")))?;
+        let header_len = u64::from_le_bytes(n);
+        if header_len > MAX_HEADER_BYTES || header_len > len.saturating_sub(8) {
+            return Err(corrupt(format!(
+                "its header claims {header_len} bytes and the file holds {len}"
+            )));
+        }
+        let header = files::read_exactly(&mut file, header_len).map_err(io("read"))?;
+        let extent = data_extent(&header).map_err(|why| corrupt(format!("its header {why}")))?;
+        let expected = 8u64
+            .checked_add(header_len)
+            .and_then(|n| n.checked_add(extent));
+        if expected != Some(len) {
+            return Err(corrupt(format!(
+                "its header describes {} bytes and the file holds {len}",
+                expected.map_or_else(|| "more than 2^64".to_owned(), |n| n.to_string())
+            )));
+        }
+        let mut bytes = Vec::new();
+        bytes
+            .try_reserve_exact(usize::try_from(len).unwrap_or(usize::MAX))
+            .map_err(|_| io("read")(std::io::Error::from(std::io::ErrorKind::OutOfMemory)))?;
+        bytes.extend_from_slice(&n);
+        bytes.extend_from_slice(&header);
+        drop(header);
+        let data = files::read_exactly(&mut file, extent).map_err(io("read"))?;
+        bytes.extend_from_slice(&data);
+        drop(data);
+        Checkpoint::decode(&bytes, &origin)
     }
 
     /// Reads a checkpoint from the bytes of a file; errors as [`load`](Checkpoint::load).
@@ -441,7 +707,9 @@ impl Checkpoint {
         let version = get(meta::VERSION)?;
         if version != &FORMAT_VERSION.to_string() {
             return Err(corrupt(format!(
-                "it has format version {version}, and this nitro reads version {FORMAT_VERSION}"
+                "it has format version {version}, and this nitro reads version {FORMAT_VERSION} \
+                 (version 1 recorded neither the optimizer's identity nor the epoch; resume it \
+                 with the nitro that wrote it and take a new checkpoint)"
             )));
         }
         let stored_checksum = get(meta::CHECKSUM)?;
@@ -475,6 +743,11 @@ impl Checkpoint {
                 .parse::<Digest>()
                 .map_err(|_| corrupt(format!("`{key}` is not a digest")))
         };
+        let number = |key: &str| -> Result<u64> {
+            get(key)?
+                .parse::<u64>()
+                .map_err(|_| corrupt(format!("`{key}` is not a number")))
+        };
         let field_names = get(meta::GRAPH_CONST_FIELDS)?;
         let graph_const_fields = field_names
             .split(',')
@@ -486,13 +759,39 @@ impl Checkpoint {
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
+        let graph_const_values = graph_const_fields
+            .iter()
+            .filter_map(|(n, _)| {
+                let v = metadata.get(&format!("{}{n}", meta::GRAPH_CONST_VALUE_PREFIX))?;
+                Some((n.clone(), v.clone()))
+            })
+            .collect();
         let device_signature: Signature = serde_json::from_str(get(meta::DEVICE_SIGNATURE)?)
             .map_err(|e| corrupt(format!("the Device signature is unreadable ({e})")))?;
         let opt_names: Vec<String> = serde_json::from_str(get(meta::OPTIMIZER)?)
             .map_err(|e| corrupt(format!("the optimizer-state names are unreadable ({e})")))?;
-        let step = get(meta::STEP)?
-            .parse::<u64>()
-            .map_err(|_| corrupt("the step is not a number".into()))?;
+        let optimizer_identity =
+            match metadata.get(meta::OPTIMIZER_IDENTITY) {
+                Some(json) => Some(serde_json::from_str::<OptimizerIdentity>(json).map_err(
+                    |e| corrupt(format!("the optimizer's identity is unreadable ({e})")),
+                )?),
+                None => None,
+            };
+        let window_meta = match metadata.get(meta::WINDOW) {
+            Some(json) => Some(
+                serde_json::from_str::<WindowMeta>(json)
+                    .map_err(|e| corrupt(format!("the accumulation window is unreadable ({e})")))?,
+            ),
+            None => None,
+        };
+        let step = number(meta::STEP)?;
+        if step > MAX_STEP {
+            return Err(corrupt(format!(
+                "its step {step} is over the largest step nitro counts, {MAX_STEP}"
+            )));
+        }
+        let epoch = number(meta::EPOCH)?;
+        let epoch_batches = number(meta::EPOCH_BATCHES)?;
         let tensors: HashMap<&str, &safetensors::tensor::TensorView<'_>> =
             views.iter().map(|(n, t)| (*n, t)).collect();
         let array = |name: &str| -> Result<Array> {
@@ -517,9 +816,26 @@ impl Checkpoint {
             let a = array(&format!("{OPTIMIZER_PREFIX}{name}"))?;
             optimizer.push((name, a));
         }
-        if device.len() + optimizer.len() != names.len() {
+        let window = match window_meta {
+            Some(m) => {
+                let mut sums = Vec::new();
+                for name in m.sums {
+                    let a = array(&format!("{WINDOW_PREFIX}{name}"))?;
+                    sums.push((name, a));
+                }
+                Some(AccumulationWindow {
+                    micro_batches: m.micro_batches,
+                    rows: m.rows,
+                    sums,
+                })
+            }
+            None => None,
+        };
+        let listed = device.len() + optimizer.len() + window.as_ref().map_or(0, |w| w.sums.len());
+        if listed != names.len() {
             return Err(corrupt(
-                "it holds tensors that neither the Device signature nor the optimizer names list"
+                "it holds tensors that neither the Device signature, the optimizer names nor \
+                 the accumulation window list"
                     .into(),
             ));
         }
@@ -528,12 +844,188 @@ impl Checkpoint {
             schema_digest: digest(meta::SCHEMA_DIGEST)?,
             graph_const_digest: digest(meta::GRAPH_CONST_DIGEST)?,
             graph_const_fields,
+            graph_const_values,
             device_signature,
             device,
             optimizer,
+            optimizer_identity,
+            allow_retuned: false,
             step,
+            epoch,
+            epoch_batches,
+            window,
         })
     }
+}
+
+/// [`Error::CheckpointInput`] unless every name is non-empty and used once.
+fn unique_names<'a>(names: impl Iterator<Item = &'a str>, what: &str) -> Result<()> {
+    let mut seen = std::collections::HashSet::new();
+    for name in names {
+        if name.is_empty() {
+            return Err(Error::CheckpointInput {
+                why: format!("an {what} array has an empty name; name each one (`m/layers[0].w`)"),
+            });
+        }
+        if !seen.insert(name) {
+            return Err(Error::CheckpointInput {
+                why: format!("{what} name `{name}` is used twice; names must be unique"),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The bytes of tensor data a safetensors header describes: the largest end offset of its
+/// tensors. The error completes "its header …".
+fn data_extent(header: &[u8]) -> std::result::Result<u64, String> {
+    let json: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(header).map_err(|e| format!("is not a JSON object ({e})"))?;
+    let mut end = 0u64;
+    for (name, entry) in &json {
+        if name == "__metadata__" {
+            continue;
+        }
+        let offsets = entry
+            .get("data_offsets")
+            .and_then(|o| o.as_array())
+            .filter(|o| o.len() == 2)
+            .and_then(|o| Some((o[0].as_u64()?, o[1].as_u64()?)))
+            .ok_or_else(|| format!("gives tensor `{name}` no valid data offsets"))?;
+        if offsets.0 > offsets.1 {
+            return Err(format!("gives tensor `{name}` offsets that run backwards"));
+        }
+        end = end.max(offsets.1);
+    }
+    Ok(end)
+}
+
+/// What differs between two `{:#?}` prints of a GraphConst field, one line per differing
+/// value by its path inside the field (`arch.hidden: 128 → 64`); the whole values when the
+/// prints do not parse as nested `Debug` structure; a note when they print alike.
+fn value_diff(field: &str, old: &str, new: &str) -> Vec<String> {
+    const MAX_LINES: usize = 8;
+    let flat = |v: &str| v.split_whitespace().collect::<Vec<_>>().join(" ");
+    if old == new {
+        return vec![format!(
+            "{field} prints identically on both sides ({}), yet its content hash differs: a \
+             difference its Debug output does not show",
+            clip(&flat(old))
+        )];
+    }
+    let (Some(a), Some(b)) = (debug_leaves(field, old), debug_leaves(field, new)) else {
+        return vec![format!(
+            "{field}: {} → {}",
+            clip(&flat(old)),
+            clip(&flat(new))
+        )];
+    };
+    let before: HashMap<&str, &str> = a.iter().map(|(p, v)| (p.as_str(), v.as_str())).collect();
+    let after: HashMap<&str, &str> = b.iter().map(|(p, v)| (p.as_str(), v.as_str())).collect();
+    let mut lines = Vec::new();
+    for (path, value) in &b {
+        match before.get(path.as_str()) {
+            Some(v) if v == value => {}
+            Some(v) => lines.push(format!("{path}: {} → {}", clip(v), clip(value))),
+            None => lines.push(format!("{path}: (absent) → {}", clip(value))),
+        }
+    }
+    for (path, value) in &a {
+        if !after.contains_key(path.as_str()) {
+            lines.push(format!("{path}: {} → (absent)", clip(value)));
+        }
+    }
+    if lines.is_empty() {
+        // Same leaves, other structure (a variant's name, say): show the whole values.
+        return vec![format!(
+            "{field}: {} → {}",
+            clip(&flat(old)),
+            clip(&flat(new))
+        )];
+    }
+    if lines.len() > MAX_LINES {
+        let more = lines.len() - MAX_LINES;
+        lines.truncate(MAX_LINES);
+        lines.push(format!("and {more} more"));
+    }
+    lines
+}
+
+/// `s`, cut to at most 120 characters.
+fn clip(s: &str) -> String {
+    const MAX: usize = 120;
+    if s.chars().count() <= MAX {
+        return s.to_owned();
+    }
+    let cut: String = s.chars().take(MAX).collect();
+    format!("{cut}…")
+}
+
+/// The leaf values of a `{:#?}` print with their paths from `root` (`arch.layers[1]`), or
+/// `None` when it is not the nested structure pretty `Debug` prints.
+fn debug_leaves(root: &str, text: &str) -> Option<Vec<(String, String)>> {
+    let lines: Vec<&str> = text.lines().collect();
+    let opens = |v: &str| v.ends_with('{') || v.ends_with('[') || v.ends_with('(');
+    let closes = |v: &str| matches!(v, "}" | "]" | ")");
+    let first = lines.first()?.trim();
+    if lines.len() == 1 {
+        return Some(vec![(root.to_owned(), first.to_owned())]);
+    }
+    if !opens(first) {
+        return None;
+    }
+    // (path, next index of an unnamed child)
+    let mut stack: Vec<(String, usize)> = vec![(root.to_owned(), 0)];
+    let mut out = Vec::new();
+    for line in &lines[1..] {
+        let t = line.trim();
+        let t = t.strip_suffix(',').unwrap_or(t);
+        if closes(t) {
+            stack.pop();
+            continue;
+        }
+        let top = stack.last_mut()?;
+        let (path, value) = match split_key(t) {
+            Some((key, value)) => (format!("{}.{key}", top.0), value),
+            None => {
+                let i = top.1;
+                top.1 += 1;
+                (format!("{}[{i}]", top.0), t)
+            }
+        };
+        if opens(value) {
+            stack.push((path, 0));
+        } else {
+            out.push((path, value.to_owned()));
+        }
+    }
+    stack.is_empty().then_some(out)
+}
+
+/// `key: value` where the key is an identifier or a quoted string (a map's key).
+fn split_key(t: &str) -> Option<(&str, &str)> {
+    let end = if t.starts_with('"') {
+        let mut escaped = false;
+        let mut end = None;
+        for (i, c) in t.char_indices().skip(1) {
+            match c {
+                '\\' if !escaped => escaped = true,
+                '"' if !escaped => {
+                    end = Some(i + 1);
+                    break;
+                }
+                _ => escaped = false,
+            }
+        }
+        end?
+    } else {
+        t.find(|c: char| !(c.is_alphanumeric() || c == '_'))?
+    };
+    if end == 0 {
+        return None;
+    }
+    let rest = t[end..].strip_prefix(": ")?;
+    Some((&t[..end], rest))
 }
 
 /// A tensor's bytes in safetensors' encoding (little-endian, row-major, bools as 0/1 bytes).
@@ -659,54 +1151,6 @@ fn checksum<'a>(
         h.write_bytes(bytes);
     }
     h.finish()
-}
-
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let io = |path: &Path, what: &'static str| {
-        let path = path.to_path_buf();
-        move |source| Error::CheckpointIo { path, what, source }
-    };
-    let name = path
-        .file_name()
-        .ok_or_else(|| Error::CheckpointIo {
-            path: path.to_path_buf(),
-            what: "write to",
-            source: std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "the path names no file; pass a file path such as `run/step-100.safetensors`",
-            ),
-        })?
-        .to_string_lossy()
-        .into_owned();
-    let dir: PathBuf = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-    let tmp = dir.join(format!(".{name}.tmp-{}-{n}", std::process::id()));
-    let result = (|| {
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true).create_new(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let mut file = options.open(&tmp).map_err(io(&tmp, "create"))?;
-        file.write_all(bytes).map_err(io(&tmp, "write"))?;
-        file.sync_all().map_err(io(&tmp, "sync"))?;
-        drop(file);
-        std::fs::rename(&tmp, path).map_err(io(path, "rename the temporary file onto"))?;
-        // Make the rename itself durable (directories can be opened and synced on unix).
-        #[cfg(unix)]
-        if let Ok(d) = std::fs::File::open(&dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }
 
 /// One array as a safetensors file holding one tensor, `value` (a cached stage's stored

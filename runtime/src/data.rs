@@ -212,31 +212,21 @@ impl Dataset {
     /// something other than integers (`i32`, `i64`, `u8`).
     pub fn check_labels(&self, column: &str, classes: usize) -> Result<()> {
         let array = self.column(column)?;
-        let per_row = row_stride(array);
-        let bad = |index: usize, value: i64| Error::LabelOutOfRange {
-            column: column.to_owned(),
-            row: index.checked_div(per_row).unwrap_or(0),
-            value,
-            classes,
-        };
-        let in_range = |v: i64| v >= 0 && (v as u64) < classes as u64;
-        match array.data() {
-            ArrayData::I32(v) => {
-                first_bad(v, |&x| in_range(x.into())).map_or(Ok(()), |(i, x)| Err(bad(i, x.into())))
-            }
-            ArrayData::I64(v) => {
-                first_bad(v, |&x| in_range(x)).map_or(Ok(()), |(i, x)| Err(bad(i, x)))
-            }
-            ArrayData::U8(v) => {
-                first_bad(v, |&x| in_range(x.into())).map_or(Ok(()), |(i, x)| Err(bad(i, x.into())))
-            }
-            _ => Err(Error::DatasetColumn {
+        match first_label_outside(array, classes, array.dims().first().copied().unwrap_or(0)) {
+            Some(Ok((row, value))) => Err(Error::LabelOutOfRange {
+                column: column.to_owned(),
+                row,
+                value,
+                classes,
+            }),
+            Some(Err(())) => Err(Error::DatasetColumn {
                 column: column.to_owned(),
                 problem: format!(
                     "holds {} values, not class labels; labels must be i32, i64 or u8",
                     array.dtype()
                 ),
             }),
+            None => Ok(()),
         }
     }
 
@@ -320,11 +310,35 @@ impl Dataset {
             });
         }
         self.check_indices(indices)?;
+        // A batch far larger than its rows (a mistyped size) is a typed error, never an abort:
+        // its size is computed without overflow and every allocation is fallible.
+        let row_bytes: u64 = self
+            .columns
+            .iter()
+            .map(|(_, a)| (row_stride(a) * a.dtype().size_bytes()) as u64)
+            .sum::<u64>()
+            + 4;
+        let bytes = row_bytes.checked_mul(batch_size as u64);
+        if bytes.is_none_or(|b| b > crate::MAX_TENSOR_BYTES) {
+            return Err(Error::InvalidDataArgument {
+                what: format!(
+                    "a batch of {batch_size} rows of {row_bytes} bytes each is over nitro's \
+                     size limit (nitro::MAX_TENSOR_BYTES); use a smaller batch"
+                ),
+            });
+        }
         let padded: Vec<usize>;
         let rows = if real == batch_size {
             indices
         } else {
-            padded = (0..batch_size).map(|i| indices[i % real]).collect();
+            let mut p = Vec::new();
+            p.try_reserve_exact(batch_size)
+                .map_err(|_| Error::OutOfMemory {
+                    what: format!("a batch of {batch_size} rows"),
+                    bytes: bytes.unwrap_or(u64::MAX),
+                })?;
+            p.extend((0..batch_size).map(|i| indices[i % real]));
+            padded = p;
             &padded
         };
         let columns = self
@@ -332,9 +346,13 @@ impl Dataset {
             .iter()
             .map(|(name, array)| Ok((name.clone(), gather_rows(array, rows)?)))
             .collect::<Result<Vec<_>>>()?;
-        let mask = (0..batch_size)
-            .map(|i| if i < real { 1.0f32 } else { 0.0 })
-            .collect();
+        let mut mask = Vec::new();
+        mask.try_reserve_exact(batch_size)
+            .map_err(|_| Error::OutOfMemory {
+                what: format!("the mask of a batch of {batch_size} rows"),
+                bytes: 4 * batch_size as u64,
+            })?;
+        mask.extend((0..batch_size).map(|i| if i < real { 1.0f32 } else { 0.0 }));
         Ok(Batch {
             columns,
             mask: Array::from_vec(&[batch_size], mask)?,
@@ -708,6 +726,28 @@ fn row_stride(array: &Array) -> usize {
     array.dims().iter().skip(1).product()
 }
 
+/// The first of the first `rows` rows of `array` holding a label outside `0..classes`: its row
+/// and value; `Some(Err(()))` when `array` does not hold integers; `None` when all fit.
+pub(crate) fn first_label_outside(
+    array: &Array,
+    classes: usize,
+    rows: usize,
+) -> Option<std::result::Result<(usize, i64), ()>> {
+    let per_row = row_stride(array);
+    let n = rows.saturating_mul(per_row);
+    let in_range = |v: i64| v >= 0 && (v as u64) < classes as u64;
+    let found =
+        match array.data() {
+            ArrayData::I32(v) => first_bad(&v[..n.min(v.len())], |&x| in_range(x.into()))
+                .map(|(i, x)| (i, i64::from(x))),
+            ArrayData::I64(v) => first_bad(&v[..n.min(v.len())], |&x| in_range(x)),
+            ArrayData::U8(v) => first_bad(&v[..n.min(v.len())], |&x| in_range(x.into()))
+                .map(|(i, x)| (i, i64::from(x))),
+            _ => return Some(Err(())),
+        };
+    found.map(|(i, value)| Ok((i.checked_div(per_row).unwrap_or(0), value)))
+}
+
 fn first_bad<T: Copy>(values: &[T], ok: impl Fn(&T) -> bool) -> Option<(usize, T)> {
     values.iter().position(|v| !ok(v)).map(|i| (i, values[i]))
 }
@@ -717,21 +757,26 @@ fn first_bad<T: Copy>(values: &[T], ok: impl Fn(&T) -> bool) -> Option<(usize, T
 /// The rows at `rows` (indices into the first dim, each in range) of `array`, copied in that
 /// order into a new array.
 pub(crate) fn gather_rows(array: &Array, rows: &[usize]) -> Result<Array> {
-    fn copy<T: Copy>(src: &[T], stride: usize, rows: &[usize]) -> Vec<T> {
-        let mut out = Vec::with_capacity(stride * rows.len());
+    fn copy<T: Copy>(src: &[T], stride: usize, rows: &[usize]) -> Result<Vec<T>> {
+        let n = stride.checked_mul(rows.len()).unwrap_or(usize::MAX);
+        let mut out = Vec::new();
+        out.try_reserve_exact(n).map_err(|_| Error::OutOfMemory {
+            what: format!("{} gathered rows", rows.len()),
+            bytes: (n as u64).saturating_mul(std::mem::size_of::<T>() as u64),
+        })?;
         for &r in rows {
             out.extend_from_slice(&src[r * stride..(r + 1) * stride]);
         }
-        out
+        Ok(out)
     }
     let stride = row_stride(array);
     let data = match array.data() {
-        ArrayData::F32(v) => ArrayData::F32(copy(v, stride, rows)),
-        ArrayData::F64(v) => ArrayData::F64(copy(v, stride, rows)),
-        ArrayData::I32(v) => ArrayData::I32(copy(v, stride, rows)),
-        ArrayData::I64(v) => ArrayData::I64(copy(v, stride, rows)),
-        ArrayData::U8(v) => ArrayData::U8(copy(v, stride, rows)),
-        ArrayData::Bool(v) => ArrayData::Bool(copy(v, stride, rows)),
+        ArrayData::F32(v) => ArrayData::F32(copy(v, stride, rows)?),
+        ArrayData::F64(v) => ArrayData::F64(copy(v, stride, rows)?),
+        ArrayData::I32(v) => ArrayData::I32(copy(v, stride, rows)?),
+        ArrayData::I64(v) => ArrayData::I64(copy(v, stride, rows)?),
+        ArrayData::U8(v) => ArrayData::U8(copy(v, stride, rows)?),
+        ArrayData::Bool(v) => ArrayData::Bool(copy(v, stride, rows)?),
     };
     let mut dims = array.dims().to_vec();
     dims[0] = rows.len();

@@ -474,7 +474,7 @@ pub enum Error {
          differ: {}; resume with the GraphConst values it was written with, or start a new run",
         stored.short(),
         current.short(),
-        crate::checkpoint::describe_field_changes(fields)
+        describe_field_changes(fields)
     )]
     CheckpointGraphConst {
         /// The experiment type.
@@ -484,7 +484,7 @@ pub enum Error {
         /// The experiment's GraphConst digest.
         current: crate::Digest,
         /// The fields whose digests differ (or that one side lacks).
-        fields: Vec<crate::checkpoint::FieldChange>,
+        fields: Vec<FieldChange>,
     },
 
     /// A checkpoint's Device leaves do not fit the experiment's Device fields.
@@ -496,6 +496,38 @@ pub enum Error {
     CheckpointDevice {
         /// Each difference, from the checkpoint to the experiment, by leaf path.
         changes: Vec<crate::tree::SignatureChange>,
+    },
+
+    /// A checkpoint's optimizer (its name, constants or state) does not fit the handle resuming
+    /// it.
+    #[error(
+        "cannot resume: {why} (the checkpoint's optimizer: {stored}; this handle's: {current}); \
+         resume with the optimizer the checkpoint was taken with{}",
+        if *retunable {
+            ", or call `Checkpoint::allow_retuned_optimizer` to keep the state under new constants"
+        } else {
+            ""
+        }
+    )]
+    CheckpointOptimizer {
+        /// The checkpoint's optimizer (name and constants, as it printed).
+        stored: String,
+        /// The handle's optimizer.
+        current: String,
+        /// What does not fit, naming the array or field.
+        why: String,
+        /// Whether only the constants differ (the opt-in would accept it).
+        retunable: bool,
+    },
+
+    /// A data set with no rows was given to train or validate on.
+    #[error(
+        "{which} has no rows: training or validating on it would report a loss of 0 from no \
+         steps; pass a data set with at least one row"
+    )]
+    EmptyData {
+        /// Which data set (`the training data`, `the validation data`).
+        which: String,
     },
 
     /// A shared compile cache (`NITRO_CACHE_REMOTE`) was asked for without a signing key:
@@ -579,6 +611,49 @@ pub enum Error {
         /// The chunk's rows.
         rows: usize,
     },
+}
+
+/// One GraphConst field whose digest differs between a checkpoint and an experiment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldChange {
+    /// The field's name.
+    pub field: String,
+    /// Its digest in the checkpoint; `None` when the checkpoint has no such field.
+    pub stored: Option<crate::Digest>,
+    /// Its digest in the experiment; `None` when the experiment has no such field.
+    pub current: Option<crate::Digest>,
+    /// What differs in the values, as printed by `Debug` on both sides (`arch.hidden: 128 →
+    /// 64`), one line per difference; empty when a side's value was not printable (its type
+    /// is not `Debug`, or it printed too long to keep).
+    pub diff: Vec<String>,
+}
+
+impl std::fmt::Display for FieldChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.stored, &self.current) {
+            (Some(_), Some(_)) if !self.diff.is_empty() => {
+                write!(f, "`{}` ({})", self.field, self.diff.join("; "))
+            }
+            (Some(s), Some(c)) => {
+                write!(f, "`{}` (digest {} → {})", self.field, s.short(), c.short())
+            }
+            (Some(_), None) => write!(f, "`{}` (in the checkpoint only)", self.field),
+            (None, Some(_)) => write!(f, "`{}` (in the experiment only)", self.field),
+            (None, None) => write!(f, "`{}`", self.field),
+        }
+    }
+}
+
+/// The changes as one line, for [`Error::CheckpointGraphConst`].
+fn describe_field_changes(changes: &[FieldChange]) -> String {
+    if changes.is_empty() {
+        return "none by digest (the type path or field order differs)".into();
+    }
+    changes
+        .iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn describe_trace(e: &crate::trace::TraceError) -> String {

@@ -127,6 +127,14 @@ pub trait Experiment {
     /// compiled programs so that a miss can name the fields that moved.
     fn graph_const_field_digests(&self) -> Vec<(&'static str, Digest)>;
 
+    /// Each GraphConst field's value as `{:#?}` prints it, in declaration order, where the
+    /// field's type is `Debug` (`None` where it is not): checkpoints keep them, so a resume
+    /// refused for a changed GraphConst can say what changed (`arch.hidden: 128 → 64`).
+    /// `#[experiment]` generates it; the default prints nothing.
+    fn graph_const_field_values(&self) -> Vec<(&'static str, Option<String>)> {
+        Vec::new()
+    }
+
     /// Walks every Device field's tree in declaration order, with paths rooted at the field name.
     fn visit_device<'a>(&'a self, f: &mut dyn FnMut(&FieldInfo, &LeafPath, Node<'a>));
 

@@ -54,6 +54,7 @@ pub mod data;
 pub mod emit;
 pub mod error;
 pub mod experiment;
+mod files;
 pub mod hash;
 pub mod init;
 pub mod optim;
@@ -228,6 +229,35 @@ pub mod __private {
 
     /// Names the `Tree` requirement of a Device field at the field's span.
     pub const fn require_tree<T: ?Sized + Tree>() {}
+
+    /// A GraphConst field's value, printed where its type is `Debug` and `None` elsewhere
+    /// (method resolution picks [`Printable`] for `&DebugProbe<T: Debug>`, and falls back to
+    /// [`Unprintable`] through one more reference otherwise — without requiring `Debug`).
+    pub struct DebugProbe<'a, T: ?Sized>(pub &'a T);
+
+    /// The `Debug` side of [`DebugProbe`].
+    pub trait Printable {
+        /// The value, `{:#?}`.
+        fn nitro_print(&self) -> Option<String>;
+    }
+
+    impl<T: ?Sized + fmt::Debug> Printable for DebugProbe<'_, T> {
+        fn nitro_print(&self) -> Option<String> {
+            Some(format!("{:#?}", self.0))
+        }
+    }
+
+    /// The fallback side of [`DebugProbe`].
+    pub trait Unprintable {
+        /// Nothing: the type is not `Debug`.
+        fn nitro_print(&self) -> Option<String>;
+    }
+
+    impl<T: ?Sized> Unprintable for &DebugProbe<'_, T> {
+        fn nitro_print(&self) -> Option<String> {
+            None
+        }
+    }
 }
 
 /// The README's example, compiled as a doctest so it stays true.

@@ -242,7 +242,7 @@ fn the_file_is_plain_safetensors_with_documented_names() {
     let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
     let md = header.metadata().as_ref().unwrap();
     assert_eq!(md[meta::FORMAT], meta::FORMAT_VALUE);
-    assert_eq!(md[meta::VERSION], "1");
+    assert_eq!(md[meta::VERSION], "2");
     assert_eq!(md[meta::STEP], "5");
     assert_eq!(md[meta::EXPERIMENT], Net::TYPE_PATH);
     assert_eq!(md[meta::SCHEMA_DIGEST], Net::SCHEMA_DIGEST.to_string());

@@ -73,6 +73,12 @@ pub(crate) fn expand(input: &mut syn::DeriveInput, fields: &[Field]) -> TokenStr
         quote_spanned!(ty.span()=> (#n, graph_const_must_be_content_hash::<#ty>(&self.#ident)))
     });
 
+    let gc_values = graph_consts.iter().map(|f| {
+        let ident = &f.ident;
+        let n = &f.name;
+        quote!((#n, (&#p::DebugProbe(&self.#ident)).nitro_print()))
+    });
+
     let visit = devices.iter().map(|(i, f)| {
         let (ident, ty, n) = (&f.ident, &f.ty, &f.name);
         quote_spanned!(ty.span()=>
@@ -176,6 +182,12 @@ pub(crate) fn expand(input: &mut syn::DeriveInput, fields: &[Field]) -> TokenStr
                         #p::Digest::of(value)
                     }
                     ::std::vec![#(#gc_digests),*]
+                }
+
+                fn graph_const_field_values(&self) -> #p::Vec<(&'static ::core::primitive::str, #p::Option<::std::string::String>)> {
+                    #[allow(unused_imports)]
+                    use #p::{Printable as _, Unprintable as _};
+                    ::std::vec![#(#gc_values),*]
                 }
 
                 #[allow(unused_variables)]

@@ -142,6 +142,8 @@ pub struct Compiled {
     pub inputs: Signature,
     /// The output types.
     pub outputs: Vec<crate::tree::LeafType>,
+    /// The inputs the program reads as class indices ([`crate::trace::Graph::class_inputs`]).
+    pub class_inputs: Vec<crate::trace::ClassInput>,
     /// The backend executable.
     pub executable: Box<dyn Executable>,
     /// Compile (or load) time.
@@ -508,7 +510,7 @@ fn local_store(key: Option<[u8; 32]>) -> Result<Option<DirStore>> {
 /// asks), else `~/.cache` on Linux, `~/Library/Caches` on macOS, `{FOLDERID_LocalAppData}` on
 /// Windows. The home directory is found without `HOME` where the platform allows.
 pub fn default_cache_dir() -> Option<std::path::PathBuf> {
-    dirs::cache_dir().map(|d| d.join("nitro"))
+    crate::files::default_cache_dir()
 }
 
 /// The process-wide cache's statistics.
@@ -947,6 +949,7 @@ impl Cache {
             fingerprint: traced.fingerprint,
             inputs: traced.inputs,
             outputs: traced.outputs,
+            class_inputs: traced.graph.class_inputs.clone(),
             executable,
             build_time,
         });

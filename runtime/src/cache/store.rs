@@ -20,18 +20,19 @@
 //! - **No stampede.** [`Store::lock`] takes an exclusive OS file lock per key; it is released
 //!   when the holder exits or dies, so a crashed compiler never blocks the others.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::error::{Error, Result};
+use crate::files::{self, Opened, Owner, Refusal, Untrusted, TEMP_MARK};
+use crate::files::{private_dir_builder, private_file};
 use crate::hash::Digest;
 
 const MAGIC: &[u8; 8] = b"NITROC1\n";
 const ENTRY_EXT: &str = "entry";
-const TEMP_MARK: &str = ".tmp.";
 /// The subdirectory of per-program records.
 const PROGRAMS: &str = "programs";
 /// The largest program record read back (records are a few KiB).
@@ -324,7 +325,6 @@ impl std::fmt::Debug for DirStore {
     }
 }
 
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// Record writes in this process, to check the records' bound every few writes.
 static RECORD_WRITES: AtomicU64 = AtomicU64::new(0);
 /// The records' bound is checked every this many writes, so at most `MAX_RECORDS +
@@ -420,36 +420,10 @@ impl DirStore {
         self.evict_to(self.capacity, false).len()
     }
 
+    /// Removes temporary files left by writers that died ([`files::remove_stale_temps`]).
     fn remove_stale_temps(&self) {
         for dir in [self.dir.clone(), self.dir.join(PROGRAMS)] {
-            let Ok(rd) = fs::read_dir(&dir) else { continue };
-            for e in rd.filter_map(|e| e.ok()) {
-                let name = e.file_name();
-                let Some(name) = name.to_str() else { continue };
-                let Some(pos) = name.find(TEMP_MARK) else {
-                    continue;
-                };
-                // `<name>.tmp.<pid>.<n>`: remove when its writer is gone (or after an hour).
-                let pid: Option<u32> = name[pos + TEMP_MARK.len()..]
-                    .split('.')
-                    .next()
-                    .and_then(|p| p.parse().ok());
-                // Liveness is read from /proc; where there is none, a temp file is assumed to
-                // belong to a live writer and is removed only once it is old.
-                let proc_fs = Path::new("/proc/self").exists();
-                let alive = pid.is_some_and(|p| {
-                    p == std::process::id() || !proc_fs || Path::new(&format!("/proc/{p}")).exists()
-                });
-                let old = e
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| t.elapsed().ok())
-                    .is_some_and(|age| age > Duration::from_secs(3600));
-                if !alive || old {
-                    let _ = fs::remove_file(e.path());
-                }
-            }
+            files::remove_stale_temps(&dir, |_| true);
         }
     }
 }
@@ -712,14 +686,7 @@ fn read_meta(path: &Path) -> Option<EntryMeta> {
 /// Reads the `len` bytes of an opened entry, reserving memory fallibly (a huge length is an
 /// error, never an abort).
 fn read_all(file: &mut File, len: u64) -> std::io::Result<Vec<u8>> {
-    let mut bytes = Vec::new();
-    let n =
-        usize::try_from(len).map_err(|_| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
-    bytes
-        .try_reserve_exact(n)
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
-    file.take(len).read_to_end(&mut bytes)?;
-    Ok(bytes)
+    files::read_exactly(file, len)
 }
 
 /// The checksum of `bytes`: blake3, keyed with `signing_key` when there is one.
@@ -840,58 +807,38 @@ pub(crate) fn decode_entry(
     })
 }
 
-/// Refuses a directory other users can write: its entries are native code we would run. Other
-/// users can write a directory that is group- or world-writable, and one that they own (unless
-/// that is root, who can write anything anyway).
+/// Refuses a directory other users can write: its entries are native code we would run.
 fn check_trust(dir: &Path) -> Result<()> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        let meta = fs::metadata(dir).map_err(|e| Error::CacheIo {
+    match files::check_private_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(Untrusted::Unreadable(e)) => Err(Error::CacheIo {
             path: dir.to_path_buf(),
             what: "read the cache directory's permissions".into(),
             source: e,
-        })?;
-        let mode = meta.permissions().mode();
-        if mode & 0o022 != 0 {
-            return Err(Error::CacheUntrusted {
-                path: dir.to_path_buf(),
-                why: format!(
-                    "it is writable by {} (mode {:o}); cached executables are native code, so only \
-                     its owner may write it — run `chmod go-w` on it, or choose another NITRO_CACHE_DIR",
-                    if mode & 0o002 != 0 { "every user" } else { "its group" },
-                    mode & 0o777
-                ),
-            });
-        }
-        let owner = meta.uid();
-        if owner != 0 {
-            let me = effective_uid();
-            if owner != me {
-                return Err(Error::CacheUntrusted {
-                    path: dir.to_path_buf(),
-                    why: format!(
-                        "it belongs to another user (uid {owner}, this process runs as uid {me}); \
-                         cached executables are native code, so use a cache directory you own \
-                         (set NITRO_CACHE_DIR)"
-                    ),
-                });
-            }
-        }
+        }),
+        Err(Untrusted::Writable { by, mode }) => Err(Error::CacheUntrusted {
+            path: dir.to_path_buf(),
+            why: format!(
+                "it is writable by {by} (mode {mode:o}); cached executables are native code, so \
+                 only its owner may write it — run `chmod go-w` on it, or choose another \
+                 NITRO_CACHE_DIR"
+            ),
+        }),
+        Err(Untrusted::OtherOwner { owner, me }) => Err(Error::CacheUntrusted {
+            path: dir.to_path_buf(),
+            why: format!(
+                "it belongs to another user (uid {owner}, this process runs as uid {me}); cached \
+                 executables are native code, so use a cache directory you own (set \
+                 NITRO_CACHE_DIR)"
+            ),
+        }),
     }
-    Ok(())
-}
-
-/// This process's effective user id.
-#[cfg(unix)]
-fn effective_uid() -> u32 {
-    rustix::process::geteuid().as_raw()
 }
 
 /// How long a process waits on another's compile lock before saying so.
 const LOCK_NOTICE_AFTER: Duration = Duration::from_secs(1);
 
-/// What [`DirStore::open_checked`] found.
+/// What [`open_checked`] found.
 enum Checked {
     /// A regular file of ours, and its length.
     File(File, u64),
@@ -899,128 +846,45 @@ enum Checked {
     Refused(RejectKind, &'static str),
 }
 
-/// Opens an entry or record for reading, refusing anything but a regular file this user
-/// owns and no one else can write, no larger than `max` bytes: a symbolic link is not
-/// followed, a FIFO or device is never read from (opened non-blocking, then refused), and
-/// a huge or sparse file is refused before any read. Returns the file and its length.
+/// Opens an entry or record for reading with the store's refusals ([`files::open_regular`]
+/// for this user's files only), no larger than `max` bytes.
 fn open_checked(path: &Path, max: u64) -> std::io::Result<Checked> {
-    let file = open_no_follow(path)?;
-    let meta = file.metadata()?;
-    if meta.is_dir() {
-        return Ok(Checked::Refused(
-            RejectKind::Unreadable,
-            "a directory, not an entry",
-        ));
-    }
-    if !meta.is_file() {
-        return Ok(Checked::Refused(
-            RejectKind::Unreadable,
-            "not a regular file (a FIFO, socket or device)",
-        ));
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        if meta.uid() != effective_uid() {
-            return Ok(Checked::Refused(
-                RejectKind::Unreadable,
-                "owned by another user",
-            ));
-        }
-        if meta.permissions().mode() & 0o022 != 0 {
-            return Ok(Checked::Refused(
-                RejectKind::Unreadable,
-                "writable by other users",
-            ));
-        }
-    }
-    if meta.len() > max {
-        return Ok(Checked::Refused(
+    Ok(match files::open_regular(path, max, Owner::Me)? {
+        Opened::File(f, len) => Checked::File(f, len),
+        Opened::Refused(Refusal::TooLarge) => Checked::Refused(
             RejectKind::Malformed,
             "larger than any entry this store can hold",
-        ));
-    }
-    Ok(Checked::File(file, meta.len()))
+        ),
+        Opened::Refused(Refusal::Directory) => {
+            Checked::Refused(RejectKind::Unreadable, "a directory, not an entry")
+        }
+        Opened::Refused(r) => Checked::Refused(RejectKind::Unreadable, r.why()),
+    })
 }
 
-/// Writes `bytes` to `path` atomically (temp file in the same directory, sync when
-/// `durable`, rename).
+/// Writes `bytes` to `path` atomically ([`files::write_atomic`]).
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8], durable: bool) -> Result<()> {
-    let n = TEMP_COUNTER.fetch_add(1, Ordering::Relaxed);
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("entry");
-    let tmp = path.with_file_name(format!("{name}{TEMP_MARK}{}.{n}", std::process::id()));
-    let io = |what: &str, e: std::io::Error| Error::CacheIo {
-        path: tmp.clone(),
-        what: what.to_owned(),
-        source: e,
-    };
-    let result = (|| {
-        let mut f = private_file()
-            .create_new(true)
-            .open(&tmp)
-            .map_err(|e| io("create a temporary entry", e))?;
-        f.write_all(bytes)
-            .map_err(|e| io("write a temporary entry", e))?;
-        if durable {
-            f.sync_all().map_err(|e| io("sync a temporary entry", e))?;
-        }
-        // Something that is not a file in the way (a directory left where an entry was)
-        // would make every rename fail, and every run recompile: repair it.
-        if fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
-            let _ = fs::remove_dir_all(path);
-        }
-        fs::rename(&tmp, path).map_err(|e| io("rename a temporary entry into place", e))
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
+    // Something that is not a file in the way (a directory left where an entry was) would
+    // make every rename fail, and every run recompile: inside the store, it is ours to repair.
+    if fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        let _ = fs::remove_dir_all(path);
     }
-    result
-}
-
-/// The bytes of a small private file (at most `max` bytes) that only this user can have
-/// written: `None` when it is absent, unreadable, a link, not a regular file, another user's,
-/// writable by others or too large. For files kept beside the store (the backend's start-up
-/// memo), read with the store's trust rules.
-pub(crate) fn read_private(path: &Path, max: u64) -> Option<Vec<u8>> {
-    let Ok(Checked::File(file, _)) = open_checked(path, max) else {
-        return None;
-    };
-    let mut bytes = Vec::new();
-    file.take(max).read_to_end(&mut bytes).ok()?;
-    Some(bytes)
+    files::write_atomic(path, bytes, durable).map_err(|f| Error::CacheIo {
+        path: f.tmp,
+        what: format!("{} a temporary entry", f.step),
+        source: f.source,
+    })
 }
 
 /// Makes `dir` a directory this process may keep native-code metadata in: created owner-only
 /// (with its parents) when missing, then held to the store's trust rules ([`check_trust`]).
 pub(crate) fn private_dir(dir: &Path) -> Result<()> {
-    if !dir.exists() {
-        private_dir_builder(true)
-            .create(dir)
-            .map_err(|e| Error::CacheIo {
-                path: dir.to_path_buf(),
-                what: "create the cache directory".into(),
-                source: e,
-            })?;
-    }
+    files::private_dir(dir).map_err(|e| Error::CacheIo {
+        path: dir.to_path_buf(),
+        what: "create the cache directory".into(),
+        source: e,
+    })?;
     check_trust(dir)
-}
-
-/// Options for a file only its owner can read and write, whatever the umask.
-fn private_file() -> OpenOptions {
-    let mut o = OpenOptions::new();
-    o.write(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
-    o
-}
-
-/// A builder of directories only their owner can enter and write, whatever the umask.
-fn private_dir_builder(recursive: bool) -> fs::DirBuilder {
-    let mut b = fs::DirBuilder::new();
-    b.recursive(recursive);
-    #[cfg(unix)]
-    std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
-    b
 }
 
 /// Makes `path` a private subdirectory of the store: created owner-only; if it exists, a real
@@ -1048,7 +912,7 @@ fn private_subdir(path: &Path) -> Result<()> {
             #[cfg(unix)]
             {
                 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-                if m.uid() != effective_uid() {
+                if m.uid() != files::effective_uid() {
                     return Err(Error::CacheUntrusted {
                         path: path.to_path_buf(),
                         why: format!(
@@ -1067,32 +931,6 @@ fn private_subdir(path: &Path) -> Result<()> {
             Ok(())
         }
     }
-}
-
-/// Opens `path` read-only without following a symbolic link and without blocking on a FIFO.
-#[cfg(unix)]
-fn open_no_follow(path: &Path) -> std::io::Result<File> {
-    use rustix::fs::{Mode, OFlags};
-    let fd = rustix::fs::open(
-        path,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    Ok(File::from(fd))
-}
-
-#[cfg(not(unix))]
-fn open_no_follow(path: &Path) -> std::io::Result<File> {
-    if fs::symlink_metadata(path)?.file_type().is_symlink() {
-        return Err(std::io::Error::other("a symbolic link"));
-    }
-    File::open(path)
-}
-
-/// Whether an open failed because `path` is a symbolic link (refused, not followed).
-fn is_symlink_refusal(e: &std::io::Error, path: &Path) -> bool {
-    let _ = e;
-    fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink())
 }
 
 /// The files of `dir` whose names pass `keep`, with their size and last modification.
@@ -1175,7 +1013,7 @@ impl Store for DirStore {
                 return Ok(Lookup::Rejected(Rejection::new(kind, why)));
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Lookup::Absent),
-            Err(e) if is_symlink_refusal(&e, &path) => {
+            Err(_) if files::is_symlink(&path) => {
                 Self::remove_any(&path);
                 return Ok(Lookup::Rejected(Rejection::new(
                     RejectKind::Unreadable,

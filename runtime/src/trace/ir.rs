@@ -271,6 +271,22 @@ pub struct Graph {
     /// How many replicas of the program run at once, one per device, each on its own inputs
     /// ([`Op::AllReduce`] sums over them). 1 for a program on one device.
     pub replicas: usize,
+    /// Inputs the program reads as class indices (the labels of
+    /// [`nn::softmax_cross_entropy`](crate::trace::nn::softmax_cross_entropy) and
+    /// [`nn::correct`](crate::trace::nn::correct)): values outside `0..classes` would be
+    /// silently wrong, so the training handle checks them on the host.
+    pub class_inputs: Vec<ClassInput>,
+}
+
+/// A program input read as class indices in `0..classes` (see [`Graph::class_inputs`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClassInput {
+    /// The input's position ([`Graph::inputs`]).
+    pub input: usize,
+    /// How many classes there are.
+    pub classes: usize,
+    /// The op that reads it.
+    pub op: &'static str,
 }
 
 impl Default for Graph {
@@ -280,6 +296,7 @@ impl Default for Graph {
             inputs: Vec::new(),
             outputs: Vec::new(),
             replicas: 1,
+            class_inputs: Vec::new(),
         }
     }
 }

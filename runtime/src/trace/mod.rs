@@ -36,7 +36,9 @@ use std::panic::{self, AssertUnwindSafe, Location};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 pub use autodiff::{grad, value_and_grad};
-pub use ir::{BinaryOp, CmpOp, DotDims, Graph, Input, Node, NodeId, Op, ReduceOp, UnaryOp};
+pub use ir::{
+    BinaryOp, ClassInput, CmpOp, DotDims, Graph, Input, Node, NodeId, Op, ReduceOp, UnaryOp,
+};
 pub use ops::Operand;
 
 use crate::error::{Error, Result};
@@ -188,6 +190,46 @@ impl Recording {
         );
         false
     }
+}
+
+/// Records `message` as the trace's error for `op`, without a source location (for checks
+/// nitro makes on what user code returned, such as a loss's shape). The first error of a trace
+/// wins.
+pub(crate) fn refuse(op: &'static str, message: String) {
+    with_recording(|r| {
+        if r.error.is_none() {
+            r.error = Some(TraceError {
+                op,
+                message,
+                location: String::new(),
+            });
+        }
+    });
+}
+
+/// Notes that `labels` is read as class indices in `0..classes` by `op` when it is a program
+/// input ([`Graph::class_inputs`]); a computed tensor is not noted (its values are not known
+/// before the program runs).
+pub(crate) fn note_class_input(labels: Tensor, classes: usize, op: &'static str) {
+    with_recording(|r| {
+        if labels.trace != r.id {
+            return;
+        }
+        let Some(node) = r.graph.nodes.get(labels.node as usize) else {
+            return;
+        };
+        let Op::Parameter { index } = node.op.clone() else {
+            return;
+        };
+        if index == usize::MAX || r.graph.class_inputs.iter().any(|c| c.input == index) {
+            return;
+        }
+        r.graph.class_inputs.push(ClassInput {
+            input: index,
+            classes,
+            op,
+        });
+    });
 }
 
 /// The message for a result type over the size limit, with the operands' types.

@@ -87,8 +87,11 @@ fn per_example_stand_in(logits: Tensor) -> Tensor {
 ///
 /// A label outside `0..classes` (negative, or `classes` and above) matches no class: its
 /// one-hot row is all zeros, so that example's loss is **0** and it contributes **no
-/// gradient**, silently. The training handle checks label ranges when it loads data; check
-/// them yourself when you call this directly on other data.
+/// gradient**, silently. When the labels are a program input (a batch column, as in every
+/// model the training handle trains), the program notes them ([`Graph::class_inputs`](super::Graph::class_inputs)) and
+/// the handle refuses a batch holding such a label before running it
+/// ([`Error::LabelOutOfRange`](crate::Error::LabelOutOfRange), naming the row); labels
+/// computed inside the program, or this op called on other data, are not checked.
 ///
 /// ```
 /// use nitro::trace::{nn, trace};
@@ -108,6 +111,7 @@ pub fn softmax_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor {
     }
     let dims = logits.dims();
     let classes = dims.last().copied().unwrap_or(0);
+    super::note_class_input(labels, classes, "softmax_cross_entropy");
     let axis = dims.len().saturating_sub(1);
     let targets = labels.one_hot(classes, logits.dtype());
     -(targets * log_softmax(logits, axis)).sum(&[axis])
@@ -127,6 +131,7 @@ pub fn correct(logits: Tensor, labels: Tensor) -> Tensor {
         return per_example_stand_in(logits);
     }
     let axis = logits.rank() - 1;
+    super::note_class_input(labels, logits.dims()[axis], "correct");
     let index = if labels.dtype() == DType::I64 {
         DType::I64
     } else {

@@ -126,7 +126,7 @@ type AccumExtra = (Vec<Array>, Array);
 /// gradient of the global batch's mean loss.
 fn grad_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, ()>) -> Vec<Tensor> {
     let (batch, mask, ()) = inputs;
-    let losses = E::loss(v, batch);
+    let losses = per_example::<E>(E::loss(v, batch), *mask, "Model::loss", true);
     let mask = mask.convert(losses.dtype());
     if trace::replicas() == 1 {
         let mean = (losses * mask).sum_all() / mask.sum_all().maximum(1.0);
@@ -146,6 +146,40 @@ fn grad_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, ()>) -> Vec<Tensor
         .collect()
 }
 
+/// `values`, after checking that it holds one value per row of the batch (the mask's shape):
+/// a `[batch, 1]` loss would broadcast against the mask to `[batch, batch]` (a loss and a
+/// gradient about `batch` times too large, with padded rows leaking in), and a scalar would
+/// train on padding. Anything else (or, when `float`, a value that is not a float) is refused
+/// at trace time, naming `what`, the shape expected and the shape given.
+fn per_example<E: Model>(values: Tensor, mask: Tensor, what: &'static str, float: bool) -> Tensor {
+    let (got, want) = (values.dims(), mask.dims());
+    if got != want || (float && !values.dtype().is_float()) {
+        trace::refuse(
+            what,
+            format!(
+                "`{what}` of `{}` returned {}{}, and it must return one value per row of the batch, \
+                 shape {want:?}: the handle masks padded rows and averages over the real ones \
+                 itself; reduce every other dim (a `[rows, 1]` regression loss: `.sum(&[1])`), \
+                 and do not average over the batch",
+                E::TYPE_PATH,
+                values.dtype(),
+                DisplayDims(&got),
+            ),
+        );
+    }
+    values
+}
+
+/// Dims as `[32,1]`.
+struct DisplayDims<'a>(&'a [usize]);
+
+impl std::fmt::Display for DisplayDims<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let dims: Vec<String> = self.0.iter().map(|d| d.to_string()).collect();
+        write!(f, "[{}]", dims.join(","))
+    }
+}
+
 /// One micro-batch of an accumulation window: the mean loss over its real rows, then
 /// `(sum + gradient of the summed loss over its real rows) * scale` for every packed gradient.
 /// With `scale` 1 along the window and `1 / real rows of the window` on its last micro-batch,
@@ -153,7 +187,7 @@ fn grad_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, ()>) -> Vec<Tensor
 /// all its rows would compute.
 fn grad_accum_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, AccumExtra>) -> Vec<Tensor> {
     let (batch, mask, (sums, scale)) = inputs;
-    let losses = E::loss(v, batch);
+    let losses = per_example::<E>(E::loss(v, batch), *mask, "Model::loss", true);
     let mask = mask.convert(losses.dtype());
     let total = (losses * mask).sum_all();
     // Replicated, the sums and gradients add over the replicas (`all_sum` is the tensor itself
@@ -170,12 +204,13 @@ fn grad_accum_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, AccumExtra>)
 /// The summed loss over the real rows, and the number of them classified correctly.
 fn eval_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, ()>) -> Vec<Tensor> {
     let (batch, mask, ()) = inputs;
-    let losses = E::loss(v, batch);
+    let losses = per_example::<E>(E::loss(v, batch), *mask, "Model::loss", true);
     let mask_l = mask.convert(losses.dtype());
     // Replicated, the sums add over the replicas; the predictions stay per replica (each its
     // own rows), joined on the host.
     let mut out = vec![(losses * mask_l).sum_all().all_sum()];
     if let Some(correct) = E::correct(v, batch) {
+        let correct = per_example::<E>(correct, *mask, "Model::correct", false);
         out.push((correct.convert(DType::F32) * *mask).sum_all().all_sum());
     }
     if let Some(predictions) = E::predict(v, batch) {
@@ -190,7 +225,7 @@ fn metric_fn<E: Model, M: DeviceMetric<E>>(
     inputs: &BatchInputs<E, Array>,
 ) -> Vec<Tensor> {
     let (batch, mask, sum) = inputs;
-    let values = M::per_example(v, batch);
+    let values = per_example::<E>(M::per_example(v, batch), *mask, M::NAME, true);
     let mask = mask.convert(values.dtype());
     vec![*sum + (values * mask).sum_all().all_sum().convert(sum.dtype())]
 }
@@ -279,8 +314,9 @@ pub struct OptimizerStep<O: Optimizer> {
     /// The optimizer state, slot by slot, leaf by leaf.
     #[device]
     pub state: Vec<Array>,
-    /// Steps taken so far, `f32[]`: kept on the device and counted by the program, so a step
-    /// uploads no step number.
+    /// Steps taken so far, `i64[]`: kept on the device and counted by the program, so a step
+    /// uploads no step number; an integer, so it stays exact over any run (an `f32` counter
+    /// stops counting at 2^24 steps).
     #[device]
     pub steps: Array,
 }
@@ -291,7 +327,14 @@ type UpdateInputs = (Vec<Tensor>, Tensor);
 fn update_fn<O: Optimizer>(v: &OptimizerStepView<'_, O>, inputs: &UpdateInputs) -> Vec<Tensor> {
     let (grads, lr) = inputs;
     let number = v.steps + 1.0;
-    let mut out = crate::optim::update_flat(v.optimizer, &v.params, grads, &v.state, *lr, number);
+    let mut out = crate::optim::update_flat(
+        v.optimizer,
+        &v.params,
+        grads,
+        &v.state,
+        *lr,
+        number.convert(DType::F32),
+    );
     out.push(number);
     out
 }
@@ -472,10 +515,17 @@ pub struct EpochRecord {
     pub val_accuracy: Option<f64>,
     /// The validation metrics registered on the handle, by name.
     pub metrics: Vec<(String, f64)>,
-    /// Steps taken in the epoch.
+    /// Steps taken in the epoch (optimizer updates).
     pub steps: u64,
-    /// The median time of one step (upload, gradient, update), in microseconds.
+    /// The median time of one whole step — the batch uploaded, the gradient and the update run
+    /// and finished — in microseconds, over a sample of the epoch's steps (up to 8, spread
+    /// over it) each timed with nothing else in flight and waited for. What one step costs.
     pub step_us_median: f64,
+    /// The epoch's training wall time (first batch enqueued to the last step finished and its
+    /// losses read) divided by its batches (micro-batches with accumulation), in
+    /// microseconds: steps as the handle runs them, enqueued while earlier ones run. What a
+    /// step costs in throughput.
+    pub step_us_pipelined: f64,
     /// Wall time of the epoch (training and validation), in seconds.
     pub seconds: f64,
 }
@@ -533,13 +583,15 @@ pub struct Nitro<E: Model, O: Optimizer> {
     cache: &'static Cache,
     /// How the trainable leaves are packed into `trainable` (one flat array per dtype).
     packing: Packing,
+    /// The trainable leaves' paths, in walk order (how checkpoints name their optimizer state).
+    trainable_paths: Vec<String>,
     /// The trainable leaves, packed.
     trainable: Vec<Value>,
     /// The other Device leaves, in walk order.
     frozen: Vec<Value>,
     /// The optimizer state: slot by slot, one array per packed group.
     state: Vec<Value>,
-    /// The step counter the update program keeps (`f32[]`).
+    /// The step counter the update program keeps (`i64[]`).
     counter: Vec<Value>,
     /// The learning rate as placed, and for which value.
     lr_value: Option<(f64, Value)>,
@@ -556,13 +608,16 @@ pub struct Nitro<E: Model, O: Optimizer> {
     /// Whether the experiment's trainable leaves are stale (the device holds newer values).
     host_stale: bool,
     step: u64,
+    /// Epochs completed, and batches of the next epoch trained: where `fit` continues.
+    epoch: u64,
+    epoch_batches: u64,
     programs: Option<Programs>,
     compile_time: Duration,
     /// When the handle was made, and how long after that the first step finished.
     created: Instant,
     first_step: Option<Duration>,
-    /// The durations of the steps of the current epoch.
-    step_times: Vec<Duration>,
+    /// The current epoch's timings: sampled waited steps, and its batches' wall time.
+    timings: EpochTimings,
     /// Validation metrics accumulated on the device, each with a program of its own.
     device_metrics: Vec<DeviceMetricState<E>>,
     /// Validation metrics computed on the host from the evaluation outputs.
@@ -570,6 +625,21 @@ pub struct Nitro<E: Model, O: Optimizer> {
     /// A cached stage's program, held outputs and counts (unused without one).
     stage: staged::StageState,
 }
+
+/// What an epoch measured of its steps.
+#[derive(Default)]
+struct EpochTimings {
+    /// Steps that applied the optimizer, each timed from its enqueue to its end with nothing
+    /// else in flight (a sample of the epoch's steps).
+    waited: Vec<Duration>,
+    /// From the first batch's enqueue to the end of the last step (losses read).
+    wall: Duration,
+    /// Batches (micro-batches with accumulation) the epoch trained.
+    batches: usize,
+}
+
+/// How many steps of an epoch are timed waited (spread evenly over it).
+const WAITED_SAMPLES: usize = 8;
 
 /// The state of a gradient-accumulation window.
 #[derive(Default)]
@@ -652,11 +722,11 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 ),
             });
         }
-        let (packing, trainable, frozen) = device_leaves(&experiment)?;
+        let (packing, trainable_paths, trainable, frozen) = device_leaves(&experiment)?;
         let state = zero_state(&optimizer, &packing);
         let put = |v: Vec<Array>| -> Result<Vec<Value>> { place(backend, v) };
         let (trainable, frozen, state) = (put(trainable)?, put(frozen)?, put(state)?);
-        let counter = put(vec![Array::scalar(0.0f32)])?;
+        let counter = put(vec![Array::scalar(0i64)])?;
         Ok(Nitro {
             experiment,
             optimizer,
@@ -664,6 +734,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             backend,
             cache,
             packing,
+            trainable_paths,
             trainable,
             frozen,
             state,
@@ -675,11 +746,13 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             in_flight: Vec::new(),
             host_stale: false,
             step: 0,
+            epoch: 0,
+            epoch_batches: 0,
             programs: None,
             compile_time: Duration::ZERO,
             created: Instant::now(),
             first_step: None,
-            step_times: Vec::new(),
+            timings: EpochTimings::default(),
             device_metrics: Vec::new(),
             host_metrics: Vec::new(),
             stage: staged::StageState::default(),
@@ -727,6 +800,17 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     pub fn set_lr(&mut self, lr: f64) {
         self.config.schedule = None;
         self.config.lr = lr;
+    }
+
+    /// Sets the epoch count [`fit`](Nitro::fit) trains up to.
+    pub fn set_epochs(&mut self, epochs: usize) {
+        self.config.epochs = epochs;
+    }
+
+    /// Epochs completed (by `fit`, `train_epoch`, or in the run a resumed checkpoint was taken
+    /// in).
+    pub fn epochs_done(&self) -> u64 {
+        self.epoch
     }
 
     /// The learning rate the next step uses.
@@ -896,7 +980,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             optimizer: self.optimizer.clone(),
             params: zeros(&self.trainable),
             state: zeros(&self.state),
-            steps: Array::scalar(0.0f32),
+            steps: Array::scalar(0i64),
         }
     }
 
@@ -916,14 +1000,25 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// micro-batch, and every `accum`-th call applies the optimizer.
     pub fn step_deferred(&mut self, batch: &E::Batch, real: usize) -> Result<()> {
         let closes = self.window.micro_batches + 1 >= self.config.accum;
-        self.micro_step(batch, real, closes)
+        self.micro_step(batch, real, closes, None)
     }
 
     /// One micro-batch; the optimizer runs when `closes` (always, without accumulation).
-    fn micro_step(&mut self, batch: &E::Batch, real: usize, closes: bool) -> Result<()> {
+    /// `rows_of` maps the batch's rows to the data set's, for errors that name a row.
+    fn micro_step(
+        &mut self,
+        batch: &E::Batch,
+        real: usize,
+        closes: bool,
+        rows_of: Option<&[usize]>,
+    ) -> Result<()> {
         self.prepare(batch)?;
         let rows = self.config.batch;
         check_real_rows(rows, real)?;
+        if let Some(p) = &self.programs {
+            let before = self.trainable.len() + self.frozen.len();
+            check_class_inputs(&p.grad, before, batch, real, rows_of)?;
+        }
         if self.full_mask.is_none() {
             self.full_mask = Some(place_rows(self.backend, mask_of(rows, rows)?)?);
         }
@@ -1036,7 +1131,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// Evaluates `batch` (its first `real` rows) without training: summed loss and correct
     /// count over the real rows.
     pub fn evaluate(&mut self, batch: &E::Batch, real: usize) -> Result<EvalResult> {
-        let (result, _) = self.run_eval(batch, real, false)?;
+        let (result, _) = self.run_eval(batch, real, false, None)?;
         Ok(result)
     }
 
@@ -1045,7 +1140,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// error when the model does not predict.
     pub fn predict(&mut self, batch: &E::Batch) -> Result<Array> {
         let rows = batch_rows(batch)?;
-        let (result, _) = self.run_eval(batch, rows, true)?;
+        let (result, _) = self.run_eval(batch, rows, true, None)?;
         result.predictions.ok_or_else(|| Error::InvalidSetting {
             variable: "Model::predict",
             value: "None".into(),
@@ -1057,15 +1152,19 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     }
 
     /// Runs the evaluation program on `batch`; reads the predictions back when `predictions`
-    /// asks. Also returns the mask it placed, for the device metrics.
+    /// asks. Also returns the mask it placed, for the device metrics. `rows_of` maps the
+    /// batch's rows to the data set's, for errors that name a row.
     fn run_eval(
         &mut self,
         batch: &E::Batch,
         real: usize,
         predictions: bool,
+        rows_of: Option<&[usize]>,
     ) -> Result<(EvalResult, Array)> {
         let eval = self.prepare_eval(batch)?;
         let mask = mask_of(self.config.batch, real)?;
+        let before = self.trainable.len() + self.frozen.len();
+        check_class_inputs(&eval, before, batch, real, rows_of)?;
         let args = batch_args(&self.trainable, &self.frozen, batch, In::Rows(&mask));
         let (out, _) = exec(&eval, args)?;
         // Outputs: the loss sum, then the correct count (a scalar) when the model has
@@ -1092,41 +1191,98 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     }
 
     /// One epoch over `data`: its rows shuffled with the configured seed (a fresh order per
-    /// epoch), in batches of the configured size, the last one padded and masked. Returns the
-    /// mean loss over the epoch's rows. The losses are read once, at the end of the epoch.
+    /// epoch, numbered from 0), in batches of the configured size, the last one padded and
+    /// masked. Returns the mean loss over the rows it trained. The losses are read once, at the
+    /// end of the epoch.
+    ///
+    /// When `epoch` is the epoch the handle is in the middle of (one a resumed checkpoint was
+    /// taken in, or one an error interrupted), it continues after the batches already trained.
+    /// Afterwards the handle counts `epoch + 1` epochs completed ([`Nitro::epochs_done`]).
+    ///
+    /// Errors: [`Error::EmptyData`] for a data set without rows; [`Error::InvalidSetting`] when
+    /// [`Config::batch`] is larger than the data set; [`Error::LabelOutOfRange`] naming the data
+    /// set's row when a batch holds a label outside the classes of the loss reading it.
     pub fn train_epoch(&mut self, data: &Dataset, epoch: u64) -> Result<f64>
     where
         E::Batch: FromBatch,
     {
+        self.check_training_data(data)?;
         let plan = data.plan(
             self.config.batch,
             Order::Shuffled {
                 seed: self.config.seed,
             },
         )?;
+        let skip = if epoch == self.epoch {
+            usize::try_from(self.epoch_batches).unwrap_or(usize::MAX)
+        } else {
+            0
+        };
+        if epoch != self.epoch {
+            self.epoch = epoch;
+            self.epoch_batches = 0;
+        }
         let number = epoch + 1;
-        let epoch = plan.epoch(epoch);
-        let mut rows = Vec::with_capacity(epoch.len());
-        self.step_times.clear();
-        let bar = progress_bar(self.config.progress, epoch.len() as u64, number);
-        let count = epoch.len();
-        for (i, batch) in epoch.batches(data).enumerate() {
-            let batch = batch?;
+        let order = plan.epoch(epoch);
+        let count = order.len();
+        let mut rows = Vec::with_capacity(count);
+        self.timings = EpochTimings::default();
+        let every = (count / WAITED_SAMPLES).max(1);
+        let bar = progress_bar(self.config.progress, count as u64, number);
+        bar.inc(skip.min(count) as u64);
+        let started = Instant::now();
+        for (i, span) in order.spans().enumerate().skip(skip) {
+            let batch = data.gather(span, self.config.batch)?;
             let real = batch.real_rows();
             let batch = E::Batch::from_batch(batch)?;
-            let started = Instant::now();
             // An epoch's last batch closes an accumulation window, full or not.
             let closes = self.window.micro_batches + 1 >= self.config.accum || i + 1 == count;
-            self.micro_step(&batch, real, closes)?;
-            self.step_times.push(started.elapsed());
+            // A few steps are timed alone: nothing in flight before, waited for after.
+            let timed = closes && i % every == every / 2;
+            if timed {
+                self.wait()?;
+            }
+            let step_started = Instant::now();
+            self.micro_step(&batch, real, closes, Some(span))?;
+            if timed {
+                self.wait()?;
+                self.timings.waited.push(step_started.elapsed());
+            }
+            self.epoch_batches += 1;
             rows.push(real);
             bar.inc(1);
         }
         let losses = self.take_losses()?;
+        self.timings.wall = started.elapsed();
+        self.timings.batches = rows.len();
         bar.finish_and_clear();
+        self.epoch = epoch + 1;
+        self.epoch_batches = 0;
         let total: usize = rows.iter().sum();
         let sum: f64 = losses.iter().zip(&rows).map(|(l, &r)| l * r as f64).sum();
         Ok(if total == 0 { 0.0 } else { sum / total as f64 })
+    }
+
+    /// Refuses training data without rows, or fewer rows than one batch.
+    fn check_training_data(&self, data: &Dataset) -> Result<()> {
+        if data.rows() == 0 {
+            return Err(Error::EmptyData {
+                which: "the training data".into(),
+            });
+        }
+        if self.config.batch > data.rows() {
+            return Err(Error::InvalidSetting {
+                variable: "Config::batch",
+                value: self.config.batch.to_string(),
+                expected: format!(
+                    "at most the training data's {} rows: every step would pad its batch to {} \
+                     rows, mostly copies; use a smaller batch",
+                    data.rows(),
+                    self.config.batch
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Evaluates every row of `data` once, in order: summed loss and correct count.
@@ -1134,6 +1290,11 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     where
         E::Batch: FromBatch,
     {
+        if data.rows() == 0 {
+            return Err(Error::EmptyData {
+                which: "the validation data".into(),
+            });
+        }
         let plan = data.plan(self.config.batch, Order::Sequential)?;
         let epoch = plan.epoch(0);
         let mut total = EvalResult::default();
@@ -1142,11 +1303,11 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             sums.push(Some(self.place_one(Array::scalar(0.0f32))?));
         }
         let want_predictions = !self.host_metrics.is_empty();
-        for batch in epoch.batches(data) {
-            let batch = batch?;
+        for span in epoch.spans() {
+            let batch = data.gather(span, self.config.batch)?;
             let real = batch.real_rows();
             let batch = E::Batch::from_batch(batch)?;
-            let (r, mask) = self.run_eval(&batch, real, want_predictions)?;
+            let (r, mask) = self.run_eval(&batch, real, want_predictions, Some(span))?;
             for (i, sum) in sums.iter_mut().enumerate() {
                 let compiled = self.metric_program(i, &batch)?;
                 let mut args = batch_args(&self.trainable, &self.frozen, &batch, In::Rows(&mask));
@@ -1184,9 +1345,21 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             .ok_or_else(no_output)
     }
 
-    /// Trains for the configured epochs on `train`, validating on `validation` after each
-    /// epoch when given. A train-only run compiles two programs, validation a third (and one
-    /// per device metric), all concurrently before the first step; nothing after compiles.
+    /// Trains on `train` until the handle has completed [`Config::epochs`] epochs, validating
+    /// on `validation` after each epoch when given. A train-only run compiles two programs,
+    /// validation a third (and one per device metric), all concurrently before the first step;
+    /// nothing after compiles.
+    ///
+    /// It **continues** the run: a new handle starts at epoch 1; a handle resumed from a
+    /// checkpoint starts where the checkpoint was taken (the same epoch numbers, so the same
+    /// shuffles, and — mid-epoch — after the batches already trained), and the history numbers
+    /// its epochs from there. So `fit` with `epochs(10)`, or `fit` with `epochs(4)`, a
+    /// checkpoint, a resume and `fit` with `epochs(10)`, train the same parameters.
+    ///
+    /// Errors: [`Error::InvalidSetting`] when the handle has completed `Config::epochs` epochs
+    /// already (raise it with [`Nitro::set_epochs`] to train on); [`Error::EmptyData`] for a
+    /// data set without rows; those of [`train_epoch`](Nitro::train_epoch) and
+    /// [`validate`](Nitro::validate).
     pub fn fit(&mut self, train: &Dataset, validation: Option<&Dataset>) -> Result<History>
     where
         E::Batch: FromBatch,
@@ -1205,8 +1378,27 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     where
         E::Batch: FromBatch,
     {
+        self.check_training_data(train)?;
+        if validation.is_some_and(|v| v.rows() == 0) {
+            return Err(Error::EmptyData {
+                which: "the validation data".into(),
+            });
+        }
+        let target = self.config.epochs as u64;
+        if self.epoch >= target {
+            return Err(Error::InvalidSetting {
+                variable: "Config::epochs",
+                value: self.config.epochs.to_string(),
+                expected: format!(
+                    "more than the {} epochs this handle has completed: `fit` continues a run up \
+                     to Config::epochs epochs; raise it with `Nitro::set_epochs` to train on",
+                    self.epoch
+                ),
+            });
+        }
         let mut history = History::default();
-        for epoch in 0..self.config.epochs {
+        let first = self.epoch;
+        for epoch in first..target {
             let started = Instant::now();
             let steps_before = self.step;
             let train = each_epoch(self, train)?;
@@ -1215,7 +1407,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 None => None,
             };
             let validation = validation.as_deref();
-            if epoch == 0 {
+            if epoch == first {
                 // The whole inventory at once, the evaluation programs with the training ones.
                 let plan = train.plan(self.config.batch, Order::Sequential)?;
                 if let Some(first) = plan.epoch(0).batches(&train).next() {
@@ -1227,7 +1419,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                     self.prepare_programs(&first, inventory)?;
                 }
             }
-            let train_loss = self.train_epoch(&train, epoch as u64)?;
+            let train_loss = self.train_epoch(&train, epoch)?;
             let mut metrics = Vec::new();
             let (val_loss, val_accuracy) = match validation {
                 Some(v) => {
@@ -1246,20 +1438,23 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 }
                 None => (None, None),
             };
-            let mut times: Vec<f64> = self
-                .step_times
+            let mut waited: Vec<f64> = self
+                .timings
+                .waited
                 .iter()
                 .map(|d| d.as_secs_f64() * 1e6)
                 .collect();
-            times.sort_by(f64::total_cmp);
+            waited.sort_by(f64::total_cmp);
+            let batches = self.timings.batches.max(1) as f64;
             let record = EpochRecord {
-                epoch: epoch + 1,
+                epoch: usize::try_from(epoch + 1).unwrap_or(usize::MAX),
                 train_loss,
                 val_loss,
                 val_accuracy,
                 metrics,
                 steps: self.step - steps_before,
-                step_us_median: times.get(times.len() / 2).copied().unwrap_or(0.0),
+                step_us_median: waited.get(waited.len() / 2).copied().unwrap_or(0.0),
+                step_us_pipelined: self.timings.wall.as_secs_f64() * 1e6 / batches,
                 seconds: started.elapsed().as_secs_f64(),
             };
             tracing::info!(
@@ -1275,7 +1470,10 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     }
 
     /// A checkpoint of the experiment's Device leaves (the trained ones as of the last step),
-    /// the optimizer state and the step count; write it with [`Checkpoint::save`].
+    /// the optimizer state (named `<slot>/<leaf path>`: `m/layers[0].w`), the optimizer's
+    /// identity, the step count, the position in the data (epochs completed, batches of the
+    /// next), and an open gradient-accumulation window (its sums and counts), so that a resume
+    /// continues exactly; write it with [`Checkpoint::save`].
     pub fn checkpoint(&mut self) -> Result<Checkpoint> {
         self.sync()?;
         // The state is kept packed, slot by slot; a checkpoint holds it leaf by leaf.
@@ -1285,20 +1483,35 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         for slot in packed.chunks(groups.max(1)) {
             state.extend(self.packing.unpack(slot)?);
         }
-        let n = self.packing.leaves.len();
+        let paths = &self.trainable_paths;
         let names: Vec<String> = self
             .optimizer
             .slots()
             .iter()
-            .flat_map(|slot| (0..n).map(move |i| format!("{slot}[{i}]")))
+            .flat_map(|slot| paths.iter().map(move |p| format!("{slot}/{p}")))
             .collect();
         let named: Vec<(&str, &Array)> = names.iter().map(String::as_str).zip(&state).collect();
-        Checkpoint::capture(&self.experiment, &named, self.step)
+        let mut checkpoint = Checkpoint::capture(&self.experiment, &named, self.step)?
+            .with_optimizer(&self.optimizer)
+            .with_position(self.epoch, self.epoch_batches);
+        if let Some(sums) = &self.window.sums {
+            let sums = self.packing.unpack(&to_host(sums)?)?;
+            checkpoint = checkpoint.with_window(crate::checkpoint::AccumulationWindow {
+                micro_batches: self.window.micro_batches,
+                rows: self.window.rows,
+                sums: paths.iter().cloned().zip(sums).collect(),
+            })?;
+        }
+        Ok(checkpoint)
     }
 
-    /// A handle that continues from `checkpoint`: its Device leaves, optimizer state and step
-    /// count. Refused, naming what differs, when the experiment's type, GraphConsts or Device
-    /// structure are not the checkpoint's, or its optimizer state does not fit `optimizer`.
+    /// A handle that continues from `checkpoint`: its Device leaves, optimizer state, step
+    /// count, position in the data and accumulation window, each restored by name. Refused,
+    /// naming what differs, when the experiment's type, GraphConsts or Device structure are not
+    /// the checkpoint's ([`Error::CheckpointExperiment`], [`Error::CheckpointGraphConst`],
+    /// [`Error::CheckpointDevice`]), or the optimizer is not the one it was taken with — its
+    /// name, constants (unless [`Checkpoint::allow_retuned_optimizer`]) or slots — or its
+    /// state does not fit the trainable leaves ([`Error::CheckpointOptimizer`]).
     pub fn resume(
         experiment: E,
         optimizer: O,
@@ -1325,10 +1538,20 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         backend: &'static dyn Backend,
         cache: &'static Cache,
     ) -> Result<Nitro<E, O>> {
+        let allow_retuned = checkpoint.allows_retuned_optimizer();
+        check_optimizer(checkpoint.optimizer_identity(), &optimizer, allow_retuned)?;
         let restored = checkpoint.restore_into(&mut experiment)?;
         let mut handle = Nitro::with_backend(experiment, optimizer, config, backend, cache)?;
-        let leaves = handle.packing.leaves.len();
-        let expected = handle.optimizer.slots().len() * leaves;
+        let current = crate::checkpoint::OptimizerIdentity::of(&handle.optimizer);
+        let refuse = |why: String| Error::CheckpointOptimizer {
+            stored: restored
+                .optimizer_identity
+                .as_ref()
+                .map_or_else(|| "unrecorded".to_owned(), |i| i.constants.clone()),
+            current: current.constants.clone(),
+            why,
+            retunable: false,
+        };
         let types: Vec<LeafType> = handle
             .packing
             .leaves
@@ -1338,31 +1561,75 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 dims: dims.clone(),
             })
             .collect();
-        if restored.optimizer.len() != expected
-            || restored
-                .optimizer
-                .iter()
-                .zip(types.iter().cycle())
-                .any(|((_, a), t)| a.leaf_type() != *t)
-        {
-            return Err(Error::CheckpointInput {
-                why: format!(
-                    "the checkpoint holds {} optimizer-state arrays, this optimizer ({}) keeps {} \
-                     of the trainable leaves' types; resume with the optimizer it was taken with",
-                    restored.optimizer.len(),
-                    handle.optimizer.name(),
-                    expected
-                ),
-            });
-        }
-        let state: Vec<Array> = restored.optimizer.into_iter().map(|(_, a)| a).collect();
+        let mut by_name: std::collections::HashMap<String, Array> =
+            restored.optimizer.into_iter().collect();
         let mut packed = Vec::new();
-        for slot in state.chunks(leaves.max(1)) {
-            packed.extend(handle.packing.pack(slot)?);
+        for slot in handle.optimizer.slots() {
+            let mut leaves = Vec::with_capacity(types.len());
+            for (path, ty) in handle.trainable_paths.iter().zip(&types) {
+                let name = format!("{slot}/{path}");
+                let array = by_name.remove(&name).ok_or_else(|| {
+                    refuse(format!(
+                        "the checkpoint holds no optimizer state `{name}` for trainable leaf \
+                         `{path}`"
+                    ))
+                })?;
+                if &array.leaf_type() != ty {
+                    return Err(refuse(format!(
+                        "optimizer state `{name}` is {} in the checkpoint, and trainable leaf \
+                         `{path}` is {ty}",
+                        array.leaf_type()
+                    )));
+                }
+                leaves.push(array);
+            }
+            packed.extend(handle.packing.pack(&leaves)?);
+        }
+        if let Some(extra) = by_name.keys().min() {
+            return Err(refuse(format!(
+                "the checkpoint holds optimizer state `{extra}`, which no slot of this \
+                 optimizer and no trainable leaf names"
+            )));
         }
         handle.state = place(backend, packed)?;
-        handle.counter = place(backend, vec![Array::scalar(restored.step as f32)])?;
+        let step = i64::try_from(restored.step).map_err(|_| Error::CheckpointInput {
+            why: format!("step {} does not fit the step counter", restored.step),
+        })?;
+        handle.counter = place(backend, vec![Array::scalar(step)])?;
         handle.step = restored.step;
+        handle.epoch = restored.epoch;
+        handle.epoch_batches = restored.epoch_batches;
+        if let Some(w) = restored.window {
+            if handle.config.accum <= 1 || w.micro_batches >= handle.config.accum {
+                return Err(Error::InvalidSetting {
+                    variable: "Config::accum",
+                    value: handle.config.accum.to_string(),
+                    expected: format!(
+                        "more than the {} micro-batches of the accumulation window the \
+                         checkpoint was taken in: resume it with the accumulation it was \
+                         trained with",
+                        w.micro_batches
+                    ),
+                });
+            }
+            let mut sums: std::collections::HashMap<String, Array> = w.sums.into_iter().collect();
+            let mut leaves = Vec::with_capacity(types.len());
+            for (path, ty) in handle.trainable_paths.iter().zip(&types) {
+                let sum = sums
+                    .remove(path)
+                    .filter(|a| &a.leaf_type() == ty)
+                    .ok_or_else(|| Error::CheckpointCorrupt {
+                        origin: "the checkpoint".into(),
+                        why: format!(
+                            "its accumulation window has no gradient sum of {ty} for `{path}`"
+                        ),
+                    })?;
+                leaves.push(sum);
+            }
+            handle.window.sums = Some(place(backend, handle.packing.pack(&leaves)?)?);
+            handle.window.micro_batches = w.micro_batches;
+            handle.window.rows = w.rows;
+        }
         Ok(handle)
     }
 
@@ -1375,7 +1642,8 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     pub fn modify(&mut self, change: impl FnOnce(&mut E)) -> Result<()> {
         self.sync()?;
         change(&mut self.experiment);
-        let (packing, trainable, frozen) = device_leaves(&self.experiment)?;
+        let (packing, trainable_paths, trainable, frozen) = device_leaves(&self.experiment)?;
+        self.trainable_paths = trainable_paths;
         if packing != self.packing {
             self.state = place(self.backend, zero_state(&self.optimizer, &packing))?;
         }
@@ -1586,14 +1854,18 @@ fn update_inputs_shape<O: Optimizer>(opt: &OptimizerStep<O>) -> (Vec<Array>, Arr
     )
 }
 
-/// The packing of `experiment`'s trainable leaves, the packed trainable leaves, and copies of
-/// the other Device leaves, in walk order.
-fn device_leaves<E: Experiment>(experiment: &E) -> Result<(Packing, Vec<Array>, Vec<Array>)> {
-    let (mut trainable, mut frozen) = (Vec::new(), Vec::new());
-    experiment.visit_device(&mut |field, _, node| {
+/// What a handle keeps of an experiment's Device leaves.
+type DeviceLeaves = (Packing, Vec<String>, Vec<Array>, Vec<Array>);
+
+/// The packing of `experiment`'s trainable leaves, their paths, the packed trainable leaves,
+/// and copies of the other Device leaves, in walk order.
+fn device_leaves<E: Experiment>(experiment: &E) -> Result<DeviceLeaves> {
+    let (mut trainable, mut paths, mut frozen) = (Vec::new(), Vec::new(), Vec::new());
+    experiment.visit_device(&mut |field, path, node| {
         if let Node::Leaf(a) = node {
             if field.role == (Role::Device { trainable: true }) {
                 trainable.push(a.clone());
+                paths.push(path.as_str().to_owned());
             } else {
                 frozen.push(a.clone());
             }
@@ -1601,7 +1873,57 @@ fn device_leaves<E: Experiment>(experiment: &E) -> Result<(Packing, Vec<Array>, 
     });
     let packing = Packing::of(experiment);
     let packed = packing.pack(&trainable)?;
-    Ok((packing, packed, frozen))
+    Ok((packing, paths, packed, frozen))
+}
+
+/// Refuses to resume state kept by another optimizer than `optimizer`: another name or other
+/// slots always, other constants unless `allow_retuned`.
+fn check_optimizer<O: Optimizer>(
+    stored: Option<&crate::checkpoint::OptimizerIdentity>,
+    optimizer: &O,
+    allow_retuned: bool,
+) -> Result<()> {
+    let current = crate::checkpoint::OptimizerIdentity::of(optimizer);
+    let Some(stored) = stored else {
+        if optimizer.slots().is_empty() {
+            return Ok(());
+        }
+        return Err(Error::CheckpointOptimizer {
+            stored: "unrecorded".into(),
+            current: current.constants,
+            why: "the checkpoint does not say which optimizer kept its state (it was made \
+                  with `Checkpoint::capture`, not `Nitro::checkpoint`; record it with \
+                  `Checkpoint::with_optimizer`)"
+                .into(),
+            retunable: false,
+        });
+    };
+    let why = if stored.name != current.name {
+        format!(
+            "it was taken with optimizer `{}`, and this handle's is `{}`",
+            stored.name, current.name
+        )
+    } else if stored.slots != current.slots {
+        format!(
+            "its optimizer keeps the slots {:?}, and this handle's keeps {:?}",
+            stored.slots, current.slots
+        )
+    } else if stored.digest != current.digest && !allow_retuned {
+        return Err(Error::CheckpointOptimizer {
+            stored: stored.constants.clone(),
+            current: current.constants,
+            why: "the optimizer's constants differ".into(),
+            retunable: true,
+        });
+    } else {
+        return Ok(());
+    };
+    Err(Error::CheckpointOptimizer {
+        stored: stored.constants.clone(),
+        current: current.constants,
+        why,
+        retunable: false,
+    })
 }
 
 /// Zeroed optimizer state for the packed trainable leaves: each slot, one array per group.
@@ -1711,6 +2033,43 @@ fn leaf_types<B: Tree>(batch: &B) -> Vec<crate::tree::LeafType> {
     let mut v = Vec::new();
     batch.for_each_leaf("", &mut |_, a| v.push(a.leaf_type()));
     v
+}
+
+/// Refuses a batch holding a value outside `0..classes` in an input `compiled` reads as class
+/// indices ([`crate::trace::Graph::class_inputs`]), among its first `real` rows, naming the
+/// column and the row (the data set's, through `rows_of`, else the batch's). `before` is how
+/// many program inputs precede the batch's leaves. A scan of the label column on the host:
+/// nothing next to the step it guards.
+fn check_class_inputs<B: Tree>(
+    compiled: &Compiled,
+    before: usize,
+    batch: &B,
+    real: usize,
+    rows_of: Option<&[usize]>,
+) -> Result<()> {
+    if compiled.class_inputs.is_empty() {
+        return Ok(());
+    }
+    let leaves = leaves(batch);
+    for c in &compiled.class_inputs {
+        let Some(array) = c.input.checked_sub(before).and_then(|k| leaves.get(k)) else {
+            continue;
+        };
+        if let Some(Ok((row, value))) = crate::data::first_label_outside(array, c.classes, real) {
+            let path = compiled
+                .inputs
+                .leaves()
+                .nth(c.input)
+                .map_or("labels", |(p, _)| p);
+            return Err(Error::LabelOutOfRange {
+                column: path.strip_prefix("0.").unwrap_or(path).to_owned(),
+                row: rows_of.and_then(|r| r.get(row)).copied().unwrap_or(row),
+                value,
+                classes: c.classes,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// A batch of `rows` rows has between 1 and `rows` real ones.

@@ -48,6 +48,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
 use crate::error::{Error, Result};
+use crate::files;
 use crate::hash::Digest;
 
 use super::ffi::{self, Api};
@@ -599,7 +600,7 @@ impl StartupMemo {
         let dir = std::env::var_os("NITRO_CACHE_DIR")
             .filter(|d| !d.is_empty())
             .map(PathBuf::from)
-            .or_else(crate::cache::default_cache_dir)?;
+            .or_else(files::default_cache_dir)?;
         Some(StartupMemo::at(dir.join(STARTUP_MEMO_FILE)))
     }
 
@@ -612,8 +613,9 @@ impl StartupMemo {
     /// when the directory cannot be trusted (then nothing is read or written).
     fn load(&self) -> Option<MemoFile> {
         let dir = self.path.parent()?;
-        crate::cache::store::private_dir(dir).ok()?;
-        let memo = crate::cache::store::read_private(&self.path, MAX_MEMO_BYTES)
+        files::private_dir(dir).ok()?;
+        files::check_private_dir(dir).ok()?;
+        let memo = files::read_private(&self.path, MAX_MEMO_BYTES)
             .and_then(|bytes| serde_json::from_slice::<MemoFile>(&bytes).ok())
             .filter(|m| m.version == MEMO_VERSION);
         Some(memo.unwrap_or_default())
@@ -626,8 +628,13 @@ impl StartupMemo {
         let Ok(bytes) = serde_json::to_vec_pretty(&memo) else {
             return;
         };
-        if let Err(e) = crate::cache::store::write_atomic(&self.path, &bytes, false) {
-            tracing::debug!("nitro: could not write the start-up memo: {e}");
+        if let Err(e) = files::write_atomic(&self.path, &bytes, false) {
+            tracing::debug!(
+                "nitro: could not write the start-up memo ({} {}): {}",
+                e.step,
+                e.tmp.display(),
+                e.source
+            );
         }
     }
 
