@@ -1173,3 +1173,131 @@ pub(crate) fn array_from_safetensors(bytes: &[u8]) -> std::result::Result<Array,
         .map_err(|e| format!("holds no tensor `value` ({e})"))?;
     to_array(&view)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::DType;
+
+    /// The same experiment before and after its Device fields (and a tree's fields) were
+    /// reordered in the source: one type path, two declarations.
+    mod before {
+        #[derive(crate::Tree, Clone, Debug)]
+        pub struct Head {
+            pub w: crate::Array,
+            pub b: crate::Array,
+        }
+
+        #[crate::experiment]
+        pub struct Pair {
+            #[device(trainable)]
+            pub a: crate::Array,
+            #[device(trainable)]
+            pub b: crate::Array,
+            #[device(trainable)]
+            pub head: Head,
+        }
+    }
+
+    mod after {
+        #[derive(crate::Tree, Clone, Debug)]
+        pub struct Head {
+            pub b: crate::Array,
+            pub w: crate::Array,
+        }
+
+        #[crate::experiment]
+        pub struct Pair {
+            #[device(trainable)]
+            pub head: Head,
+            #[device(trainable)]
+            pub b: crate::Array,
+            #[device(trainable)]
+            pub a: crate::Array,
+        }
+    }
+
+    fn values(v: &[f32]) -> Array {
+        Array::from_vec(&[v.len()], v.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn a_reordered_declaration_restores_every_leaf_by_its_path() {
+        let old = before::Pair {
+            a: values(&[1.0, 2.0]),
+            b: values(&[3.0, 4.0, 5.0]),
+            head: before::Head {
+                w: values(&[6.0]),
+                b: values(&[7.0, 8.0]),
+            },
+        };
+        let mut new = after::Pair {
+            head: after::Head {
+                b: Array::zeros(DType::F32, &[2]),
+                w: Array::zeros(DType::F32, &[1]),
+            },
+            b: Array::zeros(DType::F32, &[3]),
+            a: Array::zeros(DType::F32, &[2]),
+        };
+        let mut checkpoint = Checkpoint::capture(&old, &[], 9).unwrap();
+        // What the file says after the source was edited: the same type path (which the
+        // GraphConst digest includes).
+        checkpoint.experiment = <after::Pair as Experiment>::TYPE_PATH.to_owned();
+        checkpoint.graph_const_digest = new.graph_const_digest();
+        let checkpoint = Checkpoint::from_bytes(&checkpoint.to_bytes().unwrap()).unwrap();
+        checkpoint.restore_into(&mut new).unwrap();
+        let read = |a: &Array| a.as_slice::<f32>().unwrap().to_vec();
+        assert_eq!(read(&new.a), [1.0, 2.0]);
+        assert_eq!(read(&new.b), [3.0, 4.0, 5.0]);
+        assert_eq!(read(&new.head.w), [6.0]);
+        assert_eq!(read(&new.head.b), [7.0, 8.0]);
+    }
+
+    #[derive(Debug)]
+    #[allow(dead_code)]
+    struct Arch {
+        hidden: usize,
+        layers: Vec<usize>,
+        act: &'static str,
+        inner: Inner,
+    }
+
+    #[derive(Debug)]
+    #[allow(dead_code)]
+    struct Inner {
+        rate: f64,
+    }
+
+    fn print(a: &Arch) -> String {
+        format!("{a:#?}")
+    }
+
+    #[test]
+    fn a_value_diff_names_each_changed_leaf_by_its_path() {
+        let old = Arch {
+            hidden: 128,
+            layers: vec![4, 8],
+            act: "tanh",
+            inner: Inner { rate: 0.5 },
+        };
+        let new = Arch {
+            hidden: 64,
+            layers: vec![4, 9, 2],
+            act: "tanh",
+            inner: Inner { rate: 0.25 },
+        };
+        let diff = value_diff("arch", &print(&old), &print(&new));
+        assert_eq!(
+            diff,
+            [
+                "arch.hidden: 128 → 64",
+                "arch.layers[1]: 8 → 9",
+                "arch.layers[2]: (absent) → 2",
+                "arch.inner.rate: 0.5 → 0.25",
+            ]
+        );
+        assert_eq!(value_diff("n", "3", "4"), ["n: 3 → 4"]);
+        let same = value_diff("x", "1.0", "1.0");
+        assert!(same[0].contains("prints identically"), "{same:?}");
+    }
+}

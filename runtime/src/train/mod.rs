@@ -784,6 +784,22 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         self.step
     }
 
+    /// The step count the update program keeps on the device: an `i64`, so it equals
+    /// [`steps`](Nitro::steps) however long the run (Adam's bias correction reads it). Reading
+    /// it waits for the steps taken so far.
+    pub fn device_steps(&mut self) -> Result<u64> {
+        self.wait()?;
+        let counter = to_host(&self.counter)?;
+        let value = counter
+            .first()
+            .ok_or_else(no_output)?
+            .as_slice::<i64>()?
+            .first()
+            .copied()
+            .ok_or_else(no_output)?;
+        u64::try_from(value).map_err(|_| no_output())
+    }
+
     /// How long after the handle was made its first step finished (programs compiled or
     /// loaded, and one step run); `None` before the first step.
     pub fn first_step_time(&self) -> Option<Duration> {
