@@ -758,7 +758,7 @@ fn first_bad<T: Copy>(values: &[T], ok: impl Fn(&T) -> bool) -> Option<(usize, T
 /// order into a new array.
 pub(crate) fn gather_rows(array: &Array, rows: &[usize]) -> Result<Array> {
     fn copy<T: Copy>(src: &[T], stride: usize, rows: &[usize]) -> Result<Vec<T>> {
-        let n = stride.checked_mul(rows.len()).unwrap_or(usize::MAX);
+        let n = stride.saturating_mul(rows.len());
         let mut out = Vec::new();
         out.try_reserve_exact(n).map_err(|_| Error::OutOfMemory {
             what: format!("{} gathered rows", rows.len()),
