@@ -38,11 +38,18 @@
 //!
 //! - each Device leaf is a tensor named by its path (`layers[0].w`, `lr`);
 //! - each optimizer-state array is a tensor named [`OPTIMIZER_PREFIX`] + its name
-//!   (`opt/m/layers[0].w`);
+//!   (`opt/m/layers[0].w`: a training handle names them `<slot>/<leaf path>`);
+//! - an open gradient-accumulation window's sums are tensors named [`WINDOW_PREFIX`] + the
+//!   trainable leaf's path;
 //! - dtypes map to `F32`, `F64`, `I32`, `I64`, `U8` and `BOOL`; data is little-endian, row-major;
 //! - the metadata (a string map) holds the keys listed under [`meta`]: the format version, the
 //!   experiment's type path and schema digest, the GraphConst digest and every GraphConst
-//!   field's digest, the Device signature (JSON), the step, and a checksum.
+//!   field's digest and (where `Debug`) printed value, the Device signature (JSON), the
+//!   optimizer's identity, the step, the epoch position, the accumulation window, and a
+//!   checksum.
+//!
+//! [`Checkpoint::save`] writes atomically and removes temporary files earlier saves left when
+//! killed; [`Checkpoint::load`] reads regular files only, as far as their header says.
 //!
 //! `safetensors` has no checksum of its own, so nitro adds one: blake3 over every metadata
 //! entry but the checksum (sorted by key), then every tensor's name, dtype, shape and bytes
@@ -53,10 +60,11 @@
 //!
 //! [`Checkpoint::restore_into`] refuses, before changing anything, when the experiment type
 //! differs ([`Error::CheckpointExperiment`]), when the GraphConst digest differs
-//! ([`Error::CheckpointGraphConst`], naming each field whose digest differs — the values
-//! themselves are not in the file, since a GraphConst need not be `Debug`; compare them in your
-//! configuration), or when a Device leaf's path, dtype or dims differ, or the trees' structure
-//! does ([`Error::CheckpointDevice`], naming each). Host fields are not in checkpoints, and the
+//! ([`Error::CheckpointGraphConst`], naming each field whose digest differs, and where its type
+//! is `Debug` what differs in its value: `arch.hidden: 128 → 64`), or when a Device leaf's path,
+//! dtype or dims differ, or the trees' structure does ([`Error::CheckpointDevice`], naming
+//! each). Leaves are restored by path, so a reordered declaration restores correctly. A training
+//! handle also checks the optimizer ([`crate::train::Nitro::resume`]). Host fields are not in checkpoints, and the
 //! schema digest is recorded but not compared: adding a Host field does not invalidate a
 //! checkpoint.
 

@@ -1004,6 +1004,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// first `real` (the rest is padding): gradient, then the optimizer update. Returns the
     /// mean loss over the real rows (reading it waits for the step; see
     /// [`step_deferred`](Nitro::step_deferred) to read losses later).
+    ///
+    /// A batch whose real rows hold a label outside the classes of the loss reading it is
+    /// refused before it runs ([`Error::LabelOutOfRange`], naming the batch's row).
     pub fn step(&mut self, batch: &E::Batch, real: usize) -> Result<StepResult> {
         self.step_deferred(batch, real)?;
         let loss = self.take_losses()?.pop().unwrap_or(f64::NAN);
@@ -1302,6 +1305,10 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     }
 
     /// Evaluates every row of `data` once, in order: summed loss and correct count.
+    ///
+    /// Errors: [`Error::EmptyData`] for a data set without rows; [`Error::LabelOutOfRange`]
+    /// naming the data set's row when a batch holds a label outside the classes of the loss
+    /// (or `correct`) reading it.
     pub fn validate(&mut self, data: &Dataset) -> Result<EvalResult>
     where
         E::Batch: FromBatch,
