@@ -15,7 +15,7 @@ use nitro::checkpoint::Checkpoint;
 use nitro::data::Dataset;
 use nitro::optim::{Adam, AdamW, Momentum, Optimizer, Sgd};
 use nitro::prelude::*;
-use nitro::train::{Config, FromBatch, Model, Nitro};
+use nitro::train::{Config, Model, Nitro};
 use nitro::Error;
 
 #[path = "common/mlp.rs"]
@@ -26,24 +26,6 @@ fn own_cache() -> &'static Cache {
     Box::leak(Box::new(Cache::in_memory(32)))
 }
 
-impl FromBatch for Batch {
-    fn from_batch(b: nitro::data::Batch) -> nitro::Result<Batch> {
-        Ok(Batch {
-            x: b.column("x").cloned().expect("an x column"),
-            y: b.column("y").cloned().expect("a y column"),
-        })
-    }
-}
-
-fn dataset(rows: usize, seed: u64) -> Dataset {
-    let (x, y) = data(rows, seed);
-    Dataset::new([
-        ("x", Array::from_vec(&[rows, 4], x).unwrap()),
-        ("y", Array::from_vec(&[rows], y).unwrap()),
-    ])
-    .unwrap()
-}
-
 fn with_labels(rows: usize, seed: u64, bad_row: usize, label: i32) -> Dataset {
     let (x, mut y) = data(rows, seed);
     y[bad_row] = label;
@@ -52,14 +34,6 @@ fn with_labels(rows: usize, seed: u64, bad_row: usize, label: i32) -> Dataset {
         ("y", Array::from_vec(&[rows], y).unwrap()),
     ])
     .unwrap()
-}
-
-fn leaves(e: &Mlp) -> Vec<Vec<f32>> {
-    e.layers
-        .iter()
-        .flat_map(|l| [&l.w, &l.b])
-        .map(|a| a.as_slice::<f32>().unwrap().to_vec())
-        .collect()
 }
 
 fn run<O: Optimizer>(backend: &'static dyn Backend, o: O, config: Config) -> Nitro<Mlp, O> {

@@ -8,6 +8,7 @@ mod common;
 
 #[path = "common/mlp.rs"]
 mod mlp;
+use mlp::dataset;
 
 use std::sync::Arc;
 
@@ -85,15 +86,6 @@ fn probe<const C: bool, const M: u8>(encoder_seed: u64, gain: u32) -> Probe<C, M
         encoder: init::normal(&[4, FEATURES], 0.0, 1.0, Seed(encoder_seed)),
         head: Array::zeros(DType::F32, &[FEATURES, 3]),
     }
-}
-
-fn dataset(rows: usize, seed: u64) -> Dataset {
-    let (x, y) = mlp::data(rows, seed);
-    Dataset::new([
-        ("x", Array::from_vec(&[rows, 4], x).unwrap()),
-        ("y", Array::from_vec(&[rows], y).unwrap()),
-    ])
-    .unwrap()
 }
 
 fn store_cache(dir: &TempDir) -> &'static Cache {

@@ -9,11 +9,10 @@ mod common;
 use common::xla_or_skip;
 use nitro::backend::{self, Backend};
 use nitro::cache::{Cache, MissReason, Outcome};
-use nitro::data::Dataset;
 use nitro::optim::{Adam, Optimizer, Sgd};
 use nitro::prelude::*;
 use nitro::trace::nn;
-use nitro::train::{Config, DeviceMetric, EvalResult, FromBatch, HostMetric, Nitro};
+use nitro::train::{Config, DeviceMetric, EvalResult, HostMetric, Nitro};
 
 #[path = "common/mlp.rs"]
 mod mlp;
@@ -32,14 +31,6 @@ fn handle<O: Optimizer>(
     lr: f64,
 ) -> Nitro<Mlp, O> {
     Nitro::with_backend(e, o, Config::new().batch(rows).lr(lr), backend, cache).unwrap()
-}
-
-fn leaves(e: &Mlp) -> Vec<Vec<f32>> {
-    e.layers
-        .iter()
-        .flat_map(|l| [&l.w, &l.b])
-        .map(|a| a.as_slice::<f32>().unwrap().to_vec())
-        .collect()
 }
 
 #[track_caller]
@@ -298,24 +289,6 @@ fn bad_steps_are_typed_errors() {
     )
     .is_err());
     assert!(run.step(&batch(&x, &y, 0, 4, 4), 4).is_ok());
-}
-
-impl FromBatch for Batch {
-    fn from_batch(b: nitro::data::Batch) -> nitro::Result<Batch> {
-        Ok(Batch {
-            x: b.column("x").cloned().expect("an x column"),
-            y: b.column("y").cloned().expect("a y column"),
-        })
-    }
-}
-
-fn dataset(rows: usize, seed: u64) -> Dataset {
-    let (x, y) = data(rows, seed);
-    Dataset::new([
-        ("x", Array::from_vec(&[rows, 4], x).unwrap()),
-        ("y", Array::from_vec(&[rows], y).unwrap()),
-    ])
-    .unwrap()
 }
 
 fn fits_on(backend: &'static dyn Backend) {

@@ -2,10 +2,11 @@
 //! data and its batches. Included with `#[path]` by the test files that train it.
 #![allow(dead_code)]
 
+use nitro::data::Dataset;
 use nitro::init::{self, Rng, Seed};
 use nitro::prelude::*;
 use nitro::trace::nn;
-use nitro::train::Model;
+use nitro::train::{FromBatch, Model};
 
 #[derive(ContentHash, Clone, Copy, Debug, PartialEq)]
 pub enum Act {
@@ -110,4 +111,32 @@ pub fn batch(x: &[f32], y: &[i32], start: usize, real: usize, rows: usize) -> Ba
         x: Array::from_vec(&[rows, 4], bx).unwrap(),
         y: Array::from_vec(&[rows], by).unwrap(),
     }
+}
+
+impl FromBatch for Batch {
+    fn from_batch(b: nitro::data::Batch) -> nitro::Result<Batch> {
+        Ok(Batch {
+            x: b.column("x").cloned().expect("an x column"),
+            y: b.column("y").cloned().expect("a y column"),
+        })
+    }
+}
+
+/// `rows` rows of [`data`] as a data set with columns `x` and `y`.
+pub fn dataset(rows: usize, seed: u64) -> Dataset {
+    let (x, y) = data(rows, seed);
+    Dataset::new([
+        ("x", Array::from_vec(&[rows, 4], x).unwrap()),
+        ("y", Array::from_vec(&[rows], y).unwrap()),
+    ])
+    .unwrap()
+}
+
+/// The trainable leaves' values, layer by layer.
+pub fn leaves(e: &Mlp) -> Vec<Vec<f32>> {
+    e.layers
+        .iter()
+        .flat_map(|l| [&l.w, &l.b])
+        .map(|a| a.as_slice::<f32>().unwrap().to_vec())
+        .collect()
 }
