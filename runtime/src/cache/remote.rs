@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use super::store::{
     decode_entry, encode_entry, explain_entries, meta_len_of, DirStore, Entry, EntrySummary,
-    Explanation, KeyLock, Lookup, Store, ENTRY_HEADER_BYTES,
+    Explanation, HeldLock, KeyLock, Lookup, Store, ENTRY_HEADER_BYTES,
 };
 use super::{RejectKind, Rejection, RemoteStats};
 use crate::error::{Error, Result};
@@ -550,6 +550,9 @@ impl std::fmt::Debug for Lease {
     }
 }
 
+/// A [`KeyLock`] holds a lease while its holder compiles.
+impl HeldLock for Lease {}
+
 impl Lease {
     fn start(remote: Arc<Remote>, key: String, id: String) -> Lease {
         let (stop, stopped) = mpsc::channel::<()>();
@@ -989,7 +992,7 @@ impl Store for RedisStore {
     }
 
     fn lock(&self, key: &Digest, wait: Duration) -> Result<Option<KeyLock>> {
-        Ok(self.remote.acquire(key, wait).map(KeyLock::from_lease))
+        Ok(self.remote.acquire(key, wait).map(KeyLock::from_held))
     }
 
     /// The bytes of this namespace's entries on the server (a scan: for tools, not hot paths);
@@ -1113,8 +1116,8 @@ impl Store for LayeredStore {
         }
         let rest = wait.saturating_sub(started.elapsed());
         Ok(match (self.remote.remote.acquire(key, rest), local) {
-            (Some(lease), Some(local)) => Some(local.with_lease(lease)),
-            (Some(lease), None) => Some(KeyLock::from_lease(lease)),
+            (Some(lease), Some(local)) => Some(local.with_held(lease)),
+            (Some(lease), None) => Some(KeyLock::from_held(lease)),
             (None, local) => local,
         })
     }
