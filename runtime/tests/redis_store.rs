@@ -584,6 +584,135 @@ fn hung_child() {
     unreachable!("killed while compiling");
 }
 
+/// The server keys (`entry:…`) of programs 0 and 1 of [`programs`], in that order, learnt by
+/// compiling them in a namespace of their own (a key does not depend on the namespace).
+fn entry_keys_of_two_programs(url: &str) -> [String; 2] {
+    let ns = common::namespace("keys");
+    let dir = TempDir::new("keys");
+    let (cache, _) = machine(config(url, &ns), &dir);
+    let mut seen: Vec<String> = Vec::new();
+    for i in 0..2 {
+        assert!(compiled(&run(&cache, backend::interpreter(), i)));
+        let new = keys(url, &format!("{ns}:entry:*"))
+            .into_iter()
+            .find(|k| !seen.contains(k))
+            .expect("each compile uploads one entry");
+        seen.push(new);
+    }
+    let prefix = format!("{ns}:entry:");
+    [0, 1].map(|i| seen[i].strip_prefix(&prefix).unwrap().to_owned())
+}
+
+#[test]
+fn a_lease_without_an_expiry_or_outlasting_the_lease_is_taken_not_waited_for() {
+    let Some((url, ns)) = shared_or_skip(
+        "a_lease_without_an_expiry_or_outlasting_the_lease_is_taken_not_waited_for",
+        "stale",
+    ) else {
+        return;
+    };
+    let [k0, k1] = entry_keys_of_two_programs(&url);
+    // Left by a crashed or foreign writer: program 0's lease has no expiry, program 1's would
+    // last an hour (this store's lease is 1 s). Waited for, each would hold every machine for
+    // the whole compile wait (120 s).
+    let (lock0, lock1) = (format!("{ns}:lock:{k0}"), format!("{ns}:lock:{k1}"));
+    let mut c = client(&url);
+    let _: () = redis::cmd("SET")
+        .arg(&lock0)
+        .arg("crashed-writer")
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(&lock1)
+        .arg("foreign-writer")
+        .arg("PX")
+        .arg(3_600_000)
+        .query(&mut c)
+        .unwrap();
+
+    let dir = TempDir::new("stale");
+    let (cache, _) = machine(config(&url, &ns), &dir);
+    let started = Instant::now();
+    assert!(compiled(&run(&cache, backend::interpreter(), 0)));
+    assert!(compiled(&run(&cache, backend::interpreter(), 1)));
+    let r = cache.stats().remote.unwrap();
+    // Removed and taken, never waited for: compiled here, uploaded, released.
+    assert_eq!(
+        (r.stale_leases, r.lease_waits, r.uploads, r.errors),
+        (2, 0, 2, 0),
+        "{r:?}"
+    );
+    assert!(
+        keys(&url, &format!("{ns}:lock:*")).is_empty(),
+        "the stale leases are gone, and this process's released"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "well under the compile wait: {:?}",
+        started.elapsed()
+    );
+    // What it uploaded serves the next machine.
+    let dir = TempDir::new("stale-next");
+    let (next, _) = machine(config(&url, &ns), &dir);
+    assert!(loaded(&run(&next, backend::interpreter(), 0)));
+
+    // A live lease (with an expiry within the lease) is still waited for: only stale ones are
+    // removed. A read-only process does not wait for a stale one either, and removes nothing.
+    let ns_ro = common::namespace("stale-ro");
+    let lock_ro = format!("{ns_ro}:lock:{k0}");
+    let _: () = redis::cmd("SET")
+        .arg(&lock_ro)
+        .arg("crashed-writer")
+        .query(&mut c)
+        .unwrap();
+    let mut ro = config(&url, &ns_ro);
+    ro.mode = RemoteMode::ReadOnly;
+    let dir = TempDir::new("stale-ro");
+    let (reader, _) = machine(ro, &dir);
+    assert!(compiled(&run(&reader, backend::interpreter(), 0)));
+    let r = reader.stats().remote.unwrap();
+    assert_eq!(
+        (r.stale_leases, r.lease_waits, r.uploads),
+        (1, 0, 0),
+        "{r:?}"
+    );
+    assert_eq!(
+        keys(&url, &format!("{ns_ro}:lock:*")),
+        vec![lock_ro.clone()],
+        "read-only: left in place"
+    );
+    let _: u64 = redis::cmd("DEL").arg(&lock_ro).query(&mut c).unwrap();
+}
+
+#[test]
+fn a_live_lease_is_never_taken_as_stale() {
+    let Some((url, ns)) = shared_or_skip("a_live_lease_is_never_taken_as_stale", "live") else {
+        return;
+    };
+    let [k0, _] = entry_keys_of_two_programs(&url);
+    // Another holder's lease of 4 s, within this store's lease (30 s): waited for until it
+    // expires, never removed.
+    let lock0 = format!("{ns}:lock:{k0}");
+    let _: () = redis::cmd("SET")
+        .arg(&lock0)
+        .arg("live-holder")
+        .arg("PX")
+        .arg(4000)
+        .query(&mut client(&url))
+        .unwrap();
+    let mut long = config(&url, &ns);
+    long.lease = Duration::from_secs(30);
+    let dir = TempDir::new("live");
+    let (cache, _) = machine(long, &dir);
+    assert!(compiled(&run(&cache, backend::interpreter(), 0)));
+    let r = cache.stats().remote.unwrap();
+    assert_eq!(
+        (r.stale_leases, r.lease_waits, r.uploads),
+        (0, 1, 1),
+        "{r:?}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Faults
 // ---------------------------------------------------------------------------------------------

@@ -19,7 +19,13 @@
 //!   thread while it compiles (a compare-and-`PEXPIRE` script) and deletes it when done (a
 //!   compare-and-`DEL` script, so it never removes a lease another process took after its own
 //!   expired); the others poll until the entry appears, then load it. A holder that dies stops
-//!   renewing, the lease expires, and the next waiter compiles.
+//!   renewing, the lease expires, and the next waiter compiles. A lease no holder of this
+//!   configuration could have set — without an expiry, or outlasting [`RemoteConfig::lease`]
+//!   (left by a writer that crashed between a plain `SET` and its expiry, a foreign tool, a
+//!   server that lost the expiry) — is stale: never waited for. A read-write store removes it
+//!   with a script that reads its time to live and deletes it in one step (so a live lease
+//!   taken meanwhile is never removed) and takes the lease; a read-only one compiles without
+//!   waiting. Counted in [`RemoteStats::stale_leases`], said once on stderr.
 //! - **Faults never fail a run.** A timeout, a refused connection, a server restart or an error
 //!   reply is counted ([`RemoteStats::errors`]), said once on stderr, and served locally
 //!   (compiled, or read from the local store); the server is then left alone for
@@ -66,6 +72,16 @@ const RELEASE: &str =
 /// Extends a lease only if it still holds this holder's id.
 const RENEW: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then \
                      return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
+/// Deletes a lease no live holder of this configuration can have: one without an expiry, or
+/// set to outlast the lease (`ARGV[1]` ms). The holder and its time to live are read and the
+/// lease deleted in one step, so a lease taken in between is never removed. Returns the
+/// removed lease's holder id and time to live in ms (-1: none), or nil.
+const REMOVE_STALE: &str = "local holder = redis.call('get', KEYS[1]) \
+                            if not holder then return false end \
+                            local ttl = redis.call('pttl', KEYS[1]) \
+                            if ttl == -1 or ttl > tonumber(ARGV[1]) then \
+                            redis.call('del', KEYS[1]) return {holder, ttl} end \
+                            return false";
 
 /// Whether a shared store may write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -251,6 +267,7 @@ struct Counters {
     bytes_up: AtomicU64,
     errors: AtomicU64,
     lease_waits: AtomicU64,
+    stale_leases: AtomicU64,
     too_large: AtomicU64,
 }
 
@@ -457,6 +474,10 @@ impl Remote {
     /// it. `None` when there is nothing to compile here under a lease: the entry is on the
     /// server (now, or after waiting), the wait ran out, the store is read-only, or the server
     /// did not answer — in each case the caller looks the entry up and compiles on a miss.
+    ///
+    /// A stale lease (no expiry, or one that outlasts [`RemoteConfig::lease`]) is not waited
+    /// for: a read-write store removes it and takes the lease, a read-only one compiles
+    /// without waiting (see [`remove_stale`](Remote::remove_stale)).
     fn acquire(self: &Arc<Self>, key: &Digest, wait: Duration) -> Option<Lease> {
         let (entry_key, lock_key) = (self.entry_key(key), self.lock_key(key));
         let started = Instant::now();
@@ -470,9 +491,19 @@ impl Remote {
                 return None;
             }
             if self.config.read_only() {
-                // Never takes a lease; waits only while someone else holds one.
-                if !self.exists(&lock_key).unwrap_or(false) {
-                    return None;
+                // Never takes a lease (nor removes one); waits only while someone else holds a
+                // live one.
+                let ttl = self.run("look up a compile lease", |c| {
+                    redis::cmd("PTTL").arg(&lock_key).query::<i64>(c)
+                });
+                match ttl {
+                    Ok(-2) | Err(_) => return None,
+                    Ok(ttl) if self.is_stale(ttl) => {
+                        add(&self.stats.stale_leases, 1);
+                        self.say_stale(&lock_key, None, ttl);
+                        return None;
+                    }
+                    Ok(_) => {}
                 }
             } else {
                 let id = lease_id();
@@ -486,7 +517,12 @@ impl Remote {
                         .query::<redis::Value>(c)
                 });
                 match taken {
-                    Ok(redis::Value::Nil) => {}
+                    // Held: by a live holder (wait), or stale (removed: take it now).
+                    Ok(redis::Value::Nil) => match self.remove_stale(&lock_key) {
+                        Ok(true) if Instant::now() < deadline => continue,
+                        Ok(_) => {}
+                        Err(_) => return None,
+                    },
                     Ok(_) => return Some(Lease::start(self.clone(), lock_key, id)),
                     Err(_) => return None,
                 }
@@ -509,6 +545,66 @@ impl Remote {
             }
             std::thread::sleep(poll);
         }
+    }
+
+    /// Whether a lease with `ttl` ms left (`PTTL`: -1 without an expiry) is stale: no holder
+    /// of this configuration sets or renews a lease without an expiry or beyond
+    /// [`RemoteConfig::lease`], so none is waiting to release it. Such a lease is left by a
+    /// writer that crashed between a plain `SET` and its expiry, by a foreign tool, or by a
+    /// server that lost the expiry (a restored snapshot, a `PERSIST`); waited for, it would
+    /// stall every machine the whole compile wait, for every program it names.
+    fn is_stale(&self, ttl: i64) -> bool {
+        let lease_ms = i64::try_from(self.config.lease.as_millis()).unwrap_or(i64::MAX);
+        ttl == -1 || ttl > lease_ms
+    }
+
+    /// Removes the lease at `lock_key` if it is [stale](Remote::is_stale) — atomically, on the
+    /// server, so a live lease taken in between is never removed. `Ok(true)` when it removed
+    /// one (counted, said once on stderr); `Err` when the server did not answer.
+    fn remove_stale(&self, lock_key: &str) -> std::result::Result<bool, String> {
+        let lease_ms = u64::try_from(self.config.lease.as_millis()).unwrap_or(u64::MAX);
+        let removed: Option<(String, i64)> = self.run("remove a stale compile lease", |c| {
+            redis::cmd("EVAL")
+                .arg(REMOVE_STALE)
+                .arg(1)
+                .arg(lock_key)
+                .arg(lease_ms)
+                .query(c)
+        })?;
+        let Some((holder, ttl)) = removed else {
+            return Ok(false);
+        };
+        add(&self.stats.stale_leases, 1);
+        self.say_stale(lock_key, Some(&holder), ttl);
+        Ok(true)
+    }
+
+    /// Says (once per process on stderr, and each time in the log) that the lease at
+    /// `lock_key`, held by `holder` when known, with `ttl` ms left, was stale.
+    fn say_stale(&self, lock_key: &str, holder: Option<&str>, ttl: i64) {
+        let lease_ms = self.config.lease.as_millis();
+        let why = if ttl == -1 {
+            "has no expiry".to_owned()
+        } else {
+            format!("would last {ttl} ms, longer than this process's lease of {lease_ms} ms")
+        };
+        let holder = holder.map_or_else(String::new, |h| format!(" (holder `{h}`)"));
+        let done = if self.config.read_only() {
+            "not waiting for it (read-only: it is left in place)"
+        } else {
+            "removed it and took the lease"
+        };
+        tracing::warn!(server = %self.shown, lease = %lock_key, "nitro: stale compile lease of the shared cache{holder}: it {why}; {done}");
+        crate::settings::notice_once(
+            "shared-cache-stale-lease",
+            &format!(
+                "a compile lease on the shared compile cache {}{holder} {why}, so no live \
+                 holder will release it (a crashed or foreign writer left it, or the server lost \
+                 its expiry); {done} instead of waiting. Every machine of a namespace should use \
+                 the same NITRO_CACHE_REMOTE_LEASE_MS",
+                self.shown
+            ),
+        );
     }
 }
 
@@ -695,6 +791,7 @@ impl RedisStore {
             bytes_up: get(&s.bytes_up),
             errors: get(&s.errors),
             lease_waits: get(&s.lease_waits),
+            stale_leases: get(&s.stale_leases),
             too_large: get(&s.too_large),
         }
     }

@@ -62,6 +62,11 @@ pub struct RemoteStats {
     pub errors: u64,
     /// Lookups that waited for another process's compile lease.
     pub lease_waits: u64,
+    /// Compile leases found stale — without an expiry, or outlasting this store's lease
+    /// (`NITRO_CACHE_REMOTE_LEASE_MS`), so no live holder will release them — and not waited
+    /// for: removed and taken by a read-write store, left in place by a read-only one.
+    #[serde(default)]
+    pub stale_leases: u64,
     /// Compiled entries not uploaded because they are over the entry size limit.
     pub too_large: u64,
 }
