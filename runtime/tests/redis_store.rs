@@ -251,6 +251,17 @@ impl Server {
         }
     }
 
+    /// Sends it `SIG<name>` (`STOP`, `CONT`).
+    fn signal(&self, name: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(pid.to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{name} {pid}");
+    }
+
     /// Kills it (SIGKILL: no goodbye to clients).
     fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -779,6 +790,101 @@ fn an_unreachable_server_never_fails_a_run() {
     for i in 0..programs().len() {
         assert!(loaded(&run(&again, backend::interpreter(), i)));
     }
+}
+
+/// A real unix socket that accepts connections and never answers (a hung server, or one that
+/// is not Redis), listening for the rest of the test process; its `redis+unix://` URL.
+fn silent_server(dir: &TempDir) -> String {
+    fs::create_dir_all(dir.path()).unwrap();
+    let path = dir.path().join("silent.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming() {
+            match conn {
+                Ok(c) => held.push(c), // read nothing, write nothing
+                Err(_) => return,
+            }
+        }
+    });
+    format!("redis+unix://{}", path.display())
+}
+
+#[track_caller]
+fn names_the_timeout(message: &str, ms: u64) {
+    assert!(
+        message.contains(&format!("timed out after {ms} ms"))
+            && message.contains("NITRO_CACHE_REMOTE_TIMEOUT_MS"),
+        "the timeout and its setting are named: {message}"
+    );
+    assert!(
+        !message.contains("os error 11") && !message.contains("temporarily unavailable"),
+        "not the operating system's words for it: {message}"
+    );
+}
+
+#[test]
+fn a_server_that_does_not_answer_reports_its_timeout() {
+    // No Redis server needed: a socket that accepts and stays silent.
+    let tmp = TempDir::new("silent");
+    let url = silent_server(&tmp);
+    let mut c = config(&url, "silent");
+    c.timeout = Duration::from_millis(200);
+    let store = RedisStore::open(c, Some(KEY)).unwrap();
+    let err = store.get(&nitro::Digest::of("anything")).unwrap_err();
+    assert!(matches!(err, Error::RemoteCache { .. }), "{err}");
+    names_the_timeout(&err.to_string(), 200);
+    assert_eq!(store.stats().errors, 1);
+
+    // The one-time notice on stderr says it too (in a child process, whose stderr this test
+    // reads), and the run goes on with a local compile.
+    let out = child("silent_child")
+        .env("NITRO_TEST_SILENT", &url)
+        .env("NITRO_TEST_LOCAL", tmp.path().join("local"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("SILENT compiled"), "{stdout}");
+    let notices: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("the shared compile cache failed"))
+        .collect();
+    assert_eq!(notices.len(), 1, "said once: {stderr}");
+    names_the_timeout(notices[0], 200);
+
+    // A real server that stops answering mid-run (SIGSTOP) times out on a command of an open
+    // connection the same way.
+    if common::redis_or_skip("a_server_that_does_not_answer_reports_its_timeout").is_none() {
+        return;
+    }
+    let server = Server::start("stopped", &[]);
+    let mut c = config(&server.url(), "stopped");
+    c.timeout = Duration::from_millis(300);
+    let store = RedisStore::open(c, Some(KEY)).unwrap();
+    assert!(store.ping(), "connected");
+    server.signal("STOP");
+    let err = store.get(&nitro::Digest::of("anything")).unwrap_err();
+    server.signal("CONT");
+    names_the_timeout(&err.to_string(), 300);
+}
+
+#[test]
+#[ignore = "run as a child process by a_server_that_does_not_answer_reports_its_timeout"]
+fn silent_child() {
+    let Ok(url) = std::env::var("NITRO_TEST_SILENT") else {
+        return;
+    };
+    let mut c = config(&url, "silent");
+    c.timeout = Duration::from_millis(200);
+    let local = PathBuf::from(std::env::var("NITRO_TEST_LOCAL").unwrap());
+    let store = layered(c, &local, KEY);
+    let cache = Cache::new(16, Some(store));
+    for i in 0..2 {
+        assert!(compiled(&run(&cache, backend::interpreter(), i)));
+    }
+    println!("SILENT compiled");
 }
 
 #[test]

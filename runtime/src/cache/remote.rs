@@ -105,7 +105,9 @@ pub struct RemoteConfig {
     pub prefix: String,
     /// Whether this store may write.
     pub mode: RemoteMode,
-    /// The time allowed to connect, and for each read or write.
+    /// The time allowed to connect, and for each read or write. A request that runs out of it
+    /// is a fault that says so (`timed out after … ms`, naming
+    /// `NITRO_CACHE_REMOTE_TIMEOUT_MS`).
     pub timeout: Duration,
     /// How long a compile lease lasts unless renewed (its holder renews it every third of
     /// this); a holder that dies blocks the others this long at most.
@@ -364,13 +366,29 @@ impl Remote {
         Ok(conn)
     }
 
+    /// A failure in words. A timeout says so, with the limit and the setting behind it (the
+    /// operating system's own words for a read that timed out, "Resource temporarily
+    /// unavailable", name neither).
+    fn describe(&self, e: &redis::RedisError) -> String {
+        if e.is_timeout() {
+            format!(
+                "timed out after {} ms without an answer (the limit NITRO_CACHE_REMOTE_TIMEOUT_MS \
+                 sets, RemoteConfig::timeout in code; raise it if the server is only slow, or \
+                 check that it runs and is not stopped)",
+                self.config.timeout.as_millis()
+            )
+        } else {
+            e.to_string()
+        }
+    }
+
     /// Counts and reports a failed request; returns it in words.
     fn fault(&self, what: &str, e: &redis::RedisError, broken: bool) -> String {
         add(&self.stats.errors, 1);
         if broken {
             *lock(&self.down_until) = Some(Instant::now() + self.config.retry_after);
         }
-        let message = format!("cannot {what} on {}: {e}", self.shown);
+        let message = format!("cannot {what} on {}: {}", self.shown, self.describe(e));
         if !self.down.swap(true, Ordering::Relaxed) {
             tracing::warn!(server = %self.shown, "nitro: shared compile cache: {message}");
         }
