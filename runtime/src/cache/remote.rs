@@ -936,16 +936,23 @@ impl RedisStore {
     /// Copies entries from the server into `local` (`nitro cache pull`): those `queries` name
     /// (each matched as [`explain`](RedisStore::explain) matches), or every one when `queries`
     /// is empty. Entries `local` already holds are left alone; each copied entry is verified
-    /// with the key first (one the server's copy fails is skipped, with the reason).
+    /// with the key first (one the server's copy fails is skipped, with the reason). A query
+    /// that names no entry on the server is listed in [`Transfer::unmatched`] (the others are
+    /// still copied).
     pub fn pull_into(&self, local: &DirStore, queries: &[String]) -> Result<Transfer> {
         self.same_key(local)?;
         let all = self.list()?;
+        let mut t = Transfer::default();
         let wanted: Vec<EntrySummary> = if queries.is_empty() {
             all
         } else {
             let mut v: Vec<EntrySummary> = Vec::new();
             for q in queries {
-                for x in explain_entries(all.clone(), q, &|_| None) {
+                let found = explain_entries(all.clone(), q, &|_| None);
+                if found.iter().all(|x| x.entries.is_empty()) {
+                    t.unmatched.push(q.clone());
+                }
+                for x in found {
                     for e in x.entries {
                         if !v.iter().any(|w| w.key == e.key) {
                             v.push(e);
@@ -955,7 +962,6 @@ impl RedisStore {
             }
             v
         };
-        let mut t = Transfer::default();
         for e in wanted {
             let Ok(key) = e.key.parse::<Digest>() else {
                 t.skipped.push((e.key, "not a key".into()));
@@ -1055,6 +1061,9 @@ pub struct Transfer {
     pub skipped: Vec<(String, String)>,
     /// Payload bytes copied.
     pub bytes: u64,
+    /// The queries of a pull that named no entry on the server (a typo, or a program never
+    /// uploaded): nothing was copied for them.
+    pub unmatched: Vec<String>,
 }
 
 /// `s` with the glob characters of Redis patterns escaped.
