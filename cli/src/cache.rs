@@ -38,14 +38,21 @@ pub(crate) fn run(args: &CacheArgs) -> Result<Report, Failure> {
         let remote = remote_store(args, key)?;
         let store = DirStore::open(&dir, nitro::cache::store::DEFAULT_CAPACITY_BYTES, key)?;
         let t = remote.pull_into(&store, queries)?;
-        return Ok(transfer(
-            "pulled",
-            "from",
-            remote.url(),
-            "into",
-            &dir_text,
-            &t,
-        ));
+        let mut report = transfer("pulled", "from", remote.url(), "into", &dir_text, &t);
+        if !t.unmatched.is_empty() {
+            let named: Vec<String> = t.unmatched.iter().map(|q| format!("`{q}`")).collect();
+            report.problem = Some(Failure::found(
+                "no_match",
+                format!(
+                    "nothing on {} matches {} (a key, a key prefix of at least 4 hex digits, or \
+                     a program identity), so nothing was pulled for it; `nitro cache ls \
+                     --remote` lists what is there",
+                    remote.url(),
+                    named.join(", ")
+                ),
+            ));
+        }
+        return Ok(report);
     }
     let store = DirStore::open_existing(&dir, key)?;
     match &args.command {
@@ -410,6 +417,9 @@ fn transfer(
     let mut text = String::new();
     for (key, why) in &t.skipped {
         let _ = writeln!(text, "skipped {}: {why}", key.get(..12).unwrap_or(key));
+    }
+    for query in &t.unmatched {
+        let _ = writeln!(text, "no match for `{query}`");
     }
     let _ = writeln!(
         text,

@@ -18,9 +18,9 @@
 //! directory), or `--dir`. Every command takes `--json` (one JSON document on stdout). The
 //! library owns the store's format ([`nitro::cache::DirStore`]); this crate only prints.
 //!
-//! Exit status: 0 on success; 1 when `verify` finds a problem or `explain` matches nothing;
-//! 2 when the command could not run (a missing or untrusted directory, a bad setting, a usage
-//! error).
+//! Exit status: 0 on success; 1 when `verify` finds a problem, or `explain` or a query of `pull`
+//! matches nothing; 2 when the command could not run (a missing or untrusted directory, a bad
+//! setting, a usage error).
 
 mod cache;
 mod text;

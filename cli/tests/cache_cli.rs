@@ -476,6 +476,36 @@ fn push_and_pull_through_a_shared_server() {
     assert_eq!(copied(&pull.json(), "pulled").len(), 2);
     assert_eq!(keys(&ls_json(&c)).len(), 2);
 
+    // A query that matches nothing is a failure (exit 1, like `explain`), not a quiet success:
+    // alone, nothing is pulled; beside one that matches, that one's entries still are.
+    let d = tmp.path().join("d");
+    let pull = nitro(&in_dir(&["pull", "Probe::nosuch", "--json"], &d), &env);
+    assert_eq!(pull.code, 1, "{}{}", pull.stdout, pull.stderr);
+    assert!(copied(&pull.json(), "pulled").is_empty());
+    assert_eq!(pull.json()["pulled"]["unmatched"][0], "Probe::nosuch");
+    assert!(
+        pull.stderr.contains("`Probe::nosuch`") && pull.stderr.contains("nitro cache ls --remote"),
+        "{}",
+        pull.stderr
+    );
+    let pull = nitro(&in_dir(&["pull", "Probe::other", "ffff0000"], &d), &env);
+    assert_eq!(pull.code, 1, "{}{}", pull.stdout, pull.stderr);
+    assert!(
+        pull.stdout.contains("no match for `ffff0000`"),
+        "{}",
+        pull.stdout
+    );
+    assert!(
+        !pull.stdout.contains("`Probe::other`") && !pull.stderr.contains("`Probe::other`"),
+        "only the unmatched query is named: {}{}",
+        pull.stdout,
+        pull.stderr
+    );
+    assert_eq!(keys(&ls_json(&d)).len(), 1, "Probe::other was pulled");
+    // `push` takes no query: one is a usage error, never a push of everything.
+    let push = nitro(&in_dir(&["push", "Probe::nosuch"], &a), &env);
+    assert_eq!(push.code, 2, "{}{}", push.stdout, push.stderr);
+
     // Refusals: read-only push, no key, a server that does not answer.
     let mut ro = env.to_vec();
     ro.push(("NITRO_CACHE_REMOTE_MODE", "ro"));

@@ -837,3 +837,172 @@ fn the_store_bound_applies_through_the_cache() {
     let (stats, _) = fresh_lookup(tmp.path(), None);
     assert_eq!((stats.compiles, stats.l2_hits), (1, 0));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Writes that fail: counted, said once, and the run goes on
+// ---------------------------------------------------------------------------------------------
+
+/// A cache on a store at `dir` whose directory is then replaced by a regular file, so that
+/// every write of an entry fails (`Not a directory`) — for root too, which permission bits would
+/// not stop (CI runs as root). Compiles STEP, then OTHER, then STEP again (a hit in memory);
+/// returns the stats after each.
+fn compile_with_failing_writes(dir: &Path) -> [nitro::cache::CacheStats; 3] {
+    let cache = Cache::new(8, Some(Arc::new(open(dir))));
+    fs::remove_dir_all(dir).unwrap();
+    fs::write(dir, b"not a directory").unwrap();
+    let (e, x) = probe();
+    let stats: Vec<_> = [&STEP, &OTHER, &STEP]
+        .into_iter()
+        .map(|program| {
+            let served = cache.get(backend::interpreter(), program, &e, &x).unwrap();
+            served.executable.run(&[&e.w, &x]).unwrap();
+            cache.stats()
+        })
+        .collect();
+    fs::remove_file(dir).unwrap();
+    stats.try_into().unwrap()
+}
+
+#[test]
+fn a_failed_store_write_is_counted_and_said_once() {
+    let tmp = TempDir::new("write-fails");
+    let [first, second, hit] = compile_with_failing_writes(tmp.path());
+    assert_eq!(
+        (first.compiles, first.store_write_failures),
+        (1, 1),
+        "compiled, and the failed write counted: {first}"
+    );
+    assert_eq!(
+        (second.compiles, second.store_write_failures),
+        (2, 2),
+        "{second}"
+    );
+    assert_eq!(
+        (hit.hits, hit.store_write_failures),
+        (1, 2),
+        "a hit writes nothing: {hit}"
+    );
+    assert!(
+        second.to_string().contains("store write failures 2"),
+        "{second}"
+    );
+
+    // Said once on stderr, naming what failed where and what to do (in a child process, whose
+    // stderr this test reads).
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "write_failure_child",
+            "--exact",
+            "--ignored",
+            "--test-threads=1",
+            "--nocapture",
+        ])
+        .env("NITRO_TEST_WRITE_FAILS", "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let dir = stdout
+        .lines()
+        .find_map(|l| l.split_once("WRITES ").map(|(_, dir)| dir))
+        .unwrap_or_else(|| panic!("no WRITES line: {stdout}"));
+    let notices: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("persistent compile cache"))
+        .collect();
+    assert_eq!(
+        notices.len(),
+        1,
+        "said once for two failed writes: {stderr}"
+    );
+    for part in [
+        "could not write `",
+        dir,
+        "Not a directory",
+        "NITRO_CACHE_DIR",
+        "NITRO_CACHE=off",
+        "store_write_failures",
+    ] {
+        assert!(notices[0].contains(part), "names {part:?}: {}", notices[0]);
+    }
+}
+
+#[test]
+#[ignore = "run as a child process by a_failed_store_write_is_counted_and_said_once"]
+fn write_failure_child() {
+    if std::env::var_os("NITRO_TEST_WRITE_FAILS").is_none() {
+        return;
+    }
+    let tmp = TempDir::new("write-fails-child");
+    let [_, second, _] = compile_with_failing_writes(tmp.path());
+    assert_eq!(second.store_write_failures, 2);
+    println!("WRITES {}", tmp.path().display());
+}
+
+/// The interpreter, except that its executables cannot be serialized (as a backend whose
+/// serialization fails).
+#[derive(Debug)]
+struct Unserializable;
+
+#[derive(Debug)]
+struct NoBytes(Box<dyn backend::Executable>);
+
+impl backend::Executable for NoBytes {
+    fn run(&self, inputs: &[&Array]) -> nitro::Result<Vec<Array>> {
+        self.0.run(inputs)
+    }
+    fn run_replicas(&self, inputs: &[&[&Array]]) -> nitro::Result<Vec<Vec<Array>>> {
+        self.0.run_replicas(inputs)
+    }
+    fn serialize(&self) -> nitro::Result<Vec<u8>> {
+        Err(Error::Pjrt {
+            call: "PJRT_Executable_Serialize",
+            code: "UNIMPLEMENTED",
+            message: "this backend cannot serialize".into(),
+        })
+    }
+    fn size_bytes(&self) -> u64 {
+        self.0.size_bytes()
+    }
+}
+
+impl backend::Backend for Unserializable {
+    fn identity(&self) -> &backend::Identity {
+        backend::interpreter().identity()
+    }
+    fn persistent(&self) -> bool {
+        true
+    }
+    fn compile(
+        &self,
+        graph: &nitro::trace::Graph,
+        text: &str,
+    ) -> nitro::Result<Box<dyn backend::Executable>> {
+        Ok(Box::new(NoBytes(
+            backend::interpreter().compile(graph, text)?,
+        )))
+    }
+    fn load(
+        &self,
+        payload: &[u8],
+        graph: &nitro::trace::Graph,
+    ) -> nitro::Result<Box<dyn backend::Executable>> {
+        backend::interpreter().load(payload, graph)
+    }
+}
+
+#[test]
+fn a_program_that_cannot_be_serialized_is_counted_as_a_failed_write() {
+    let tmp = TempDir::new("no-bytes");
+    let cache = Cache::new(8, Some(Arc::new(open(tmp.path()))));
+    let (e, x) = probe();
+    cache.get(&Unserializable, &STEP, &e, &x).unwrap();
+    let stats = cache.stats();
+    assert_eq!(
+        (stats.compiles, stats.store_write_failures),
+        (1, 1),
+        "{stats}"
+    );
+    assert!(entry_files(tmp.path()).is_empty(), "nothing was stored");
+}

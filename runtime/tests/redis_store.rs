@@ -251,6 +251,17 @@ impl Server {
         }
     }
 
+    /// Sends it `SIG<name>` (`STOP`, `CONT`).
+    fn signal(&self, name: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(pid.to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{name} {pid}");
+    }
+
     /// Kills it (SIGKILL: no goodbye to clients).
     fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -584,6 +595,135 @@ fn hung_child() {
     unreachable!("killed while compiling");
 }
 
+/// The server keys (`entry:…`) of programs 0 and 1 of [`programs`], in that order, learnt by
+/// compiling them in a namespace of their own (a key does not depend on the namespace).
+fn entry_keys_of_two_programs(url: &str) -> [String; 2] {
+    let ns = common::namespace("keys");
+    let dir = TempDir::new("keys");
+    let (cache, _) = machine(config(url, &ns), &dir);
+    let mut seen: Vec<String> = Vec::new();
+    for i in 0..2 {
+        assert!(compiled(&run(&cache, backend::interpreter(), i)));
+        let new = keys(url, &format!("{ns}:entry:*"))
+            .into_iter()
+            .find(|k| !seen.contains(k))
+            .expect("each compile uploads one entry");
+        seen.push(new);
+    }
+    let prefix = format!("{ns}:entry:");
+    [0, 1].map(|i| seen[i].strip_prefix(&prefix).unwrap().to_owned())
+}
+
+#[test]
+fn a_lease_without_an_expiry_or_outlasting_the_lease_is_taken_not_waited_for() {
+    let Some((url, ns)) = shared_or_skip(
+        "a_lease_without_an_expiry_or_outlasting_the_lease_is_taken_not_waited_for",
+        "stale",
+    ) else {
+        return;
+    };
+    let [k0, k1] = entry_keys_of_two_programs(&url);
+    // Left by a crashed or foreign writer: program 0's lease has no expiry, program 1's would
+    // last an hour (this store's lease is 1 s). Waited for, each would hold every machine for
+    // the whole compile wait (120 s).
+    let (lock0, lock1) = (format!("{ns}:lock:{k0}"), format!("{ns}:lock:{k1}"));
+    let mut c = client(&url);
+    let _: () = redis::cmd("SET")
+        .arg(&lock0)
+        .arg("crashed-writer")
+        .query(&mut c)
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(&lock1)
+        .arg("foreign-writer")
+        .arg("PX")
+        .arg(3_600_000)
+        .query(&mut c)
+        .unwrap();
+
+    let dir = TempDir::new("stale");
+    let (cache, _) = machine(config(&url, &ns), &dir);
+    let started = Instant::now();
+    assert!(compiled(&run(&cache, backend::interpreter(), 0)));
+    assert!(compiled(&run(&cache, backend::interpreter(), 1)));
+    let r = cache.stats().remote.unwrap();
+    // Removed and taken, never waited for: compiled here, uploaded, released.
+    assert_eq!(
+        (r.stale_leases, r.lease_waits, r.uploads, r.errors),
+        (2, 0, 2, 0),
+        "{r:?}"
+    );
+    assert!(
+        keys(&url, &format!("{ns}:lock:*")).is_empty(),
+        "the stale leases are gone, and this process's released"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "well under the compile wait: {:?}",
+        started.elapsed()
+    );
+    // What it uploaded serves the next machine.
+    let dir = TempDir::new("stale-next");
+    let (next, _) = machine(config(&url, &ns), &dir);
+    assert!(loaded(&run(&next, backend::interpreter(), 0)));
+
+    // A live lease (with an expiry within the lease) is still waited for: only stale ones are
+    // removed. A read-only process does not wait for a stale one either, and removes nothing.
+    let ns_ro = common::namespace("stale-ro");
+    let lock_ro = format!("{ns_ro}:lock:{k0}");
+    let _: () = redis::cmd("SET")
+        .arg(&lock_ro)
+        .arg("crashed-writer")
+        .query(&mut c)
+        .unwrap();
+    let mut ro = config(&url, &ns_ro);
+    ro.mode = RemoteMode::ReadOnly;
+    let dir = TempDir::new("stale-ro");
+    let (reader, _) = machine(ro, &dir);
+    assert!(compiled(&run(&reader, backend::interpreter(), 0)));
+    let r = reader.stats().remote.unwrap();
+    assert_eq!(
+        (r.stale_leases, r.lease_waits, r.uploads),
+        (1, 0, 0),
+        "{r:?}"
+    );
+    assert_eq!(
+        keys(&url, &format!("{ns_ro}:lock:*")),
+        vec![lock_ro.clone()],
+        "read-only: left in place"
+    );
+    let _: u64 = redis::cmd("DEL").arg(&lock_ro).query(&mut c).unwrap();
+}
+
+#[test]
+fn a_live_lease_is_never_taken_as_stale() {
+    let Some((url, ns)) = shared_or_skip("a_live_lease_is_never_taken_as_stale", "live") else {
+        return;
+    };
+    let [k0, _] = entry_keys_of_two_programs(&url);
+    // Another holder's lease of 4 s, within this store's lease (30 s): waited for until it
+    // expires, never removed.
+    let lock0 = format!("{ns}:lock:{k0}");
+    let _: () = redis::cmd("SET")
+        .arg(&lock0)
+        .arg("live-holder")
+        .arg("PX")
+        .arg(4000)
+        .query(&mut client(&url))
+        .unwrap();
+    let mut long = config(&url, &ns);
+    long.lease = Duration::from_secs(30);
+    let dir = TempDir::new("live");
+    let (cache, _) = machine(long, &dir);
+    assert!(compiled(&run(&cache, backend::interpreter(), 0)));
+    let r = cache.stats().remote.unwrap();
+    assert_eq!(
+        (r.stale_leases, r.lease_waits, r.uploads),
+        (0, 1, 1),
+        "{r:?}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // Faults
 // ---------------------------------------------------------------------------------------------
@@ -650,6 +790,101 @@ fn an_unreachable_server_never_fails_a_run() {
     for i in 0..programs().len() {
         assert!(loaded(&run(&again, backend::interpreter(), i)));
     }
+}
+
+/// A real unix socket that accepts connections and never answers (a hung server, or one that
+/// is not Redis), listening for the rest of the test process; its `redis+unix://` URL.
+fn silent_server(dir: &TempDir) -> String {
+    fs::create_dir_all(dir.path()).unwrap();
+    let path = dir.path().join("silent.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming() {
+            match conn {
+                Ok(c) => held.push(c), // read nothing, write nothing
+                Err(_) => return,
+            }
+        }
+    });
+    format!("redis+unix://{}", path.display())
+}
+
+#[track_caller]
+fn names_the_timeout(message: &str, ms: u64) {
+    assert!(
+        message.contains(&format!("timed out after {ms} ms"))
+            && message.contains("NITRO_CACHE_REMOTE_TIMEOUT_MS"),
+        "the timeout and its setting are named: {message}"
+    );
+    assert!(
+        !message.contains("os error 11") && !message.contains("temporarily unavailable"),
+        "not the operating system's words for it: {message}"
+    );
+}
+
+#[test]
+fn a_server_that_does_not_answer_reports_its_timeout() {
+    // No Redis server needed: a socket that accepts and stays silent.
+    let tmp = TempDir::new("silent");
+    let url = silent_server(&tmp);
+    let mut c = config(&url, "silent");
+    c.timeout = Duration::from_millis(200);
+    let store = RedisStore::open(c, Some(KEY)).unwrap();
+    let err = store.get(&nitro::Digest::of("anything")).unwrap_err();
+    assert!(matches!(err, Error::RemoteCache { .. }), "{err}");
+    names_the_timeout(&err.to_string(), 200);
+    assert_eq!(store.stats().errors, 1);
+
+    // The one-time notice on stderr says it too (in a child process, whose stderr this test
+    // reads), and the run goes on with a local compile.
+    let out = child("silent_child")
+        .env("NITRO_TEST_SILENT", &url)
+        .env("NITRO_TEST_LOCAL", tmp.path().join("local"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("SILENT compiled"), "{stdout}");
+    let notices: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("the shared compile cache failed"))
+        .collect();
+    assert_eq!(notices.len(), 1, "said once: {stderr}");
+    names_the_timeout(notices[0], 200);
+
+    // A real server that stops answering mid-run (SIGSTOP) times out on a command of an open
+    // connection the same way.
+    if common::redis_or_skip("a_server_that_does_not_answer_reports_its_timeout").is_none() {
+        return;
+    }
+    let server = Server::start("stopped", &[]);
+    let mut c = config(&server.url(), "stopped");
+    c.timeout = Duration::from_millis(300);
+    let store = RedisStore::open(c, Some(KEY)).unwrap();
+    assert!(store.ping(), "connected");
+    server.signal("STOP");
+    let err = store.get(&nitro::Digest::of("anything")).unwrap_err();
+    server.signal("CONT");
+    names_the_timeout(&err.to_string(), 300);
+}
+
+#[test]
+#[ignore = "run as a child process by a_server_that_does_not_answer_reports_its_timeout"]
+fn silent_child() {
+    let Ok(url) = std::env::var("NITRO_TEST_SILENT") else {
+        return;
+    };
+    let mut c = config(&url, "silent");
+    c.timeout = Duration::from_millis(200);
+    let local = PathBuf::from(std::env::var("NITRO_TEST_LOCAL").unwrap());
+    let store = layered(c, &local, KEY);
+    let cache = Cache::new(16, Some(store));
+    for i in 0..2 {
+        assert!(compiled(&run(&cache, backend::interpreter(), i)));
+    }
+    println!("SILENT compiled");
 }
 
 #[test]

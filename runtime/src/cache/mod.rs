@@ -131,6 +131,32 @@ const RECENT_MISSES: usize = 64;
 /// it itself (the lease of the cross-process lock).
 const COMPILE_LEASE: Duration = Duration::from_secs(120);
 
+/// Says, once per process on stderr, that a compiled program of `program` could not be kept in
+/// the persistent store (`serializing`: the backend could not serialize it; else the store could
+/// not write it, `e` naming the path and what failed), so every later process compiles it again.
+/// A shared server's faults are not said here: the shared store says them once itself.
+fn say_store_write_failed(program: &str, e: &Error, serializing: bool) {
+    if matches!(e, Error::RemoteCache { .. }) {
+        return;
+    }
+    let message = if serializing {
+        format!(
+            "could not serialize `{program}` for the persistent compile cache ({e}), so it is not \
+             kept and every run compiles it again; this is the backend's fault, worth a report \
+             (set NITRO_CACHE=off to stop trying). Counted in CacheStats::store_write_failures; \
+             later failures are not said again"
+        )
+    } else {
+        format!(
+            "could not write `{program}` to the persistent compile cache ({e}), so it is not \
+             kept and every run compiles it again. Free disk space there, point NITRO_CACHE_DIR \
+             at a writable directory, or set NITRO_CACHE=off to stop trying. Counted in \
+             CacheStats::store_write_failures; later failures are not said again"
+        )
+    };
+    crate::settings::notice_once("store-write-failed", &message);
+}
+
 /// A compiled program held by the cache: the executable and what it was compiled from.
 #[derive(Debug)]
 pub struct Compiled {
@@ -912,6 +938,7 @@ impl Cache {
         let keep_stored = rejected
             .as_ref()
             .is_some_and(|r| r.kind == RejectKind::SignedNoKey);
+        let mut write_failed = false;
         if let (Some(store), false, false) = (store, loaded, keep_stored) {
             match executable.serialize() {
                 Ok(payload) => {
@@ -929,11 +956,15 @@ impl Cache {
                         payload,
                     };
                     if let Err(e) = store.put(&entry) {
+                        write_failed = true;
                         tracing::warn!(program = %program_id, "nitro: could not store a compiled program: {e}");
+                        say_store_write_failed(&program_id, &e, false);
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(program = %program_id, "nitro: could not serialize a compiled program: {e}")
+                    write_failed = true;
+                    tracing::warn!(program = %program_id, "nitro: could not serialize a compiled program: {e}");
+                    say_store_write_failed(&program_id, &e, true);
                 }
             }
         }
@@ -959,6 +990,9 @@ impl Cache {
             .misses_by_reason
             .entry(reason.name().to_owned())
             .or_default() += 1;
+        if write_failed {
+            st.stats.store_write_failures += 1;
+        }
         if rejected.is_some() {
             st.stats.store_rejected += 1;
         }

@@ -19,7 +19,13 @@
 //!   thread while it compiles (a compare-and-`PEXPIRE` script) and deletes it when done (a
 //!   compare-and-`DEL` script, so it never removes a lease another process took after its own
 //!   expired); the others poll until the entry appears, then load it. A holder that dies stops
-//!   renewing, the lease expires, and the next waiter compiles.
+//!   renewing, the lease expires, and the next waiter compiles. A lease no holder of this
+//!   configuration could have set — without an expiry, or outlasting [`RemoteConfig::lease`]
+//!   (left by a writer that crashed between a plain `SET` and its expiry, a foreign tool, a
+//!   server that lost the expiry) — is stale: never waited for. A read-write store removes it
+//!   with a script that reads its time to live and deletes it in one step (so a live lease
+//!   taken meanwhile is never removed) and takes the lease; a read-only one compiles without
+//!   waiting. Counted in [`RemoteStats::stale_leases`], said once on stderr.
 //! - **Faults never fail a run.** A timeout, a refused connection, a server restart or an error
 //!   reply is counted ([`RemoteStats::errors`]), said once on stderr, and served locally
 //!   (compiled, or read from the local store); the server is then left alone for
@@ -40,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use super::store::{
     decode_entry, encode_entry, explain_entries, meta_len_of, DirStore, Entry, EntrySummary,
-    Explanation, KeyLock, Lookup, Store, ENTRY_HEADER_BYTES,
+    Explanation, HeldLock, KeyLock, Lookup, Store, ENTRY_HEADER_BYTES,
 };
 use super::{RejectKind, Rejection, RemoteStats};
 use crate::error::{Error, Result};
@@ -66,6 +72,16 @@ const RELEASE: &str =
 /// Extends a lease only if it still holds this holder's id.
 const RENEW: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then \
                      return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
+/// Deletes a lease no live holder of this configuration can have: one without an expiry, or
+/// set to outlast the lease (`ARGV[1]` ms). The holder and its time to live are read and the
+/// lease deleted in one step, so a lease taken in between is never removed. Returns the
+/// removed lease's holder id and time to live in ms (-1: none), or nil.
+const REMOVE_STALE: &str = "local holder = redis.call('get', KEYS[1]) \
+                            if not holder then return false end \
+                            local ttl = redis.call('pttl', KEYS[1]) \
+                            if ttl == -1 or ttl > tonumber(ARGV[1]) then \
+                            redis.call('del', KEYS[1]) return {holder, ttl} end \
+                            return false";
 
 /// Whether a shared store may write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,7 +105,9 @@ pub struct RemoteConfig {
     pub prefix: String,
     /// Whether this store may write.
     pub mode: RemoteMode,
-    /// The time allowed to connect, and for each read or write.
+    /// The time allowed to connect, and for each read or write. A request that runs out of it
+    /// is a fault that says so (`timed out after … ms`, naming
+    /// `NITRO_CACHE_REMOTE_TIMEOUT_MS`).
     pub timeout: Duration,
     /// How long a compile lease lasts unless renewed (its holder renews it every third of
     /// this); a holder that dies blocks the others this long at most.
@@ -251,6 +269,7 @@ struct Counters {
     bytes_up: AtomicU64,
     errors: AtomicU64,
     lease_waits: AtomicU64,
+    stale_leases: AtomicU64,
     too_large: AtomicU64,
 }
 
@@ -347,13 +366,29 @@ impl Remote {
         Ok(conn)
     }
 
+    /// A failure in words. A timeout says so, with the limit and the setting behind it (the
+    /// operating system's own words for a read that timed out, "Resource temporarily
+    /// unavailable", name neither).
+    fn describe(&self, e: &redis::RedisError) -> String {
+        if e.is_timeout() {
+            format!(
+                "timed out after {} ms without an answer (the limit NITRO_CACHE_REMOTE_TIMEOUT_MS \
+                 sets, RemoteConfig::timeout in code; raise it if the server is only slow, or \
+                 check that it runs and is not stopped)",
+                self.config.timeout.as_millis()
+            )
+        } else {
+            e.to_string()
+        }
+    }
+
     /// Counts and reports a failed request; returns it in words.
     fn fault(&self, what: &str, e: &redis::RedisError, broken: bool) -> String {
         add(&self.stats.errors, 1);
         if broken {
             *lock(&self.down_until) = Some(Instant::now() + self.config.retry_after);
         }
-        let message = format!("cannot {what} on {}: {e}", self.shown);
+        let message = format!("cannot {what} on {}: {}", self.shown, self.describe(e));
         if !self.down.swap(true, Ordering::Relaxed) {
             tracing::warn!(server = %self.shown, "nitro: shared compile cache: {message}");
         }
@@ -457,6 +492,10 @@ impl Remote {
     /// it. `None` when there is nothing to compile here under a lease: the entry is on the
     /// server (now, or after waiting), the wait ran out, the store is read-only, or the server
     /// did not answer — in each case the caller looks the entry up and compiles on a miss.
+    ///
+    /// A stale lease (no expiry, or one that outlasts [`RemoteConfig::lease`]) is not waited
+    /// for: a read-write store removes it and takes the lease, a read-only one compiles
+    /// without waiting (see [`remove_stale`](Remote::remove_stale)).
     fn acquire(self: &Arc<Self>, key: &Digest, wait: Duration) -> Option<Lease> {
         let (entry_key, lock_key) = (self.entry_key(key), self.lock_key(key));
         let started = Instant::now();
@@ -470,9 +509,19 @@ impl Remote {
                 return None;
             }
             if self.config.read_only() {
-                // Never takes a lease; waits only while someone else holds one.
-                if !self.exists(&lock_key).unwrap_or(false) {
-                    return None;
+                // Never takes a lease (nor removes one); waits only while someone else holds a
+                // live one.
+                let ttl = self.run("look up a compile lease", |c| {
+                    redis::cmd("PTTL").arg(&lock_key).query::<i64>(c)
+                });
+                match ttl {
+                    Ok(-2) | Err(_) => return None,
+                    Ok(ttl) if self.is_stale(ttl) => {
+                        add(&self.stats.stale_leases, 1);
+                        self.say_stale(&lock_key, None, ttl);
+                        return None;
+                    }
+                    Ok(_) => {}
                 }
             } else {
                 let id = lease_id();
@@ -486,7 +535,12 @@ impl Remote {
                         .query::<redis::Value>(c)
                 });
                 match taken {
-                    Ok(redis::Value::Nil) => {}
+                    // Held: by a live holder (wait), or stale (removed: take it now).
+                    Ok(redis::Value::Nil) => match self.remove_stale(&lock_key) {
+                        Ok(true) if Instant::now() < deadline => continue,
+                        Ok(_) => {}
+                        Err(_) => return None,
+                    },
                     Ok(_) => return Some(Lease::start(self.clone(), lock_key, id)),
                     Err(_) => return None,
                 }
@@ -509,6 +563,66 @@ impl Remote {
             }
             std::thread::sleep(poll);
         }
+    }
+
+    /// Whether a lease with `ttl` ms left (`PTTL`: -1 without an expiry) is stale: no holder
+    /// of this configuration sets or renews a lease without an expiry or beyond
+    /// [`RemoteConfig::lease`], so none is waiting to release it. Such a lease is left by a
+    /// writer that crashed between a plain `SET` and its expiry, by a foreign tool, or by a
+    /// server that lost the expiry (a restored snapshot, a `PERSIST`); waited for, it would
+    /// stall every machine the whole compile wait, for every program it names.
+    fn is_stale(&self, ttl: i64) -> bool {
+        let lease_ms = i64::try_from(self.config.lease.as_millis()).unwrap_or(i64::MAX);
+        ttl == -1 || ttl > lease_ms
+    }
+
+    /// Removes the lease at `lock_key` if it is [stale](Remote::is_stale) — atomically, on the
+    /// server, so a live lease taken in between is never removed. `Ok(true)` when it removed
+    /// one (counted, said once on stderr); `Err` when the server did not answer.
+    fn remove_stale(&self, lock_key: &str) -> std::result::Result<bool, String> {
+        let lease_ms = u64::try_from(self.config.lease.as_millis()).unwrap_or(u64::MAX);
+        let removed: Option<(String, i64)> = self.run("remove a stale compile lease", |c| {
+            redis::cmd("EVAL")
+                .arg(REMOVE_STALE)
+                .arg(1)
+                .arg(lock_key)
+                .arg(lease_ms)
+                .query(c)
+        })?;
+        let Some((holder, ttl)) = removed else {
+            return Ok(false);
+        };
+        add(&self.stats.stale_leases, 1);
+        self.say_stale(lock_key, Some(&holder), ttl);
+        Ok(true)
+    }
+
+    /// Says (once per process on stderr, and each time in the log) that the lease at
+    /// `lock_key`, held by `holder` when known, with `ttl` ms left, was stale.
+    fn say_stale(&self, lock_key: &str, holder: Option<&str>, ttl: i64) {
+        let lease_ms = self.config.lease.as_millis();
+        let why = if ttl == -1 {
+            "has no expiry".to_owned()
+        } else {
+            format!("would last {ttl} ms, longer than this process's lease of {lease_ms} ms")
+        };
+        let holder = holder.map_or_else(String::new, |h| format!(" (holder `{h}`)"));
+        let done = if self.config.read_only() {
+            "not waiting for it (read-only: it is left in place)"
+        } else {
+            "removed it and took the lease"
+        };
+        tracing::warn!(server = %self.shown, lease = %lock_key, "nitro: stale compile lease of the shared cache{holder}: it {why}; {done}");
+        crate::settings::notice_once(
+            "shared-cache-stale-lease",
+            &format!(
+                "a compile lease on the shared compile cache {}{holder} {why}, so no live \
+                 holder will release it (a crashed or foreign writer left it, or the server lost \
+                 its expiry); {done} instead of waiting. Every machine of a namespace should use \
+                 the same NITRO_CACHE_REMOTE_LEASE_MS",
+                self.shown
+            ),
+        );
     }
 }
 
@@ -549,6 +663,9 @@ impl std::fmt::Debug for Lease {
             .finish()
     }
 }
+
+/// A [`KeyLock`] holds a lease while its holder compiles.
+impl HeldLock for Lease {}
 
 impl Lease {
     fn start(remote: Arc<Remote>, key: String, id: String) -> Lease {
@@ -692,6 +809,7 @@ impl RedisStore {
             bytes_up: get(&s.bytes_up),
             errors: get(&s.errors),
             lease_waits: get(&s.lease_waits),
+            stale_leases: get(&s.stale_leases),
             too_large: get(&s.too_large),
         }
     }
@@ -818,16 +936,23 @@ impl RedisStore {
     /// Copies entries from the server into `local` (`nitro cache pull`): those `queries` name
     /// (each matched as [`explain`](RedisStore::explain) matches), or every one when `queries`
     /// is empty. Entries `local` already holds are left alone; each copied entry is verified
-    /// with the key first (one the server's copy fails is skipped, with the reason).
+    /// with the key first (one the server's copy fails is skipped, with the reason). A query
+    /// that names no entry on the server is listed in [`Transfer::unmatched`] (the others are
+    /// still copied).
     pub fn pull_into(&self, local: &DirStore, queries: &[String]) -> Result<Transfer> {
         self.same_key(local)?;
         let all = self.list()?;
+        let mut t = Transfer::default();
         let wanted: Vec<EntrySummary> = if queries.is_empty() {
             all
         } else {
             let mut v: Vec<EntrySummary> = Vec::new();
             for q in queries {
-                for x in explain_entries(all.clone(), q, &|_| None) {
+                let found = explain_entries(all.clone(), q, &|_| None);
+                if found.iter().all(|x| x.entries.is_empty()) {
+                    t.unmatched.push(q.clone());
+                }
+                for x in found {
                     for e in x.entries {
                         if !v.iter().any(|w| w.key == e.key) {
                             v.push(e);
@@ -837,7 +962,6 @@ impl RedisStore {
             }
             v
         };
-        let mut t = Transfer::default();
         for e in wanted {
             let Ok(key) = e.key.parse::<Digest>() else {
                 t.skipped.push((e.key, "not a key".into()));
@@ -937,6 +1061,9 @@ pub struct Transfer {
     pub skipped: Vec<(String, String)>,
     /// Payload bytes copied.
     pub bytes: u64,
+    /// The queries of a pull that named no entry on the server (a typo, or a program never
+    /// uploaded): nothing was copied for them.
+    pub unmatched: Vec<String>,
 }
 
 /// `s` with the glob characters of Redis patterns escaped.
@@ -989,7 +1116,7 @@ impl Store for RedisStore {
     }
 
     fn lock(&self, key: &Digest, wait: Duration) -> Result<Option<KeyLock>> {
-        Ok(self.remote.acquire(key, wait).map(KeyLock::from_lease))
+        Ok(self.remote.acquire(key, wait).map(KeyLock::from_held))
     }
 
     /// The bytes of this namespace's entries on the server (a scan: for tools, not hot paths);
@@ -1113,8 +1240,8 @@ impl Store for LayeredStore {
         }
         let rest = wait.saturating_sub(started.elapsed());
         Ok(match (self.remote.remote.acquire(key, rest), local) {
-            (Some(lease), Some(local)) => Some(local.with_lease(lease)),
-            (Some(lease), None) => Some(KeyLock::from_lease(lease)),
+            (Some(lease), Some(local)) => Some(local.with_held(lease)),
+            (Some(lease), None) => Some(KeyLock::from_held(lease)),
             (None, local) => local,
         })
     }

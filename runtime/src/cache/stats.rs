@@ -22,6 +22,12 @@ pub struct CacheStats {
     /// were rebuilt.
     #[serde(default)]
     pub store_rejected: u64,
+    /// Compiled programs that could not be kept in the persistent store: its write failed (a
+    /// full disk, a directory that went away or became unwritable) or the backend could not
+    /// serialize them. Each is compiled again by every later process; the first is said on
+    /// stderr.
+    #[serde(default)]
+    pub store_write_failures: u64,
     /// Programs pushed out by capacity.
     pub evictions: u64,
     /// Times the cache was reset.
@@ -62,6 +68,11 @@ pub struct RemoteStats {
     pub errors: u64,
     /// Lookups that waited for another process's compile lease.
     pub lease_waits: u64,
+    /// Compile leases found stale — without an expiry, or outlasting this store's lease
+    /// (`NITRO_CACHE_REMOTE_LEASE_MS`), so no live holder will release them — and not waited
+    /// for: removed and taken by a read-write store, left in place by a read-only one.
+    #[serde(default)]
+    pub stale_leases: u64,
     /// Compiled entries not uploaded because they are over the entry size limit.
     pub too_large: u64,
 }
@@ -99,6 +110,9 @@ impl fmt::Display for CacheStats {
         }
         if self.store_rejected > 0 {
             write!(f, " · store rejected {}", self.store_rejected)?;
+        }
+        if self.store_write_failures > 0 {
+            write!(f, " · store write failures {}", self.store_write_failures)?;
         }
         if self.evictions > 0 {
             write!(f, " · evictions {}", self.evictions)?;

@@ -19,6 +19,10 @@
 //!   excepted) is refused.
 //! - **No stampede.** [`Store::lock`] takes an exclusive OS file lock per key; it is released
 //!   when the holder exits or dies, so a crashed compiler never blocks the others.
+//!
+//! This module knows no shared store: the shared level ([`remote`](super::remote)) builds on it,
+//! and a [`KeyLock`] holds that level's lease as an opaque `HeldLock`, so imports point one
+//! way (remote → store).
 
 use std::fs::{self, File};
 use std::io::{Read, Write};
@@ -248,21 +252,26 @@ pub struct Explanation {
 #[derive(Debug)]
 pub struct KeyLock {
     _file: Option<File>,
-    _lease: Option<super::remote::Lease>,
+    _held: Option<Box<dyn HeldLock>>,
 }
 
+/// A lock held somewhere other than this directory (a shared server's lease), released when
+/// dropped. The store that takes it implements this, so that a [`KeyLock`] can hold it without
+/// this module knowing that store.
+pub(crate) trait HeldLock: Send + Sync + std::fmt::Debug {}
+
 impl KeyLock {
-    /// A lock held by `lease` alone.
-    pub(crate) fn from_lease(lease: super::remote::Lease) -> KeyLock {
+    /// A lock held by `held` alone.
+    pub(crate) fn from_held(held: impl HeldLock + 'static) -> KeyLock {
         KeyLock {
             _file: None,
-            _lease: Some(lease),
+            _held: Some(Box::new(held)),
         }
     }
 
-    /// This lock, also holding `lease`.
-    pub(crate) fn with_lease(mut self, lease: super::remote::Lease) -> KeyLock {
-        self._lease = Some(lease);
+    /// This lock, also holding `held`.
+    pub(crate) fn with_held(mut self, held: impl HeldLock + 'static) -> KeyLock {
+        self._held = Some(Box::new(held));
         self
     }
 }
@@ -1132,7 +1141,7 @@ impl Store for DirStore {
                     let _ = file.write_all(format!("{}\n", std::process::id()).as_bytes());
                     return Ok(Some(KeyLock {
                         _file: Some(file),
-                        _lease: None,
+                        _held: None,
                     }));
                 }
                 Err(fs::TryLockError::WouldBlock) => {
