@@ -2,7 +2,8 @@
 //!
 //! Scripts read the last line of an example's output: an object with `example`, `backend`
 //! (`xla` or `interp`), `plugin`, `epochs`, `val_accuracy`, `cache` (hits, misses, entries,
-//! compiles, loads from the persistent cache, misses by reason), `step_us_median` (a whole
+//! compiles, loads from the persistent cache, misses by reason, failed writes of the
+//! persistent cache), `step_us_median` (a whole
 //! step, waited for), `step_us_pipelined` (an epoch's training wall time ÷ its batches, steps
 //! enqueued while earlier ones run), `first_step_ms` and `compile_ms_total`, plus whatever an
 //! example adds ([`Summary::field`]). The step figures are `null` for an example that takes
@@ -143,6 +144,7 @@ pub fn cache_json(stats: &CacheStats) -> Value {
         "compiles": stats.compiles,
         "l2_loads": stats.l2_hits,
         "misses_by_reason": stats.misses_by_reason,
+        "store_write_failures": stats.store_write_failures,
     })
 }
 
@@ -284,6 +286,7 @@ mod tests {
         assert_eq!(v["compile_ms_total"], 12.5);
         assert_eq!(v["cache"]["l2_loads"], 1);
         assert_eq!(v["cache"]["misses_by_reason"]["empty"], 3);
+        assert_eq!(v["cache"]["store_write_failures"], 0);
         assert_eq!(v["remote"], Value::Null);
         assert_eq!(v["extra"], 7);
         // One line, which parses back to the same object.
