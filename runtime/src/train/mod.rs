@@ -1615,8 +1615,13 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             )));
         }
         handle.state = place(backend, packed)?;
-        let step = i64::try_from(restored.step).map_err(|_| Error::CheckpointInput {
-            why: format!("step {} does not fit the step counter", restored.step),
+        let step = i64::try_from(restored.step).map_err(|_| Error::CheckpointCorrupt {
+            origin: "the checkpoint".into(),
+            why: format!(
+                "its step {} is over the largest step nitro counts, {}",
+                restored.step,
+                crate::checkpoint::MAX_STEP
+            ),
         })?;
         handle.counter = place(backend, vec![Array::scalar(step)])?;
         handle.step = restored.step;
