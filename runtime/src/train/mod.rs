@@ -1246,7 +1246,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let count = order.len();
         let mut rows = Vec::with_capacity(count);
         self.timings = EpochTimings::default();
-        let every = (count / WAITED_SAMPLES).max(1);
+        let every = count.div_ceil(WAITED_SAMPLES).max(1);
         let bar = progress_bar(self.config.progress, count as u64, number);
         bar.inc(skip.min(count) as u64);
         let started = Instant::now();
