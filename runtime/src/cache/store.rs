@@ -1089,12 +1089,7 @@ impl Store for DirStore {
 
     fn program_record(&self, program: &Digest) -> Option<Vec<u8>> {
         let path = self.dir.join(PROGRAMS).join(format!("{program}"));
-        let Ok(Checked::File(file, _)) = open_checked(&path, MAX_RECORD_BYTES) else {
-            return None;
-        };
-        let mut bytes = Vec::new();
-        file.take(MAX_RECORD_BYTES).read_to_end(&mut bytes).ok()?;
-        Some(bytes)
+        files::read_private(&path, MAX_RECORD_BYTES)
     }
 
     fn record_program(&self, program: &Digest, record: &[u8]) -> Result<()> {

@@ -157,27 +157,16 @@ fn per_example<E: Model>(values: Tensor, mask: Tensor, what: &'static str, float
         trace::refuse(
             what,
             format!(
-                "`{what}` of `{}` returned {}{}, and it must return one value per row of the batch, \
+                "`{what}` of `{}` returned {}, and it must return one value per row of the batch, \
                  shape {want:?}: the handle masks padded rows and averages over the real ones \
                  itself; reduce every other dim (a `[rows, 1]` regression loss: `.sum(&[1])`), \
                  and do not average over the batch",
                 E::TYPE_PATH,
-                values.dtype(),
-                DisplayDims(&got),
+                LeafType::new(values.dtype(), &got),
             ),
         );
     }
     values
-}
-
-/// Dims as `[32,1]`.
-struct DisplayDims<'a>(&'a [usize]);
-
-impl std::fmt::Display for DisplayDims<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let dims: Vec<String> = self.0.iter().map(|d| d.to_string()).collect();
-        write!(f, "[{}]", dims.join(","))
-    }
 }
 
 /// One micro-batch of an accumulation window: the mean loss over its real rows, then
