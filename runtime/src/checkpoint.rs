@@ -1058,6 +1058,7 @@ impl Raw {
             ArrayData::I32(v) => le(v, i32::to_le_bytes),
             ArrayData::I64(v) => le(v, i64::to_le_bytes),
             ArrayData::U8(v) => v.clone(),
+            ArrayData::U32(v) => le(v, u32::to_le_bytes),
             ArrayData::Bool(v) => v.iter().map(|&b| u8::from(b)).collect(),
         };
         Raw {
@@ -1094,6 +1095,7 @@ pub(crate) fn st_dtype(dtype: DType) -> safetensors::Dtype {
         DType::I64 => safetensors::Dtype::I64,
         DType::U8 => safetensors::Dtype::U8,
         DType::Bool => safetensors::Dtype::BOOL,
+        DType::U32 => safetensors::Dtype::U32,
     }
 }
 
@@ -1118,6 +1120,7 @@ pub(crate) fn to_array(
         safetensors::Dtype::I32 => ArrayData::I32(from_le(bytes, i32::from_le_bytes)),
         safetensors::Dtype::I64 => ArrayData::I64(from_le(bytes, i64::from_le_bytes)),
         safetensors::Dtype::U8 => ArrayData::U8(bytes.to_vec()),
+        safetensors::Dtype::U32 => ArrayData::U32(from_le(bytes, u32::from_le_bytes)),
         safetensors::Dtype::BOOL => ArrayData::Bool(
             bytes
                 .iter()

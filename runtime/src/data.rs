@@ -777,6 +777,7 @@ pub(crate) fn gather_rows(array: &Array, rows: &[usize]) -> Result<Array> {
         ArrayData::I64(v) => ArrayData::I64(copy(v, stride, rows)?),
         ArrayData::U8(v) => ArrayData::U8(copy(v, stride, rows)?),
         ArrayData::Bool(v) => ArrayData::Bool(copy(v, stride, rows)?),
+        ArrayData::U32(v) => ArrayData::U32(copy(v, stride, rows)?),
     };
     let mut dims = array.dims().to_vec();
     dims[0] = rows.len();

@@ -42,23 +42,26 @@ pub enum DType {
     U8,
     /// Boolean (one byte per element on the host).
     Bool,
+    /// 32-bit unsigned integer (random bits, bit manipulation).
+    U32,
 }
 
 impl DType {
     /// All dtypes, in tag order.
-    pub const ALL: [DType; 6] = [
+    pub const ALL: [DType; 7] = [
         DType::F32,
         DType::F64,
         DType::I32,
         DType::I64,
         DType::U8,
         DType::Bool,
+        DType::U32,
     ];
 
     /// Bytes per element on the host.
     pub const fn size_bytes(self) -> usize {
         match self {
-            DType::F32 | DType::I32 => 4,
+            DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F64 | DType::I64 => 8,
             DType::U8 | DType::Bool => 1,
         }
@@ -78,6 +81,7 @@ impl DType {
             DType::I64 => "i64",
             DType::U8 => "u8",
             DType::Bool => "bool",
+            DType::U32 => "u32",
         }
     }
 
@@ -89,6 +93,7 @@ impl DType {
             DType::I64 => 3,
             DType::U8 => 4,
             DType::Bool => 5,
+            DType::U32 => 6,
         }
     }
 }
@@ -120,6 +125,8 @@ pub enum ArrayData {
     U8(Vec<u8>),
     /// Boolean elements.
     Bool(Vec<bool>),
+    /// `u32` elements.
+    U32(Vec<u32>),
 }
 
 macro_rules! each_data {
@@ -131,6 +138,7 @@ macro_rules! each_data {
             ArrayData::I64($v) => $body,
             ArrayData::U8($v) => $body,
             ArrayData::Bool($v) => $body,
+            ArrayData::U32($v) => $body,
         }
     };
 }
@@ -145,6 +153,7 @@ impl ArrayData {
             ArrayData::I64(_) => DType::I64,
             ArrayData::U8(_) => DType::U8,
             ArrayData::Bool(_) => DType::Bool,
+            ArrayData::U32(_) => DType::U32,
         }
     }
 
@@ -179,7 +188,7 @@ impl ArrayData {
     }
 }
 
-/// An element type an [`Array`] can hold: `f32 f64 i32 i64 u8 bool`.
+/// An element type an [`Array`] can hold: `f32 f64 i32 i64 u8 bool u32`.
 pub trait Element: Copy + Default + PartialEq + fmt::Debug + sealed::Sealed + 'static {
     /// The dtype of this element type.
     const DTYPE: DType;
@@ -210,7 +219,7 @@ macro_rules! elements {
         }
     )*};
 }
-elements!(f32 => F32, f64 => F64, i32 => I32, i64 => I64, u8 => U8, bool => Bool);
+elements!(f32 => F32, f64 => F64, i32 => I32, i64 => I64, u8 => U8, bool => Bool, u32 => U32);
 
 /// A dense, row-major tensor on the host: dtype, dims and data.
 ///
@@ -296,6 +305,7 @@ impl Array {
             DType::I64 => Array::try_full(dims, 0i64)?,
             DType::U8 => Array::try_full(dims, 0u8)?,
             DType::Bool => Array::try_full(dims, false)?,
+            DType::U32 => Array::try_full(dims, 0u32)?,
         })
     }
 

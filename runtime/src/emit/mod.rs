@@ -27,7 +27,7 @@
 //!   only on the graph. A reduction's init constant is written just before it as `%initN`, `N`
 //!   being the reduction's own number.
 //! - Types are `tensor<2x3xf32>`, `tensor<f32>` for a scalar, with element types `f32 f64 i32 i64`,
-//!   `ui8` for `u8` and `i1` for `bool`.
+//!   `ui8` for `u8`, `ui32` for `u32` and `i1` for `bool`.
 //! - Floats never appear as decimal text. A splat (every element equal, compared by bits, which
 //!   includes scalars) is written as its bit pattern, `dense<0x3F800000>`; other float and
 //!   integer constants are one quoted little-endian hex string, `dense<"0x0000803F...">`,
@@ -95,6 +95,74 @@ pub fn fingerprint(text: &str) -> Digest {
     Digest::from(blake3::hash(text.as_bytes()))
 }
 
+/// One node's text as an op family's emitter (in [`crate::ops`]) writes it: the node's SSA name,
+/// its number (for auxiliary values, `%padN`), its result type, and its operands' names and types.
+pub(crate) struct Line<'a> {
+    /// Where the text goes.
+    pub(crate) out: &'a mut String,
+    /// The node's SSA name (`%7`).
+    pub(crate) me: String,
+    /// The node's number, for auxiliary names.
+    pub(crate) n: String,
+    /// The result type (`tensor<2x3xf32>`).
+    pub(crate) ty: String,
+    /// The operands' SSA names, in order.
+    pub(crate) args: Vec<String>,
+    /// The operands' types, in order.
+    pub(crate) arg_tys: Vec<String>,
+}
+
+/// A dims list as text (`[0, 1]`).
+pub(crate) fn list(dims: &[usize]) -> String {
+    List(dims).to_string()
+}
+
+/// A list of signed numbers as text (`[-1, 2]`).
+pub(crate) fn signed_list(v: &[i64]) -> String {
+    let parts: Vec<String> = v.iter().map(|x| x.to_string()).collect();
+    format!("[{}]", parts.join(", "))
+}
+
+/// An `array<i64: …>` attribute.
+pub(crate) fn i64_array(v: impl IntoIterator<Item = i64>) -> String {
+    let parts: Vec<String> = v.into_iter().map(|x| x.to_string()).collect();
+    if parts.is_empty() {
+        "array<i64>".to_owned()
+    } else {
+        format!("array<i64: {}>", parts.join(", "))
+    }
+}
+
+/// A padding attribute, `dense<[[lo, hi], ...]> : tensor<Nx2xi64>`.
+pub(crate) fn padding_attr(padding: &[(i64, i64)]) -> String {
+    let parts: Vec<String> = padding.iter().map(|(l, h)| format!("[{l}, {h}]")).collect();
+    if parts.is_empty() {
+        return "dense<> : tensor<0x2xi64>".to_owned();
+    }
+    format!(
+        "dense<[{}]> : tensor<{}x2xi64>",
+        parts.join(", "),
+        padding.len()
+    )
+}
+
+/// The scalar type of a dtype (`tensor<f32>`).
+pub(crate) fn scalar_type(dtype: DType) -> String {
+    format!("tensor<{}>", element_type(dtype))
+}
+
+/// The identity of a reduction as a `stablehlo.constant` line's literal (see `reduce_init`).
+pub(crate) fn init_literal(kind: ReduceOp, dtype: DType) -> String {
+    let mut s = String::new();
+    let _ = reduce_init(&mut s, kind, dtype);
+    s
+}
+
+/// The `compare` type of a dtype (`FLOAT`, `SIGNED`, `UNSIGNED`).
+pub(crate) fn compare_type(dtype: DType) -> &'static str {
+    comparison_type(dtype)
+}
+
 /// The MLIR element type of a dtype.
 const fn element_type(dtype: DType) -> &'static str {
     match dtype {
@@ -104,6 +172,7 @@ const fn element_type(dtype: DType) -> &'static str {
         DType::I64 => "i64",
         DType::U8 => "ui8",
         DType::Bool => "i1",
+        DType::U32 => "ui32",
     }
 }
 
@@ -112,7 +181,7 @@ const fn comparison_type(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 | DType::F64 => "FLOAT",
         DType::I32 | DType::I64 => "SIGNED",
-        DType::U8 | DType::Bool => "UNSIGNED",
+        DType::U8 | DType::U32 | DType::Bool => "UNSIGNED",
     }
 }
 
@@ -298,7 +367,27 @@ impl<'g> Emitter<'g> {
                 writeln!(out, " : {ty}")
             }
             Op::Iota { axis } => writeln!(out, "    {me} = stablehlo.iota dim = {axis} : {ty}"),
+            Op::Unary(u) if u.dialect() == "chlo" => {
+                writeln!(out, "    {me} = chlo.{} {an} : {ty} -> {ty}", u.name())
+            }
             Op::Unary(u) => writeln!(out, "    {me} = stablehlo.{} {an} : {ty}", u.name()),
+            crate::ops::family_op!() => {
+                let n = match me {
+                    Ssa::Value(n) => n.to_string(),
+                    _ => String::new(),
+                };
+                let args = node.inputs.iter().map(|&i| self.name(i).to_string()).collect();
+                let arg_tys = node.inputs.iter().map(|&i| self.ty(i).to_string()).collect();
+                let line = Line {
+                    out: &mut self.out,
+                    me: me.to_string(),
+                    n,
+                    ty: ty.to_string(),
+                    args,
+                    arg_tys,
+                };
+                crate::ops::emit(node, line)
+            }
             Op::Binary(b) => {
                 let bn = self.name(Self::input(node, 1));
                 let float_extremum =
@@ -529,11 +618,13 @@ fn reduce_init(out: &mut String, kind: ReduceOp, dtype: DType) -> fmt::Result {
         (ReduceOp::Max, DType::I32) => write!(out, "dense<{}>", i32::MIN),
         (ReduceOp::Max, DType::I64) => write!(out, "dense<{}>", i64::MIN),
         (ReduceOp::Max, DType::U8) => write!(out, "dense<{}>", u8::MIN),
+        (ReduceOp::Max, DType::U32) => write!(out, "dense<{}>", u32::MIN),
         (ReduceOp::Min, DType::F32) => write!(out, "dense<0x{:08X}>", f32::INFINITY.to_bits()),
         (ReduceOp::Min, DType::F64) => write!(out, "dense<0x{:016X}>", f64::INFINITY.to_bits()),
         (ReduceOp::Min, DType::I32) => write!(out, "dense<{}>", i32::MAX),
         (ReduceOp::Min, DType::I64) => write!(out, "dense<{}>", i64::MAX),
         (ReduceOp::Min, DType::U8) => write!(out, "dense<{}>", u8::MAX),
+        (ReduceOp::Min, DType::U32) => write!(out, "dense<{}>", u32::MAX),
         (ReduceOp::Min, DType::Bool) => out.write_str("dense<true>"),
     }
 }
@@ -564,6 +655,10 @@ fn dense(out: &mut String, data: &ArrayData, dims: &[usize]) {
         ArrayData::U8(v) => match splat_by(v, |x| x) {
             Some(x) => push_int_splat(out, x),
             None => hex_string(out, v, |x| [x]),
+        },
+        ArrayData::U32(v) => match splat_by(v, |x| x) {
+            Some(x) => push_int_splat(out, x),
+            None => hex_string(out, v, |x| x.to_le_bytes()),
         },
         ArrayData::Bool(v) => match splat_by(v, |x| x) {
             Some(x) => out.push_str(if x { "dense<true>" } else { "dense<false>" }),

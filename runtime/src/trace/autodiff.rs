@@ -165,6 +165,19 @@ fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor, nodes: &[Node]) -> Vec<O
                 UnaryOp::Abs => {
                     Tensor::select(a.greater(0.0), g, Tensor::select(a.less(0.0), -g, 0.0))
                 }
+                UnaryOp::Sin => g * a.cos(),
+                UnaryOp::Cos => -(g * a.sin()),
+                UnaryOp::Erf => g * std::f64::consts::FRAC_2_SQRT_PI * (-(a * a)).exp(),
+                UnaryOp::ErfInv => g * (std::f64::consts::PI.sqrt() / 2.0) * (y * y).exp(),
+                UnaryOp::Log1p => g / (a + 1.0),
+                UnaryOp::Expm1 => g * (y + 1.0),
+                // Piecewise constant (and integer-only ops never reach here).
+                UnaryOp::Sign
+                | UnaryOp::Floor
+                | UnaryOp::Ceil
+                | UnaryOp::RoundNearestEven
+                | UnaryOp::Not
+                | UnaryOp::Popcnt => return vec![None],
             };
             vec![Some(d)]
         }
@@ -193,6 +206,21 @@ fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor, nodes: &[Node]) -> Vec<O
                     let dc = Tensor::select(loses, g, Tensor::select(tie, half, 0.0));
                     (da, dc)
                 }
+                BinaryOp::Atan2 => {
+                    let r2 = a * a + c * c;
+                    (g * c / r2, -(g * a) / r2)
+                }
+                BinaryOp::Rem => {
+                    let q = a / c;
+                    (g, -(g * q.sign() * q.abs().floor()))
+                }
+                // Integer-only ops: never differentiated.
+                BinaryOp::And
+                | BinaryOp::Or
+                | BinaryOp::Xor
+                | BinaryOp::ShiftLeft
+                | BinaryOp::ShiftRightLogical
+                | BinaryOp::ShiftRightArithmetic => return vec![None, None],
             };
             vec![Some(da), Some(dc)]
         }
@@ -270,6 +298,7 @@ fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor, nodes: &[Node]) -> Vec<O
                 Some(dot_vjp(g, x[0], d, ra, rb, Side::Rhs)),
             ]
         }
+        crate::ops::family_op!() => crate::ops::vjp(node, x, g),
         Op::Reduce { kind, axes } => {
             let from = ty_of(x[0]).dims;
             let kept: Vec<usize> = from

@@ -30,6 +30,30 @@ pub enum UnaryOp {
     Rsqrt,
     /// Absolute value.
     Abs,
+    /// Sine.
+    Sin,
+    /// Cosine.
+    Cos,
+    /// The error function (emitted as `chlo.erf`).
+    Erf,
+    /// The inverse error function on (−1, 1) (emitted as `chlo.erf_inv`).
+    ErfInv,
+    /// `ln(1 + x)`, accurate near 0.
+    Log1p,
+    /// `e^x − 1`, accurate near 0.
+    Expm1,
+    /// −1, 0 or 1 by sign (NaN stays NaN; −0 stays −0).
+    Sign,
+    /// Rounds toward −∞.
+    Floor,
+    /// Rounds toward +∞.
+    Ceil,
+    /// Rounds to the nearest integer, ties to even.
+    RoundNearestEven,
+    /// Bitwise not (logical not for `bool`).
+    Not,
+    /// The number of set bits.
+    Popcnt,
 }
 
 impl UnaryOp {
@@ -44,12 +68,40 @@ impl UnaryOp {
             UnaryOp::Sqrt => "sqrt",
             UnaryOp::Rsqrt => "rsqrt",
             UnaryOp::Abs => "abs",
+            UnaryOp::Sin => "sine",
+            UnaryOp::Cos => "cosine",
+            UnaryOp::Erf => "erf",
+            UnaryOp::ErfInv => "erf_inv",
+            UnaryOp::Log1p => "log_plus_one",
+            UnaryOp::Expm1 => "exponential_minus_one",
+            UnaryOp::Sign => "sign",
+            UnaryOp::Floor => "floor",
+            UnaryOp::Ceil => "ceil",
+            UnaryOp::RoundNearestEven => "round_nearest_even",
+            UnaryOp::Not => "not",
+            UnaryOp::Popcnt => "popcnt",
         }
     }
 
     /// Whether the op is defined only for floating-point operands.
     pub const fn float_only(self) -> bool {
-        !matches!(self, UnaryOp::Neg | UnaryOp::Abs)
+        !matches!(
+            self,
+            UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sign | UnaryOp::Not | UnaryOp::Popcnt
+        )
+    }
+
+    /// Whether the op is defined only for integer (and, for `not`, bool) operands.
+    pub const fn bits_only(self) -> bool {
+        matches!(self, UnaryOp::Not | UnaryOp::Popcnt)
+    }
+
+    /// The dialect the op is emitted in: `chlo` for the ops StableHLO lacks (XLA expands them).
+    pub const fn dialect(self) -> &'static str {
+        match self {
+            UnaryOp::Erf | UnaryOp::ErfInv => "chlo",
+            _ => "stablehlo",
+        }
     }
 }
 
@@ -70,6 +122,22 @@ pub enum BinaryOp {
     Max,
     /// Element-wise minimum.
     Min,
+    /// `atan2(a, b)`: the angle of the point `(b, a)`.
+    Atan2,
+    /// The remainder of truncating division, with the sign of `a` (C's `fmod` for floats).
+    Rem,
+    /// Bitwise and (logical for `bool`).
+    And,
+    /// Bitwise or (logical for `bool`).
+    Or,
+    /// Bitwise exclusive or (logical for `bool`).
+    Xor,
+    /// `a << b`; 0 when `b` is at least the bit width.
+    ShiftLeft,
+    /// `a >> b` filling with zeros; 0 when `b` is at least the bit width.
+    ShiftRightLogical,
+    /// `a >> b` filling with the sign bit; all sign bits when `b` is at least the bit width.
+    ShiftRightArithmetic,
 }
 
 impl BinaryOp {
@@ -83,7 +151,33 @@ impl BinaryOp {
             BinaryOp::Pow => "power",
             BinaryOp::Max => "maximum",
             BinaryOp::Min => "minimum",
+            BinaryOp::Atan2 => "atan2",
+            BinaryOp::Rem => "remainder",
+            BinaryOp::And => "and",
+            BinaryOp::Or => "or",
+            BinaryOp::Xor => "xor",
+            BinaryOp::ShiftLeft => "shift_left",
+            BinaryOp::ShiftRightLogical => "shift_right_logical",
+            BinaryOp::ShiftRightArithmetic => "shift_right_arithmetic",
         }
+    }
+
+    /// Whether the op is defined only for integer (and, for the logical ops, bool) operands.
+    pub const fn bits_only(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::And
+                | BinaryOp::Or
+                | BinaryOp::Xor
+                | BinaryOp::ShiftLeft
+                | BinaryOp::ShiftRightLogical
+                | BinaryOp::ShiftRightArithmetic
+        )
+    }
+
+    /// Whether the op is defined only for floats.
+    pub const fn float_only(self) -> bool {
+        matches!(self, BinaryOp::Atan2)
     }
 }
 
@@ -141,6 +235,105 @@ pub struct DotDims {
     pub lhs_contract: Vec<usize>,
     /// Contracting dims of the rhs (paired with `lhs_contract`).
     pub rhs_contract: Vec<usize>,
+}
+
+/// A window sliding over every dim of an operand: the attributes of `reduce_window` and
+/// `select_and_scatter` (one entry per operand dim in each list).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Window {
+    /// The window's size per dim.
+    pub dims: Vec<usize>,
+    /// The step between windows per dim (≥ 1).
+    pub strides: Vec<usize>,
+    /// Elements added before and after each dim (negative removes).
+    pub padding: Vec<(i64, i64)>,
+    /// Dilation of the operand (`d − 1` holes between elements; 1 for none).
+    pub base_dilation: Vec<usize>,
+    /// Dilation of the window (`d − 1` skipped elements between taps; 1 for none).
+    pub window_dilation: Vec<usize>,
+}
+
+/// Which dim of each operand and of the result plays which role in a convolution
+/// (StableHLO's `dim_numbers`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ConvDims {
+    /// The input's batch dim.
+    pub input_batch: usize,
+    /// The input's feature (channel) dim.
+    pub input_feature: usize,
+    /// The input's spatial dims, in order.
+    pub input_spatial: Vec<usize>,
+    /// The kernel's input-feature dim.
+    pub kernel_input: usize,
+    /// The kernel's output-feature dim.
+    pub kernel_output: usize,
+    /// The kernel's spatial dims, paired with the input's.
+    pub kernel_spatial: Vec<usize>,
+    /// The result's batch dim.
+    pub output_batch: usize,
+    /// The result's feature dim.
+    pub output_feature: usize,
+    /// The result's spatial dims, paired with the input's.
+    pub output_spatial: Vec<usize>,
+}
+
+/// A convolution's attributes (one entry per spatial dim in each list).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Conv {
+    /// Which dim is which.
+    pub dims: ConvDims,
+    /// The step between windows.
+    pub strides: Vec<usize>,
+    /// Elements added before and after each spatial dim of the (dilated) input; negative
+    /// removes.
+    pub padding: Vec<(i64, i64)>,
+    /// Input dilation (`d − 1` zeros between elements: a transposed convolution).
+    pub lhs_dilation: Vec<usize>,
+    /// Kernel dilation (atrous convolution).
+    pub rhs_dilation: Vec<usize>,
+    /// Groups of input features, each convolved with its own slice of the kernel's outputs
+    /// (depthwise when it equals the input features).
+    pub feature_groups: usize,
+    /// Groups of the batch, each convolved with its own slice of the kernel's outputs (what
+    /// the kernel gradient of a grouped convolution uses).
+    pub batch_groups: usize,
+}
+
+/// A gather's dimension numbers (StableHLO's, without batching dims).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct GatherDims {
+    /// Result dims that index within a slice (the others index the batch of starts).
+    pub offset_dims: Vec<usize>,
+    /// Operand dims whose slice size is 1 and that the result drops.
+    pub collapsed_slice_dims: Vec<usize>,
+    /// The operand dim each component of an index vector starts.
+    pub start_index_map: Vec<usize>,
+    /// The dim of the indices that holds index vectors (equal to its rank: one scalar each).
+    pub index_vector_dim: usize,
+    /// The size of the slice taken from each operand dim.
+    pub slice_sizes: Vec<usize>,
+}
+
+/// A scatter's dimension numbers (StableHLO's, without batching dims).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ScatterDims {
+    /// Dims of the updates that index within a window.
+    pub update_window_dims: Vec<usize>,
+    /// Operand dims of size 1 that the window does not have.
+    pub inserted_window_dims: Vec<usize>,
+    /// The operand dim each component of an index vector starts.
+    pub scatter_dims_to_operand_dims: Vec<usize>,
+    /// The dim of the indices that holds index vectors (equal to its rank: one scalar each).
+    pub index_vector_dim: usize,
+}
+
+/// How a scatter combines an update with the element it lands on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScatterKind {
+    /// `old + update` (repeated indices add up).
+    Add,
+    /// `update` (with repeated indices, one of them wins; which is unspecified).
+    Replace,
 }
 
 /// What a node computes. Inputs are in [`Node::inputs`]; the result type is [`Node::ty`].
@@ -210,6 +403,61 @@ pub enum Op {
     /// The operand itself, through which no gradient flows: the reverse pass gives its
     /// operand no cotangent. Emitted as a same-shape reshape, which XLA removes.
     StopGradient,
+    /// `clamp(min, x, max)` element-wise (inputs in that order; `min`/`max` may be scalars).
+    Clamp,
+    /// The operand's bits as another dtype of the same width.
+    BitcastConvert,
+    /// Padding with a scalar value (inputs: operand, value): `low`/`high` elements before and
+    /// after each dim (negative removes), `interior` between neighbours.
+    Pad {
+        /// Before each dim.
+        low: Vec<i64>,
+        /// After each dim.
+        high: Vec<i64>,
+        /// Between each pair of neighbours.
+        interior: Vec<usize>,
+    },
+    /// The operand with the order of `axes` reversed.
+    Reverse {
+        /// The reversed dims.
+        axes: Vec<usize>,
+    },
+    /// A convolution (inputs: input, kernel).
+    Convolution(Box<Conv>),
+    /// A reduction over sliding windows.
+    ReduceWindow {
+        /// Which reduction (its init as in [`Op::Reduce`]).
+        kind: ReduceOp,
+        /// The windows.
+        window: Window,
+    },
+    /// The gradient of a max (or min) `reduce_window` (inputs: operand, source): each window's
+    /// source value is added at the position its selection picks (the first maximum, or
+    /// minimum, in row-major window order); everything else is 0.
+    SelectAndScatter {
+        /// `Max` or `Min`: what a window selects.
+        kind: ReduceOp,
+        /// The windows (dilations of 1).
+        window: Window,
+    },
+    /// Slices of the operand at start indices (inputs: operand, indices).
+    Gather(GatherDims),
+    /// Updates written into the operand at start indices (inputs: operand, indices, updates).
+    Scatter {
+        /// Dimension numbers.
+        dims: ScatterDims,
+        /// Add or replace.
+        kind: ScatterKind,
+    },
+    /// A slice of static `sizes` at traced start indices (inputs: operand, then one integer
+    /// scalar per dim), each start clamped to `0..=dim − size`.
+    DynamicSlice {
+        /// The slice's dims.
+        sizes: Vec<usize>,
+    },
+    /// The operand with an update written at traced start indices (inputs: operand, update,
+    /// then one integer scalar per dim), each start clamped to `0..=dim − update dim`.
+    DynamicUpdateSlice,
 }
 
 impl Op {
@@ -233,6 +481,17 @@ impl Op {
             Op::Reduce { .. } => "reduce",
             Op::AllReduce => "all_reduce",
             Op::StopGradient => "stop_gradient",
+            Op::Clamp => "clamp",
+            Op::BitcastConvert => "bitcast_convert",
+            Op::Pad { .. } => "pad",
+            Op::Reverse { .. } => "reverse",
+            Op::Convolution(_) => "convolution",
+            Op::ReduceWindow { .. } => "reduce_window",
+            Op::SelectAndScatter { .. } => "select_and_scatter",
+            Op::Gather(_) => "gather",
+            Op::Scatter { .. } => "scatter",
+            Op::DynamicSlice { .. } => "dynamic_slice",
+            Op::DynamicUpdateSlice => "dynamic_update_slice",
         }
     }
 }

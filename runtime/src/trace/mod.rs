@@ -36,8 +36,10 @@ use std::panic::{self, AssertUnwindSafe, Location};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 pub use autodiff::{grad, value_and_grad};
+pub use crate::ops::window::same_padding;
 pub use ir::{
-    BinaryOp, ClassInput, CmpOp, DotDims, Graph, Input, Node, NodeId, Op, ReduceOp, UnaryOp,
+    BinaryOp, ClassInput, CmpOp, Conv, ConvDims, DotDims, GatherDims, Graph, Input, Node, NodeId,
+    Op, ReduceOp, ScatterDims, ScatterKind, UnaryOp, Window,
 };
 pub use ops::Operand;
 
@@ -52,8 +54,8 @@ use crate::tree::LeafType;
 /// `x * 2.0`, `1.0 - y`, `a + b`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tensor {
-    node: NodeId,
-    trace: u32,
+    pub(crate) node: NodeId,
+    pub(crate) trace: u32,
 }
 
 impl Tensor {
@@ -94,9 +96,9 @@ pub struct TraceError {
     pub location: String,
 }
 
-struct Recording {
-    id: u32,
-    graph: Graph,
+pub(crate) struct Recording {
+    pub(crate) id: u32,
+    pub(crate) graph: Graph,
     error: Option<TraceError>,
 }
 
@@ -108,7 +110,7 @@ static NEXT_TRACE: AtomicU32 = AtomicU32::new(1);
 
 /// Runs `f` on the active recording; panics (a programming error, caught at the trace
 /// boundary) if no trace is active on this thread.
-fn with_recording<R>(f: impl FnOnce(&mut Recording) -> R) -> R {
+pub(crate) fn with_recording<R>(f: impl FnOnce(&mut Recording) -> R) -> R {
     ACTIVE.with(|a| {
         let mut a = a.borrow_mut();
         match a.as_mut() {
@@ -123,7 +125,7 @@ fn with_recording<R>(f: impl FnOnce(&mut Recording) -> R) -> R {
 
 impl Recording {
     /// Records the first error and returns a stand-in tensor of type `ty`.
-    fn fail(
+    pub(crate) fn fail(
         &mut self,
         op: &'static str,
         message: String,
@@ -140,7 +142,7 @@ impl Recording {
         self.stand_in(ty)
     }
 
-    fn stand_in(&mut self, ty: LeafType) -> Tensor {
+    pub(crate) fn stand_in(&mut self, ty: LeafType) -> Tensor {
         let node = self
             .graph
             .push(Op::Parameter { index: usize::MAX }, Vec::new(), ty);
@@ -153,7 +155,7 @@ impl Recording {
     /// Appends a node of type `ty`, or, when `ty` is over the size limit
     /// ([`crate::MAX_TENSOR_BYTES`]), records that as the error of `op` (the user's op) at `at`
     /// and returns a stand-in.
-    fn push(
+    pub(crate) fn push(
         &mut self,
         node: Op,
         inputs: Vec<NodeId>,
@@ -173,7 +175,7 @@ impl Recording {
     }
 
     /// Whether `t` belongs to this trace; records an error if not.
-    fn owns(&mut self, t: Tensor, op: &'static str, at: &Location<'_>) -> bool {
+    pub(crate) fn owns(&mut self, t: Tensor, op: &'static str, at: &Location<'_>) -> bool {
         if t.trace == self.id && (t.node as usize) < self.graph.nodes.len() {
             return true;
         }

@@ -62,6 +62,10 @@ pub(crate) fn scalar_array(value: f64, dtype: DType) -> Result<Array, String> {
             int(0.0, 255.0)?;
             Array::scalar(value as u8)
         }
+        DType::U32 => {
+            int(0.0, u32::MAX as f64)?;
+            Array::scalar(value as u32)
+        }
         DType::Bool => {
             int(0.0, 1.0)?;
             Array::scalar(value != 0.0)
@@ -108,11 +112,11 @@ pub(crate) fn broadcast_dims(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
 }
 
 impl Recording {
-    pub(super) fn ty_of(&self, t: Tensor) -> LeafType {
+    pub(crate) fn ty_of(&self, t: Tensor) -> LeafType {
         self.graph.ty(t.node).clone()
     }
 
-    fn constant(&mut self, array: Array) -> Tensor {
+    pub(crate) fn constant(&mut self, array: Array) -> Tensor {
         let ty = array.leaf_type();
         // Every `Array` is within the size limit, so no check is needed here.
         let node = self
@@ -124,7 +128,7 @@ impl Recording {
         }
     }
 
-    fn scalar(&mut self, value: f64, dtype: DType, op: &'static str, at: &Location<'_>) -> Tensor {
+    pub(crate) fn scalar(&mut self, value: f64, dtype: DType, op: &'static str, at: &Location<'_>) -> Tensor {
         match scalar_array(value, dtype) {
             Ok(a) => self.constant(a),
             Err(msg) => self.fail(op, msg, at, scalar_ty(dtype)),
@@ -132,7 +136,7 @@ impl Recording {
     }
 
     /// Broadcasts `t` to `dims` NumPy-style (trailing dims align); a no-op when already there.
-    fn broadcast_to(
+    pub(crate) fn broadcast_to(
         &mut self,
         t: Tensor,
         dims: &[usize],
@@ -155,7 +159,7 @@ impl Recording {
     }
 
     /// Resolves operands to tensors of one dtype and one (broadcast) shape.
-    fn unify(
+    pub(crate) fn unify(
         &mut self,
         operands: &[Operand],
         op: &'static str,
@@ -238,18 +242,13 @@ impl Recording {
         )
     }
 
-    fn binary(&mut self, op: BinaryOp, a: Operand, b: Operand, at: &Location<'_>) -> Tensor {
+    pub(crate) fn binary(&mut self, op: BinaryOp, a: Operand, b: Operand, at: &Location<'_>) -> Tensor {
         let Some(ts) = self.unify(&[a, b], op.name(), at) else {
             return self.stand_in_for(&[a, b]);
         };
         let ty = self.ty_of(ts[0]);
-        if ty.dtype == DType::Bool && op != BinaryOp::Max && op != BinaryOp::Min {
-            return self.fail(
-                op.name(),
-                format!("`{}` is not defined for bool tensors ({ty})", op.name()),
-                at,
-                ty,
-            );
+        if let Err(msg) = crate::ops::elementwise::binary_defined(op, &ty) {
+            return self.fail(op.name(), msg, at, ty);
         }
         self.push(
             Op::Binary(op),
@@ -291,29 +290,13 @@ impl Recording {
         self.stand_in(ty)
     }
 
-    fn unary(&mut self, op: UnaryOp, a: Tensor, at: &Location<'_>) -> Tensor {
+    pub(crate) fn unary(&mut self, op: UnaryOp, a: Tensor, at: &Location<'_>) -> Tensor {
         if !self.owns(a, op.name(), at) {
             return self.stand_in(scalar_ty(DType::F32));
         }
         let ty = self.ty_of(a);
-        if op.float_only() && !is_float(&ty) {
-            return self.fail(
-                op.name(),
-                format!(
-                    "`{}` needs a float tensor, got {ty}; convert it first",
-                    op.name()
-                ),
-                at,
-                ty,
-            );
-        }
-        if ty.dtype == DType::Bool || (ty.dtype == DType::U8 && op == UnaryOp::Neg) {
-            return self.fail(
-                op.name(),
-                format!("`{}` is not defined for {ty}", op.name()),
-                at,
-                ty,
-            );
+        if let Err(msg) = crate::ops::elementwise::unary_defined(op, &ty) {
+            return self.fail(op.name(), msg, at, ty);
         }
         self.push(Op::Unary(op), vec![a.node], ty, op.name(), at)
     }
@@ -470,7 +453,7 @@ impl Recording {
         }
     }
 
-    pub(super) fn reshape(&mut self, a: Tensor, dims: &[usize], at: &Location<'_>) -> Tensor {
+    pub(crate) fn reshape(&mut self, a: Tensor, dims: &[usize], at: &Location<'_>) -> Tensor {
         let ty = self.ty_of(a);
         // The operand is within the size limit, so its count is too; the new dims may not be.
         let have = dims_product(&ty.dims).unwrap_or(usize::MAX);

@@ -366,6 +366,7 @@ pub(crate) fn join_rows(parts: &[Array]) -> Result<Array> {
         ArrayData::I64(_) => join!(I64),
         ArrayData::U8(_) => join!(U8),
         ArrayData::Bool(_) => join!(Bool),
+        ArrayData::U32(_) => join!(U32),
     }
 }
 

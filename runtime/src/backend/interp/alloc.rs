@@ -5,7 +5,7 @@
 use super::Fault;
 
 /// An empty vector with room for exactly `n` elements, or [`Fault::Alloc`].
-pub(super) fn with_capacity<T>(n: usize) -> Result<Vec<T>, Fault> {
+pub(crate) fn with_capacity<T>(n: usize) -> Result<Vec<T>, Fault> {
     let mut v = Vec::new();
     match v.try_reserve_exact(n) {
         Ok(()) => Ok(v),
@@ -17,14 +17,14 @@ pub(super) fn with_capacity<T>(n: usize) -> Result<Vec<T>, Fault> {
 
 /// The `n` elements of `items` in a vector allocated fallibly (`items` yields at most `n`, so
 /// the vector never grows past what was reserved).
-pub(super) fn collect<T>(n: usize, items: impl IntoIterator<Item = T>) -> Result<Vec<T>, Fault> {
+pub(crate) fn collect<T>(n: usize, items: impl IntoIterator<Item = T>) -> Result<Vec<T>, Fault> {
     let mut v = with_capacity(n)?;
     v.extend(items.into_iter().take(n));
     Ok(v)
 }
 
 /// `n` copies of `value`, allocated fallibly.
-pub(super) fn filled<T: Clone>(n: usize, value: T) -> Result<Vec<T>, Fault> {
+pub(crate) fn filled<T: Clone>(n: usize, value: T) -> Result<Vec<T>, Fault> {
     let mut v = with_capacity(n)?;
     v.resize(n, value);
     Ok(v)

@@ -2,7 +2,7 @@
 //! one the op gives. Traced graphs always pass; the checks make a hand-built or edited graph an
 //! error instead of a panic or a wrong answer.
 
-use crate::trace::ir::{BinaryOp, DotDims, Graph, Op};
+use crate::trace::ir::{DotDims, Graph, Op};
 use crate::tree::{dims_product, DType, LeafType};
 
 fn arity(n: usize, have: usize) -> Result<(), String> {
@@ -130,17 +130,13 @@ pub(super) fn node(graph: &Graph, id: usize) -> Result<(), String> {
         Op::Unary(u) => {
             arity(1, ins.len())?;
             let t = ins[0];
-            if t.dtype == DType::Bool || (u.float_only() && !t.dtype.is_float()) {
-                return Err(format!("it is not defined for {t}"));
-            }
+            crate::ops::elementwise::unary_defined(*u, t)?;
             t.clone()
         }
         Op::Binary(b) => {
             arity(2, ins.len())?;
             same(ins[0], ins[1])?;
-            if ins[0].dtype == DType::Bool && !matches!(b, BinaryOp::Max | BinaryOp::Min) {
-                return Err(format!("it is not defined for {}", ins[0]));
-            }
+            crate::ops::elementwise::binary_defined(*b, ins[0])?;
             ins[0].clone()
         }
         Op::Compare(_) => {
@@ -275,6 +271,7 @@ pub(super) fn node(graph: &Graph, id: usize) -> Result<(), String> {
             arity(2, ins.len())?;
             dot_type(ins[0], ins[1], d)?
         }
+        crate::ops::family_op!() => crate::ops::result_type(node, &ins)?,
         Op::Reduce { axes, .. } => {
             arity(1, ins.len())?;
             let t = ins[0];

@@ -13,7 +13,7 @@ use super::layout::transpose_vec;
 use super::Fault;
 
 /// Floating-point element types.
-trait Float: Copy + PartialOrd + std::fmt::Debug {
+pub(crate) trait Float: Copy + PartialOrd + std::fmt::Debug {
     const ZERO: Self;
     const NEG_INF: Self;
     const INF: Self;
@@ -40,6 +40,24 @@ macro_rules! float {
                     UnaryOp::Sqrt => self.sqrt(),
                     UnaryOp::Rsqrt => 1.0 / self.sqrt(),
                     UnaryOp::Abs => self.abs(),
+                    UnaryOp::Sin => self.sin(),
+                    UnaryOp::Cos => self.cos(),
+                    UnaryOp::Erf => <$t as Special>::erf(self),
+                    UnaryOp::ErfInv => <$t as Special>::erf_inv(self),
+                    UnaryOp::Log1p => self.ln_1p(),
+                    UnaryOp::Expm1 => self.exp_m1(),
+                    UnaryOp::Sign => {
+                        if self == 0.0 || self.is_nan() {
+                            self
+                        } else {
+                            self.signum()
+                        }
+                    }
+                    UnaryOp::Floor => self.floor(),
+                    UnaryOp::Ceil => self.ceil(),
+                    UnaryOp::RoundNearestEven => self.round_ties_even(),
+                    // Integer-only: refused by the checks before any kernel runs.
+                    UnaryOp::Not | UnaryOp::Popcnt => <$t>::NAN,
                 }
             }
 
@@ -83,6 +101,16 @@ macro_rules! float {
                             b
                         }
                     }
+                    BinaryOp::Atan2 => a.atan2(b),
+                    // Rust's `%` on floats is C's `fmod`: the sign of `a`.
+                    BinaryOp::Rem => a % b,
+                    // Integer-only: refused by the checks before any kernel runs.
+                    BinaryOp::And
+                    | BinaryOp::Or
+                    | BinaryOp::Xor
+                    | BinaryOp::ShiftLeft
+                    | BinaryOp::ShiftRightLogical
+                    | BinaryOp::ShiftRightArithmetic => <$t>::NAN,
                 }
             }
 
@@ -122,7 +150,7 @@ macro_rules! pow_by_squaring {
 }
 
 macro_rules! int {
-    ($t:ty, $signed:expr) => {
+    ($t:ty, $signed:expr, $unsigned:ty, $as_signed:ty) => {
         impl Int for $t {
             const ZERO: Self = 0;
             const MIN: Self = <$t>::MIN;
@@ -133,6 +161,16 @@ macro_rules! int {
                     UnaryOp::Neg => Some(self.wrapping_neg()),
                     #[allow(unused_comparisons)]
                     UnaryOp::Abs => Some(if self < 0 { self.wrapping_neg() } else { self }),
+                    UnaryOp::Not => Some(!self),
+                    UnaryOp::Popcnt => Some(self.count_ones() as $t),
+                    #[allow(unused_comparisons)]
+                    UnaryOp::Sign => Some(if self < 0 {
+                        (0 as $t).wrapping_sub(1)
+                    } else if self == 0 {
+                        0
+                    } else {
+                        1
+                    }),
                     _ => None,
                 }
             }
@@ -174,6 +212,41 @@ macro_rules! int {
                     }
                     BinaryOp::Max => a.max(b),
                     BinaryOp::Min => a.min(b),
+                    // XLA: x % 0 is x, MIN % -1 is 0; otherwise the sign of `a`.
+                    BinaryOp::Rem => {
+                        if b == 0 {
+                            a
+                        } else {
+                            a.wrapping_rem(b)
+                        }
+                    }
+                    BinaryOp::And => a & b,
+                    BinaryOp::Or => a | b,
+                    BinaryOp::Xor => a ^ b,
+                    // Shift amounts are read as unsigned: at least the bit width gives 0 (all
+                    // sign bits for an arithmetic right shift), as XLA.
+                    BinaryOp::ShiftLeft => {
+                        let n = b as $unsigned;
+                        if n >= <$t>::BITS as $unsigned {
+                            0
+                        } else {
+                            a << n
+                        }
+                    }
+                    BinaryOp::ShiftRightLogical => {
+                        let n = b as $unsigned;
+                        if n >= <$t>::BITS as $unsigned {
+                            0
+                        } else {
+                            ((a as $unsigned) >> n) as $t
+                        }
+                    }
+                    BinaryOp::ShiftRightArithmetic => {
+                        let n = (b as $unsigned).min(<$t>::BITS as $unsigned - 1);
+                        ((a as $as_signed) >> n) as $t
+                    }
+                    // Float-only: refused by the checks before any kernel runs.
+                    BinaryOp::Atan2 => 0,
                 }
             }
 
@@ -183,9 +256,67 @@ macro_rules! int {
         }
     };
 }
-int!(i32, true);
-int!(i64, true);
-int!(u8, false);
+int!(i32, true, u32, i32);
+int!(i64, true, u64, i64);
+int!(u8, false, u8, i8);
+int!(u32, false, u32, i32);
+
+/// `erf` and its inverse (std has neither): `erf` from libm; `erf_inv` by Newton's method on
+/// `erf` in `f64` from a rational first guess, rounded once to the type.
+trait Special: Sized {
+    fn erf(self) -> Self;
+    fn erf_inv(self) -> Self;
+}
+
+fn erf_inv_f64(y: f64) -> f64 {
+    if y.is_nan() || !(-1.0..=1.0).contains(&y) {
+        return f64::NAN;
+    }
+    if y == 1.0 {
+        return f64::INFINITY;
+    }
+    if y == -1.0 {
+        return f64::NEG_INFINITY;
+    }
+    // A first guess accurate to about 2e-3 (Winitzki's approximation), then Newton steps:
+    // x ← x − (erf(x) − y) / (2/√π · e^(−x²)), which converge quadratically.
+    let a = 0.147;
+    let ln = (1.0 - y * y).ln();
+    let t = 2.0 / (std::f64::consts::PI * a) + ln / 2.0;
+    let mut x = (y.signum()) * ((t * t - ln / a).sqrt() - t).sqrt();
+    for _ in 0..6 {
+        let err = libm::erf(x) - y;
+        let slope = std::f64::consts::FRAC_2_SQRT_PI * (-x * x).exp();
+        if slope == 0.0 {
+            break;
+        }
+        x -= err / slope;
+    }
+    x
+}
+
+impl Special for f64 {
+    fn erf(self) -> f64 {
+        libm::erf(self)
+    }
+    fn erf_inv(self) -> f64 {
+        erf_inv_f64(self)
+    }
+}
+
+impl Special for f32 {
+    fn erf(self) -> f32 {
+        libm::erf(self as f64) as f32
+    }
+    fn erf_inv(self) -> f32 {
+        erf_inv_f64(self as f64) as f32
+    }
+}
+
+/// `a op b` with the element-wise semantics of floats (NaN-propagating max/min).
+pub(crate) fn float_binary<T: Float>(a: T, b: T, op: BinaryOp) -> T {
+    a.binary(b, op)
+}
 
 fn zip<T: Copy, U>(a: &[T], b: &[T], f: impl Fn(T, T) -> U) -> Result<Vec<U>, Fault> {
     collect(
@@ -217,12 +348,13 @@ pub(super) fn unary(op: UnaryOp, a: &ArrayData) -> Result<ArrayData, Fault> {
         ArrayData::I32(v) => ArrayData::I32(int_unary(op, v)?),
         ArrayData::I64(v) => ArrayData::I64(int_unary(op, v)?),
         ArrayData::U8(v) => ArrayData::U8(int_unary(op, v)?),
+        ArrayData::U32(v) => ArrayData::U32(int_unary(op, v)?),
         ArrayData::Bool(_) => return Err(format!("`{}` is not defined for bool", op.name()).into()),
     })
 }
 
 /// An element-wise binary function of two operands of one shape and dtype.
-pub(super) fn binary(op: BinaryOp, a: &ArrayData, b: &ArrayData) -> Result<ArrayData, Fault> {
+pub(crate) fn binary(op: BinaryOp, a: &ArrayData, b: &ArrayData) -> Result<ArrayData, Fault> {
     Ok(match (a, b) {
         (ArrayData::F32(x), ArrayData::F32(y)) => {
             ArrayData::F32(zip(x, y, |p, q| p.binary(q, op))?)
@@ -237,6 +369,9 @@ pub(super) fn binary(op: BinaryOp, a: &ArrayData, b: &ArrayData) -> Result<Array
             ArrayData::I64(zip(x, y, |p, q| p.binary(q, op))?)
         }
         (ArrayData::U8(x), ArrayData::U8(y)) => ArrayData::U8(zip(x, y, |p, q| p.binary(q, op))?),
+        (ArrayData::U32(x), ArrayData::U32(y)) => {
+            ArrayData::U32(zip(x, y, |p, q| p.binary(q, op))?)
+        }
         (ArrayData::Bool(x), ArrayData::Bool(y)) => match op {
             BinaryOp::Max => ArrayData::Bool(zip(x, y, |p, q| p | q)?),
             BinaryOp::Min => ArrayData::Bool(zip(x, y, |p, q| p & q)?),
@@ -274,6 +409,7 @@ pub(super) fn compare(op: CmpOp, a: &ArrayData, b: &ArrayData) -> Result<ArrayDa
         (ArrayData::I32(x), ArrayData::I32(y)) => zip(x, y, |p, q| compare_one(op, p, q))?,
         (ArrayData::I64(x), ArrayData::I64(y)) => zip(x, y, |p, q| compare_one(op, p, q))?,
         (ArrayData::U8(x), ArrayData::U8(y)) => zip(x, y, |p, q| compare_one(op, p, q))?,
+        (ArrayData::U32(x), ArrayData::U32(y)) => zip(x, y, |p, q| compare_one(op, p, q))?,
         (ArrayData::Bool(x), ArrayData::Bool(y)) => zip(x, y, |p, q| compare_one(op, p, q))?,
         _ => return Err(mismatch(a, b)),
     }))
@@ -304,6 +440,7 @@ pub(super) fn select(pred: &ArrayData, a: &ArrayData, b: &ArrayData) -> Result<A
         (ArrayData::I32(x), ArrayData::I32(y)) => ArrayData::I32(select_vec(p, x, y)?),
         (ArrayData::I64(x), ArrayData::I64(y)) => ArrayData::I64(select_vec(p, x, y)?),
         (ArrayData::U8(x), ArrayData::U8(y)) => ArrayData::U8(select_vec(p, x, y)?),
+        (ArrayData::U32(x), ArrayData::U32(y)) => ArrayData::U32(select_vec(p, x, y)?),
         (ArrayData::Bool(x), ArrayData::Bool(y)) => ArrayData::Bool(select_vec(p, x, y)?),
         _ => return Err(mismatch(a, b)),
     })
@@ -320,6 +457,7 @@ macro_rules! convert_all {
             DType::I32 => ArrayData::I32(map(&$v, |x| x as i32)?),
             DType::I64 => ArrayData::I64(map(&$v, |x| x as i64)?),
             DType::U8 => ArrayData::U8(map(&$v, |x| x as u8)?),
+            DType::U32 => ArrayData::U32(map(&$v, |x| x as u32)?),
             DType::Bool => ArrayData::Bool(map(&$v, |x| x != $zero)?),
         }
     };
@@ -333,6 +471,7 @@ pub(super) fn convert(a: &ArrayData, to: DType) -> Result<ArrayData, Fault> {
         ArrayData::I32(v) => convert_all!(v, to, 0),
         ArrayData::I64(v) => convert_all!(v, to, 0),
         ArrayData::U8(v) => convert_all!(v, to, 0),
+        ArrayData::U32(v) => convert_all!(v, to, 0),
         ArrayData::Bool(v) => {
             let bytes: Vec<u8> = map(v, u8::from)?;
             convert_all!(bytes, to, 0)
@@ -422,6 +561,7 @@ pub(super) fn reduce(
         ArrayData::I32(v) => ArrayData::I32(reduce_int(kind, v, dims, axes)?),
         ArrayData::I64(v) => ArrayData::I64(reduce_int(kind, v, dims, axes)?),
         ArrayData::U8(v) => ArrayData::U8(reduce_int(kind, v, dims, axes)?),
+        ArrayData::U32(v) => ArrayData::U32(reduce_int(kind, v, dims, axes)?),
         ArrayData::Bool(v) => ArrayData::Bool(match kind {
             ReduceOp::Sum | ReduceOp::Max => reduce_vec(v, dims, axes, false, |a, b| a | b)?,
             ReduceOp::Min => reduce_vec(v, dims, axes, true, |a, b| a & b)?,
@@ -496,6 +636,9 @@ pub(super) fn batched_matmul(
         }
         (ArrayData::U8(x), ArrayData::U8(y)) => {
             ArrayData::U8(matmul(x, y, s, 0, <u8 as Int>::mac)?)
+        }
+        (ArrayData::U32(x), ArrayData::U32(y)) => {
+            ArrayData::U32(matmul(x, y, s, 0, <u32 as Int>::mac)?)
         }
         (ArrayData::Bool(_), ArrayData::Bool(_)) => {
             return Err(Fault::from(

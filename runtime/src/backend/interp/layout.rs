@@ -19,13 +19,14 @@ macro_rules! map_data {
             ArrayData::I64($v) => ArrayData::I64($body?),
             ArrayData::U8($v) => ArrayData::U8($body?),
             ArrayData::Bool($v) => ArrayData::Bool($body?),
+            ArrayData::U32($v) => ArrayData::U32($body?),
         }
     };
 }
 
 /// Row-major strides of `dims`, in elements. The products cannot overflow: every type the
 /// interpreter meets is within the size limit (`check::node`), which bounds them.
-pub(super) fn strides(dims: &[usize]) -> Vec<usize> {
+pub(crate) fn strides(dims: &[usize]) -> Vec<usize> {
     let mut s = vec![1; dims.len()];
     for i in (0..dims.len().saturating_sub(1)).rev() {
         s[i] = s[i + 1] * dims[i + 1];
@@ -35,7 +36,7 @@ pub(super) fn strides(dims: &[usize]) -> Vec<usize> {
 
 /// The elements `src[base + Σ idx[d] * strides[d]]` for every index `idx` of `dims`, in
 /// row-major order.
-pub(super) fn gather<T: Copy>(
+pub(crate) fn gather<T: Copy>(
     src: &[T],
     dims: &[usize],
     strides: &[usize],
@@ -78,12 +79,12 @@ pub(super) fn gather<T: Copy>(
 }
 
 /// Whether `perm` is `0, 1, 2, …`.
-pub(super) fn is_identity(perm: &[usize]) -> bool {
+pub(crate) fn is_identity(perm: &[usize]) -> bool {
     perm.iter().enumerate().all(|(i, &p)| i == p)
 }
 
 /// Result dim `i` is operand dim `perm[i]`.
-pub(super) fn transpose_vec<T: Copy>(
+pub(crate) fn transpose_vec<T: Copy>(
     src: &[T],
     dims: &[usize],
     perm: &[usize],
@@ -98,7 +99,7 @@ pub(super) fn transpose_vec<T: Copy>(
 }
 
 /// Transposes typed storage of shape `dims`.
-pub(super) fn transpose(
+pub(crate) fn transpose(
     data: &ArrayData,
     dims: &[usize],
     perm: &[usize],
@@ -108,7 +109,7 @@ pub(super) fn transpose(
 
 /// Broadcasts storage of shape `in_dims` to `out_dims`: operand dim `i` becomes result dim
 /// `map[i]` (its size equal, or 1).
-pub(super) fn broadcast(
+pub(crate) fn broadcast(
     data: &ArrayData,
     in_dims: &[usize],
     out_dims: &[usize],
@@ -126,7 +127,7 @@ pub(super) fn broadcast(
 
 /// The strided window `start..limit` step `steps` of storage of shape `dims`; `out_dims` is the
 /// window's shape.
-pub(super) fn slice(
+pub(crate) fn slice(
     data: &ArrayData,
     dims: &[usize],
     start: &[usize],
@@ -162,7 +163,7 @@ fn concat_vec<T: Element>(parts: &[&Array], axis: usize) -> Result<Vec<T>, Fault
 
 /// Joins arrays of one dtype along `axis` (all other dims equal); an invalid-graph fault when
 /// dtypes differ.
-pub(super) fn concatenate(parts: &[&Array], axis: usize, dtype: DType) -> Result<ArrayData, Fault> {
+pub(crate) fn concatenate(parts: &[&Array], axis: usize, dtype: DType) -> Result<ArrayData, Fault> {
     Ok(match dtype {
         DType::F32 => ArrayData::F32(concat_vec(parts, axis)?),
         DType::F64 => ArrayData::F64(concat_vec(parts, axis)?),
@@ -170,12 +171,13 @@ pub(super) fn concatenate(parts: &[&Array], axis: usize, dtype: DType) -> Result
         DType::I64 => ArrayData::I64(concat_vec(parts, axis)?),
         DType::U8 => ArrayData::U8(concat_vec(parts, axis)?),
         DType::Bool => ArrayData::Bool(concat_vec(parts, axis)?),
+        DType::U32 => ArrayData::U32(concat_vec(parts, axis)?),
     })
 }
 
 /// Iota: element `[i0, i1, …]` is `i_axis`, converted to `dtype` as by `as` (integers wrap).
 /// An invalid-graph fault for `bool`, which has no iota.
-pub(super) fn iota(dtype: DType, dims: &[usize], axis: usize) -> Result<ArrayData, Fault> {
+pub(crate) fn iota(dtype: DType, dims: &[usize], axis: usize) -> Result<ArrayData, Fault> {
     let n = dims_product(dims).ok_or_else(|| Fault::from(format!("{dims:?} overflow")))?;
     let stride = dims_product(&dims[axis + 1..]).unwrap_or(1).max(1);
     let size = dims[axis].max(1);
@@ -186,6 +188,7 @@ pub(super) fn iota(dtype: DType, dims: &[usize], axis: usize) -> Result<ArrayDat
         DType::I32 => ArrayData::I32(collect(n, index.map(|i| i as i32))?),
         DType::I64 => ArrayData::I64(collect(n, index.map(|i| i as i64))?),
         DType::U8 => ArrayData::U8(collect(n, index.map(|i| i as u8))?),
+        DType::U32 => ArrayData::U32(collect(n, index.map(|i| i as u32))?),
         DType::Bool => return Err(Fault::from("iota is not defined for bool".to_owned())),
     })
 }

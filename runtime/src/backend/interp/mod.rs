@@ -45,10 +45,10 @@
 //! # Ok::<(), nitro::Error>(())
 //! ```
 
-mod alloc;
+pub(crate) mod alloc;
 mod check;
-mod kernels;
-mod layout;
+pub(crate) mod kernels;
+pub(crate) mod layout;
 
 use std::borrow::Cow;
 
@@ -267,7 +267,7 @@ fn outputs(graph: &Graph, mut values: Vec<Option<Cow<'_, Array>>>) -> Result<Vec
 
 /// Why a node could not be evaluated.
 #[derive(Debug)]
-enum Fault {
+pub(crate) enum Fault {
     /// The node is malformed (the message says how).
     Invalid(String),
     /// A buffer of `bytes` bytes could not be allocated.
@@ -292,6 +292,7 @@ fn copy_data(data: &ArrayData) -> std::result::Result<ArrayData, Fault> {
         ArrayData::I64(v) => ArrayData::I64(alloc::collect(v.len(), v.iter().copied())?),
         ArrayData::U8(v) => ArrayData::U8(alloc::collect(v.len(), v.iter().copied())?),
         ArrayData::Bool(v) => ArrayData::Bool(alloc::collect(v.len(), v.iter().copied())?),
+        ArrayData::U32(v) => ArrayData::U32(alloc::collect(v.len(), v.iter().copied())?),
     })
 }
 
@@ -401,6 +402,7 @@ fn eval<'a>(
             let a = operands[0];
             owned(kernels::reduce(*kind, a.data(), a.dims(), axes)?)
         }
+        crate::ops::family_op!() => owned(crate::ops::eval(node, operands)?),
         // Summed across replicas by `run_replicas`; never evaluated one replica at a time.
         Op::AllReduce => Err(Fault::Invalid(
             "an all_reduce is evaluated across replicas".into(),

@@ -18,6 +18,7 @@ pub(crate) fn pjrt_type(dtype: DType) -> i32 {
         DType::I64 => buffer_type::S64,
         DType::U8 => buffer_type::U8,
         DType::Bool => buffer_type::PRED,
+        DType::U32 => buffer_type::U32,
     }
 }
 
@@ -92,6 +93,7 @@ impl DeviceBuffer {
             ArrayData::I32(v) => bytemuck::cast_slice(v),
             ArrayData::I64(v) => bytemuck::cast_slice(v),
             ArrayData::U8(v) => v,
+            ArrayData::U32(v) => bytemuck::cast_slice(v),
             ArrayData::Bool(v) => {
                 bools = v.iter().map(|&b| u8::from(b)).collect();
                 &bools
@@ -195,6 +197,7 @@ impl DeviceBuffer {
                 ArrayData::Bool(self.copy_into(v)?.into_iter().map(|b| b != 0).collect())
             }
             ArrayData::U8(v) => ArrayData::U8(self.copy_into(v)?),
+            ArrayData::U32(v) => ArrayData::U32(self.copy_into(v)?),
             ArrayData::Bool(v) => ArrayData::Bool(v),
         };
         Array::from_data(&self.ty.dims, data)

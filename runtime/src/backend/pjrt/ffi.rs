@@ -348,6 +348,8 @@ pub(crate) mod buffer_type {
     pub(crate) const S64: i32 = 5;
     /// `PJRT_Buffer_Type_U8`.
     pub(crate) const U8: i32 = 6;
+    /// `PJRT_Buffer_Type_U32`.
+    pub(crate) const U32: i32 = 8;
     /// `PJRT_Buffer_Type_F32`.
     pub(crate) const F32: i32 = 11;
     /// `PJRT_Buffer_Type_F64`.
