@@ -376,8 +376,16 @@ impl<'g> Emitter<'g> {
                     Ssa::Value(n) => n.to_string(),
                     _ => String::new(),
                 };
-                let args = node.inputs.iter().map(|&i| self.name(i).to_string()).collect();
-                let arg_tys = node.inputs.iter().map(|&i| self.ty(i).to_string()).collect();
+                let args = node
+                    .inputs
+                    .iter()
+                    .map(|&i| self.name(i).to_string())
+                    .collect();
+                let arg_tys = node
+                    .inputs
+                    .iter()
+                    .map(|&i| self.ty(i).to_string())
+                    .collect();
                 let line = Line {
                     out: &mut self.out,
                     me: me.to_string(),

@@ -59,11 +59,20 @@ impl ConvDims {
             return None;
         }
         let pos = |s: &[char], c: char| s.iter().position(|&x| x == c);
-        let spatial: Vec<char> = k.iter().copied().filter(|&c| c != 'I' && c != 'O').collect();
+        let spatial: Vec<char> = k
+            .iter()
+            .copied()
+            .filter(|&c| c != 'I' && c != 'O')
+            .collect();
         if spatial.len() != k.len() - 2 {
             return None;
         }
-        let at = |s: &[char]| spatial.iter().map(|&c| pos(s, c)).collect::<Option<Vec<_>>>();
+        let at = |s: &[char]| {
+            spatial
+                .iter()
+                .map(|&c| pos(s, c))
+                .collect::<Option<Vec<_>>>()
+        };
         let distinct = |s: &[char]| {
             let mut v = s.to_vec();
             v.sort_unstable();
@@ -389,7 +398,11 @@ fn input_grad(c: &Conv, x: Tensor, k: Tensor, g: Tensor) -> Tensor {
         let split: Vec<usize> = spatial.iter().copied().chain([k_in, groups, per]).collect();
         let mut order: Vec<usize> = (0..n).collect();
         order.extend([n + 2, n + 1, n]);
-        let merged: Vec<usize> = spatial.iter().copied().chain([per, groups * k_in]).collect();
+        let merged: Vec<usize> = spatial
+            .iter()
+            .copied()
+            .chain([per, groups * k_in])
+            .collect();
         let regrouped = canon.reshape(&split).transpose(&order).reshape(&merged);
         (regrouped, n, n + 1)
     };

@@ -129,9 +129,20 @@ impl Tensor {
             };
             let ty = r.ty_of(ts[1]);
             if ty.dtype == DType::Bool {
-                return r.fail("clamp", format!("cannot clamp a bool tensor ({ty})"), at, ty);
+                return r.fail(
+                    "clamp",
+                    format!("cannot clamp a bool tensor ({ty})"),
+                    at,
+                    ty,
+                );
             }
-            r.push(Op::Clamp, ts.iter().map(|t| t.node).collect(), ty, "clamp", at)
+            r.push(
+                Op::Clamp,
+                ts.iter().map(|t| t.node).collect(),
+                ty,
+                "clamp",
+                at,
+            )
         })
     }
 
@@ -145,7 +156,13 @@ impl Tensor {
             }
             let x = r.ty_of(self);
             match bitcast_type(&x, to) {
-                Ok(ty) => r.push(Op::BitcastConvert, vec![self.node], ty, "bitcast_convert", at),
+                Ok(ty) => r.push(
+                    Op::BitcastConvert,
+                    vec![self.node],
+                    ty,
+                    "bitcast_convert",
+                    at,
+                ),
                 Err(msg) => r.fail(
                     "bitcast_convert",
                     msg,
@@ -231,7 +248,9 @@ pub(crate) fn eval_bitcast(x: &Array, to: DType) -> Result<ArrayData, Fault> {
 pub(crate) fn unary_defined(op: UnaryOp, ty: &LeafType) -> Result<(), String> {
     let (name, dtype) = (op.name(), ty.dtype);
     if op.float_only() && !dtype.is_float() {
-        return Err(format!("`{name}` needs a float tensor, got {ty}; convert it first"));
+        return Err(format!(
+            "`{name}` needs a float tensor, got {ty}; convert it first"
+        ));
     }
     if op.bits_only() && dtype.is_float() {
         return Err(format!("`{name}` needs an integer tensor, got {ty}"));
@@ -250,7 +269,9 @@ pub(crate) fn unary_defined(op: UnaryOp, ty: &LeafType) -> Result<(), String> {
 pub(crate) fn binary_defined(op: BinaryOp, ty: &LeafType) -> Result<(), String> {
     let (name, dtype) = (op.name(), ty.dtype);
     if op.float_only() && !dtype.is_float() {
-        return Err(format!("`{name}` needs float tensors, got {ty}; convert them first"));
+        return Err(format!(
+            "`{name}` needs float tensors, got {ty}; convert them first"
+        ));
     }
     if op.bits_only() && dtype.is_float() {
         return Err(format!("`{name}` needs integer tensors, got {ty}"));

@@ -46,7 +46,10 @@ fn index_shape(indices: &LeafType, ivd: usize) -> Result<(Vec<usize>, usize), St
         ));
     }
     let len = if ivd == r { 1 } else { indices.dims[ivd] };
-    let batch = (0..r).filter(|&d| d != ivd).map(|d| indices.dims[d]).collect();
+    let batch = (0..r)
+        .filter(|&d| d != ivd)
+        .map(|d| indices.dims[d])
+        .collect();
     Ok((batch, len))
 }
 
@@ -63,9 +66,7 @@ pub(crate) fn gather_type(
     }
     let rank = x.dims.len();
     let (batch, len) = index_shape(indices, g.index_vector_dim)?;
-    if g.slice_sizes.len() != rank
-        || g.slice_sizes.iter().zip(&x.dims).any(|(s, d)| s > d)
-    {
+    if g.slice_sizes.len() != rank || g.slice_sizes.iter().zip(&x.dims).any(|(s, d)| s > d) {
         return Err(format!(
             "slice sizes {:?} must have one entry per dim of {x}, each at most that dim",
             g.slice_sizes
@@ -78,7 +79,9 @@ pub(crate) fn gather_type(
         ));
     }
     if !sorted_distinct(&g.collapsed_slice_dims, rank)
-        || g.collapsed_slice_dims.iter().any(|&d| g.slice_sizes[d] != 1)
+        || g.collapsed_slice_dims
+            .iter()
+            .any(|&d| g.slice_sizes[d] != 1)
     {
         return Err(format!(
             "collapsed_slice_dims {:?} must be ascending dims of {x} with slice size 1",
@@ -241,7 +244,15 @@ impl Tensor {
         dims: &ScatterDims,
         kind: ScatterKind,
     ) -> Tensor {
-        scatter_at(self, indices, updates, dims, kind, "scatter", Location::caller())
+        scatter_at(
+            self,
+            indices,
+            updates,
+            dims,
+            kind,
+            "scatter",
+            Location::caller(),
+        )
     }
 
     /// Elements along `axis` at `indices` (any integer tensor), as NumPy's `take`: the result
@@ -251,9 +262,14 @@ impl Tensor {
     pub fn take(self, indices: Tensor, axis: usize) -> Tensor {
         let at = Location::caller();
         let (x, i) = (self.ty(), indices.ty());
-        if axis >= x.dims.len() {
+        if axis >= x.dims.len() || !is_index(i.dtype) {
             return with_recording(|r| {
-                r.fail("take", format!("axis {axis} is out of range for {x}"), at, x)
+                let msg = if axis >= x.dims.len() {
+                    format!("axis {axis} is out of range for {x}")
+                } else {
+                    format!("indices must be integers, got {i} (operand {x})")
+                };
+                r.fail("take", msg, at, x)
             });
         }
         let rank = i.dims.len();
@@ -325,7 +341,9 @@ impl Tensor {
     pub fn dynamic_slice(self, starts: &[Tensor], sizes: &[usize]) -> Tensor {
         let at = Location::caller();
         with_recording(|r| {
-            if !r.owns(self, "dynamic_slice", at) || starts.iter().any(|&s| !r.owns(s, "dynamic_slice", at)) {
+            if !r.owns(self, "dynamic_slice", at)
+                || starts.iter().any(|&s| !r.owns(s, "dynamic_slice", at))
+            {
                 return r.stand_in(super::f32_scalar());
             }
             let x = r.ty_of(self);
@@ -335,7 +353,9 @@ impl Tensor {
                     Op::DynamicSlice {
                         sizes: sizes.to_vec(),
                     },
-                    std::iter::once(self.node).chain(starts.iter().map(|s| s.node)).collect(),
+                    std::iter::once(self.node)
+                        .chain(starts.iter().map(|s| s.node))
+                        .collect(),
                     ty,
                     "dynamic_slice",
                     at,
@@ -352,7 +372,10 @@ impl Tensor {
         let at = Location::caller();
         with_recording(|r| {
             let op = "dynamic_update_slice";
-            if !r.owns(self, op, at) || !r.owns(update, op, at) || starts.iter().any(|&s| !r.owns(s, op, at)) {
+            if !r.owns(self, op, at)
+                || !r.owns(update, op, at)
+                || starts.iter().any(|&s| !r.owns(s, op, at))
+            {
                 return r.stand_in(super::f32_scalar());
             }
             let (x, u) = (r.ty_of(self), r.ty_of(update));
@@ -378,14 +401,26 @@ impl Tensor {
     }
 }
 
-fn gather_at(x: Tensor, indices: Tensor, dims: &GatherDims, op: &'static str, at: &Location<'_>) -> Tensor {
+fn gather_at(
+    x: Tensor,
+    indices: Tensor,
+    dims: &GatherDims,
+    op: &'static str,
+    at: &Location<'_>,
+) -> Tensor {
     with_recording(|r| {
         if !r.owns(x, op, at) || !r.owns(indices, op, at) {
             return r.stand_in(super::f32_scalar());
         }
         let (xt, it) = (r.ty_of(x), r.ty_of(indices));
         match gather_type(&xt, &it, dims) {
-            Ok(ty) => r.push(Op::Gather(dims.clone()), vec![x.node, indices.node], ty, op, at),
+            Ok(ty) => r.push(
+                Op::Gather(dims.clone()),
+                vec![x.node, indices.node],
+                ty,
+                op,
+                at,
+            ),
             Err(msg) => r.fail(op, format!("{msg} (operand {xt}, indices {it})"), at, xt),
         }
     })
@@ -426,8 +461,8 @@ fn scatter_at(
 /// The largest in-range start of each index component, as a tensor of the indices' shape.
 fn start_bounds(indices: Tensor, ivd: usize, bounds: &[i64]) -> Tensor {
     let it = indices.ty();
-    let values = Array::from_vec(&[bounds.len()], bounds.to_vec())
-        .unwrap_or_else(|_| Array::scalar(0i64));
+    let values =
+        Array::from_vec(&[bounds.len()], bounds.to_vec()).unwrap_or_else(|_| Array::scalar(0i64));
     let b = Tensor::constant(values).convert(it.dtype);
     if ivd == it.dims.len() {
         b.reshape(&[]).broadcast_to(&it.dims)
@@ -439,7 +474,12 @@ fn start_bounds(indices: Tensor, ivd: usize, bounds: &[i64]) -> Tensor {
 }
 
 /// The VJP of a gather for (operand, indices).
-pub(crate) fn gather_vjp(d: &GatherDims, x: Tensor, indices: Tensor, g: Tensor) -> Vec<Option<Tensor>> {
+pub(crate) fn gather_vjp(
+    d: &GatherDims,
+    x: Tensor,
+    indices: Tensor,
+    g: Tensor,
+) -> Vec<Option<Tensor>> {
     let xd = x.dims();
     let bounds: Vec<i64> = d
         .start_index_map
@@ -447,7 +487,11 @@ pub(crate) fn gather_vjp(d: &GatherDims, x: Tensor, indices: Tensor, g: Tensor) 
         .map(|&o| (xd[o] - d.slice_sizes[o]) as i64)
         .collect();
     // The starts the gather actually used (it clamps; a scatter would skip instead).
-    let clamped = Tensor::clamp(0.0, indices, start_bounds(indices, d.index_vector_dim, &bounds));
+    let clamped = Tensor::clamp(
+        0.0,
+        indices,
+        start_bounds(indices, d.index_vector_dim, &bounds),
+    );
     let dims = ScatterDims {
         update_window_dims: d.offset_dims.clone(),
         inserted_window_dims: d.collapsed_slice_dims.clone(),
@@ -528,7 +572,9 @@ fn broadcast_in(t: Tensor, dims: &[usize], map: &[usize]) -> Tensor {
 /// The VJP of a dynamic slice for (operand, starts…).
 pub(crate) fn dynamic_slice_vjp(x: Tensor, starts: &[Tensor], g: Tensor) -> Vec<Option<Tensor>> {
     let dx = x.zeros_like().dynamic_update_slice(g, starts);
-    std::iter::once(Some(dx)).chain(starts.iter().map(|_| None)).collect()
+    std::iter::once(Some(dx))
+        .chain(starts.iter().map(|_| None))
+        .collect()
 }
 
 /// The VJP of a dynamic update slice for (operand, update, starts…).
@@ -567,7 +613,12 @@ pub(crate) fn emit_gather(l: Line<'_>, d: &GatherDims) -> fmt::Result {
 }
 
 /// `stablehlo.scatter` with an `add` or a replacing update region.
-pub(crate) fn emit_scatter(l: Line<'_>, d: &ScatterDims, kind: ScatterKind, dtype: DType) -> fmt::Result {
+pub(crate) fn emit_scatter(
+    l: Line<'_>,
+    d: &ScatterDims,
+    kind: ScatterKind,
+    dtype: DType,
+) -> fmt::Result {
     let st = emit::scalar_type(dtype);
     writeln!(
         l.out,
@@ -599,7 +650,11 @@ pub(crate) fn emit_scatter(l: Line<'_>, d: &ScatterDims, kind: ScatterKind, dtyp
 
 /// `stablehlo.dynamic_slice`.
 pub(crate) fn emit_dynamic_slice(l: Line<'_>, sizes: &[usize]) -> fmt::Result {
-    write!(l.out, "    {} = stablehlo.dynamic_slice {}", l.me, l.args[0])?;
+    write!(
+        l.out,
+        "    {} = stablehlo.dynamic_slice {}",
+        l.me, l.args[0]
+    )?;
     for a in &l.args[1..] {
         write!(l.out, ", {a}")?;
     }
@@ -662,17 +717,21 @@ fn gather_vec<T: Copy>(
         (0..total).map(|i| {
             unflatten(i, od, &mut o);
             batch.clear();
-            batch.extend((0..od.len()).filter(|d| !g.offset_dims.contains(d)).map(|d| o[d]));
+            batch.extend(
+                (0..od.len())
+                    .filter(|d| !g.offset_dims.contains(d))
+                    .map(|d| o[d]),
+            );
             index_vector(idx, id, g.index_vector_dim, &batch, &mut vec_);
             let mut offsets = g.offset_dims.iter().map(|&d| o[d]);
             let mut at = 0;
             for d in 0..xd.len() {
-                let start = g
-                    .start_index_map
-                    .iter()
-                    .position(|&m| m == d)
-                    .map_or(0, |k| vec_[k])
-                    .clamp(0, (xd[d] - g.slice_sizes[d]) as i64) as usize;
+                let start =
+                    g.start_index_map
+                        .iter()
+                        .position(|&m| m == d)
+                        .map_or(0, |k| vec_[k])
+                        .clamp(0, (xd[d] - g.slice_sizes[d]) as i64) as usize;
                 let off = if g.collapsed_slice_dims.contains(&d) {
                     0
                 } else {
@@ -686,7 +745,12 @@ fn gather_vec<T: Copy>(
 }
 
 /// A gather on the host.
-pub(crate) fn eval_gather(x: &Array, indices: &Array, out: &LeafType, g: &GatherDims) -> Result<ArrayData, Fault> {
+pub(crate) fn eval_gather(
+    x: &Array,
+    indices: &Array,
+    out: &LeafType,
+    g: &GatherDims,
+) -> Result<ArrayData, Fault> {
     let idx = index_values(indices.data())?;
     let (xd, id) = (x.dims(), indices.dims());
     Ok(super::same_dtype!(x.data(), v => gather_vec(v, xd, &idx, id, &out.dims, g)))
@@ -719,7 +783,11 @@ fn scatter_vec<T: Copy>(
     for (i, &x) in u.iter().enumerate() {
         unflatten(i, ud, &mut k);
         batch.clear();
-        batch.extend((0..ud.len()).filter(|d| !s.update_window_dims.contains(d)).map(|d| k[d]));
+        batch.extend(
+            (0..ud.len())
+                .filter(|d| !s.update_window_dims.contains(d))
+                .map(|d| k[d]),
+        );
         index_vector(idx, id, s.index_vector_dim, &batch, &mut vec_);
         let mut window = s.update_window_dims.iter().map(|&d| k[d]);
         let mut at = 0;
@@ -774,7 +842,11 @@ pub(crate) fn eval_scatter(
         (ArrayData::U8(v), ArrayData::U8(u)) => ArrayData::U8(go!(v, u, u8::wrapping_add)?),
         (ArrayData::U32(v), ArrayData::U32(u)) => ArrayData::U32(go!(v, u, u32::wrapping_add)?),
         (ArrayData::Bool(v), ArrayData::Bool(u)) => ArrayData::Bool(go!(v, u, |a, b| a | b)?),
-        _ => return Err(Fault::Invalid("the updates have another dtype than the operand".into())),
+        _ => {
+            return Err(Fault::Invalid(
+                "the updates have another dtype than the operand".into(),
+            ))
+        }
     })
 }
 
@@ -785,13 +857,21 @@ fn clamped_starts(starts: &[&Array], dims: &[usize], sizes: &[usize]) -> Result<
         .zip(dims.iter().zip(sizes))
         .map(|(s, (&d, &n))| {
             let v = index_values(s.data())?;
-            let v = *v.first().ok_or_else(|| Fault::Invalid("a start index is empty".into()))?;
+            let v = *v
+                .first()
+                .ok_or_else(|| Fault::Invalid("a start index is empty".into()))?;
             Ok(v.clamp(0, (d - n) as i64) as usize)
         })
         .collect()
 }
 
-fn dus_vec<T: Copy>(v: &[T], xd: &[usize], u: &[T], ud: &[usize], start: &[usize]) -> Result<Vec<T>, Fault> {
+fn dus_vec<T: Copy>(
+    v: &[T],
+    xd: &[usize],
+    u: &[T],
+    ud: &[usize],
+    start: &[usize],
+) -> Result<Vec<T>, Fault> {
     let mut out = collect(v.len(), v.iter().copied())?;
     let xs = strides(xd);
     let mut k = vec![0; ud.len()];
@@ -804,15 +884,25 @@ fn dus_vec<T: Copy>(v: &[T], xd: &[usize], u: &[T], ud: &[usize], start: &[usize
 }
 
 /// A dynamic slice on the host.
-pub(crate) fn eval_dynamic_slice(x: &Array, starts: &[&Array], sizes: &[usize]) -> Result<ArrayData, Fault> {
+pub(crate) fn eval_dynamic_slice(
+    x: &Array,
+    starts: &[&Array],
+    sizes: &[usize],
+) -> Result<ArrayData, Fault> {
     let start = clamped_starts(starts, x.dims(), sizes)?;
     let s = strides(x.dims());
     let base: usize = start.iter().zip(&s).map(|(a, b)| a * b).sum();
-    Ok(super::same_dtype!(x.data(), v => crate::backend::interp::layout::gather(v, sizes, &s, base)))
+    Ok(
+        super::same_dtype!(x.data(), v => crate::backend::interp::layout::gather(v, sizes, &s, base)),
+    )
 }
 
 /// A dynamic update slice on the host.
-pub(crate) fn eval_dynamic_update_slice(x: &Array, update: &Array, starts: &[&Array]) -> Result<ArrayData, Fault> {
+pub(crate) fn eval_dynamic_update_slice(
+    x: &Array,
+    update: &Array,
+    starts: &[&Array],
+) -> Result<ArrayData, Fault> {
     let start = clamped_starts(starts, x.dims(), update.dims())?;
     let (xd, ud) = (x.dims(), update.dims());
     macro_rules! go {

@@ -57,10 +57,14 @@ pub(crate) use same_dtype;
 pub(crate) fn index_values(data: &ArrayData) -> Result<Vec<i64>, Fault> {
     let n = data.len();
     Ok(match data {
-        ArrayData::I32(v) => crate::backend::interp::alloc::collect(n, v.iter().map(|&x| x as i64))?,
+        ArrayData::I32(v) => {
+            crate::backend::interp::alloc::collect(n, v.iter().map(|&x| x as i64))?
+        }
         ArrayData::I64(v) => crate::backend::interp::alloc::collect(n, v.iter().copied())?,
         ArrayData::U8(v) => crate::backend::interp::alloc::collect(n, v.iter().map(|&x| x as i64))?,
-        ArrayData::U32(v) => crate::backend::interp::alloc::collect(n, v.iter().map(|&x| x as i64))?,
+        ArrayData::U32(v) => {
+            crate::backend::interp::alloc::collect(n, v.iter().map(|&x| x as i64))?
+        }
         other => {
             return Err(Fault::Invalid(format!(
                 "indices must be integers, not {}",

@@ -179,12 +179,7 @@ pub(crate) fn pad_vjp(
 // ---- emission ------------------------------------------------------------------------------
 
 /// `stablehlo.pad`.
-pub(crate) fn emit_pad(
-    l: Line<'_>,
-    low: &[i64],
-    high: &[i64],
-    interior: &[usize],
-) -> fmt::Result {
+pub(crate) fn emit_pad(l: Line<'_>, low: &[i64], high: &[i64], interior: &[usize]) -> fmt::Result {
     use fmt::Write as _;
     let interior: Vec<i64> = interior.iter().map(|&i| i as i64).collect();
     writeln!(

@@ -128,8 +128,9 @@ pub(crate) fn window_dims(dims: &[usize], w: &Window) -> Result<Vec<usize>, Stri
                 "dim {d}: window size, stride and dilations must be at least 1 (window {w:?})"
             ));
         }
-        let padded =
-            dilate(dims[d], w.base_dilation[d]) as i128 + w.padding[d].0 as i128 + w.padding[d].1 as i128;
+        let padded = dilate(dims[d], w.base_dilation[d]) as i128
+            + w.padding[d].0 as i128
+            + w.padding[d].1 as i128;
         let eff = dilate(w.dims[d], w.window_dilation[d]) as i128;
         if padded < eff {
             return Err(format!(
@@ -145,7 +146,9 @@ pub(crate) fn window_dims(dims: &[usize], w: &Window) -> Result<Vec<usize>, Stri
 /// The result type of `reduce_window`, or what is wrong.
 pub(crate) fn reduce_window_type(x: &LeafType, w: &Window) -> Result<LeafType, String> {
     if x.dtype == DType::Bool {
-        return Err(format!("cannot reduce a bool tensor ({x}); convert it first"));
+        return Err(format!(
+            "cannot reduce a bool tensor ({x}); convert it first"
+        ));
     }
     Ok(with_dims(x.dtype, window_dims(&x.dims, w)?))
 }
@@ -177,7 +180,13 @@ pub(crate) fn select_and_scatter_type(
 // ---- tracing -------------------------------------------------------------------------------
 
 impl Tensor {
-    fn reduce_window(self, kind: ReduceOp, w: &Window, op: &'static str, at: &Location<'_>) -> Tensor {
+    fn reduce_window(
+        self,
+        kind: ReduceOp,
+        w: &Window,
+        op: &'static str,
+        at: &Location<'_>,
+    ) -> Tensor {
         with_recording(|r| {
             if !r.owns(self, op, at) {
                 return r.stand_in(super::f32_scalar());
@@ -227,7 +236,12 @@ impl Tensor {
         let Some(&n) = dims.get(axis) else {
             return with_recording(|r| {
                 let ty = r.ty_of(self);
-                r.fail("cumsum", format!("axis {axis} is out of range for {ty}"), at, ty)
+                r.fail(
+                    "cumsum",
+                    format!("axis {axis} is out of range for {ty}"),
+                    at,
+                    ty,
+                )
             });
         };
         let mut taps = vec![1; dims.len()];
@@ -398,8 +412,14 @@ fn reducer(out: &mut String, kind: ReduceOp, dtype: DType, st: &str) -> fmt::Res
     let cmp = format!("FLOAT : ({st}, {st}) -> tensor<i1>");
     writeln!(out, "        %a_nan = stablehlo.compare NE, %a, %a, {cmp}")?;
     writeln!(out, "        %b_nan = stablehlo.compare NE, %b, %b, {cmp}")?;
-    writeln!(out, "        %m_b = stablehlo.select %b_nan, %b, %m : tensor<i1>, {st}")?;
-    writeln!(out, "        %r = stablehlo.select %a_nan, %a, %m_b : tensor<i1>, {st}")?;
+    writeln!(
+        out,
+        "        %m_b = stablehlo.select %b_nan, %b, %m : tensor<i1>, {st}"
+    )?;
+    writeln!(
+        out,
+        "        %r = stablehlo.select %a_nan, %a, %m_b : tensor<i1>, {st}"
+    )?;
     writeln!(out, "        stablehlo.return %r : {st}")
 }
 
@@ -557,11 +577,18 @@ pub(crate) fn eval_reduce_window(
                 ReduceOp::Max => <$t>::MIN,
                 ReduceOp::Min => <$t>::MAX,
             };
-            ArrayData::$variant(reduce_window_vec($v, dims, od, w, init, |a, b| match kind {
-                ReduceOp::Sum => a.wrapping_add(b),
-                ReduceOp::Max => a.max(b),
-                ReduceOp::Min => a.min(b),
-            })?)
+            ArrayData::$variant(reduce_window_vec(
+                $v,
+                dims,
+                od,
+                w,
+                init,
+                |a, b| match kind {
+                    ReduceOp::Sum => a.wrapping_add(b),
+                    ReduceOp::Max => a.max(b),
+                    ReduceOp::Min => a.min(b),
+                },
+            )?)
         }};
     }
     Ok(match x.data() {

@@ -35,8 +35,8 @@ use std::cell::RefCell;
 use std::panic::{self, AssertUnwindSafe, Location};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-pub use autodiff::{grad, value_and_grad};
 pub use crate::ops::window::same_padding;
+pub use autodiff::{grad, value_and_grad};
 pub use ir::{
     BinaryOp, ClassInput, CmpOp, Conv, ConvDims, DotDims, GatherDims, Graph, Input, Node, NodeId,
     Op, ReduceOp, ScatterDims, ScatterKind, UnaryOp, Window,

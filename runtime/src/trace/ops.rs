@@ -128,7 +128,13 @@ impl Recording {
         }
     }
 
-    pub(crate) fn scalar(&mut self, value: f64, dtype: DType, op: &'static str, at: &Location<'_>) -> Tensor {
+    pub(crate) fn scalar(
+        &mut self,
+        value: f64,
+        dtype: DType,
+        op: &'static str,
+        at: &Location<'_>,
+    ) -> Tensor {
         match scalar_array(value, dtype) {
             Ok(a) => self.constant(a),
             Err(msg) => self.fail(op, msg, at, scalar_ty(dtype)),
@@ -242,7 +248,13 @@ impl Recording {
         )
     }
 
-    pub(crate) fn binary(&mut self, op: BinaryOp, a: Operand, b: Operand, at: &Location<'_>) -> Tensor {
+    pub(crate) fn binary(
+        &mut self,
+        op: BinaryOp,
+        a: Operand,
+        b: Operand,
+        at: &Location<'_>,
+    ) -> Tensor {
         let Some(ts) = self.unify(&[a, b], op.name(), at) else {
             return self.stand_in_for(&[a, b]);
         };
