@@ -773,11 +773,12 @@ fn ty(dtype: DType, dims: &[usize]) -> LeafType {
 
 #[test]
 fn bad_attributes_are_trace_errors_naming_the_op_the_shapes_and_the_line() {
-    let line = line!() + 3;
+    let mut line = 0;
     let e = trace_error(
         &[ty(DType::F32, &[1, 8, 8, 3]), ty(DType::F32, &[3, 3, 4, 8])],
         |x| {
             let conv = Conv::channels_last(2);
+            line = line!() + 1;
             vec![x[0].conv(x[1], &conv)]
         },
     );
@@ -840,4 +841,23 @@ fn bad_attributes_are_trace_errors_naming_the_op_the_shapes_and_the_line() {
         e.contains("`bitcast_convert`") && e.contains("one width"),
         "{e}"
     );
+
+    let mut line = 0;
+    let e = trace_error(&[ty(DType::U32, &[3])], |x| {
+        line = line!() + 1;
+        vec![trace::random::uniform(x[0], &[4], DType::F32, 0.0, 1.0)]
+    });
+    assert!(
+        e.contains("`random_bits`") && e.contains("a key must be u32[2]") && e.contains("u32[3]"),
+        "{e}"
+    );
+    assert!(
+        e.contains(&format!("{}:{line}:", file!())),
+        "the user's line: {e}"
+    );
+
+    let e = trace_error(&[ty(DType::I32, &[2])], |x| {
+        vec![trace::random::split(x[0], 2)]
+    });
+    assert!(e.contains("`split`") && e.contains("got i32[2]"), "{e}");
 }

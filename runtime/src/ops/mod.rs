@@ -29,7 +29,7 @@
 pub(crate) mod conv;
 pub(crate) mod elementwise;
 pub(crate) mod index;
-pub(crate) mod random;
+pub mod random;
 pub(crate) mod shape;
 pub(crate) mod window;
 

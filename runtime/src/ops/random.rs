@@ -1,1 +1,261 @@
+//! A counter-based random number generator in the graph: Threefry-2x32 (20 rounds), and
+//! `jax.random`'s default algorithms on top of it, bit for bit (`jax==0.10.2`, whose
+//! `jax_threefry_partitionable` is on). The same key gives the same bits in the interpreter, on
+//! XLA and in JAX (`runtime/tests/goldens/random.safetensors`).
+//!
+//! A key is a `u32[2]` tensor — typically a Device input the training handle advances each
+//! step, so a new key never recompiles. Everything here is built from `u32` element-wise ops
+//! (`add xor or shift_left shift_right_logical`, `iota`, `bitcast_convert`), so it needs no op
+//! of its own, emits plain StableHLO and has no gradient (the samples are constants to
+//! autodiff; gradients flow through what they are combined with, as in dropout).
+//!
+//! - [`threefry2x32`]: the block function on counter pairs.
+//! - [`bits`]: element `i` (row-major) is `y0 ^ y1` of `block(key, (0, i))` (tensors of up to
+//!   2³² elements).
+//! - [`split`]: key `i` of `n` is `block(key, (0, i))`; [`fold_in`]`(key, d)` is
+//!   `block(key, (0, d))` — so `fold_in(key, i) == split(key, n)[i]`.
+//! - [`uniform`]: 23 random mantissa bits under the exponent of 1.0, minus 1, scaled to
+//!   `[lo, hi)` and raised to at least `lo`.
+//! - [`normal`]: `√2 · erf_inv(u)` for `u` uniform in `(−1, 1)`.
+//! - [`bernoulli`]: `uniform < p`.
+//! - [`key`]: JAX's `PRNGKey(seed)` on the host: `[0, seed mod 2³²]`.
 
+use std::panic::Location;
+
+use crate::trace::{with_recording, Tensor};
+use crate::tree::{Array, DType, LeafType};
+
+const ROTATIONS: [[u32; 4]; 2] = [[13, 15, 26, 6], [17, 29, 16, 24]];
+const PARITY: u32 = 0x1BD1_1BDA;
+
+/// The key JAX's `jax.random.PRNGKey(seed)` makes, as a host array: `u32[2]` holding
+/// `[0, seed mod 2³²]` (JAX's default 32-bit mode).
+///
+/// ```
+/// assert_eq!(nitro::trace::random::key(42).as_slice::<u32>()?, &[0, 42]);
+/// # Ok::<(), nitro::Error>(())
+/// ```
+pub fn key(seed: u64) -> Array {
+    Array::from_vec(&[2], vec![0u32, seed as u32]).unwrap_or_else(|_| Array::scalar(0u32))
+}
+
+/// The Threefry-2x32 block function on the host (20 rounds): what [`threefry2x32`] computes
+/// per element.
+///
+/// ```
+/// // Random123's known answer.
+/// let y = nitro::trace::random::threefry2x32_host([0x13198a2e, 0x03707344], [0x243f6a88, 0x85a308d3]);
+/// assert_eq!(y, [0xc4923a9c, 0x483df7a0]);
+/// ```
+pub fn threefry2x32_host(key: [u32; 2], counter: [u32; 2]) -> [u32; 2] {
+    let ks = [key[0], key[1], key[0] ^ key[1] ^ PARITY];
+    let (mut x0, mut x1) = (
+        counter[0].wrapping_add(ks[0]),
+        counter[1].wrapping_add(ks[1]),
+    );
+    for g in 0..5 {
+        for &r in &ROTATIONS[g % 2] {
+            x0 = x0.wrapping_add(x1);
+            x1 = x1.rotate_left(r);
+            x1 ^= x0;
+        }
+        x0 = x0.wrapping_add(ks[(g + 1) % 3]);
+        x1 = x1.wrapping_add(ks[(g + 2) % 3]).wrapping_add(g as u32 + 1);
+    }
+    [x0, x1]
+}
+
+fn u32_scalar(v: u32) -> Tensor {
+    Tensor::constant(Array::scalar(v))
+}
+
+fn rotl(x: Tensor, r: u32) -> Tensor {
+    x.shift_left(u32_scalar(r))
+        .or(x.shift_right_logical(u32_scalar(32 - r)))
+}
+
+/// Records a trace error for a key that is not `u32[2]`; `false` then.
+fn check_key(key: Tensor, op: &'static str, at: &Location<'_>) -> bool {
+    with_recording(|r| {
+        if !r.owns(key, op, at) {
+            return false;
+        }
+        let ty = r.ty_of(key);
+        if ty.dtype == DType::U32 && ty.dims == [2] {
+            return true;
+        }
+        r.fail(
+            op,
+            format!(
+                "a key must be u32[2] (from `nitro::trace::random::key(seed)`, `split` or `fold_in`), got {ty}"
+            ),
+            at,
+            ty,
+        );
+        false
+    })
+}
+
+/// The two words of a key as scalars.
+fn words(key: Tensor) -> (Tensor, Tensor) {
+    (
+        key.slice(&[0], &[1]).reshape(&[]),
+        key.slice(&[1], &[2]).reshape(&[]),
+    )
+}
+
+/// The Threefry-2x32 block function (20 rounds) of `key` (`u32[2]`) on the counter pairs
+/// `(x0, x1)` (`u32` tensors of one shape): the two output words, of that shape.
+#[track_caller]
+pub fn threefry2x32(key: Tensor, x0: Tensor, x1: Tensor) -> (Tensor, Tensor) {
+    let at = Location::caller();
+    if !check_key(key, "threefry2x32", at) {
+        return (x0, x1);
+    }
+    let dims = x0.dims();
+    let (k0, k1) = words(key);
+    let k2 = k0.xor(k1).xor(u32_scalar(PARITY));
+    let ks = [k0, k1, k2].map(|k| k.broadcast_to(&dims));
+    let (mut x0, mut x1) = (x0 + ks[0], x1 + ks[1]);
+    for g in 0..5 {
+        for &r in &ROTATIONS[g % 2] {
+            x0 = x0 + x1;
+            x1 = rotl(x1, r).xor(x0);
+        }
+        x0 = x0 + ks[(g + 1) % 3];
+        x1 = x1 + ks[(g + 2) % 3] + u32_scalar(g as u32 + 1);
+    }
+    (x0, x1)
+}
+
+/// The row-major index of every element of `dims`, as `u32`.
+fn flat_index(dims: &[usize]) -> Tensor {
+    let mut stride = 1usize;
+    let mut index: Option<Tensor> = None;
+    for d in (0..dims.len()).rev() {
+        let term = Tensor::iota(DType::U32, dims, d) * u32_scalar(stride as u32);
+        index = Some(match index {
+            None => term,
+            Some(i) => i + term,
+        });
+        stride = stride.saturating_mul(dims[d]);
+    }
+    index.unwrap_or_else(|| Tensor::full(&[], 0.0, DType::U32))
+}
+
+fn too_many(dims: &[usize], op: &'static str, at: &Location<'_>) -> bool {
+    let n = dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d as u64));
+    if n.is_some_and(|n| n <= 1 << 32) {
+        return false;
+    }
+    with_recording(|r| {
+        r.fail(
+            op,
+            format!("{dims:?} has more than 2^32 elements; draw in smaller pieces"),
+            at,
+            LeafType {
+                dtype: DType::U32,
+                dims: dims.to_vec(),
+            },
+        )
+    });
+    true
+}
+
+/// `u32` random bits of `dims` from `key`, as `jax.random.bits(key, dims, jnp.uint32)`.
+#[track_caller]
+pub fn bits(key: Tensor, dims: &[usize]) -> Tensor {
+    let at = Location::caller();
+    if !check_key(key, "random_bits", at) || too_many(dims, "random_bits", at) {
+        return with_recording(|r| {
+            r.stand_in(LeafType {
+                dtype: DType::U32,
+                dims: dims.to_vec(),
+            })
+        });
+    }
+    let lo = flat_index(dims);
+    let hi = Tensor::full(dims, 0.0, DType::U32);
+    let (y0, y1) = threefry2x32(key, hi, lo);
+    y0.xor(y1)
+}
+
+/// `n` new keys from `key` (`u32[n, 2]`), as `jax.random.split(key, n)`.
+#[track_caller]
+pub fn split(key: Tensor, n: usize) -> Tensor {
+    let at = Location::caller();
+    if !check_key(key, "split", at) || too_many(&[n], "split", at) {
+        return with_recording(|r| {
+            r.stand_in(LeafType {
+                dtype: DType::U32,
+                dims: vec![n, 2],
+            })
+        });
+    }
+    let (y0, y1) = threefry2x32(key, Tensor::full(&[n], 0.0, DType::U32), flat_index(&[n]));
+    Tensor::concatenate(&[y0.reshape(&[n, 1]), y1.reshape(&[n, 1])], 1)
+}
+
+/// Key `i` of `split(keys, n)` (for `keys` of `u32[n, 2]`), as a `u32[2]` key.
+#[track_caller]
+pub fn nth(keys: Tensor, i: usize) -> Tensor {
+    keys.slice(&[i, 0], &[i + 1, 2]).reshape(&[2])
+}
+
+/// A new key from `key` and `data` (a `u32` scalar tensor, e.g. the step), as
+/// `jax.random.fold_in(key, data)`.
+#[track_caller]
+pub fn fold_in(key: Tensor, data: Tensor) -> Tensor {
+    let at = Location::caller();
+    if !check_key(key, "fold_in", at) {
+        return key;
+    }
+    let d = data.convert(DType::U32).reshape(&[1]);
+    let (y0, y1) = threefry2x32(key, Tensor::full(&[1], 0.0, DType::U32), d);
+    Tensor::concatenate(&[y0, y1], 0)
+}
+
+/// Floats uniform in `[lo, hi)` of `dims` and `dtype` (`f32`; other dtypes are a trace-time
+/// error), as `jax.random.uniform(key, dims, dtype, lo, hi)`. On XLA the scale and shift fuse
+/// into one multiply-add, as in JAX; the interpreter rounds twice, so samples with a range
+/// other than `[0, 1)` can differ from XLA's in the last bit.
+#[track_caller]
+pub fn uniform(key: Tensor, dims: &[usize], dtype: DType, lo: f64, hi: f64) -> Tensor {
+    let at = Location::caller();
+    if dtype != DType::F32 {
+        return with_recording(|r| {
+            r.fail(
+                "uniform",
+                format!("uniform samples are f32 (got {dtype}); convert them after drawing"),
+                at,
+                LeafType {
+                    dtype,
+                    dims: dims.to_vec(),
+                },
+            )
+        });
+    }
+    let b = bits(key, dims);
+    let mantissa = b
+        .shift_right_logical(u32_scalar(9))
+        .or(u32_scalar(0x3F80_0000));
+    let unit = mantissa.bitcast_convert(DType::F32) - 1.0;
+    let (lo32, hi32) = (lo as f32, hi as f32);
+    let span = (hi32 - lo32) as f64;
+    (unit * span + lo32 as f64).maximum(lo32 as f64)
+}
+
+/// Standard normal `f32` samples of `dims`, as `jax.random.normal(key, dims)`.
+#[track_caller]
+pub fn normal(key: Tensor, dims: &[usize]) -> Tensor {
+    // The largest f32 below −1's successor toward 0: the open interval (−1, 1).
+    let lo = f32::from_bits(0xBF7F_FFFF) as f64;
+    let u = uniform(key, dims, DType::F32, lo, 1.0);
+    u.erf_inv() * (std::f32::consts::SQRT_2 as f64)
+}
+
+/// `bool` samples of `dims`, true with probability `p`, as `jax.random.bernoulli(key, p, dims)`.
+#[track_caller]
+pub fn bernoulli(key: Tensor, p: f64, dims: &[usize]) -> Tensor {
+    uniform(key, dims, DType::F32, 0.0, 1.0).less((p as f32) as f64)
+}

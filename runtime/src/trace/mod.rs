@@ -35,6 +35,7 @@ use std::cell::RefCell;
 use std::panic::{self, AssertUnwindSafe, Location};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+pub use crate::ops::random;
 pub use crate::ops::window::same_padding;
 pub use autodiff::{grad, value_and_grad};
 pub use ir::{
