@@ -141,8 +141,42 @@ pub mod meta {
     /// An open gradient-accumulation window (JSON: micro-batches and real rows seen, and the
     /// names of its sum tensors), when there is one.
     pub const WINDOW: &str = "nitro.accumulation_window";
+    /// The training handle's random stream (JSON: base key words and draws taken), when
+    /// its model draws random numbers.
+    pub const RANDOM: &str = "nitro.random";
     /// The checksum (hex blake3; see the [module docs](super)).
     pub const CHECKSUM: &str = "nitro.checksum";
+}
+
+/// Where a training handle's random stream is: the base key (from the seed) and how many
+/// keys it has drawn (one per gradient evaluation). Draw `t` uses the key
+/// `threefry2x32(base, (t >> 32, t))` — JAX's `fold_in(base, t)` for `t < 2^32` — so a
+/// resumed run continues the same stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RandomStream {
+    /// The base key, `u32[2]` words.
+    pub key: [u32; 2],
+    /// Keys drawn so far.
+    pub draws: u64,
+}
+
+impl RandomStream {
+    /// The stream of `seed` before any draw: the base key is JAX's `PRNGKey(seed)`
+    /// ([`crate::trace::random::key`]).
+    pub fn new(seed: u64) -> RandomStream {
+        RandomStream {
+            key: [(seed >> 32) as u32, seed as u32],
+            draws: 0,
+        }
+    }
+
+    /// The key of the next draw (without taking it).
+    pub fn next_key(&self) -> [u32; 2] {
+        crate::trace::random::threefry2x32_host(
+            self.key,
+            [(self.draws >> 32) as u32, self.draws as u32],
+        )
+    }
 }
 
 /// What identifies an optimizer in a checkpoint: its name, the digest of its constants, the
@@ -205,6 +239,8 @@ pub struct Restored {
     pub epoch_batches: u64,
     /// The open accumulation window, if any.
     pub window: Option<AccumulationWindow>,
+    /// The random stream, when the handle's model draws random numbers.
+    pub random: Option<RandomStream>,
 }
 
 /// A snapshot of an experiment's Device values, optimizer state and step, with the identity
@@ -225,6 +261,7 @@ pub struct Checkpoint {
     epoch: u64,
     epoch_batches: u64,
     window: Option<AccumulationWindow>,
+    random: Option<RandomStream>,
 }
 
 impl Checkpoint {
@@ -278,6 +315,7 @@ impl Checkpoint {
             epoch: 0,
             epoch_batches: 0,
             window: None,
+            random: None,
         })
     }
 
@@ -302,6 +340,17 @@ impl Checkpoint {
         unique_names(window.sums.iter().map(|(n, _)| n.as_str()), "window-sum")?;
         self.window = Some(window);
         Ok(self)
+    }
+
+    /// Records a training handle's random stream, so a resume continues it.
+    pub fn with_random(mut self, stream: RandomStream) -> Checkpoint {
+        self.random = Some(stream);
+        self
+    }
+
+    /// The random stream, when one was recorded.
+    pub fn random(&self) -> Option<RandomStream> {
+        self.random
     }
 
     /// Lets a training handle resume this checkpoint with an optimizer of the same name and
@@ -478,6 +527,7 @@ impl Checkpoint {
             epoch: self.epoch,
             epoch_batches: self.epoch_batches,
             window: self.window,
+            random: self.random,
         })
     }
 
@@ -554,6 +604,12 @@ impl Checkpoint {
             metadata.insert(
                 meta::WINDOW.to_owned(),
                 serde_json::to_string(&m).map_err(json)?,
+            );
+        }
+        if let Some(r) = &self.random {
+            metadata.insert(
+                meta::RANDOM.to_owned(),
+                serde_json::to_string(r).map_err(json)?,
             );
         }
         metadata.insert(meta::STEP.to_owned(), self.step.to_string());
@@ -792,6 +848,13 @@ impl Checkpoint {
             ),
             None => None,
         };
+        let random = match metadata.get(meta::RANDOM) {
+            Some(json) => Some(
+                serde_json::from_str::<RandomStream>(json)
+                    .map_err(|e| corrupt(format!("the random stream is unreadable ({e})")))?,
+            ),
+            None => None,
+        };
         let step = number(meta::STEP)?;
         if step > MAX_STEP {
             return Err(corrupt(format!(
@@ -862,6 +925,7 @@ impl Checkpoint {
             epoch,
             epoch_batches,
             window,
+            random,
         })
     }
 }

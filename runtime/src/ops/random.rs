@@ -29,14 +29,16 @@ const ROTATIONS: [[u32; 4]; 2] = [[13, 15, 26, 6], [17, 29, 16, 24]];
 const PARITY: u32 = 0x1BD1_1BDA;
 
 /// The key JAX's `jax.random.PRNGKey(seed)` makes, as a host array: `u32[2]` holding
-/// `[0, seed mod 2³²]` (JAX's default 32-bit mode).
+/// `[seed >> 32, seed mod 2³²]` — `[0, seed]` for a seed below 2³², as JAX's default 32-bit
+/// mode gives; larger seeds as JAX's 64-bit mode.
 ///
 /// ```
 /// assert_eq!(nitro::trace::random::key(42).as_slice::<u32>()?, &[0, 42]);
 /// # Ok::<(), nitro::Error>(())
 /// ```
 pub fn key(seed: u64) -> Array {
-    Array::from_vec(&[2], vec![0u32, seed as u32]).unwrap_or_else(|_| Array::scalar(0u32))
+    Array::from_vec(&[2], vec![(seed >> 32) as u32, seed as u32])
+        .unwrap_or_else(|_| Array::scalar(0u32))
 }
 
 /// The Threefry-2x32 block function on the host (20 rounds): what [`threefry2x32`] computes
@@ -258,4 +260,77 @@ pub fn normal(key: Tensor, dims: &[usize]) -> Tensor {
 #[track_caller]
 pub fn bernoulli(key: Tensor, p: f64, dims: &[usize]) -> Tensor {
     uniform(key, dims, DType::F32, 0.0, 1.0).less((p as f32) as f64)
+}
+
+// ---- the training handle's step key ------------------------------------------------------------
+
+/// What [`step_key`] gives while a program is traced.
+#[derive(Clone, Copy, Debug)]
+pub enum StepKey {
+    /// Not inside a training handle's program (a program of your own): no key.
+    Outside,
+    /// A training program of a model that draws random numbers: this step's key.
+    Training(Tensor),
+    /// An evaluation program: no key (dropout is off).
+    Evaluation,
+    /// A training or evaluation program of a model whose `Model::RANDOM` is false (named by
+    /// its type path): drawing is a trace-time error.
+    Unkeyed(&'static str),
+}
+
+thread_local! {
+    static STEP_KEY: std::cell::Cell<(StepKey, u32)> = const { std::cell::Cell::new((StepKey::Outside, 0)) };
+}
+
+/// Runs `f` with `state` as what [`step_key`] sees (the training handle's programs do this
+/// around `Model::loss`), restoring the previous state after.
+pub fn with_step_key<R>(state: StepKey, f: impl FnOnce() -> R) -> R {
+    let before = STEP_KEY.with(|k| k.replace((state, 0)));
+    let out = f();
+    STEP_KEY.with(|k| k.set(before));
+    out
+}
+
+/// The key of the training step being traced — a `u32[2]` program input the handle advances
+/// every step — or `None` in an evaluation program and outside the handle's programs. In a
+/// program of a model whose `Model::RANDOM` is false it records a trace-time error saying to
+/// set it.
+#[track_caller]
+pub fn step_key() -> Option<Tensor> {
+    let at = Location::caller();
+    match STEP_KEY.with(|k| k.get().0) {
+        StepKey::Training(key) => Some(key),
+        StepKey::Outside | StepKey::Evaluation => None,
+        StepKey::Unkeyed(model) => {
+            with_recording(|r| {
+                r.fail(
+                    "step_key",
+                    format!(
+                        "`{model}` draws random numbers, but its `Model::RANDOM` is false, so its \
+                         programs take no key; add `const RANDOM: bool = true;` to its `impl Model`"
+                    ),
+                    at,
+                    LeafType {
+                        dtype: DType::U32,
+                        dims: vec![2],
+                    },
+                )
+            });
+            None
+        }
+    }
+}
+
+/// A fresh key for each call within one traced step: `fold_in(step_key, n)` for the `n`-th
+/// call (0, 1, 2, … in the order the model's code runs, which tracing makes deterministic), so
+/// two dropout layers never share a mask. `None` where [`step_key`] is.
+#[track_caller]
+pub fn next_step_key() -> Option<Tensor> {
+    let key = step_key()?;
+    let n = STEP_KEY.with(|k| {
+        let (state, n) = k.get();
+        k.set((state, n + 1));
+        n
+    });
+    Some(fold_in(key, Tensor::constant(Array::scalar(n))))
 }

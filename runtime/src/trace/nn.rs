@@ -157,3 +157,33 @@ pub fn mse(pred: Tensor, target: Tensor) -> Tensor {
         (d * d).mean(&axes)
     }
 }
+
+/// Dropout while training: each element kept with probability `1 − rate` and scaled by
+/// `1 / (1 − rate)`, or zeroed — with a mask drawn from the step's key
+/// ([`random::next_step_key`](crate::trace::random::next_step_key), a fresh key per call). In
+/// an evaluation program (and outside the training handle's programs) it is `x` itself. The
+/// model must declare `const RANDOM: bool = true;` in its `impl Model`; without it dropout is a
+/// trace-time error rather than silently off. `rate` must be in `[0, 1)`.
+#[track_caller]
+pub fn dropout(x: Tensor, rate: f64) -> Tensor {
+    let at = Location::caller();
+    if !(0.0..1.0).contains(&rate) {
+        return with_recording(|r| {
+            let ty = r.ty_of(x);
+            r.fail(
+                "dropout",
+                format!("the rate must be in [0, 1), got {rate}"),
+                at,
+                ty,
+            )
+        });
+    }
+    let Some(key) = crate::trace::random::next_step_key() else {
+        return x;
+    };
+    if rate == 0.0 {
+        return x;
+    }
+    let keep = crate::trace::random::bernoulli(key, 1.0 - rate, &x.dims());
+    Tensor::select(keep, x / (1.0 - rate), 0.0)
+}

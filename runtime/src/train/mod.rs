@@ -55,6 +55,16 @@ pub trait Model: Experiment + Sync + 'static {
     /// (`#[derive(Tree)] struct Batch { x: Array, y: Array }`).
     type Batch: Tree + Sync + 'static;
 
+    /// Whether the model draws random numbers while training (dropout, noise). When it does,
+    /// the gradient programs take one more input, the step's key (`u32[2]`, a traced value: a
+    /// new key never recompiles), which [`random::step_key`](crate::trace::random::step_key)
+    /// and [`nn::dropout`](crate::trace::nn::dropout) read while `loss` is traced. Draw `t`
+    /// of a run (one per gradient evaluation) uses `fold_in(PRNGKey(Config::seed), t)`,
+    /// replica `r` of a data-parallel step `fold_in` of that with `r`; checkpoints carry the
+    /// stream, so a resumed run continues it. The evaluation programs take no key: dropout is
+    /// off there. Drawing with this `false` is a trace-time error that says to set it.
+    const RANDOM: bool = false;
+
     /// The loss of every example of the batch, shape `[batch]`. The handle masks padded rows
     /// and averages over the real ones.
     fn loss(v: &Self::View<'_>, batch: &<Self::Batch as Tree>::Mirror<Tensor>) -> Tensor;
@@ -114,9 +124,28 @@ type BatchInputs<E, X> = (
     <X as Tree>::Mirror<Tensor>,
 );
 
+/// What the gradient program takes besides the batch: the step's random key, when the model
+/// draws random numbers ([`Model::RANDOM`]).
+type GradExtra = Option<Array>;
+
 /// What the accumulating gradient program takes besides the batch: the gradient sum so far
-/// (packed) and the factor to multiply the new sum by (1 except when a window closes).
-type AccumExtra = (Vec<Array>, Array);
+/// (packed), the factor to multiply the new sum by (1 except when a window closes), and the
+/// step's random key (as [`GradExtra`]).
+type AccumExtra = (Vec<Array>, Array, Option<Array>);
+
+/// The model's loss, traced with the step's key (or its absence) in force.
+fn keyed_loss<E: Model>(
+    v: &E::View<'_>,
+    batch: &<E::Batch as Tree>::Mirror<Tensor>,
+    key: Option<Tensor>,
+) -> Tensor {
+    let state = match key {
+        Some(k) => trace::random::StepKey::Training(k),
+        None if E::RANDOM => trace::random::StepKey::Evaluation,
+        None => trace::random::StepKey::Unkeyed(E::TYPE_PATH),
+    };
+    trace::random::with_step_key(state, || E::loss(v, batch))
+}
 
 /// The mean loss over the real rows, then the gradient of every trainable leaf (packed).
 ///
@@ -124,9 +153,9 @@ type AccumExtra = (Vec<Array>, Array);
 /// the sums and the gradients are then added over the replicas (one `all_reduce` per packed
 /// group) and divided by the real rows of the whole batch, so every replica ends with the
 /// gradient of the global batch's mean loss.
-fn grad_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, ()>) -> Vec<Tensor> {
-    let (batch, mask, ()) = inputs;
-    let losses = per_example::<E>(E::loss(v, batch), *mask, "Model::loss", true);
+fn grad_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, GradExtra>) -> Vec<Tensor> {
+    let (batch, mask, key) = inputs;
+    let losses = per_example::<E>(keyed_loss::<E>(v, batch, *key), *mask, "Model::loss", true);
     let mask = mask.convert(losses.dtype());
     if trace::replicas() == 1 {
         let mean = (losses * mask).sum_all() / mask.sum_all().maximum(1.0);
@@ -175,8 +204,8 @@ fn per_example<E: Model>(values: Tensor, mask: Tensor, what: &'static str, float
 /// the window ends holding the gradient of the window's mean loss — exactly what one step on
 /// all its rows would compute.
 fn grad_accum_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, AccumExtra>) -> Vec<Tensor> {
-    let (batch, mask, (sums, scale)) = inputs;
-    let losses = per_example::<E>(E::loss(v, batch), *mask, "Model::loss", true);
+    let (batch, mask, (sums, scale, key)) = inputs;
+    let losses = per_example::<E>(keyed_loss::<E>(v, batch, *key), *mask, "Model::loss", true);
     let mask = mask.convert(losses.dtype());
     let total = (losses * mask).sum_all();
     // Replicated, the sums and gradients add over the replicas (`all_sum` is the tensor itself
@@ -193,7 +222,13 @@ fn grad_accum_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, AccumExtra>)
 /// The summed loss over the real rows, and the number of them classified correctly.
 fn eval_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, ()>) -> Vec<Tensor> {
     let (batch, mask, ()) = inputs;
-    let losses = per_example::<E>(E::loss(v, batch), *mask, "Model::loss", true);
+    let state = if E::RANDOM {
+        trace::random::StepKey::Evaluation
+    } else {
+        trace::random::StepKey::Unkeyed(E::TYPE_PATH)
+    };
+    let loss = trace::random::with_step_key(state, || E::loss(v, batch));
+    let losses = per_example::<E>(loss, *mask, "Model::loss", true);
     let mask_l = mask.convert(losses.dtype());
     // Replicated, the sums add over the replicas; the predictions stay per replica (each its
     // own rows), joined on the host.
@@ -278,7 +313,7 @@ struct DeviceMetricState<E: Model> {
     compiled: Option<Arc<Compiled>>,
 }
 
-fn grad_program<E: Model>() -> Program<E, BatchInputs<E, ()>, Vec<Tensor>> {
+fn grad_program<E: Model>() -> Program<E, BatchInputs<E, GradExtra>, Vec<Tensor>> {
     Program::generic("nitro.grad", grad_fn::<E>).packing_trainable()
 }
 
@@ -341,7 +376,8 @@ pub struct Config {
     pub lr: f64,
     /// Epochs [`Nitro::fit`] runs.
     pub epochs: usize,
-    /// The seed of the per-epoch shuffles.
+    /// The seed of the run: of the per-epoch shuffles, and of the random stream of a model
+    /// that draws random numbers ([`Model::RANDOM`]; its base key is JAX's `PRNGKey(seed)`).
     pub seed: u64,
     /// A learning-rate schedule; when set, it gives the rate of every step (and `lr` is
     /// ignored). Its rates are written to a traced scalar: a schedule never recompiles.
@@ -403,7 +439,7 @@ impl Config {
         self
     }
 
-    /// The seed of the per-epoch shuffles.
+    /// The seed of the per-epoch shuffles and of the random stream.
     pub fn seed(mut self, seed: u64) -> Config {
         self.seed = seed;
         self
@@ -600,6 +636,8 @@ pub struct Nitro<E: Model, O: Optimizer> {
     /// Epochs completed, and batches of the next epoch trained: where `fit` continues.
     epoch: u64,
     epoch_batches: u64,
+    /// The random stream of a model that draws random numbers ([`Model::RANDOM`]).
+    random: crate::checkpoint::RandomStream,
     programs: Option<Programs>,
     compile_time: Duration,
     /// When the handle was made, and how long after that the first step finished.
@@ -716,6 +754,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let put = |v: Vec<Array>| -> Result<Vec<Value>> { place(backend, v) };
         let (trainable, frozen, state) = (put(trainable)?, put(frozen)?, put(state)?);
         let counter = put(vec![Array::scalar(0i64)])?;
+        let random = crate::checkpoint::RandomStream::new(config.seed);
         Ok(Nitro {
             experiment,
             optimizer,
@@ -737,6 +776,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             step: 0,
             epoch: 0,
             epoch_batches: 0,
+            random,
             programs: None,
             compile_time: Duration::ZERO,
             created: Instant::now(),
@@ -876,7 +916,12 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let (backend, cache, experiment) = (self.backend, self.cache, &self.experiment);
         let update_inputs = update_inputs_shape(&opt);
         let accumulating = self.config.accum > 1;
-        let sums: AccumExtra = (self.packing.zeros(), Array::scalar(1.0f32));
+        let key_sample: GradExtra = E::RANDOM.then(|| Array::zeros(DType::U32, &[2]));
+        let sums: AccumExtra = (
+            self.packing.zeros(),
+            Array::scalar(1.0f32),
+            key_sample.clone(),
+        );
         let held_eval = match &self.programs {
             Some(p) if training_ready => p.eval.clone(),
             _ => None,
@@ -917,7 +962,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                     let inputs = BatchRef(sample, &mask, &sums);
                     cache.get(backend, &grad_accum_program::<E>(), experiment, &inputs)
                 } else {
-                    let inputs = BatchRef(sample, &mask, &());
+                    let inputs = BatchRef(sample, &mask, &key_sample);
                     cache.get(backend, &grad_program::<E>(), experiment, &inputs)
                 }
             });
@@ -1036,6 +1081,12 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             None
         };
         let accumulating = self.config.accum > 1;
+        // The draw's key, one per replica (replica `r`'s is `fold_in(key, r)`), as rows.
+        let keys = if E::RANDOM {
+            Some(self.draw_keys()?)
+        } else {
+            None
+        };
         let (Some(programs), Some(full)) = (&self.programs, &self.full_mask) else {
             return Err(no_output());
         };
@@ -1066,7 +1117,13 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             }
             args.push(In::Keep(scale.as_ref().unwrap_or(one)));
         }
+        if let Some(keys) = &keys {
+            args.push(In::Rows(keys));
+        }
         let (out, _) = exec(&programs.grad, args)?;
+        if E::RANDOM {
+            self.random.draws += 1;
+        }
         let mut out = out.into_iter();
         let loss = out.next().ok_or_else(no_output)?;
         let grads: Vec<Value> = out.collect();
@@ -1121,6 +1178,21 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             self.first_step = Some(self.created.elapsed());
         }
         Ok(())
+    }
+
+    /// The next draw's key for every replica, as `u32[2 · replicas]` rows: replica `r` gets
+    /// `fold_in(key, r)` when there are several.
+    fn draw_keys(&self) -> Result<Array> {
+        let key = self.random.next_key();
+        let replicas = self.backend.replicas();
+        let words: Vec<u32> = if replicas == 1 {
+            key.to_vec()
+        } else {
+            (0..replicas as u32)
+                .flat_map(|r| trace::random::threefry2x32_host(key, [0, r]))
+                .collect()
+        };
+        Array::from_vec(&[words.len()], words)
     }
 
     /// One array placed where the handle keeps values.
@@ -1506,6 +1578,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let mut checkpoint = Checkpoint::capture(&self.experiment, &named, self.step)?
             .with_optimizer(&self.optimizer)
             .with_position(self.epoch, self.epoch_batches);
+        if E::RANDOM {
+            checkpoint = checkpoint.with_random(self.random);
+        }
         if let Some(sums) = &self.window.sums {
             let sums = self.packing.unpack(&to_host(sums)?)?;
             checkpoint = checkpoint.with_window(crate::checkpoint::AccumulationWindow {
@@ -1616,6 +1691,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         handle.step = restored.step;
         handle.epoch = restored.epoch;
         handle.epoch_batches = restored.epoch_batches;
+        if let Some(r) = restored.random {
+            handle.random = r;
+        }
         if let Some(w) = restored.window {
             if handle.config.accum <= 1 || w.micro_batches >= handle.config.accum {
                 return Err(Error::InvalidSetting {
