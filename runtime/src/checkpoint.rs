@@ -1123,6 +1123,8 @@ impl Raw {
             ArrayData::I64(v) => le(v, i64::to_le_bytes),
             ArrayData::U8(v) => v.clone(),
             ArrayData::U32(v) => le(v, u32::to_le_bytes),
+            ArrayData::BF16(v) => le(v, |x| x.to_bits().to_le_bytes()),
+            ArrayData::F16(v) => le(v, |x| x.to_bits().to_le_bytes()),
             ArrayData::Bool(v) => v.iter().map(|&b| u8::from(b)).collect(),
         };
         Raw {
@@ -1160,6 +1162,8 @@ pub(crate) fn st_dtype(dtype: DType) -> safetensors::Dtype {
         DType::U8 => safetensors::Dtype::U8,
         DType::Bool => safetensors::Dtype::BOOL,
         DType::U32 => safetensors::Dtype::U32,
+        DType::BF16 => safetensors::Dtype::BF16,
+        DType::F16 => safetensors::Dtype::F16,
     }
 }
 
@@ -1185,6 +1189,12 @@ pub(crate) fn to_array(
         safetensors::Dtype::I64 => ArrayData::I64(from_le(bytes, i64::from_le_bytes)),
         safetensors::Dtype::U8 => ArrayData::U8(bytes.to_vec()),
         safetensors::Dtype::U32 => ArrayData::U32(from_le(bytes, u32::from_le_bytes)),
+        safetensors::Dtype::BF16 => ArrayData::BF16(from_le(bytes, |b| {
+            half::bf16::from_bits(u16::from_le_bytes(b))
+        })),
+        safetensors::Dtype::F16 => ArrayData::F16(from_le(bytes, |b| {
+            half::f16::from_bits(u16::from_le_bytes(b))
+        })),
         safetensors::Dtype::BOOL => ArrayData::Bool(
             bytes
                 .iter()

@@ -778,6 +778,8 @@ pub(crate) fn gather_rows(array: &Array, rows: &[usize]) -> Result<Array> {
         ArrayData::U8(v) => ArrayData::U8(copy(v, stride, rows)?),
         ArrayData::Bool(v) => ArrayData::Bool(copy(v, stride, rows)?),
         ArrayData::U32(v) => ArrayData::U32(copy(v, stride, rows)?),
+        ArrayData::BF16(v) => ArrayData::BF16(copy(v, stride, rows)?),
+        ArrayData::F16(v) => ArrayData::F16(copy(v, stride, rows)?),
     };
     let mut dims = array.dims().to_vec();
     dims[0] = rows.len();

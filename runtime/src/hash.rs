@@ -10,7 +10,7 @@
 //! | `usize` / `isize` | as `u64` / `i64` |
 //! | `bool` | one byte, `0` or `1` |
 //! | `char` | its scalar value as `u32` |
-//! | `f32` / `f64` | the exact bit pattern (`to_bits`), little-endian — `0.0` and `-0.0` differ, NaN payloads differ |
+//! | `f32` / `f64` / `bf16` / `f16` | the exact bit pattern (`to_bits`), little-endian — `0.0` and `-0.0` differ, NaN payloads differ |
 //! | `str`, `String`, paths | length as `u64`, then the bytes |
 //! | slices, arrays, `Vec`, `VecDeque` | length as `u64`, then each element; slices of plain numbers as one byte run |
 //! | `BTreeMap` / `BTreeSet` | length, then each entry in order |
@@ -375,6 +375,19 @@ macro_rules! floats {
     )*};
 }
 floats!(f32, f64);
+
+/// Half-precision floats hash as their bit patterns, little-endian (as `f32`).
+macro_rules! half_floats {
+    ($($t:ty),*) => {$(
+        impl ContentHash for $t {
+            #[inline]
+            fn content_hash(&self, h: &mut ContentHasher) {
+                h.write_bytes(&self.to_bits().to_le_bytes());
+            }
+        }
+    )*};
+}
+half_floats!(half::bf16, half::f16);
 
 /// `usize` / `isize` encode as `u64` / `i64`, so digests agree across pointer widths; on a
 /// 64-bit little-endian target that is their memory layout, and slices go as one byte run.

@@ -70,6 +70,8 @@ pub use error::{Error, Result};
 pub use experiment::{
     assert_graphconst_hashable, Experiment, FieldInfo, KeyManifest, ManifestField, Role,
 };
+/// The half-precision element types of [`DType::BF16`] and [`DType::F16`] arrays.
+pub use half::{bf16, f16};
 pub use hash::{ContentHash, ContentHasher, Digest, ShortDigest};
 pub use trace::{Operand, Tensor};
 pub use tree::{

@@ -29,6 +29,7 @@ use crate::hash::{ContentHash, ContentHasher, Digest};
     Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum DType {
     /// 32-bit IEEE float.
     F32,
@@ -44,11 +45,15 @@ pub enum DType {
     Bool,
     /// 32-bit unsigned integer (random bits, bit manipulation).
     U32,
+    /// bfloat16: 8 exponent bits, 7 mantissa bits ([`half::bf16`]).
+    BF16,
+    /// IEEE half precision: 5 exponent bits, 10 mantissa bits ([`half::f16`]).
+    F16,
 }
 
 impl DType {
     /// All dtypes, in tag order.
-    pub const ALL: [DType; 7] = [
+    pub const ALL: [DType; 9] = [
         DType::F32,
         DType::F64,
         DType::I32,
@@ -56,6 +61,8 @@ impl DType {
         DType::U8,
         DType::Bool,
         DType::U32,
+        DType::BF16,
+        DType::F16,
     ];
 
     /// Bytes per element on the host.
@@ -64,12 +71,13 @@ impl DType {
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F64 | DType::I64 => 8,
             DType::U8 | DType::Bool => 1,
+            DType::BF16 | DType::F16 => 2,
         }
     }
 
     /// Whether this is a floating-point type (the only kind gradients flow through).
     pub const fn is_float(self) -> bool {
-        matches!(self, DType::F32 | DType::F64)
+        matches!(self, DType::F32 | DType::F64 | DType::BF16 | DType::F16)
     }
 
     /// The lowercase name used in signatures and manifests (`f32`, `bool`, …).
@@ -82,6 +90,8 @@ impl DType {
             DType::U8 => "u8",
             DType::Bool => "bool",
             DType::U32 => "u32",
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
         }
     }
 
@@ -94,6 +104,8 @@ impl DType {
             DType::U8 => 4,
             DType::Bool => 5,
             DType::U32 => 6,
+            DType::BF16 => 7,
+            DType::F16 => 8,
         }
     }
 }
@@ -110,8 +122,10 @@ impl ContentHash for DType {
     }
 }
 
-/// The typed storage of an [`Array`].
+/// The typed storage of an [`Array`]. More dtypes may come, so a `match` outside nitro needs
+/// a catch-all arm.
 #[derive(Clone, PartialEq)]
+#[non_exhaustive]
 pub enum ArrayData {
     /// `f32` elements.
     F32(Vec<f32>),
@@ -127,6 +141,10 @@ pub enum ArrayData {
     Bool(Vec<bool>),
     /// `u32` elements.
     U32(Vec<u32>),
+    /// `bf16` elements.
+    BF16(Vec<half::bf16>),
+    /// `f16` elements.
+    F16(Vec<half::f16>),
 }
 
 macro_rules! each_data {
@@ -139,6 +157,8 @@ macro_rules! each_data {
             ArrayData::U8($v) => $body,
             ArrayData::Bool($v) => $body,
             ArrayData::U32($v) => $body,
+            ArrayData::BF16($v) => $body,
+            ArrayData::F16($v) => $body,
         }
     };
 }
@@ -154,6 +174,8 @@ impl ArrayData {
             ArrayData::U8(_) => DType::U8,
             ArrayData::Bool(_) => DType::Bool,
             ArrayData::U32(_) => DType::U32,
+            ArrayData::BF16(_) => DType::BF16,
+            ArrayData::F16(_) => DType::F16,
         }
     }
 
@@ -188,7 +210,8 @@ impl ArrayData {
     }
 }
 
-/// An element type an [`Array`] can hold: `f32 f64 i32 i64 u8 bool u32`.
+/// An element type an [`Array`] can hold: `f32 f64 i32 i64 u8 bool u32`, [`half::bf16`] and
+/// [`half::f16`] (re-exported as `nitro::bf16`, `nitro::f16`).
 pub trait Element: Copy + Default + PartialEq + fmt::Debug + sealed::Sealed + 'static {
     /// The dtype of this element type.
     const DTYPE: DType;
@@ -219,7 +242,10 @@ macro_rules! elements {
         }
     )*};
 }
-elements!(f32 => F32, f64 => F64, i32 => I32, i64 => I64, u8 => U8, bool => Bool, u32 => U32);
+elements!(
+    f32 => F32, f64 => F64, i32 => I32, i64 => I64, u8 => U8, bool => Bool, u32 => U32,
+    half::bf16 => BF16, half::f16 => F16
+);
 
 /// A dense, row-major tensor on the host: dtype, dims and data.
 ///
@@ -306,6 +332,8 @@ impl Array {
             DType::U8 => Array::try_full(dims, 0u8)?,
             DType::Bool => Array::try_full(dims, false)?,
             DType::U32 => Array::try_full(dims, 0u32)?,
+            DType::BF16 => Array::try_full(dims, half::bf16::ZERO)?,
+            DType::F16 => Array::try_full(dims, half::f16::ZERO)?,
         })
     }
 

@@ -113,6 +113,8 @@ fn bits(a: &Array) -> Bits {
         nitro::ArrayData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         nitro::ArrayData::U8(v) => v.clone(),
         nitro::ArrayData::Bool(v) => v.iter().map(|&b| u8::from(b)).collect(),
+        nitro::ArrayData::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        other => panic!("no test array has dtype {}", other.dtype()),
     };
     (a.dtype(), a.dims().to_vec(), bytes)
 }

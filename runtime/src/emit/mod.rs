@@ -173,13 +173,15 @@ const fn element_type(dtype: DType) -> &'static str {
         DType::U8 => "ui8",
         DType::Bool => "i1",
         DType::U32 => "ui32",
+        DType::BF16 => "bf16",
+        DType::F16 => "f16",
     }
 }
 
 /// The `compare` type that suits a dtype (other pairings fail XLA's HLO verifier on some plugins).
 const fn comparison_type(dtype: DType) -> &'static str {
     match dtype {
-        DType::F32 | DType::F64 => "FLOAT",
+        DType::F32 | DType::F64 | DType::BF16 | DType::F16 => "FLOAT",
         DType::I32 | DType::I64 => "SIGNED",
         DType::U8 | DType::U32 | DType::Bool => "UNSIGNED",
     }
@@ -620,6 +622,19 @@ fn reduce_init(out: &mut String, kind: ReduceOp, dtype: DType) -> fmt::Result {
         (ReduceOp::Sum, DType::Bool) | (ReduceOp::Max, DType::Bool) => {
             out.write_str("dense<false>")
         }
+        (ReduceOp::Sum, DType::BF16 | DType::F16) => out.write_str("dense<0x0000>"),
+        (ReduceOp::Max, DType::BF16) => {
+            write!(out, "dense<0x{:04X}>", half::bf16::NEG_INFINITY.to_bits())
+        }
+        (ReduceOp::Max, DType::F16) => {
+            write!(out, "dense<0x{:04X}>", half::f16::NEG_INFINITY.to_bits())
+        }
+        (ReduceOp::Min, DType::BF16) => {
+            write!(out, "dense<0x{:04X}>", half::bf16::INFINITY.to_bits())
+        }
+        (ReduceOp::Min, DType::F16) => {
+            write!(out, "dense<0x{:04X}>", half::f16::INFINITY.to_bits())
+        }
         (ReduceOp::Sum, _) => out.write_str("dense<0>"),
         (ReduceOp::Max, DType::F32) => write!(out, "dense<0x{:08X}>", f32::NEG_INFINITY.to_bits()),
         (ReduceOp::Max, DType::F64) => write!(out, "dense<0x{:016X}>", f64::NEG_INFINITY.to_bits()),
@@ -663,6 +678,14 @@ fn dense(out: &mut String, data: &ArrayData, dims: &[usize]) {
         ArrayData::U8(v) => match splat_by(v, |x| x) {
             Some(x) => push_int_splat(out, x),
             None => hex_string(out, v, |x| [x]),
+        },
+        ArrayData::BF16(v) => match splat_by(v, |x| x.to_bits()) {
+            Some(bits) => push_bits_splat(out, &bits.to_be_bytes()),
+            None => hex_string(out, v, |x| x.to_bits().to_le_bytes()),
+        },
+        ArrayData::F16(v) => match splat_by(v, |x| x.to_bits()) {
+            Some(bits) => push_bits_splat(out, &bits.to_be_bytes()),
+            None => hex_string(out, v, |x| x.to_bits().to_le_bytes()),
         },
         ArrayData::U32(v) => match splat_by(v, |x| x) {
             Some(x) => push_int_splat(out, x),

@@ -31,7 +31,7 @@ use crate::backend::interp::Fault;
 use crate::emit::Line;
 use crate::trace::ir::{with_dims, Conv, ConvDims, Op};
 use crate::trace::{with_recording, Tensor};
-use crate::tree::{Array, ArrayData, LeafType};
+use crate::tree::{Array, ArrayData, DType, LeafType};
 
 use super::window::{same_padding, transposed_padding};
 use super::{dilate, unflatten};
@@ -143,6 +143,7 @@ impl Conv {
             rhs_dilation: vec![1; n],
             feature_groups: 1,
             batch_groups: 1,
+            preferred_element_type: None,
         }
     }
 
@@ -188,6 +189,13 @@ impl Conv {
         self
     }
 
+    /// Giving `dtype` elements: `f32` for `bf16`/`f16` operands multiplies in half precision
+    /// and accumulates in f32 (mixed precision).
+    pub fn preferred_element_type(mut self, dtype: DType) -> Conv {
+        self.preferred_element_type = Some(dtype);
+        self
+    }
+
     /// With `groups` batch groups.
     pub fn batch_groups(mut self, groups: usize) -> Conv {
         self.batch_groups = groups;
@@ -208,6 +216,12 @@ pub(crate) fn conv_type(x: &LeafType, k: &LeafType, c: &Conv) -> Result<LeafType
     }
     if !x.dtype.is_float() {
         return Err(format!("convolution needs float operands, got {x} and {k}"));
+    }
+    let result = c.preferred_element_type.unwrap_or(x.dtype);
+    if !crate::backend::interp::product_dtype_ok(x.dtype, result) {
+        return Err(format!(
+            "a convolution of {x} cannot give {result} elements: it gives its operands' dtype,              or f32 for bf16/f16 operands (accumulated in f32)"
+        ));
     }
     let rank = n + 2;
     let perm_ok = |dims: &[usize]| {
@@ -310,7 +324,7 @@ pub(crate) fn conv_type(x: &LeafType, k: &LeafType, c: &Conv) -> Result<LeafType
         }
         out[d.output_spatial[s]] = ((padded - eff) / c.strides[s] as i128 + 1) as usize;
     }
-    Ok(with_dims(x.dtype, out))
+    Ok(with_dims(result, out))
 }
 
 // ---- tracing -------------------------------------------------------------------------------
@@ -367,7 +381,14 @@ pub(crate) fn vjp(c: &Conv, x: Tensor, k: Tensor, g: Tensor) -> Vec<Option<Tenso
         );
         return vec![Some(x.zeros_like()), Some(k.zeros_like())];
     }
-    vec![Some(input_grad(c, x, k, g)), Some(kernel_grad(c, x, k, g))]
+    // Mixed precision: the cotangent is rounded to the operands' dtype, the gradient
+    // convolutions accumulate in the forward's result dtype, and round back.
+    let (xt, kt) = (x.dtype(), k.dtype());
+    let g = g.convert(xt);
+    vec![
+        Some(input_grad(c, x, k, g).convert(xt)),
+        Some(kernel_grad(c, x, k, g).convert(kt)),
+    ]
 }
 
 fn input_grad(c: &Conv, x: Tensor, k: Tensor, g: Tensor) -> Tensor {
@@ -436,6 +457,7 @@ fn input_grad(c: &Conv, x: Tensor, k: Tensor, g: Tensor) -> Tensor {
         rhs_dilation: c.rhs_dilation.clone(),
         feature_groups: groups,
         batch_groups: 1,
+        preferred_element_type: c.preferred_element_type,
     };
     g.conv(reversed, &back)
 }
@@ -471,6 +493,7 @@ fn kernel_grad(c: &Conv, x: Tensor, k: Tensor, g: Tensor) -> Tensor {
         rhs_dilation: c.strides.clone(),
         feature_groups: 1,
         batch_groups: c.feature_groups,
+        preferred_element_type: c.preferred_element_type,
     };
     x.conv(g, &back)
 }

@@ -221,6 +221,8 @@ pub(crate) fn eval_bitcast(x: &Array, to: DType) -> Result<ArrayData, Fault> {
         ArrayData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         ArrayData::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
         ArrayData::U8(v) => v.clone(),
+        ArrayData::BF16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
+        ArrayData::F16(v) => v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect(),
         ArrayData::Bool(_) => return Err(Fault::Invalid("cannot bitcast bool".into())),
     };
     fn chunks<const N: usize, T>(b: &[u8], f: impl Fn([u8; N]) -> T) -> Result<Vec<T>, Fault> {
@@ -240,6 +242,12 @@ pub(crate) fn eval_bitcast(x: &Array, to: DType) -> Result<ArrayData, Fault> {
         DType::I64 => ArrayData::I64(chunks(&bytes, i64::from_le_bytes)?),
         DType::U32 => ArrayData::U32(chunks(&bytes, u32::from_le_bytes)?),
         DType::U8 => ArrayData::U8(bytes),
+        DType::BF16 => ArrayData::BF16(chunks(&bytes, |b| {
+            half::bf16::from_bits(u16::from_le_bytes(b))
+        })?),
+        DType::F16 => ArrayData::F16(chunks(&bytes, |b| {
+            half::f16::from_bits(u16::from_le_bytes(b))
+        })?),
         DType::Bool => return Err(Fault::Invalid("cannot bitcast to bool".into())),
     })
 }

@@ -913,5 +913,5 @@ pub(crate) fn eval_dynamic_update_slice(
             }
         };
     }
-    Ok(go!(F32, F64, I32, I64, U8, Bool, U32))
+    Ok(go!(F32, F64, I32, I64, U8, Bool, U32, BF16, F16))
 }

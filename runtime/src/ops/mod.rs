@@ -48,6 +48,8 @@ macro_rules! same_dtype {
             ArrayData::U8($v) => ArrayData::U8($body?),
             ArrayData::Bool($v) => ArrayData::Bool($body?),
             ArrayData::U32($v) => ArrayData::U32($body?),
+            ArrayData::BF16($v) => ArrayData::BF16($body?),
+            ArrayData::F16($v) => ArrayData::F16($body?),
         }
     };
 }

@@ -267,6 +267,8 @@ pub(crate) fn eval_pad(
         ArrayData::U8(v) => ArrayData::U8(go!(v, U8)?),
         ArrayData::Bool(v) => ArrayData::Bool(go!(v, Bool)?),
         ArrayData::U32(v) => ArrayData::U32(go!(v, U32)?),
+        ArrayData::BF16(v) => ArrayData::BF16(go!(v, BF16)?),
+        ArrayData::F16(v) => ArrayData::F16(go!(v, F16)?),
     })
 }
 

@@ -598,6 +598,11 @@ pub(crate) fn eval_reduce_window(
         ArrayData::I64(v) => int!(v, i64, I64),
         ArrayData::U8(v) => int!(v, u8, U8),
         ArrayData::U32(v) => int!(v, u32, U32),
+        ArrayData::BF16(_) | ArrayData::F16(_) => {
+            return Err(Fault::Invalid(
+                "half-precision values are computed in f32 by the interpreter".into(),
+            ))
+        }
         ArrayData::Bool(_) => return Err(Fault::Invalid("cannot reduce bool windows".into())),
     })
 }

@@ -292,10 +292,15 @@ fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor, nodes: &[Node]) -> Vec<O
                 .collect()
         }
         Op::DotGeneral(d) => {
-            let (ra, rb) = (ty_of(x[0]).dims.len(), ty_of(x[1]).dims.len());
+            let (ta, tb) = (ty_of(x[0]), ty_of(x[1]));
+            let (ra, rb) = (ta.dims.len(), tb.dims.len());
+            // Mixed precision (half operands, an f32 result): the cotangent is rounded to the
+            // operands' dtype, multiplied in it and accumulated in f32, then rounded back.
+            let acc = node.ty.dtype;
+            let g = g.convert(ta.dtype);
             vec![
-                Some(dot_vjp(g, x[1], d, ra, rb, Side::Lhs)),
-                Some(dot_vjp(g, x[0], d, ra, rb, Side::Rhs)),
+                Some(dot_vjp(g, x[1], d, ra, rb, Side::Lhs, acc).convert(ta.dtype)),
+                Some(dot_vjp(g, x[0], d, ra, rb, Side::Rhs, acc).convert(tb.dtype)),
             ]
         }
         crate::ops::family_op!() => crate::ops::vjp(node, x, g),
@@ -378,7 +383,15 @@ enum Side {
 
 /// The gradient of `dot_general` for one side: contract `g` with the other operand over the
 /// other side's free dims, then transpose into this side's layout.
-fn dot_vjp(g: Tensor, other: Tensor, d: &DotDims, ra: usize, rb: usize, side: Side) -> Tensor {
+fn dot_vjp(
+    g: Tensor,
+    other: Tensor,
+    d: &DotDims,
+    ra: usize,
+    rb: usize,
+    side: Side,
+    acc: DType,
+) -> Tensor {
     let free = |rank: usize, batch: &[usize], contract: &[usize]| -> Vec<usize> {
         (0..rank)
             .filter(|i| !batch.contains(i) && !contract.contains(i))
@@ -426,7 +439,7 @@ fn dot_vjp(g: Tensor, other: Tensor, d: &DotDims, ra: usize, rb: usize, side: Si
     };
     // Result layout: [batch | g's free dims (= my free dims) | other's remaining dims
     // (= other's contracting dims, ascending)].
-    let res = g.dot_general(other, dims);
+    let res = g.dot_general_to(other, dims, acc);
     let mut sorted_other_contract = other_contract.clone();
     sorted_other_contract.sort_unstable();
     let mut perm = vec![0; mine_rank];

@@ -297,6 +297,9 @@ pub struct Conv {
     /// Groups of the batch, each convolved with its own slice of the kernel's outputs (what
     /// the kernel gradient of a grouped convolution uses).
     pub batch_groups: usize,
+    /// The result's dtype when it is not the operands' (`f32` for `bf16`/`f16` operands:
+    /// products accumulated in f32), as JAX's `preferred_element_type`.
+    pub preferred_element_type: Option<DType>,
 }
 
 /// A gather's dimension numbers (StableHLO's, without batching dims).

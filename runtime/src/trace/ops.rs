@@ -66,6 +66,8 @@ pub(crate) fn scalar_array(value: f64, dtype: DType) -> Result<Array, String> {
             int(0.0, u32::MAX as f64)?;
             Array::scalar(value as u32)
         }
+        DType::BF16 => Array::scalar(half::bf16::from_f32(value as f32)),
+        DType::F16 => Array::scalar(half::f16::from_f32(value as f32)),
         DType::Bool => {
             int(0.0, 1.0)?;
             Array::scalar(value != 0.0)
@@ -318,11 +320,23 @@ impl Recording {
         a: Tensor,
         b: Tensor,
         d: DotDims,
+        result: Option<DType>,
         op: &'static str,
         at: &Location<'_>,
     ) -> Tensor {
         let (ta, tb) = (self.ty_of(a), self.ty_of(b));
-        let guess = with_dims(ta.dtype, Vec::new());
+        let guess = with_dims(result.unwrap_or(ta.dtype), Vec::new());
+        let result = result.unwrap_or(ta.dtype);
+        if !crate::backend::interp::product_dtype_ok(ta.dtype, result) {
+            return self.fail(
+                op,
+                format!(
+                    "a product of {ta} and {tb} cannot give {result} elements: products give their                      operands' dtype, or f32 for bf16/f16 operands (accumulated in f32)"
+                ),
+                at,
+                guess,
+            );
+        }
         if ta.dtype != tb.dtype {
             return self.fail(
                 op,
@@ -386,7 +400,7 @@ impl Recording {
         self.push(
             Op::DotGeneral(d),
             vec![a.node, b.node],
-            with_dims(ta.dtype, dims),
+            with_dims(result, dims),
             op,
             at,
         )
@@ -887,7 +901,18 @@ impl Tensor {
     /// leading dims (`[b, m, k] · [b, k, n] → [b, m, n]`).
     #[track_caller]
     pub fn matmul(self, rhs: Tensor) -> Tensor {
-        let at = at!();
+        self.matmul_impl(rhs, None, at!())
+    }
+
+    /// [`Tensor::matmul`] giving `dtype` elements: `f32` for `bf16`/`f16` operands multiplies
+    /// in half precision and accumulates in f32 (mixed precision), as JAX's
+    /// `preferred_element_type`.
+    #[track_caller]
+    pub fn matmul_to(self, rhs: Tensor, dtype: DType) -> Tensor {
+        self.matmul_impl(rhs, Some(dtype), at!())
+    }
+
+    fn matmul_impl(self, rhs: Tensor, result: Option<DType>, at: &Location<'_>) -> Tensor {
         with_recording(|r| {
             let (ta, tb) = (r.ty_of(self), r.ty_of(rhs));
             let (ra, rb) = (ta.dims.len(), tb.dims.len());
@@ -934,7 +959,7 @@ impl Tensor {
                             with_dims(ta.dtype, Vec::new()),
                         );
                     }
-                    r.dot_general(self, rhs, d, "matmul", at)
+                    r.dot_general(self, rhs, d, result, "matmul", at)
                 }
                 None => r.fail(
                     "matmul",
@@ -952,7 +977,15 @@ impl Tensor {
     #[track_caller]
     pub fn dot_general(self, rhs: Tensor, dims: DotDims) -> Tensor {
         let at = at!();
-        with_recording(|r| r.dot_general(self, rhs, dims, "dot_general", at))
+        with_recording(|r| r.dot_general(self, rhs, dims, None, "dot_general", at))
+    }
+
+    /// [`Tensor::dot_general`] giving `dtype` elements (`f32` for `bf16`/`f16` operands:
+    /// accumulated in f32).
+    #[track_caller]
+    pub fn dot_general_to(self, rhs: Tensor, dims: DotDims, dtype: DType) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.dot_general(self, rhs, dims, Some(dtype), "dot_general", at))
     }
 
     // ---- shape -----------------------------------------------------------------------------

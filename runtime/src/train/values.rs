@@ -367,6 +367,8 @@ pub(crate) fn join_rows(parts: &[Array]) -> Result<Array> {
         ArrayData::U8(_) => join!(U8),
         ArrayData::Bool(_) => join!(Bool),
         ArrayData::U32(_) => join!(U32),
+        ArrayData::BF16(_) => join!(BF16),
+        ArrayData::F16(_) => join!(F16),
     }
 }
 

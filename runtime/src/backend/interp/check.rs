@@ -72,6 +72,12 @@ fn dot_type(l: &LeafType, r: &LeafType, d: &DotDims) -> Result<LeafType, String>
     })
 }
 
+/// Whether a product of `operands` may give `result` elements: the operands' own dtype, or
+/// `f32` for half-precision operands (accumulated in f32).
+pub fn product_dtype_ok(operands: DType, result: DType) -> bool {
+    result == operands || (matches!(operands, DType::BF16 | DType::F16) && result == DType::F32)
+}
+
 fn same_dtype(a: &LeafType, b: &LeafType) -> Result<(), String> {
     if a.dtype == b.dtype {
         Ok(())
@@ -269,7 +275,11 @@ pub(super) fn node(graph: &Graph, id: usize) -> Result<(), String> {
         }
         Op::DotGeneral(d) => {
             arity(2, ins.len())?;
-            dot_type(ins[0], ins[1], d)?
+            let mut t = dot_type(ins[0], ins[1], d)?;
+            if product_dtype_ok(t.dtype, out.dtype) {
+                t.dtype = out.dtype;
+            }
+            t
         }
         crate::ops::family_op!() => crate::ops::result_type(node, &ins)?,
         Op::Reduce { axes, .. } => {

@@ -386,6 +386,7 @@ pub(super) fn unary(op: UnaryOp, a: &ArrayData) -> Result<ArrayData, Fault> {
         ArrayData::U8(v) => ArrayData::U8(int_unary(op, v)?),
         ArrayData::U32(v) => ArrayData::U32(int_unary(op, v)?),
         ArrayData::Bool(_) => return Err(format!("`{}` is not defined for bool", op.name()).into()),
+        ArrayData::BF16(_) | ArrayData::F16(_) => return Err(half_in_kernel()),
     })
 }
 
@@ -415,6 +416,12 @@ pub(crate) fn binary(op: BinaryOp, a: &ArrayData, b: &ArrayData) -> Result<Array
         },
         _ => return Err(mismatch(a, b)),
     })
+}
+
+/// Half-precision values reach the kernels in `f32`: the interpreter's driver widens them
+/// around every op but `convert`.
+fn half_in_kernel() -> Fault {
+    Fault::from("half-precision values are computed in f32 by the interpreter".to_owned())
 }
 
 fn mismatch(a: &ArrayData, b: &ArrayData) -> Fault {
@@ -494,6 +501,10 @@ macro_rules! convert_all {
             DType::I64 => ArrayData::I64(map(&$v, |x| x as i64)?),
             DType::U8 => ArrayData::U8(map(&$v, |x| x as u8)?),
             DType::U32 => ArrayData::U32(map(&$v, |x| x as u32)?),
+            // Through f32, then round to nearest, ties to even (NaN stays NaN): exact for f32
+            // sources; f64 and wide integer sources round twice.
+            DType::BF16 => ArrayData::BF16(map(&$v, |x| half::bf16::from_f32(x as f32))?),
+            DType::F16 => ArrayData::F16(map(&$v, |x| half::f16::from_f32(x as f32))?),
             DType::Bool => ArrayData::Bool(map(&$v, |x| x != $zero)?),
         }
     };
@@ -508,6 +519,15 @@ pub(super) fn convert(a: &ArrayData, to: DType) -> Result<ArrayData, Fault> {
         ArrayData::I64(v) => convert_all!(v, to, 0),
         ArrayData::U8(v) => convert_all!(v, to, 0),
         ArrayData::U32(v) => convert_all!(v, to, 0),
+        // Half to anything goes through f32, which holds every half value exactly.
+        ArrayData::BF16(v) => {
+            let wide: Vec<f32> = map(v, half::bf16::to_f32)?;
+            convert_all!(wide, to, 0.0)
+        }
+        ArrayData::F16(v) => {
+            let wide: Vec<f32> = map(v, half::f16::to_f32)?;
+            convert_all!(wide, to, 0.0)
+        }
         ArrayData::Bool(v) => {
             let bytes: Vec<u8> = map(v, u8::from)?;
             convert_all!(bytes, to, 0)
@@ -598,6 +618,7 @@ pub(super) fn reduce(
         ArrayData::I64(v) => ArrayData::I64(reduce_int(kind, v, dims, axes)?),
         ArrayData::U8(v) => ArrayData::U8(reduce_int(kind, v, dims, axes)?),
         ArrayData::U32(v) => ArrayData::U32(reduce_int(kind, v, dims, axes)?),
+        ArrayData::BF16(_) | ArrayData::F16(_) => return Err(half_in_kernel()),
         ArrayData::Bool(v) => ArrayData::Bool(match kind {
             ReduceOp::Sum | ReduceOp::Max => reduce_vec(v, dims, axes, false, |a, b| a | b)?,
             ReduceOp::Min => reduce_vec(v, dims, axes, true, |a, b| a & b)?,

@@ -20,6 +20,8 @@ macro_rules! map_data {
             ArrayData::U8($v) => ArrayData::U8($body?),
             ArrayData::Bool($v) => ArrayData::Bool($body?),
             ArrayData::U32($v) => ArrayData::U32($body?),
+            ArrayData::BF16($v) => ArrayData::BF16($body?),
+            ArrayData::F16($v) => ArrayData::F16($body?),
         }
     };
 }
@@ -172,6 +174,8 @@ pub(crate) fn concatenate(parts: &[&Array], axis: usize, dtype: DType) -> Result
         DType::U8 => ArrayData::U8(concat_vec(parts, axis)?),
         DType::Bool => ArrayData::Bool(concat_vec(parts, axis)?),
         DType::U32 => ArrayData::U32(concat_vec(parts, axis)?),
+        DType::BF16 => ArrayData::BF16(concat_vec(parts, axis)?),
+        DType::F16 => ArrayData::F16(concat_vec(parts, axis)?),
     })
 }
 
@@ -189,6 +193,8 @@ pub(crate) fn iota(dtype: DType, dims: &[usize], axis: usize) -> Result<ArrayDat
         DType::I64 => ArrayData::I64(collect(n, index.map(|i| i as i64))?),
         DType::U8 => ArrayData::U8(collect(n, index.map(|i| i as u8))?),
         DType::U32 => ArrayData::U32(collect(n, index.map(|i| i as u32))?),
+        DType::BF16 => ArrayData::BF16(collect(n, index.map(|i| half::bf16::from_f32(i as f32)))?),
+        DType::F16 => ArrayData::F16(collect(n, index.map(|i| half::f16::from_f32(i as f32)))?),
         DType::Bool => return Err(Fault::from("iota is not defined for bool".to_owned())),
     })
 }

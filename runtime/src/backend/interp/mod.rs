@@ -47,6 +47,7 @@
 
 pub(crate) mod alloc;
 mod check;
+pub(crate) use check::product_dtype_ok;
 pub(crate) mod kernels;
 pub(crate) mod layout;
 
@@ -54,7 +55,7 @@ use std::borrow::Cow;
 
 use crate::error::{Error, Result};
 use crate::trace::ir::{Graph, Node, NodeId, Op};
-use crate::tree::{Array, ArrayData};
+use crate::tree::{Array, ArrayData, DType};
 
 use kernels::MatmulShape;
 
@@ -213,12 +214,18 @@ fn all_reduce(node: &Node, operands: &[&Array]) -> std::result::Result<Array, Fa
     let Some((first, rest)) = operands.split_first() else {
         return Err(Fault::Invalid("no replica computed its operand".into()));
     };
-    let mut sum = copy(first)?;
+    // Half-precision sums add in f32 and round once.
+    let mut sum = widened(first)?.into_owned();
     for a in rest {
-        sum = array(
-            node,
+        let a = widened(a)?;
+        sum = Array::from_data(
+            &node.ty.dims,
             kernels::binary(crate::trace::BinaryOp::Add, sum.data(), a.data())?,
-        )?;
+        )
+        .map_err(|e| Fault::Invalid(e.to_string()))?;
+    }
+    if is_half(node.ty.dtype) {
+        sum = array(node, kernels::convert(sum.data(), node.ty.dtype)?)?;
     }
     Ok(sum)
 }
@@ -293,6 +300,8 @@ fn copy_data(data: &ArrayData) -> std::result::Result<ArrayData, Fault> {
         ArrayData::U8(v) => ArrayData::U8(alloc::collect(v.len(), v.iter().copied())?),
         ArrayData::Bool(v) => ArrayData::Bool(alloc::collect(v.len(), v.iter().copied())?),
         ArrayData::U32(v) => ArrayData::U32(alloc::collect(v.len(), v.iter().copied())?),
+        ArrayData::BF16(v) => ArrayData::BF16(alloc::collect(v.len(), v.iter().copied())?),
+        ArrayData::F16(v) => ArrayData::F16(alloc::collect(v.len(), v.iter().copied())?),
     })
 }
 
@@ -327,12 +336,59 @@ fn array(node: &Node, data: ArrayData) -> std::result::Result<Array, Fault> {
     Array::from_data(&node.ty.dims, data).map_err(|e| Fault::Invalid(e.to_string()))
 }
 
+fn is_half(dtype: DType) -> bool {
+    matches!(dtype, DType::BF16 | DType::F16)
+}
+
+/// `a` with half-precision elements widened to `f32` (exactly); other arrays borrowed.
+fn widened(a: &Array) -> std::result::Result<Cow<'_, Array>, Fault> {
+    if !is_half(a.dtype()) {
+        return Ok(Cow::Borrowed(a));
+    }
+    let data = kernels::convert(a.data(), DType::F32)?;
+    Ok(Cow::Owned(
+        Array::from_data(a.dims(), data).map_err(|e| Fault::Invalid(e.to_string()))?,
+    ))
+}
+
+/// Evaluates a node that reads or makes half-precision values as XLA's CPU backend does:
+/// operands widened to `f32`, the op in `f32`, and a half result rounded once (to nearest,
+/// ties to even). For `+ − × ÷` and `sqrt` that is the correctly rounded half result (`f32`
+/// has more than twice the bits of either half type, plus two).
+fn eval_half<'a>(
+    node: &'a Node,
+    operands: &[&Array],
+) -> std::result::Result<Cow<'a, Array>, Fault> {
+    let wide = operands
+        .iter()
+        .map(|a| widened(a))
+        .collect::<std::result::Result<Vec<_>, Fault>>()?;
+    let refs: Vec<&Array> = wide.iter().map(|a| a.as_ref()).collect();
+    let mut n32 = node.clone();
+    if is_half(node.ty.dtype) {
+        n32.ty.dtype = DType::F32;
+    }
+    let out = eval(&n32, &refs, &[])?.into_owned();
+    if !is_half(node.ty.dtype) {
+        return Ok(Cow::Owned(out));
+    }
+    let data = kernels::convert(out.data(), node.ty.dtype)?;
+    array(node, data).map(Cow::Owned)
+}
+
 /// Evaluates one checked node on its operands' values.
 fn eval<'a>(
     node: &'a Node,
     operands: &[&Array],
     inputs: &[&'a Array],
 ) -> std::result::Result<Cow<'a, Array>, Fault> {
+    let direct = matches!(
+        node.op,
+        Op::Parameter { .. } | Op::Constant(_) | Op::Convert | Op::BitcastConvert | Op::AllReduce
+    );
+    if !direct && (is_half(node.ty.dtype) || operands.iter().any(|a| is_half(a.dtype()))) {
+        return eval_half(node, operands);
+    }
     let out_dims = node.ty.dims.as_slice();
     let owned = |data: ArrayData| array(node, data).map(Cow::Owned);
     match &node.op {

@@ -19,6 +19,8 @@ pub(crate) fn pjrt_type(dtype: DType) -> i32 {
         DType::U8 => buffer_type::U8,
         DType::Bool => buffer_type::PRED,
         DType::U32 => buffer_type::U32,
+        DType::BF16 => buffer_type::BF16,
+        DType::F16 => buffer_type::F16,
     }
 }
 
@@ -85,8 +87,10 @@ impl DeviceBuffer {
         )?;
         let ty = array.leaf_type();
         let dims: Vec<i64> = ty.dims.iter().map(|&d| d as i64).collect();
-        // Bools are one byte per element (0 or 1) both in Rust and in PJRT's PRED.
+        // Bools are one byte per element (0 or 1) both in Rust and in PJRT's PRED; half floats
+        // go as their bit patterns.
         let bools: Vec<u8>;
+        let halves: Vec<u16>;
         let bytes: &[u8] = match array.data() {
             ArrayData::F32(v) => bytemuck::cast_slice(v),
             ArrayData::F64(v) => bytemuck::cast_slice(v),
@@ -94,6 +98,14 @@ impl DeviceBuffer {
             ArrayData::I64(v) => bytemuck::cast_slice(v),
             ArrayData::U8(v) => v,
             ArrayData::U32(v) => bytemuck::cast_slice(v),
+            ArrayData::BF16(v) => {
+                halves = v.iter().map(|x| x.to_bits()).collect();
+                bytemuck::cast_slice(&halves)
+            }
+            ArrayData::F16(v) => {
+                halves = v.iter().map(|x| x.to_bits()).collect();
+                bytemuck::cast_slice(&halves)
+            }
             ArrayData::Bool(v) => {
                 bools = v.iter().map(|&b| u8::from(b)).collect();
                 &bools
@@ -198,6 +210,14 @@ impl DeviceBuffer {
             }
             ArrayData::U8(v) => ArrayData::U8(self.copy_into(v)?),
             ArrayData::U32(v) => ArrayData::U32(self.copy_into(v)?),
+            ArrayData::BF16(v) => {
+                let bits = self.copy_into(vec![0u16; v.len()])?;
+                ArrayData::BF16(bits.into_iter().map(half::bf16::from_bits).collect())
+            }
+            ArrayData::F16(v) => {
+                let bits = self.copy_into(vec![0u16; v.len()])?;
+                ArrayData::F16(bits.into_iter().map(half::f16::from_bits).collect())
+            }
             ArrayData::Bool(v) => ArrayData::Bool(v),
         };
         Array::from_data(&self.ty.dims, data)

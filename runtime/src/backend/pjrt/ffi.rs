@@ -350,6 +350,10 @@ pub(crate) mod buffer_type {
     pub(crate) const U8: i32 = 6;
     /// `PJRT_Buffer_Type_U32`.
     pub(crate) const U32: i32 = 8;
+    /// `PJRT_Buffer_Type_F16`.
+    pub(crate) const F16: i32 = 10;
+    /// `PJRT_Buffer_Type_BF16`.
+    pub(crate) const BF16: i32 = 13;
     /// `PJRT_Buffer_Type_F32`.
     pub(crate) const F32: i32 = 11;
     /// `PJRT_Buffer_Type_F64`.
