@@ -103,10 +103,16 @@ fn op_kind(op: &Op) -> &'static str {
         Op::Unary(u) => match u {
             UnaryOp::Neg | UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh => u.name(),
             UnaryOp::Logistic | UnaryOp::Sqrt | UnaryOp::Rsqrt | UnaryOp::Abs => u.name(),
+            UnaryOp::Sin | UnaryOp::Cos | UnaryOp::Erf | UnaryOp::ErfInv => u.name(),
+            UnaryOp::Log1p | UnaryOp::Expm1 | UnaryOp::Sign | UnaryOp::Floor => u.name(),
+            UnaryOp::Ceil | UnaryOp::RoundNearestEven | UnaryOp::Not | UnaryOp::Popcnt => u.name(),
         },
         Op::Binary(b) => match b {
             BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul | BinaryOp::Div => b.name(),
             BinaryOp::Pow | BinaryOp::Max | BinaryOp::Min => b.name(),
+            BinaryOp::Atan2 | BinaryOp::Rem | BinaryOp::And | BinaryOp::Or => b.name(),
+            BinaryOp::Xor | BinaryOp::ShiftLeft => b.name(),
+            BinaryOp::ShiftRightLogical | BinaryOp::ShiftRightArithmetic => b.name(),
         },
         Op::Compare(_) => "compare",
         Op::Select => "select",
@@ -124,6 +130,21 @@ fn op_kind(op: &Op) -> &'static str {
         },
         Op::AllReduce => "all_reduce",
         Op::StopGradient => "stop_gradient",
+        Op::Clamp => "clamp",
+        Op::BitcastConvert => "bitcast_convert",
+        Op::Pad { .. } => "pad",
+        Op::Reverse { .. } => "reverse",
+        Op::Convolution(_) => "convolution",
+        Op::ReduceWindow { kind, .. } => match kind {
+            ReduceOp::Sum => "reduce_window sum",
+            ReduceOp::Max => "reduce_window max",
+            ReduceOp::Min => "reduce_window min",
+        },
+        Op::SelectAndScatter { .. } => "select_and_scatter",
+        Op::Gather(_) => "gather",
+        Op::Scatter { .. } => "scatter",
+        Op::DynamicSlice { .. } => "dynamic_slice",
+        Op::DynamicUpdateSlice => "dynamic_update_slice",
     }
 }
 
@@ -160,7 +181,144 @@ const ALL_KINDS: &[&str] = &[
     "reduce min",
     "all_reduce",
     "stop_gradient",
+    "sine",
+    "cosine",
+    "erf",
+    "erf_inv",
+    "log_plus_one",
+    "exponential_minus_one",
+    "sign",
+    "floor",
+    "ceil",
+    "round_nearest_even",
+    "not",
+    "popcnt",
+    "atan2",
+    "remainder",
+    "and",
+    "or",
+    "xor",
+    "shift_left",
+    "shift_right_logical",
+    "shift_right_arithmetic",
+    "clamp",
+    "bitcast_convert",
+    "pad",
+    "reverse",
+    "convolution",
+    "reduce_window sum",
+    "reduce_window max",
+    "reduce_window min",
+    "select_and_scatter",
+    "gather",
+    "scatter",
+    "dynamic_slice",
+    "dynamic_update_slice",
 ];
+
+/// One of each op of `nitro::ops`' families (and `select_and_scatter`, from a max window's
+/// gradient).
+fn family_program() -> Graph {
+    use nitro::trace::{grad, Conv, ScatterDims, ScatterKind, Window};
+    let i32t = |dims: &[usize]| LeafType {
+        dtype: DType::I32,
+        dims: dims.to_vec(),
+    };
+    let u32t = |dims: &[usize]| LeafType {
+        dtype: DType::U32,
+        dims: dims.to_vec(),
+    };
+    program(
+        &[
+            f32t(&[1, 4, 4, 2]),
+            f32t(&[3, 3, 2, 3]),
+            i32t(&[3]),
+            u32t(&[4]),
+            i32t(&[]),
+        ],
+        |i| {
+            let (x, k, ids, bits, start) = (i[0], i[1], i[2], i[3], i[4]);
+            let flat = x.reshape(&[16, 2]);
+            let w = Window::new(&[1, 2, 2, 1]).strides(&[1, 2, 2, 1]);
+            let pooled_grad = grad(x.window_max(&w).sum_all(), &[x]).remove(0);
+            let d = ScatterDims {
+                update_window_dims: vec![1],
+                inserted_window_dims: vec![0],
+                scatter_dims_to_operand_dims: vec![0],
+                index_vector_dim: 1,
+            };
+            let e = flat.exp();
+            vec![
+                e.sin(),
+                e.cos(),
+                e.erf(),
+                (e * 0.1).erf_inv(),
+                e.log1p(),
+                e.expm1(),
+                e.sign(),
+                e.floor(),
+                e.ceil(),
+                e.round_nearest_even(),
+                bits.not(),
+                bits.popcnt(),
+                e.atan2(e),
+                e.rem(e),
+                bits.and(bits),
+                bits.or(bits),
+                bits.xor(bits),
+                bits.shift_left(bits),
+                bits.shift_right_logical(bits),
+                bits.shift_right_arithmetic(bits),
+                Tensor::clamp(0.0, e, 1.0),
+                e.bitcast_convert(DType::U32),
+                e.pad(0.0, &[1, 0], &[0, 1], &[1, 0]),
+                e.reverse(&[0]),
+                x.conv(k, &Conv::channels_last(2).same_for(&[4, 4], &[3, 3])),
+                x.window_sum(&w),
+                x.window_max(&w),
+                x.window_min(&w),
+                pooled_grad,
+                flat.take(ids, 0),
+                flat.scatter(
+                    ids.reshape(&[3, 1]),
+                    flat.slice(&[0, 0], &[3, 2]),
+                    &d,
+                    ScatterKind::Add,
+                ),
+                flat.dynamic_slice(&[start, start], &[4, 2]),
+                flat.dynamic_update_slice(flat.slice(&[0, 0], &[2, 2]), &[start, start]),
+            ]
+        },
+    )
+}
+
+#[test]
+fn family_op_lines() {
+    let text = emit(&family_program());
+    for line in [
+        "= chlo.erf %",
+        "= chlo.erf_inv %",
+        "= stablehlo.sine %",
+        "= stablehlo.round_nearest_even %",
+        "= stablehlo.shift_right_logical %arg3, %arg3 : tensor<4xui32>",
+        "= stablehlo.popcnt %arg3 : tensor<4xui32>",
+        "= stablehlo.clamp %",
+        " : (tensor<16x2xf32>) -> tensor<16x2xui32>",
+        "low = [1, 0], high = [0, 1], interior = [1, 0] : (tensor<16x2xf32>, tensor<f32>) -> tensor<32x3xf32>",
+        "= stablehlo.reverse %",
+        "stablehlo.convolution(%arg0, %arg1) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {stride = [1, 1], pad = [[1, 1], [1, 1]], lhs_dilate = [1, 1], rhs_dilate = [1, 1]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64, precision_config = [#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]} : (tensor<1x4x4x2xf32>, tensor<3x3x2x3xf32>) -> tensor<1x4x4x3xf32>",
+        "\"stablehlo.reduce_window\"(%arg0, %init",
+        "window_dimensions = array<i64: 1, 2, 2, 1>, window_strides = array<i64: 1, 2, 2, 1>",
+        "\"stablehlo.select_and_scatter\"(%arg0, %",
+        "stablehlo.compare GE, %a, %b, FLOAT",
+        "#stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, indices_are_sorted = false, slice_sizes = array<i64: 1, 2>",
+        "#stablehlo.scatter<update_window_dims = [1], inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>",
+        "sizes = [4, 2] : (tensor<16x2xf32>, tensor<i32>, tensor<i32>) -> tensor<4x2xf32>",
+        "stablehlo.dynamic_update_slice %",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in:\n{text}");
+    }
+}
 
 /// `stop_gradient` is the value itself: a same-type reshape XLA removes.
 fn stop_gradient_program() -> Graph {
@@ -666,6 +824,7 @@ fn every_op_kind_is_covered() {
         constant_program(),
         replicated_program(),
         stop_gradient_program(),
+        family_program(),
     ];
     let mut seen = std::collections::BTreeSet::new();
     for g in &graphs {
