@@ -57,7 +57,7 @@ pub mod experiment;
 mod files;
 pub mod hash;
 pub mod init;
-mod ops;
+pub mod ops;
 pub mod optim;
 pub mod program;
 pub mod settings;

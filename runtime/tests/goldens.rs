@@ -18,6 +18,9 @@ use nitro::trace::{self, grad, random, Conv, ConvDims, ScatterDims, ScatterKind,
 use nitro::{Array, ArrayData, DType, Error, LeafType};
 use serde_json::Value;
 
+/// A traced body: the case's inputs to its outputs.
+type Body<'a> = Box<dyn Fn(&[Tensor]) -> Vec<Tensor> + 'a>;
+
 struct Golden {
     tensors: BTreeMap<String, Array>,
     cases: BTreeMap<String, Value>,
@@ -152,7 +155,7 @@ fn compare(what: &str, got: &Array, want: &Array, abs: f64, failures: &mut Vec<S
     }
 }
 
-fn run(test: &str, checks: Vec<(Check<'_>, Box<dyn Fn(&[Tensor]) -> Vec<Tensor> + '_>)>) {
+fn run(test: &str, checks: Vec<(Check<'_>, Body<'_>)>) {
     let xla = xla_or_skip(test);
     let mut failures = Vec::new();
     let count = checks.len();
@@ -240,7 +243,7 @@ fn convolution_matches_jax() {
             ],
             abs: 1e-5,
         };
-        let body: Box<dyn Fn(&[Tensor]) -> Vec<Tensor>> =
+        let body: Body<'static> =
             Box::new(move |x| with_vjp(x[0].conv(x[1], &conv), x[2], &[x[0], x[1]]));
         checks.push((c, body));
     }
@@ -267,7 +270,7 @@ fn reduce_window_matches_jax() {
             want: vec![Some(g.get(case, "out")), Some(g.get(case, "grad_x"))],
             abs: 1e-5,
         };
-        let body: Box<dyn Fn(&[Tensor]) -> Vec<Tensor>> = Box::new(move |x| {
+        let body: Body<'static> = Box::new(move |x| {
             let y = match kind.as_str() {
                 "sum" => x[0].window_sum(&w),
                 "max" => x[0].window_max(&w),
@@ -307,7 +310,7 @@ fn wrapped_starts(a: &Array, dims: &[usize]) -> Vec<Array> {
 #[test]
 fn indexing_matches_jax() {
     let g = load("index");
-    let mut checks: Vec<(Check<'_>, Box<dyn Fn(&[Tensor]) -> Vec<Tensor>>)> = Vec::new();
+    let mut checks: Vec<(Check<'_>, Body<'static>)> = Vec::new();
     for (case, meta) in &g.cases {
         let op = meta["op"].as_str().unwrap();
         let axis = meta.get("axis").and_then(Value::as_i64).unwrap_or(0);
@@ -486,7 +489,7 @@ fn in_range_rows_match(table: &Array, ids: &Array, jax_out: &Array) {
 #[test]
 fn elementwise_matches_jax() {
     let g = load("elementwise");
-    let mut checks: Vec<(Check<'_>, Box<dyn Fn(&[Tensor]) -> Vec<Tensor>>)> = Vec::new();
+    let mut checks: Vec<(Check<'_>, Body<'static>)> = Vec::new();
     for (case, meta) in &g.cases {
         let op = meta["op"].as_str().unwrap().to_owned();
         let mut inputs = vec![];
@@ -526,7 +529,7 @@ fn elementwise_matches_jax() {
                 }
             }
         }
-        let body: Box<dyn Fn(&[Tensor]) -> Vec<Tensor>> = Box::new(move |x| {
+        let body: Body<'static> = Box::new(move |x| {
             let y = match op.as_str() {
                 "erf" => x[0].erf(),
                 "erf_inv" => x[0].erf_inv(),
@@ -539,12 +542,12 @@ fn elementwise_matches_jax() {
                 "ceil" => x[0].ceil(),
                 "round" => x[0].round_nearest_even(),
                 "atan2" => x[0].atan2(x[1]),
-                "rem" => x[0].rem(x[1]),
+                "rem" => x[0] % x[1],
                 "clamp" => Tensor::clamp(x[0], x[1], x[2]),
                 "and" => x[0].and(x[1]),
                 "or" => x[0].or(x[1]),
                 "xor" => x[0].xor(x[1]),
-                "not" => x[0].not(),
+                "not" => !x[0],
                 "popcnt" => x[0].popcnt(),
                 "shift_left" => x[0].shift_left(x[1]),
                 "shift_right_logical" => x[0].shift_right_logical(x[1]),
@@ -579,7 +582,7 @@ fn elementwise_matches_jax() {
 #[test]
 fn threefry_and_samplers_match_jax_bit_for_bit() {
     let g = load("random");
-    let mut checks: Vec<(Check<'_>, Box<dyn Fn(&[Tensor]) -> Vec<Tensor>>)> = Vec::new();
+    let mut checks: Vec<(Check<'_>, Body<'static>)> = Vec::new();
     for (case, meta) in &g.cases {
         let op = meta["op"].as_str().unwrap();
         if op == "prng_key" {
@@ -634,7 +637,7 @@ fn threefry_and_samplers_match_jax_bit_for_bit() {
         );
         let shape = meta.get("shape").map(usizes).unwrap_or_default();
         let want = g.get(case, "out");
-        let body: Box<dyn Fn(&[Tensor]) -> Vec<Tensor>> = match op {
+        let body: Body<'static> = match op {
             "random_bits" => Box::new(move |x| vec![random::bits(x[0], &shape)]),
             "split" => {
                 let n = meta["num"].as_u64().unwrap() as usize;

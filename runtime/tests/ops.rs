@@ -127,18 +127,18 @@ fn check_grad(c: &Case) {
     let h = 1e-6;
     for (k, &i) in wrt.iter().enumerate() {
         let analytic = grads[k].as_slice::<f64>().unwrap();
-        for e in 0..c.inputs[i].len() {
+        for (e, &want) in analytic.iter().enumerate() {
             let mut plus = c.inputs.clone();
             plus[i].as_slice_mut::<f64>().unwrap()[e] += h;
             let mut minus = c.inputs.clone();
             minus[i].as_slice_mut::<f64>().unwrap()[e] -= h;
             let numeric = (value(c, &plus) - value(c, &minus)) / (2.0 * h);
-            let err = (analytic[e] - numeric).abs();
+            let err = (want - numeric).abs();
             assert!(
                 err <= 1e-6 + 1e-6 * numeric.abs(),
                 "{}: d/dx{i}[{e}]: analytic {} vs numeric {numeric} (error {err:e})",
                 c.name,
-                analytic[e]
+                want
             );
         }
     }
@@ -632,7 +632,7 @@ fn elementwise_cases() -> Vec<Case> {
         case(
             "rem",
             vec![f64s(78, &[6], -5.0, 5.0), f64s(79, &[6], 0.7, 1.9)],
-            |x| x[0].rem(x[1]),
+            |x| x[0] % x[1],
         ),
         case("clamp", vec![f64s(80, &[8], -2.0, 2.0)], |x| {
             Tensor::clamp(-0.5, x[0], 1.0)
@@ -683,7 +683,7 @@ fn rounding_sign_and_bit_ops() {
         case("xor", vec![bits.clone(), shifts.clone()], |x| {
             x[0].xor(x[1])
         }),
-        case("not", vec![bits.clone()], |x| x[0].not()),
+        case("not", vec![bits.clone()], |x| !x[0]),
         case("popcnt", vec![bits.clone()], |x| x[0].popcnt()),
         case("shift_left", vec![bits.clone(), shifts.clone()], |x| {
             x[0].shift_left(x[1])
@@ -707,7 +707,7 @@ fn rounding_sign_and_bit_ops() {
                 ints.clone(),
                 Array::from_vec(&[6], vec![3i32, 2, 5, 0, -2, -1]).unwrap(),
             ],
-            |x| x[0].rem(x[1]),
+            |x| x[0] % x[1],
         ),
         case("bitcast f32 -> u32", vec![halves.clone()], |x| {
             x[0].bitcast_convert(DType::U32)

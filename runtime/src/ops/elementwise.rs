@@ -1,6 +1,6 @@
 //! Element-wise additions for real models: `sin cos` (rotary embeddings), `erf` (exact GELU),
-//! `erf_inv` (normal samples), `log1p expm1 sign floor ceil round_nearest_even`, `atan2 rem`,
-//! integer `and or xor not shift_left shift_right_logical shift_right_arithmetic popcnt`, and the
+//! `erf_inv` (normal samples), `log1p expm1 sign floor ceil round_nearest_even`, `atan2`, `x % y`,
+//! integer `and or xor !x shift_left shift_right_logical shift_right_arithmetic popcnt`, and the
 //! two ops of their own, `clamp` and `bitcast_convert`.
 //!
 //! The unary and binary functions are variants of [`UnaryOp`]/[`BinaryOp`], so they share the
@@ -63,8 +63,6 @@ unary_methods! {
     ceil => Ceil;
     /// Rounds to the nearest integer, halves to even (`2.5 → 2`, `3.5 → 4`).
     round_nearest_even => RoundNearestEven;
-    /// Bitwise not of an integer tensor (logical not of a bool tensor).
-    not => Not;
     /// The number of set bits of each integer.
     popcnt => Popcnt;
 }
@@ -87,8 +85,6 @@ macro_rules! binary_methods {
 binary_methods! {
     /// `atan2(self, rhs)`: the angle of the point `(rhs, self)`, in `[−π, π]`.
     atan2 => Atan2;
-    /// The remainder of truncating division, with the sign of `self` (C's `fmod`).
-    rem => Rem;
     /// Bitwise and (logical and for bool), broadcasting.
     and => And;
     /// Bitwise or (logical or for bool), broadcasting.
@@ -101,6 +97,37 @@ binary_methods! {
     shift_right_logical => ShiftRightLogical;
     /// `self >> rhs`, filling with the sign bit.
     shift_right_arithmetic => ShiftRightArithmetic;
+}
+
+/// `!x`: bitwise not of an integer tensor (logical not of a bool tensor).
+impl std::ops::Not for Tensor {
+    type Output = Tensor;
+    #[track_caller]
+    fn not(self) -> Tensor {
+        let at = Location::caller();
+        with_recording(|r| r.unary(UnaryOp::Not, self, at))
+    }
+}
+
+/// `x % y`: the remainder of truncating division, with the sign of `x` (C's `fmod` for
+/// floats), broadcasting; an `f64` takes the tensor's dtype.
+impl<R: Into<Operand>> std::ops::Rem<R> for Tensor {
+    type Output = Tensor;
+    #[track_caller]
+    fn rem(self, rhs: R) -> Tensor {
+        let at = Location::caller();
+        with_recording(|r| r.binary(BinaryOp::Rem, self.into(), rhs.into(), at))
+    }
+}
+
+/// `v % x` for an `f64` `v` in the tensor's dtype.
+impl std::ops::Rem<Tensor> for f64 {
+    type Output = Tensor;
+    #[track_caller]
+    fn rem(self, rhs: Tensor) -> Tensor {
+        let at = Location::caller();
+        with_recording(|r| r.binary(BinaryOp::Rem, Operand::Scalar(self), rhs.into(), at))
+    }
 }
 
 /// The result type of `bitcast_convert` to `to`, or what is wrong.

@@ -228,7 +228,7 @@ fn check_starts(x: &LeafType, starts: &[LeafType]) -> Result<(), String> {
 
 impl Tensor {
     /// The general StableHLO gather: slices of `slice_sizes` starting where `indices` say
-    /// ([`GatherDims`]); starts are clamped into range (see the [module docs](crate::ops)).
+    /// ([`GatherDims`]); starts are clamped into range (see [`crate::ops::index`]).
     #[track_caller]
     pub fn gather(self, indices: Tensor, dims: &GatherDims) -> Tensor {
         gather_at(self, indices, dims, "gather", Location::caller())

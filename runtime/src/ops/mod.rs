@@ -1,5 +1,5 @@
 //! The op families for real models, one file each: for its ops, a family's file holds the
-//! [`Tensor`](crate::Tensor) methods with their trace-time checks, the result-type rule the
+//! [`Tensor`] methods with their trace-time checks, the result-type rule the
 //! interpreter re-checks, the VJP rule, the StableHLO emission and the interpreter kernel. A
 //! reader looking for "how does nitro do convolution" opens `conv.rs` and finds all of it.
 //!
@@ -26,12 +26,12 @@
 //! `backend/interp/{kernels,layout}.rs`. `docs/tracing.md` has the full op table, with each op's
 //! VJP rule and its tests.
 
-pub(crate) mod conv;
-pub(crate) mod elementwise;
-pub(crate) mod index;
+pub mod conv;
+pub mod elementwise;
+pub mod index;
 pub mod random;
-pub(crate) mod shape;
-pub(crate) mod window;
+pub mod shape;
+pub mod window;
 
 use crate::backend::interp::Fault;
 use crate::tree::ArrayData;

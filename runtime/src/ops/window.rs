@@ -105,6 +105,7 @@ pub fn same_padding(
 // ---- types ---------------------------------------------------------------------------------
 
 /// The result dims of sliding `w` over `dims`, or what is wrong.
+#[allow(clippy::needless_range_loop)] // five parallel lists, indexed by dim
 pub(crate) fn window_dims(dims: &[usize], w: &Window) -> Result<Vec<usize>, String> {
     let r = dims.len();
     if w.dims.len() != r
@@ -216,7 +217,7 @@ impl Tensor {
     }
 
     /// The maximum of each window: max pooling. NaN propagates. The gradient goes to the first
-    /// maximum of each window in row-major order (see the [module docs](crate::ops)).
+    /// maximum of each window in row-major order (see [`crate::ops::window`]).
     #[track_caller]
     pub fn window_max(self, window: &Window) -> Tensor {
         self.reduce_window(ReduceOp::Max, window, "window_max", Location::caller())
