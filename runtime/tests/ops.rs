@@ -861,3 +861,112 @@ fn bad_attributes_are_trace_errors_naming_the_op_the_shapes_and_the_line() {
     });
     assert!(e.contains("`split`") && e.contains("got i32[2]"), "{e}");
 }
+
+// ---- random configurations ------------------------------------------------------------------
+
+/// A seeded random convolution: rank 1 or 2, odd and even sizes, strides 1–2, padding from
+/// cropping to SAME, both dilations, 1–2 feature groups; `None` when the draw does not fit (the
+/// window larger than the padded input).
+fn random_conv(seed: u64) -> Option<Case> {
+    let mut r = Rng(seed);
+    let mut pick = |n: u64| (r.next() % n) as usize;
+    let spatial = 1 + pick(2);
+    let groups = 1 + pick(2);
+    let (batch, per_in, out) = (1 + pick(2), 1 + pick(2), groups * (1 + pick(2)));
+    let sizes: Vec<usize> = (0..spatial).map(|_| 3 + pick(5)).collect();
+    let taps: Vec<usize> = (0..spatial).map(|_| 1 + pick(3)).collect();
+    let strides: Vec<usize> = (0..spatial).map(|_| 1 + pick(2)).collect();
+    let lhs_dil: Vec<usize> = (0..spatial).map(|_| 1 + pick(2)).collect();
+    let rhs_dil: Vec<usize> = (0..spatial).map(|_| 1 + pick(2)).collect();
+    let padding: Vec<(i64, i64)> = (0..spatial)
+        .map(|_| (pick(4) as i64 - 1, pick(4) as i64 - 1))
+        .collect();
+    let mut x = vec![batch];
+    x.extend(&sizes);
+    x.push(per_in * groups);
+    let mut k = taps.clone();
+    k.extend([per_in, out]);
+    let conv = Conv::channels_last(spatial)
+        .strides(&strides)
+        .padding(&padding)
+        .lhs_dilation(&lhs_dil)
+        .rhs_dilation(&rhs_dil)
+        .feature_groups(groups);
+    let fits = (0..spatial).all(|d| {
+        let padded = ((sizes[d] - 1) * lhs_dil[d] + 1) as i64 + padding[d].0 + padding[d].1;
+        padded >= ((taps[d] - 1) * rhs_dil[d] + 1) as i64
+    });
+    fits.then(|| {
+        conv_case(
+            &format!("random conv {seed}: x {x:?} k {k:?} {conv:?}"),
+            &x,
+            &k,
+            conv,
+            seed * 3,
+        )
+    })
+}
+
+#[test]
+fn random_convolutions() {
+    let cases: Vec<Case> = (1..200).filter_map(random_conv).take(16).collect();
+    assert_eq!(cases.len(), 16);
+    run_all("random convolutions", &cases, true);
+}
+
+/// A seeded random window over a rank-2 or rank-3 operand (tie-free values for max/min).
+fn random_window(seed: u64) -> Option<Case> {
+    let mut r = Rng(seed);
+    let mut pick = |n: u64| (r.next() % n) as usize;
+    let rank = 2 + pick(2);
+    let dims: Vec<usize> = (0..rank).map(|_| 2 + pick(5)).collect();
+    let taps: Vec<usize> = (0..rank).map(|_| 1 + pick(3)).collect();
+    let strides: Vec<usize> = (0..rank).map(|_| 1 + pick(2)).collect();
+    let padding: Vec<(i64, i64)> = (0..rank)
+        .map(|_| (pick(2) as i64, pick(2) as i64))
+        .collect();
+    let kind = pick(3);
+    // Dilations only for sums: a max/min window's gradient needs none.
+    let (base, wdil): (Vec<usize>, Vec<usize>) = if kind == 0 {
+        (
+            (0..rank).map(|_| 1 + pick(2)).collect(),
+            (0..rank).map(|_| 1 + pick(2)).collect(),
+        )
+    } else {
+        (vec![1; rank], vec![1; rank])
+    };
+    let w = Window::new(&taps)
+        .strides(&strides)
+        .padding(&padding)
+        .base_dilation(&base)
+        .window_dilation(&wdil);
+    let fits = (0..rank).all(|d| {
+        let padded = ((dims[d] - 1) * base[d] + 1) as i64 + padding[d].0 + padding[d].1;
+        padded >= ((taps[d] - 1) * wdil[d] + 1) as i64
+    });
+    // A max/min window of padding alone is ±∞, whose neighbourhood finite differences cannot
+    // probe: keep padding below the window on each side.
+    let real = kind == 0 || (0..rank).all(|d| (padding[d].0.max(padding[d].1) as usize) < taps[d]);
+    if !fits || !real {
+        return None;
+    }
+    let name = format!("random window {seed} ({kind}): {dims:?} {w:?}");
+    Some(match kind {
+        0 => case(&name, vec![f64s(seed, &dims, -1.0, 1.0)], move |x| {
+            x[0].window_sum(&w)
+        }),
+        1 => case(&name, vec![distinct(seed, &dims)], move |x| {
+            x[0].window_max(&w)
+        }),
+        _ => case(&name, vec![distinct(seed, &dims)], move |x| {
+            x[0].window_min(&w)
+        }),
+    })
+}
+
+#[test]
+fn random_windows() {
+    let cases: Vec<Case> = (1..200).filter_map(random_window).take(16).collect();
+    assert_eq!(cases.len(), 16);
+    run_all("random windows", &cases, true);
+}
