@@ -11,11 +11,14 @@
 //! does to the indices it passes to nitro.
 #![allow(missing_docs)]
 
+mod common;
+
+use common::xla_or_skip;
+
 use std::collections::BTreeMap;
 
-use nitro::backend::{self, Backend};
 use nitro::trace::{self, grad, random, Conv, ConvDims, ScatterDims, ScatterKind, Tensor, Window};
-use nitro::{Array, ArrayData, DType, Error, LeafType};
+use nitro::{Array, ArrayData, DType, LeafType};
 use serde_json::Value;
 
 /// A traced body: the case's inputs to its outputs.
@@ -100,22 +103,6 @@ fn pairs(v: &Value) -> Vec<(i64, i64)> {
         .iter()
         .map(|p| (p[0].as_i64().unwrap(), p[1].as_i64().unwrap()))
         .collect()
-}
-
-fn xla_or_skip(test: &str) -> Option<&'static backend::Xla> {
-    match backend::xla() {
-        Ok(x) => Some(x),
-        Err(e) => {
-            let required = std::env::var("NITRO_REQUIRE_XLA").is_ok_and(|v| v.trim() == "1");
-            let absent = matches!(e, Error::PjrtPluginNotFound { .. })
-                || matches!(&e, Error::BackendSetting { value, .. } if value == "interp");
-            if required || !absent {
-                panic!("{test}: the XLA backend is required but unavailable: {e}");
-            }
-            println!("skip: {test}: no XLA; compared the interpreter only");
-            None
-        }
-    }
 }
 
 /// One comparison: `inputs` through `body` gives outputs that must match `want` (in order).

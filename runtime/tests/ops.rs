@@ -8,7 +8,11 @@
 //! within 1e-12 relative, integers exact.
 #![allow(missing_docs)]
 
-use nitro::backend::{self, Backend};
+mod common;
+
+use common::xla_or_skip;
+
+use nitro::backend::Backend;
 use nitro::emit;
 use nitro::trace::{
     self, grad, Conv, ConvDims, GatherDims, ScatterDims, ScatterKind, Tensor, Window,
@@ -146,22 +150,6 @@ fn check_grad(c: &Case) {
 
 // ---- XLA against the interpreter ----------------------------------------------------------------
 
-fn xla_or_skip(test: &str) -> Option<&'static backend::Xla> {
-    match backend::xla() {
-        Ok(x) => Some(x),
-        Err(e) => {
-            let required = std::env::var("NITRO_REQUIRE_XLA").is_ok_and(|v| v.trim() == "1");
-            let absent = matches!(e, Error::PjrtPluginNotFound { .. })
-                || matches!(&e, Error::BackendSetting { value, .. } if value == "interp");
-            if required || !absent {
-                panic!("{test}: the XLA backend is required but unavailable: {e}");
-            }
-            println!("skip: {test}: no XLA to compare with ({e}); ran the interpreter only");
-            None
-        }
-    }
-}
-
 fn close(a: &Array, b: &Array, what: &str, failures: &mut Vec<String>) {
     if a.leaf_type() != b.leaf_type() {
         failures.push(format!(
@@ -200,7 +188,7 @@ fn close(a: &Array, b: &Array, what: &str, failures: &mut Vec<String>) {
 
 /// Runs `c`'s forward program and, when it has float inputs, its gradient program, on both
 /// backends in f32 (and f64 for the gradient), recording every mismatch.
-fn check_xla(xla: &backend::Xla, c: &Case, failures: &mut Vec<String>) {
+fn check_xla(xla: &dyn Backend, c: &Case, failures: &mut Vec<String>) {
     for f64_run in [false, true] {
         let inputs: Vec<Array> = if f64_run {
             c.inputs.clone()
@@ -462,6 +450,16 @@ fn max_window_ties_give_the_first_maximum_the_whole_gradient() {
 
 // ---- indexing ----------------------------------------------------------------------------------
 
+/// Scatter dims for whole rows: `[n, 1]` row indices into a matrix, one update row each.
+fn rows_scatter() -> ScatterDims {
+    ScatterDims {
+        update_window_dims: vec![1],
+        inserted_window_dims: vec![0],
+        scatter_dims_to_operand_dims: vec![0],
+        index_vector_dim: 1,
+    }
+}
+
 fn index_cases() -> Vec<Case> {
     vec![
         case(
@@ -506,12 +504,7 @@ fn index_cases() -> Vec<Case> {
                 f64s(56, &[4, 2], -1.0, 1.0),
             ],
             |x| {
-                let d = ScatterDims {
-                    update_window_dims: vec![1],
-                    inserted_window_dims: vec![0],
-                    scatter_dims_to_operand_dims: vec![0],
-                    index_vector_dim: 1,
-                };
+                let d = rows_scatter();
                 x[0].scatter(x[1], x[2], &d, ScatterKind::Add)
             },
         ),
@@ -523,12 +516,7 @@ fn index_cases() -> Vec<Case> {
                 f64s(58, &[3, 2], -1.0, 1.0),
             ],
             |x| {
-                let d = ScatterDims {
-                    update_window_dims: vec![1],
-                    inserted_window_dims: vec![0],
-                    scatter_dims_to_operand_dims: vec![0],
-                    index_vector_dim: 1,
-                };
+                let d = rows_scatter();
                 x[0].scatter(x[1], x[2], &d, ScatterKind::Add)
             },
         ),
@@ -540,12 +528,7 @@ fn index_cases() -> Vec<Case> {
                 f64s(60, &[2, 3], -1.0, 1.0),
             ],
             |x| {
-                let d = ScatterDims {
-                    update_window_dims: vec![1],
-                    inserted_window_dims: vec![0],
-                    scatter_dims_to_operand_dims: vec![0],
-                    index_vector_dim: 1,
-                };
+                let d = rows_scatter();
                 x[0].scatter(x[1], x[2], &d, ScatterKind::Replace)
             },
         ),

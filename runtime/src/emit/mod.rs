@@ -591,26 +591,42 @@ impl<'g> Emitter<'g> {
                     List(axes)
                 )?;
                 writeln!(out, "     reducer(%acc: {st}, %e: {st}) {{")?;
-                let cmp = format!("FLOAT : ({st}, {st}) -> tensor<i1>");
-                writeln!(
-                    out,
-                    "      %acc_nan = stablehlo.compare NE, %acc, %acc, {cmp}"
-                )?;
-                writeln!(out, "      %e_nan = stablehlo.compare NE, %e, %e, {cmp}")?;
-                writeln!(out, "      %m = stablehlo.{applies} %acc, %e : {st}")?;
-                writeln!(
-                    out,
-                    "      %m_e = stablehlo.select %e_nan, %e, %m : tensor<i1>, {st}"
-                )?;
-                writeln!(
-                    out,
-                    "      %r = stablehlo.select %acc_nan, %acc, %m_e : tensor<i1>, {st}"
-                )?;
-                writeln!(out, "      stablehlo.return %r : {st}")?;
+                nan_propagating(out, "      ", applies, &st.to_string(), ("acc", "e"))?;
                 writeln!(out, "    }}")
             }
         }
     }
+}
+
+/// A reducer body over scalars `%a`, `%b` (`names`) of type `st` that applies `applies`
+/// (`maximum`, `minimum`) and propagates NaN from either side: `%a` if it is NaN, else `%b` if
+/// it is, else the op — what XLA's CPU backend does not do for a bare `maximum` in a reduction.
+pub(crate) fn nan_propagating(
+    out: &mut String,
+    indent: &str,
+    applies: &str,
+    st: &str,
+    (a, b): (&str, &str),
+) -> fmt::Result {
+    let cmp = format!("FLOAT : ({st}, {st}) -> tensor<i1>");
+    writeln!(
+        out,
+        "{indent}%{a}_nan = stablehlo.compare NE, %{a}, %{a}, {cmp}"
+    )?;
+    writeln!(
+        out,
+        "{indent}%{b}_nan = stablehlo.compare NE, %{b}, %{b}, {cmp}"
+    )?;
+    writeln!(out, "{indent}%m = stablehlo.{applies} %{a}, %{b} : {st}")?;
+    writeln!(
+        out,
+        "{indent}%m_{b} = stablehlo.select %{b}_nan, %{b}, %m : tensor<i1>, {st}"
+    )?;
+    writeln!(
+        out,
+        "{indent}%r = stablehlo.select %{a}_nan, %{a}, %m_{b} : tensor<i1>, {st}"
+    )?;
+    writeln!(out, "{indent}stablehlo.return %r : {st}")
 }
 
 /// The identity of a reduction, as a splat literal: `0` for a sum, the lowest value (−∞ for

@@ -36,24 +36,7 @@ pub mod window;
 use crate::backend::interp::Fault;
 use crate::tree::ArrayData;
 
-/// Applies `$body` to the elements of `$data` (bound to `$v`, a `&Vec<T>`), wrapping the
-/// `Result<Vec<T>, Fault>` it gives (after `?`) in the same variant.
-macro_rules! same_dtype {
-    ($data:expr, $v:ident => $body:expr) => {
-        match $data {
-            ArrayData::F32($v) => ArrayData::F32($body?),
-            ArrayData::F64($v) => ArrayData::F64($body?),
-            ArrayData::I32($v) => ArrayData::I32($body?),
-            ArrayData::I64($v) => ArrayData::I64($body?),
-            ArrayData::U8($v) => ArrayData::U8($body?),
-            ArrayData::Bool($v) => ArrayData::Bool($body?),
-            ArrayData::U32($v) => ArrayData::U32($body?),
-            ArrayData::BF16($v) => ArrayData::BF16($body?),
-            ArrayData::F16($v) => ArrayData::F16($body?),
-        }
-    };
-}
-pub(crate) use same_dtype;
+pub(crate) use crate::backend::interp::layout::map_data as same_dtype;
 
 /// Integer storage as `i64`s (index operands), or a fault for floats and bools.
 pub(crate) fn index_values(data: &ArrayData) -> Result<Vec<i64>, Fault> {

@@ -406,22 +406,11 @@ fn reducer(out: &mut String, kind: ReduceOp, dtype: DType, st: &str) -> fmt::Res
         ReduceOp::Min => "minimum",
     };
     writeln!(out, "      ^bb0(%a: {st}, %b: {st}):")?;
-    writeln!(out, "        %m = stablehlo.{name} %a, %b : {st}")?;
     if kind == ReduceOp::Sum || !dtype.is_float() {
+        writeln!(out, "        %m = stablehlo.{name} %a, %b : {st}")?;
         return writeln!(out, "        stablehlo.return %m : {st}");
     }
-    let cmp = format!("FLOAT : ({st}, {st}) -> tensor<i1>");
-    writeln!(out, "        %a_nan = stablehlo.compare NE, %a, %a, {cmp}")?;
-    writeln!(out, "        %b_nan = stablehlo.compare NE, %b, %b, {cmp}")?;
-    writeln!(
-        out,
-        "        %m_b = stablehlo.select %b_nan, %b, %m : tensor<i1>, {st}"
-    )?;
-    writeln!(
-        out,
-        "        %r = stablehlo.select %a_nan, %a, %m_b : tensor<i1>, {st}"
-    )?;
-    writeln!(out, "        stablehlo.return %r : {st}")
+    emit::nan_propagating(out, "        ", name, st, ("a", "b"))
 }
 
 /// `stablehlo.reduce_window` with its init constant on the line before (`%initN`).

@@ -25,6 +25,7 @@ macro_rules! map_data {
         }
     };
 }
+pub(crate) use map_data;
 
 /// Row-major strides of `dims`, in elements. The products cannot overflow: every type the
 /// interpreter meets is within the size limit (`check::node`), which bounds them.
