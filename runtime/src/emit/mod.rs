@@ -49,7 +49,7 @@
 use std::fmt::{self, Write as _};
 
 use crate::hash::Digest;
-use crate::trace::ir::{BinaryOp, CmpOp, DotDims, Graph, Node, NodeId, Op, ReduceOp};
+use crate::trace::ir::{BinaryOp, CmpOp, Graph, Node, NodeId, Op, ReduceOp};
 use crate::tree::{ArrayData, DType, LeafType};
 
 /// How to emit a program beyond its graph.
@@ -510,34 +510,6 @@ impl<'g> Emitter<'g> {
                 write!(self.out, "dim = {axis} : (")?;
                 self.types(&node.inputs)?;
                 writeln!(self.out, ") -> {ty}")
-            }
-            Op::DotGeneral(dims) => {
-                let b = Self::input(node, 1);
-                let (bn, bt) = (self.name(b), self.ty(b));
-                write!(self.out, "    {me} = stablehlo.dot_general {an}, {bn}, ")?;
-                let DotDims {
-                    lhs_batch,
-                    rhs_batch,
-                    lhs_contract,
-                    rhs_contract,
-                } = dims;
-                if !lhs_batch.is_empty() || !rhs_batch.is_empty() {
-                    write!(
-                        self.out,
-                        "batching_dims = {} x {}, ",
-                        List(lhs_batch),
-                        List(rhs_batch)
-                    )?;
-                }
-                // Full precision: without it XLA on a GPU computes f32 products in TF32 (a
-                // 10-bit mantissa), and results leave the interpreter's by about 1e-3.
-                writeln!(
-                    self.out,
-                    "contracting_dims = {} x {}, precision = [HIGHEST, HIGHEST] : ({at}, {bt}) \
-                     -> {ty}",
-                    List(lhs_contract),
-                    List(rhs_contract)
-                )
             }
             Op::AllReduce => {
                 let scalar = Ty(Some(&LeafType {

@@ -218,7 +218,7 @@ pub(crate) fn conv_type(x: &LeafType, k: &LeafType, c: &Conv) -> Result<LeafType
         return Err(format!("convolution needs float operands, got {x} and {k}"));
     }
     let result = c.preferred_element_type.unwrap_or(x.dtype);
-    if !crate::backend::interp::product_dtype_ok(x.dtype, result) {
+    if !crate::ops::linalg::product_dtype_ok(x.dtype, result) {
         return Err(format!(
             "a convolution of {x} cannot give {result} elements: it gives its operands' dtype,              or f32 for bf16/f16 operands (accumulated in f32)"
         ));

@@ -29,6 +29,7 @@
 pub mod conv;
 pub mod elementwise;
 pub mod index;
+pub mod linalg;
 pub mod random;
 pub mod shape;
 pub mod window;
@@ -100,6 +101,7 @@ use crate::tree::{Array, LeafType};
 macro_rules! family_op {
     () => {
         $crate::trace::ir::Op::Clamp
+            | $crate::trace::ir::Op::DotGeneral(_)
             | $crate::trace::ir::Op::BitcastConvert
             | $crate::trace::ir::Op::Pad { .. }
             | $crate::trace::ir::Op::Reverse { .. }
@@ -119,7 +121,8 @@ pub(crate) use family_op;
 pub(crate) fn owns(op: &Op) -> bool {
     matches!(
         op,
-        Op::Clamp
+        Op::DotGeneral(_)
+            | Op::Clamp
             | Op::BitcastConvert
             | Op::Pad { .. }
             | Op::Reverse { .. }
@@ -154,6 +157,14 @@ pub(crate) fn result_type(node: &Node, types: &[&LeafType]) -> Result<LeafType, 
         Op::BitcastConvert => {
             want(1)?;
             elementwise::bitcast_type(types[0], node.ty.dtype)
+        }
+        Op::DotGeneral(d) => {
+            want(2)?;
+            let mut t = linalg::dot_type(types[0], types[1], d)?;
+            if linalg::product_dtype_ok(t.dtype, node.ty.dtype) {
+                t.dtype = node.ty.dtype;
+            }
+            Ok(t)
         }
         Op::Pad {
             low,
@@ -207,6 +218,7 @@ pub(crate) fn vjp(node: &Node, x: &[Tensor], g: Tensor) -> Vec<Option<Tensor>> {
     match &node.op {
         Op::Clamp => elementwise::clamp_vjp(x[0], x[1], x[2], g),
         Op::BitcastConvert => vec![None],
+        Op::DotGeneral(d) => linalg::vjp(d, node.ty.dtype, x, g),
         Op::Pad {
             low,
             high,
@@ -236,6 +248,7 @@ pub(crate) fn emit(node: &Node, l: Line<'_>) -> fmt::Result {
     match &node.op {
         Op::Clamp => elementwise::emit_clamp(l),
         Op::BitcastConvert => elementwise::emit_bitcast(l),
+        Op::DotGeneral(d) => linalg::emit(l, d),
         Op::Pad {
             low,
             high,
@@ -261,6 +274,7 @@ pub(crate) fn eval(node: &Node, a: &[&Array]) -> Result<ArrayData, Fault> {
     match &node.op {
         Op::Clamp => elementwise::eval_clamp(a[0], a[1], a[2]),
         Op::BitcastConvert => elementwise::eval_bitcast(a[0], out.dtype),
+        Op::DotGeneral(d) => linalg::eval(d, a),
         Op::Pad { low, interior, .. } => shape::eval_pad(a[0], a[1], out, low, interior),
         Op::Reverse { axes } => shape::eval_reverse(a[0], axes),
         Op::Convolution(c) => conv::eval(a[0], a[1], out, c),

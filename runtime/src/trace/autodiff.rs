@@ -13,7 +13,7 @@
 
 use std::panic::Location;
 
-use super::ir::{BinaryOp, DotDims, Node, Op, ReduceOp, UnaryOp};
+use super::ir::{BinaryOp, Node, Op, ReduceOp, UnaryOp};
 use super::{with_recording, Tensor};
 use crate::tree::{DType, LeafType};
 
@@ -291,18 +291,6 @@ fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor, nodes: &[Node]) -> Vec<O
                 })
                 .collect()
         }
-        Op::DotGeneral(d) => {
-            let (ta, tb) = (ty_of(x[0]), ty_of(x[1]));
-            let (ra, rb) = (ta.dims.len(), tb.dims.len());
-            // Mixed precision (half operands, an f32 result): the cotangent is rounded to the
-            // operands' dtype, multiplied in it and accumulated in f32, then rounded back.
-            let acc = node.ty.dtype;
-            let g = g.convert(ta.dtype);
-            vec![
-                Some(dot_vjp(g, x[1], d, ra, rb, Side::Lhs, acc).convert(ta.dtype)),
-                Some(dot_vjp(g, x[0], d, ra, rb, Side::Rhs, acc).convert(tb.dtype)),
-            ]
-        }
         crate::ops::family_op!() => crate::ops::vjp(node, x, g),
         Op::Reduce { kind, axes } => {
             let from = ty_of(x[0]).dims;
@@ -373,93 +361,4 @@ fn unslice(
         }
     }
     cur
-}
-
-#[derive(Clone, Copy, PartialEq)]
-enum Side {
-    Lhs,
-    Rhs,
-}
-
-/// The gradient of `dot_general` for one side: contract `g` with the other operand over the
-/// other side's free dims, then transpose into this side's layout.
-fn dot_vjp(
-    g: Tensor,
-    other: Tensor,
-    d: &DotDims,
-    ra: usize,
-    rb: usize,
-    side: Side,
-    acc: DType,
-) -> Tensor {
-    let free = |rank: usize, batch: &[usize], contract: &[usize]| -> Vec<usize> {
-        (0..rank)
-            .filter(|i| !batch.contains(i) && !contract.contains(i))
-            .collect()
-    };
-    let lhs_free = free(ra, &d.lhs_batch, &d.lhs_contract);
-    let rhs_free = free(rb, &d.rhs_batch, &d.rhs_contract);
-    let nb = d.lhs_batch.len();
-    let (
-        mine_rank,
-        my_batch,
-        my_contract,
-        my_free,
-        other_batch,
-        other_contract,
-        other_free,
-        g_other_free_at,
-    ) = match side {
-        Side::Lhs => (
-            ra,
-            &d.lhs_batch,
-            &d.lhs_contract,
-            &lhs_free,
-            &d.rhs_batch,
-            &d.rhs_contract,
-            &rhs_free,
-            nb + lhs_free.len(),
-        ),
-        Side::Rhs => (
-            rb,
-            &d.rhs_batch,
-            &d.rhs_contract,
-            &rhs_free,
-            &d.lhs_batch,
-            &d.lhs_contract,
-            &lhs_free,
-            nb,
-        ),
-    };
-    let dims = DotDims {
-        lhs_batch: (0..nb).collect(),
-        rhs_batch: other_batch.clone(),
-        lhs_contract: (g_other_free_at..g_other_free_at + other_free.len()).collect(),
-        rhs_contract: other_free.clone(),
-    };
-    // Result layout: [batch | g's free dims (= my free dims) | other's remaining dims
-    // (= other's contracting dims, ascending)].
-    let res = g.dot_general_to(other, dims, acc);
-    let mut sorted_other_contract = other_contract.clone();
-    sorted_other_contract.sort_unstable();
-    let mut perm = vec![0; mine_rank];
-    for (k, &b) in my_batch.iter().enumerate() {
-        perm[b] = k;
-    }
-    for (j, &f) in my_free.iter().enumerate() {
-        perm[f] = nb + j;
-    }
-    for (c, &mine) in my_contract.iter().enumerate() {
-        let partner = other_contract[c];
-        let rank = sorted_other_contract
-            .iter()
-            .position(|&o| o == partner)
-            .unwrap_or(0);
-        perm[mine] = nb + my_free.len() + rank;
-    }
-    if perm.iter().enumerate().all(|(i, &p)| i == p) {
-        res
-    } else {
-        res.transpose(&perm)
-    }
 }

@@ -29,7 +29,7 @@
 pub mod autodiff;
 pub mod ir;
 pub mod nn;
-mod ops;
+pub(crate) mod ops;
 
 use std::cell::RefCell;
 use std::panic::{self, AssertUnwindSafe, Location};

@@ -4,9 +4,7 @@ use std::ops;
 use std::panic::Location;
 use std::sync::Arc;
 
-use super::ir::{
-    is_float, reduced_dims, with_dims, BinaryOp, CmpOp, DotDims, Op, ReduceOp, UnaryOp,
-};
+use super::ir::{is_float, reduced_dims, with_dims, BinaryOp, CmpOp, Op, ReduceOp, UnaryOp};
 use super::{with_recording, Recording, Tensor};
 use crate::tree::{dims_product, Array, DType, LeafType};
 
@@ -75,7 +73,7 @@ pub(crate) fn scalar_array(value: f64, dtype: DType) -> Result<Array, String> {
     })
 }
 
-fn check_axes(rank: usize, axes: &[usize]) -> Result<Vec<usize>, String> {
+pub(crate) fn check_axes(rank: usize, axes: &[usize]) -> Result<Vec<usize>, String> {
     let mut sorted = axes.to_vec();
     sorted.sort_unstable();
     sorted.dedup();
@@ -313,97 +311,6 @@ impl Recording {
             return self.fail(op.name(), msg, at, ty);
         }
         self.push(Op::Unary(op), vec![a.node], ty, op.name(), at)
-    }
-
-    pub(super) fn dot_general(
-        &mut self,
-        a: Tensor,
-        b: Tensor,
-        d: DotDims,
-        result: Option<DType>,
-        op: &'static str,
-        at: &Location<'_>,
-    ) -> Tensor {
-        let (ta, tb) = (self.ty_of(a), self.ty_of(b));
-        let guess = with_dims(result.unwrap_or(ta.dtype), Vec::new());
-        let result = result.unwrap_or(ta.dtype);
-        if !crate::backend::interp::product_dtype_ok(ta.dtype, result) {
-            return self.fail(
-                op,
-                format!(
-                    "a product of {ta} and {tb} cannot give {result} elements: products give their                      operands' dtype, or f32 for bf16/f16 operands (accumulated in f32)"
-                ),
-                at,
-                guess,
-            );
-        }
-        if ta.dtype != tb.dtype {
-            return self.fail(
-                op,
-                format!("operands have different dtypes ({ta} and {tb})"),
-                at,
-                guess,
-            );
-        }
-        if ta.dtype == DType::Bool {
-            return self.fail(
-                op,
-                format!("cannot multiply bool tensors ({ta} and {tb})"),
-                at,
-                guess,
-            );
-        }
-        let (ra, rb) = (ta.dims.len(), tb.dims.len());
-        let lhs_all: Vec<usize> = d.lhs_batch.iter().chain(&d.lhs_contract).copied().collect();
-        let rhs_all: Vec<usize> = d.rhs_batch.iter().chain(&d.rhs_contract).copied().collect();
-        if check_axes(ra, &lhs_all).is_err()
-            || check_axes(rb, &rhs_all).is_err()
-            || d.lhs_batch.len() != d.rhs_batch.len()
-            || d.lhs_contract.len() != d.rhs_contract.len()
-        {
-            return self.fail(
-                op,
-                format!("invalid dimension numbers {d:?} for {ta} and {tb}"),
-                at,
-                guess,
-            );
-        }
-        for (&l, &r) in d.lhs_batch.iter().zip(&d.rhs_batch) {
-            if ta.dims[l] != tb.dims[r] {
-                return self.fail(
-                    op,
-                    format!(
-                        "batch dims differ: {ta} dim {l} is {} but {tb} dim {r} is {}",
-                        ta.dims[l], tb.dims[r]
-                    ),
-                    at,
-                    guess,
-                );
-            }
-        }
-        for (&l, &r) in d.lhs_contract.iter().zip(&d.rhs_contract) {
-            if ta.dims[l] != tb.dims[r] {
-                return self.fail(
-                    op,
-                    format!(
-                        "cannot multiply {ta} by {tb}: contracting dims differ (lhs dim {l} is {}, rhs dim {r} is {})",
-                        ta.dims[l], tb.dims[r]
-                    ),
-                    at,
-                    guess,
-                );
-            }
-        }
-        let mut dims: Vec<usize> = d.lhs_batch.iter().map(|&i| ta.dims[i]).collect();
-        dims.extend((0..ra).filter(|i| !lhs_all.contains(i)).map(|i| ta.dims[i]));
-        dims.extend((0..rb).filter(|i| !rhs_all.contains(i)).map(|i| tb.dims[i]));
-        self.push(
-            Op::DotGeneral(d),
-            vec![a.node, b.node],
-            with_dims(result, dims),
-            op,
-            at,
-        )
     }
 
     /// `a` itself, with no gradient flowing back through it.
@@ -892,100 +799,6 @@ impl Tensor {
     ) -> Tensor {
         let at = at!();
         with_recording(|r| r.select(pred, on_true.into(), on_false.into(), at))
-    }
-
-    // ---- products --------------------------------------------------------------------------
-
-    /// Matrix product. `[m, k] · [k, n] → [m, n]`; a rank-1 operand is a vector
-    /// (`[k] · [k, n] → [n]`, `[m, k] · [k] → [m]`); rank ≥ 3 operands are batches with equal
-    /// leading dims (`[b, m, k] · [b, k, n] → [b, m, n]`).
-    #[track_caller]
-    pub fn matmul(self, rhs: Tensor) -> Tensor {
-        self.matmul_impl(rhs, None, at!())
-    }
-
-    /// [`Tensor::matmul`] giving `dtype` elements: `f32` for `bf16`/`f16` operands multiplies
-    /// in half precision and accumulates in f32 (mixed precision), as JAX's
-    /// `preferred_element_type`.
-    #[track_caller]
-    pub fn matmul_to(self, rhs: Tensor, dtype: DType) -> Tensor {
-        self.matmul_impl(rhs, Some(dtype), at!())
-    }
-
-    fn matmul_impl(self, rhs: Tensor, result: Option<DType>, at: &Location<'_>) -> Tensor {
-        with_recording(|r| {
-            let (ta, tb) = (r.ty_of(self), r.ty_of(rhs));
-            let (ra, rb) = (ta.dims.len(), tb.dims.len());
-            let dims = match (ra, rb) {
-                (1, 1) => Some(DotDims {
-                    lhs_batch: vec![],
-                    rhs_batch: vec![],
-                    lhs_contract: vec![0],
-                    rhs_contract: vec![0],
-                }),
-                (1, 2) => Some(DotDims {
-                    lhs_batch: vec![],
-                    rhs_batch: vec![],
-                    lhs_contract: vec![0],
-                    rhs_contract: vec![0],
-                }),
-                (2, 1) => Some(DotDims {
-                    lhs_batch: vec![],
-                    rhs_batch: vec![],
-                    lhs_contract: vec![1],
-                    rhs_contract: vec![0],
-                }),
-                (a, b) if a >= 2 && a == b => Some(DotDims {
-                    lhs_batch: (0..a - 2).collect(),
-                    rhs_batch: (0..a - 2).collect(),
-                    lhs_contract: vec![a - 1],
-                    rhs_contract: vec![b - 2],
-                }),
-                _ => None,
-            };
-            match dims {
-                Some(d) => {
-                    let k_l = ta.dims.get(d.lhs_contract[0]).copied();
-                    let k_r = tb.dims.get(d.rhs_contract[0]).copied();
-                    if k_l != k_r {
-                        return r.fail(
-                            "matmul",
-                            format!(
-                                "cannot multiply {ta} by {tb}: the lhs has {} columns but the rhs has {} rows",
-                                k_l.unwrap_or(0),
-                                k_r.unwrap_or(0)
-                            ),
-                            at,
-                            with_dims(ta.dtype, Vec::new()),
-                        );
-                    }
-                    r.dot_general(self, rhs, d, result, "matmul", at)
-                }
-                None => r.fail(
-                    "matmul",
-                    format!(
-                        "cannot multiply {ta} by {tb}: ranks must be 1 or 2, or equal (batched)"
-                    ),
-                    at,
-                    with_dims(ta.dtype, Vec::new()),
-                ),
-            }
-        })
-    }
-
-    /// A general product with explicit batch and contracting dims (see [`DotDims`]).
-    #[track_caller]
-    pub fn dot_general(self, rhs: Tensor, dims: DotDims) -> Tensor {
-        let at = at!();
-        with_recording(|r| r.dot_general(self, rhs, dims, None, "dot_general", at))
-    }
-
-    /// [`Tensor::dot_general`] giving `dtype` elements (`f32` for `bf16`/`f16` operands:
-    /// accumulated in f32).
-    #[track_caller]
-    pub fn dot_general_to(self, rhs: Tensor, dims: DotDims, dtype: DType) -> Tensor {
-        let at = at!();
-        with_recording(|r| r.dot_general(self, rhs, dims, Some(dtype), "dot_general", at))
     }
 
     // ---- shape -----------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 //! one the op gives. Traced graphs always pass; the checks make a hand-built or edited graph an
 //! error instead of a panic or a wrong answer.
 
-use crate::trace::ir::{DotDims, Graph, Op};
+use crate::trace::ir::{Graph, Op};
 use crate::tree::{dims_product, DType, LeafType};
 
 fn arity(n: usize, have: usize) -> Result<(), String> {
@@ -28,64 +28,6 @@ fn distinct_in_range(axes: &[usize], rank: usize) -> bool {
     let mut seen = vec![false; rank];
     axes.iter()
         .all(|&a| a < rank && !std::mem::replace(&mut seen[a], true))
-}
-
-/// The result type of a `dot_general` of `l` and `r`, or what is wrong.
-fn dot_type(l: &LeafType, r: &LeafType, d: &DotDims) -> Result<LeafType, String> {
-    same_dtype(l, r)?;
-    if l.dtype == DType::Bool {
-        return Err("it is not defined for bool".into());
-    }
-    let lhs_all: Vec<usize> = d.lhs_batch.iter().chain(&d.lhs_contract).copied().collect();
-    let rhs_all: Vec<usize> = d.rhs_batch.iter().chain(&d.rhs_contract).copied().collect();
-    if !distinct_in_range(&lhs_all, l.dims.len())
-        || !distinct_in_range(&rhs_all, r.dims.len())
-        || d.lhs_batch.len() != d.rhs_batch.len()
-        || d.lhs_contract.len() != d.rhs_contract.len()
-    {
-        return Err(format!("dimension numbers {d:?} do not fit {l} and {r}"));
-    }
-    let pairs = d
-        .lhs_batch
-        .iter()
-        .zip(&d.rhs_batch)
-        .chain(d.lhs_contract.iter().zip(&d.rhs_contract));
-    for (&a, &b) in pairs {
-        if l.dims[a] != r.dims[b] {
-            return Err(format!("lhs dim {a} of {l} and rhs dim {b} of {r} differ"));
-        }
-    }
-    let mut dims: Vec<usize> = d.lhs_batch.iter().map(|&i| l.dims[i]).collect();
-    dims.extend(
-        (0..l.dims.len())
-            .filter(|i| !lhs_all.contains(i))
-            .map(|i| l.dims[i]),
-    );
-    dims.extend(
-        (0..r.dims.len())
-            .filter(|i| !rhs_all.contains(i))
-            .map(|i| r.dims[i]),
-    );
-    Ok(LeafType {
-        dtype: l.dtype,
-        dims,
-    })
-}
-
-/// Whether a product of `operands` may give `result` elements: the operands' own dtype, or
-/// `f32` for half-precision operands (accumulated in f32).
-pub fn product_dtype_ok(operands: DType, result: DType) -> bool {
-    result == operands || (matches!(operands, DType::BF16 | DType::F16) && result == DType::F32)
-}
-
-fn same_dtype(a: &LeafType, b: &LeafType) -> Result<(), String> {
-    if a.dtype == b.dtype {
-        Ok(())
-    } else {
-        Err(format!(
-            "its operands must have one dtype, but are {a} and {b}"
-        ))
-    }
 }
 
 /// Checks node `id` of `graph`: operands precede it, and its op, operands and result type fit.
@@ -272,14 +214,6 @@ pub(super) fn node(graph: &Graph, id: usize) -> Result<(), String> {
                 dtype: first.dtype,
                 dims,
             }
-        }
-        Op::DotGeneral(d) => {
-            arity(2, ins.len())?;
-            let mut t = dot_type(ins[0], ins[1], d)?;
-            if product_dtype_ok(t.dtype, out.dtype) {
-                t.dtype = out.dtype;
-            }
-            t
         }
         crate::ops::family_op!() => crate::ops::result_type(node, &ins)?,
         Op::Reduce { axes, .. } => {

@@ -124,7 +124,7 @@ float!(f32);
 float!(f64);
 
 /// Integer element types: arithmetic wraps, and division never traps.
-trait Int: Copy + Ord + std::fmt::Debug {
+pub(crate) trait Int: Copy + Ord + std::fmt::Debug {
     const ZERO: Self;
     const MIN: Self;
     const MAX: Self;
@@ -424,7 +424,7 @@ fn half_in_kernel() -> Fault {
     Fault::from("half-precision values are computed in f32 by the interpreter".to_owned())
 }
 
-fn mismatch(a: &ArrayData, b: &ArrayData) -> Fault {
+pub(crate) fn mismatch(a: &ArrayData, b: &ArrayData) -> Fault {
     Fault::from(format!(
         "operands have different dtypes ({} and {})",
         a.dtype(),
@@ -623,85 +623,5 @@ pub(super) fn reduce(
             ReduceOp::Sum | ReduceOp::Max => reduce_vec(v, dims, axes, false, |a, b| a | b)?,
             ReduceOp::Min => reduce_vec(v, dims, axes, true, |a, b| a & b)?,
         }),
-    })
-}
-
-/// The shape of a batched product after the operands are laid out as `[B, M, K]` and `[B, K, N]`.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct MatmulShape {
-    /// Batch size.
-    pub(super) b: usize,
-    /// Rows of each lhs matrix.
-    pub(super) m: usize,
-    /// The contracted length.
-    pub(super) k: usize,
-    /// Columns of each rhs matrix.
-    pub(super) n: usize,
-}
-
-/// `out[b] = lhs[b] · rhs[b]` for row-major `[B, M, K]` and `[B, K, N]`, in i-k-j order (the
-/// inner loop runs along contiguous rows of `rhs` and `out`).
-fn matmul<T: Copy>(
-    lhs: &[T],
-    rhs: &[T],
-    s: MatmulShape,
-    zero: T,
-    mul_add: impl Fn(T, T, T) -> T,
-) -> Result<Vec<T>, Fault> {
-    let MatmulShape { b, m, k, n } = s;
-    let len = b
-        .checked_mul(m)
-        .and_then(|x| x.checked_mul(n))
-        .ok_or_else(|| Fault::from(format!("the product shape {s:?} overflows")))?;
-    let mut out = filled(len, zero)?;
-    if out.is_empty() || k == 0 {
-        return Ok(out);
-    }
-    for (bi, out_b) in out.chunks_exact_mut(m * n).enumerate() {
-        let l = &lhs[bi * m * k..(bi + 1) * m * k];
-        let r = &rhs[bi * k * n..(bi + 1) * k * n];
-        for (out_row, l_row) in out_b.chunks_exact_mut(n).zip(l.chunks_exact(k)) {
-            for (&a, r_row) in l_row.iter().zip(r.chunks_exact(n)) {
-                for (o, &x) in out_row.iter_mut().zip(r_row) {
-                    *o = mul_add(*o, a, x);
-                }
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// The batched product of storage already laid out as `[B, M, K]` and `[B, K, N]`; the result is
-/// `[B, M, N]`. Float products accumulate in the element type, integer ones wrap.
-pub(super) fn batched_matmul(
-    lhs: &ArrayData,
-    rhs: &ArrayData,
-    s: MatmulShape,
-) -> Result<ArrayData, Fault> {
-    Ok(match (lhs, rhs) {
-        (ArrayData::F32(x), ArrayData::F32(y)) => {
-            ArrayData::F32(matmul(x, y, s, 0.0, <f32 as Float>::mac)?)
-        }
-        (ArrayData::F64(x), ArrayData::F64(y)) => {
-            ArrayData::F64(matmul(x, y, s, 0.0, <f64 as Float>::mac)?)
-        }
-        (ArrayData::I32(x), ArrayData::I32(y)) => {
-            ArrayData::I32(matmul(x, y, s, 0, <i32 as Int>::mac)?)
-        }
-        (ArrayData::I64(x), ArrayData::I64(y)) => {
-            ArrayData::I64(matmul(x, y, s, 0, <i64 as Int>::mac)?)
-        }
-        (ArrayData::U8(x), ArrayData::U8(y)) => {
-            ArrayData::U8(matmul(x, y, s, 0, <u8 as Int>::mac)?)
-        }
-        (ArrayData::U32(x), ArrayData::U32(y)) => {
-            ArrayData::U32(matmul(x, y, s, 0, <u32 as Int>::mac)?)
-        }
-        (ArrayData::Bool(_), ArrayData::Bool(_)) => {
-            return Err(Fault::from(
-                "dot_general is not defined for bool".to_owned(),
-            ))
-        }
-        _ => return Err(mismatch(lhs, rhs)),
     })
 }

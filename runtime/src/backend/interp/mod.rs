@@ -47,7 +47,6 @@
 
 pub(crate) mod alloc;
 mod check;
-pub(crate) use check::product_dtype_ok;
 pub(crate) mod kernels;
 pub(crate) mod layout;
 
@@ -56,8 +55,6 @@ use std::borrow::Cow;
 use crate::error::{Error, Result};
 use crate::trace::ir::{Graph, Node, NodeId, Op};
 use crate::tree::{Array, ArrayData, DType};
-
-use kernels::MatmulShape;
 
 /// Runs `graph` on `inputs` (one array per graph input, in order) and returns its outputs in
 /// order.
@@ -425,35 +422,6 @@ fn eval<'a>(
             owned(layout::slice(a.data(), a.dims(), start, strides, out_dims)?)
         }
         Op::Concatenate { axis } => owned(layout::concatenate(operands, *axis, node.ty.dtype)?),
-        Op::DotGeneral(d) => {
-            let (l, r) = (operands[0], operands[1]);
-            let free = |rank: usize, batch: &[usize], contract: &[usize]| -> Vec<usize> {
-                (0..rank)
-                    .filter(|i| !batch.contains(i) && !contract.contains(i))
-                    .collect()
-            };
-            let l_free = free(l.rank(), &d.lhs_batch, &d.lhs_contract);
-            let r_free = free(r.rank(), &d.rhs_batch, &d.rhs_contract);
-            // Sub-products of a checked type's dims: they cannot overflow.
-            let size = |a: &Array, axes: &[usize]| {
-                axes.iter()
-                    .map(|&i| a.dims()[i])
-                    .fold(1usize, usize::saturating_mul)
-            };
-            let shape = MatmulShape {
-                b: size(l, &d.lhs_batch),
-                m: size(l, &l_free),
-                k: size(l, &d.lhs_contract),
-                n: size(r, &r_free),
-            };
-            // Lay the lhs out as [batch, free, contract] and the rhs as [batch, contract, free];
-            // the batched product is then [batch, lhs free, rhs free], the result's order.
-            let l_perm: Vec<usize> = [&d.lhs_batch[..], &l_free, &d.lhs_contract].concat();
-            let r_perm: Vec<usize> = [&d.rhs_batch[..], &d.rhs_contract, &r_free].concat();
-            let lt = permuted(l, &l_perm)?;
-            let rt = permuted(r, &r_perm)?;
-            owned(kernels::batched_matmul(&lt, &rt, shape)?)
-        }
         Op::Reduce { kind, axes } => {
             let a = operands[0];
             owned(kernels::reduce(*kind, a.data(), a.dims(), axes)?)
@@ -464,13 +432,4 @@ fn eval<'a>(
             "an all_reduce is evaluated across replicas".into(),
         )),
     }
-}
-
-/// The array's storage with its dims permuted, borrowed when `perm` is the identity.
-fn permuted<'a>(a: &'a Array, perm: &[usize]) -> std::result::Result<Cow<'a, ArrayData>, Fault> {
-    Ok(if layout::is_identity(perm) {
-        Cow::Borrowed(a.data())
-    } else {
-        Cow::Owned(layout::transpose(a.data(), a.dims(), perm)?)
-    })
 }

@@ -1,0 +1,538 @@
+//! Products: `dot_general` (batch and contracting dims in any positions) and `matmul` on top,
+//! with an f32 result for half-precision operands (`matmul_to`, `dot_general_to`: mixed
+//! precision, JAX's `preferred_element_type`).
+//!
+//! The result's dims are the batch dims (in `lhs_batch` order), then the lhs free dims, then the
+//! rhs free dims. VJP: the cotangent contracted with the other operand over that operand's free
+//! dims, transposed into this operand's layout; with mixed precision the cotangent is rounded to
+//! the operands' dtype, multiplied in it and accumulated in the result's dtype, then rounded back.
+//! Emitted with `precision = [HIGHEST, HIGHEST]`: without it XLA on a GPU multiplies f32 in TF32.
+//! The interpreter lays the operands out as `[batch, m, k]` and `[batch, k, n]` and multiplies in
+//! the element type (integers wrap).
+
+use std::borrow::Cow;
+use std::fmt::{self, Write as _};
+use std::panic::Location;
+
+use crate::backend::interp::alloc::filled;
+use crate::backend::interp::kernels::{mismatch, Float, Int};
+use crate::backend::interp::layout;
+use crate::backend::interp::Fault;
+use crate::emit::{self, Line};
+use crate::trace::ir::{with_dims, DotDims, Op};
+use crate::trace::ops::check_axes;
+use crate::trace::{with_recording, Recording, Tensor};
+use crate::tree::{Array, ArrayData, DType, LeafType};
+
+// ---- types ---------------------------------------------------------------------------------
+
+/// Whether a product of `operands` may give `result` elements: the operands' own dtype, or
+/// `f32` for half-precision operands (accumulated in f32).
+pub fn product_dtype_ok(operands: DType, result: DType) -> bool {
+    result == operands || (matches!(operands, DType::BF16 | DType::F16) && result == DType::F32)
+}
+
+/// The result type of a `dot_general` of `l` and `r`, or what is wrong.
+pub(crate) fn dot_type(l: &LeafType, r: &LeafType, d: &DotDims) -> Result<LeafType, String> {
+    same_dtype(l, r)?;
+    if l.dtype == DType::Bool {
+        return Err("it is not defined for bool".into());
+    }
+    let lhs_all: Vec<usize> = d.lhs_batch.iter().chain(&d.lhs_contract).copied().collect();
+    let rhs_all: Vec<usize> = d.rhs_batch.iter().chain(&d.rhs_contract).copied().collect();
+    if !distinct_in_range(&lhs_all, l.dims.len())
+        || !distinct_in_range(&rhs_all, r.dims.len())
+        || d.lhs_batch.len() != d.rhs_batch.len()
+        || d.lhs_contract.len() != d.rhs_contract.len()
+    {
+        return Err(format!("dimension numbers {d:?} do not fit {l} and {r}"));
+    }
+    let pairs = d
+        .lhs_batch
+        .iter()
+        .zip(&d.rhs_batch)
+        .chain(d.lhs_contract.iter().zip(&d.rhs_contract));
+    for (&a, &b) in pairs {
+        if l.dims[a] != r.dims[b] {
+            return Err(format!("lhs dim {a} of {l} and rhs dim {b} of {r} differ"));
+        }
+    }
+    let mut dims: Vec<usize> = d.lhs_batch.iter().map(|&i| l.dims[i]).collect();
+    dims.extend(
+        (0..l.dims.len())
+            .filter(|i| !lhs_all.contains(i))
+            .map(|i| l.dims[i]),
+    );
+    dims.extend(
+        (0..r.dims.len())
+            .filter(|i| !rhs_all.contains(i))
+            .map(|i| r.dims[i]),
+    );
+    Ok(LeafType {
+        dtype: l.dtype,
+        dims,
+    })
+}
+
+fn same_dtype(a: &LeafType, b: &LeafType) -> Result<(), String> {
+    if a.dtype == b.dtype {
+        Ok(())
+    } else {
+        Err(format!(
+            "its operands must have one dtype, but are {a} and {b}"
+        ))
+    }
+}
+
+fn distinct_in_range(axes: &[usize], rank: usize) -> bool {
+    let mut seen = vec![false; rank];
+    axes.iter()
+        .all(|&a| a < rank && !std::mem::replace(&mut seen[a], true))
+}
+
+// ---- tracing -------------------------------------------------------------------------------
+
+impl Recording {
+    pub(crate) fn dot_general(
+        &mut self,
+        a: Tensor,
+        b: Tensor,
+        d: DotDims,
+        result: Option<DType>,
+        op: &'static str,
+        at: &Location<'_>,
+    ) -> Tensor {
+        let (ta, tb) = (self.ty_of(a), self.ty_of(b));
+        let guess = with_dims(result.unwrap_or(ta.dtype), Vec::new());
+        let result = result.unwrap_or(ta.dtype);
+        if !product_dtype_ok(ta.dtype, result) {
+            return self.fail(
+                op,
+                format!(
+                    "a product of {ta} and {tb} cannot give {result} elements: products give their                      operands' dtype, or f32 for bf16/f16 operands (accumulated in f32)"
+                ),
+                at,
+                guess,
+            );
+        }
+        if ta.dtype != tb.dtype {
+            return self.fail(
+                op,
+                format!("operands have different dtypes ({ta} and {tb})"),
+                at,
+                guess,
+            );
+        }
+        if ta.dtype == DType::Bool {
+            return self.fail(
+                op,
+                format!("cannot multiply bool tensors ({ta} and {tb})"),
+                at,
+                guess,
+            );
+        }
+        let (ra, rb) = (ta.dims.len(), tb.dims.len());
+        let lhs_all: Vec<usize> = d.lhs_batch.iter().chain(&d.lhs_contract).copied().collect();
+        let rhs_all: Vec<usize> = d.rhs_batch.iter().chain(&d.rhs_contract).copied().collect();
+        if check_axes(ra, &lhs_all).is_err()
+            || check_axes(rb, &rhs_all).is_err()
+            || d.lhs_batch.len() != d.rhs_batch.len()
+            || d.lhs_contract.len() != d.rhs_contract.len()
+        {
+            return self.fail(
+                op,
+                format!("invalid dimension numbers {d:?} for {ta} and {tb}"),
+                at,
+                guess,
+            );
+        }
+        for (&l, &r) in d.lhs_batch.iter().zip(&d.rhs_batch) {
+            if ta.dims[l] != tb.dims[r] {
+                return self.fail(
+                    op,
+                    format!(
+                        "batch dims differ: {ta} dim {l} is {} but {tb} dim {r} is {}",
+                        ta.dims[l], tb.dims[r]
+                    ),
+                    at,
+                    guess,
+                );
+            }
+        }
+        for (&l, &r) in d.lhs_contract.iter().zip(&d.rhs_contract) {
+            if ta.dims[l] != tb.dims[r] {
+                return self.fail(
+                    op,
+                    format!(
+                        "cannot multiply {ta} by {tb}: contracting dims differ (lhs dim {l} is {}, rhs dim {r} is {})",
+                        ta.dims[l], tb.dims[r]
+                    ),
+                    at,
+                    guess,
+                );
+            }
+        }
+        let mut dims: Vec<usize> = d.lhs_batch.iter().map(|&i| ta.dims[i]).collect();
+        dims.extend((0..ra).filter(|i| !lhs_all.contains(i)).map(|i| ta.dims[i]));
+        dims.extend((0..rb).filter(|i| !rhs_all.contains(i)).map(|i| tb.dims[i]));
+        self.push(
+            Op::DotGeneral(d),
+            vec![a.node, b.node],
+            with_dims(result, dims),
+            op,
+            at,
+        )
+    }
+}
+
+impl Tensor {
+    /// Matrix product. `[m, k] · [k, n] → [m, n]`; a rank-1 operand is a vector
+    /// (`[k] · [k, n] → [n]`, `[m, k] · [k] → [m]`); rank ≥ 3 operands are batches with equal
+    /// leading dims (`[b, m, k] · [b, k, n] → [b, m, n]`).
+    #[track_caller]
+    pub fn matmul(self, rhs: Tensor) -> Tensor {
+        self.matmul_impl(rhs, None, Location::caller())
+    }
+    /// [`Tensor::matmul`] giving `dtype` elements: `f32` for `bf16`/`f16` operands multiplies
+    /// in half precision and accumulates in f32 (mixed precision), as JAX's
+    /// `preferred_element_type`.
+    #[track_caller]
+    pub fn matmul_to(self, rhs: Tensor, dtype: DType) -> Tensor {
+        self.matmul_impl(rhs, Some(dtype), Location::caller())
+    }
+    fn matmul_impl(self, rhs: Tensor, result: Option<DType>, at: &Location<'_>) -> Tensor {
+        with_recording(|r| {
+            let (ta, tb) = (r.ty_of(self), r.ty_of(rhs));
+            let (ra, rb) = (ta.dims.len(), tb.dims.len());
+            let dims = match (ra, rb) {
+                (1, 1) => Some(DotDims {
+                    lhs_batch: vec![],
+                    rhs_batch: vec![],
+                    lhs_contract: vec![0],
+                    rhs_contract: vec![0],
+                }),
+                (1, 2) => Some(DotDims {
+                    lhs_batch: vec![],
+                    rhs_batch: vec![],
+                    lhs_contract: vec![0],
+                    rhs_contract: vec![0],
+                }),
+                (2, 1) => Some(DotDims {
+                    lhs_batch: vec![],
+                    rhs_batch: vec![],
+                    lhs_contract: vec![1],
+                    rhs_contract: vec![0],
+                }),
+                (a, b) if a >= 2 && a == b => Some(DotDims {
+                    lhs_batch: (0..a - 2).collect(),
+                    rhs_batch: (0..a - 2).collect(),
+                    lhs_contract: vec![a - 1],
+                    rhs_contract: vec![b - 2],
+                }),
+                _ => None,
+            };
+            match dims {
+                Some(d) => {
+                    let k_l = ta.dims.get(d.lhs_contract[0]).copied();
+                    let k_r = tb.dims.get(d.rhs_contract[0]).copied();
+                    if k_l != k_r {
+                        return r.fail(
+                            "matmul",
+                            format!(
+                                "cannot multiply {ta} by {tb}: the lhs has {} columns but the rhs has {} rows",
+                                k_l.unwrap_or(0),
+                                k_r.unwrap_or(0)
+                            ),
+                            at,
+                            with_dims(ta.dtype, Vec::new()),
+                        );
+                    }
+                    r.dot_general(self, rhs, d, result, "matmul", at)
+                }
+                None => r.fail(
+                    "matmul",
+                    format!(
+                        "cannot multiply {ta} by {tb}: ranks must be 1 or 2, or equal (batched)"
+                    ),
+                    at,
+                    with_dims(ta.dtype, Vec::new()),
+                ),
+            }
+        })
+    }
+    /// A general product with explicit batch and contracting dims (see [`DotDims`]).
+    #[track_caller]
+    pub fn dot_general(self, rhs: Tensor, dims: DotDims) -> Tensor {
+        let at = Location::caller();
+        with_recording(|r| r.dot_general(self, rhs, dims, None, "dot_general", at))
+    }
+    /// [`Tensor::dot_general`] giving `dtype` elements (`f32` for `bf16`/`f16` operands:
+    /// accumulated in f32).
+    #[track_caller]
+    pub fn dot_general_to(self, rhs: Tensor, dims: DotDims, dtype: DType) -> Tensor {
+        let at = Location::caller();
+        with_recording(|r| r.dot_general(self, rhs, dims, Some(dtype), "dot_general", at))
+    }
+}
+
+// ---- gradients -----------------------------------------------------------------------------
+
+/// The VJP of a `dot_general` of `x[0]` and `x[1]` with result dtype `acc`.
+pub(crate) fn vjp(d: &DotDims, acc: DType, x: &[Tensor], g: Tensor) -> Vec<Option<Tensor>> {
+    let (ta, tb) = (x[0].ty(), x[1].ty());
+    let (ra, rb) = (ta.dims.len(), tb.dims.len());
+    // Mixed precision (half operands, an f32 result): the cotangent is rounded to the
+    // operands' dtype, multiplied in it and accumulated in f32, then rounded back.
+    let g = g.convert(ta.dtype);
+    vec![
+        Some(dot_vjp(g, x[1], d, ra, rb, Side::Lhs, acc).convert(ta.dtype)),
+        Some(dot_vjp(g, x[0], d, ra, rb, Side::Rhs, acc).convert(tb.dtype)),
+    ]
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Side {
+    Lhs,
+    Rhs,
+}
+
+/// The gradient of `dot_general` for one side: contract `g` with the other operand over the
+/// other side's free dims, then transpose into this side's layout.
+fn dot_vjp(
+    g: Tensor,
+    other: Tensor,
+    d: &DotDims,
+    ra: usize,
+    rb: usize,
+    side: Side,
+    acc: DType,
+) -> Tensor {
+    let free = |rank: usize, batch: &[usize], contract: &[usize]| -> Vec<usize> {
+        (0..rank)
+            .filter(|i| !batch.contains(i) && !contract.contains(i))
+            .collect()
+    };
+    let lhs_free = free(ra, &d.lhs_batch, &d.lhs_contract);
+    let rhs_free = free(rb, &d.rhs_batch, &d.rhs_contract);
+    let nb = d.lhs_batch.len();
+    let (
+        mine_rank,
+        my_batch,
+        my_contract,
+        my_free,
+        other_batch,
+        other_contract,
+        other_free,
+        g_other_free_at,
+    ) = match side {
+        Side::Lhs => (
+            ra,
+            &d.lhs_batch,
+            &d.lhs_contract,
+            &lhs_free,
+            &d.rhs_batch,
+            &d.rhs_contract,
+            &rhs_free,
+            nb + lhs_free.len(),
+        ),
+        Side::Rhs => (
+            rb,
+            &d.rhs_batch,
+            &d.rhs_contract,
+            &rhs_free,
+            &d.lhs_batch,
+            &d.lhs_contract,
+            &lhs_free,
+            nb,
+        ),
+    };
+    let dims = DotDims {
+        lhs_batch: (0..nb).collect(),
+        rhs_batch: other_batch.clone(),
+        lhs_contract: (g_other_free_at..g_other_free_at + other_free.len()).collect(),
+        rhs_contract: other_free.clone(),
+    };
+    // Result layout: [batch | g's free dims (= my free dims) | other's remaining dims
+    // (= other's contracting dims, ascending)].
+    let res = g.dot_general_to(other, dims, acc);
+    let mut sorted_other_contract = other_contract.clone();
+    sorted_other_contract.sort_unstable();
+    let mut perm = vec![0; mine_rank];
+    for (k, &b) in my_batch.iter().enumerate() {
+        perm[b] = k;
+    }
+    for (j, &f) in my_free.iter().enumerate() {
+        perm[f] = nb + j;
+    }
+    for (c, &mine) in my_contract.iter().enumerate() {
+        let partner = other_contract[c];
+        let rank = sorted_other_contract
+            .iter()
+            .position(|&o| o == partner)
+            .unwrap_or(0);
+        perm[mine] = nb + my_free.len() + rank;
+    }
+    if perm.iter().enumerate().all(|(i, &p)| i == p) {
+        res
+    } else {
+        res.transpose(&perm)
+    }
+}
+
+// ---- emission ------------------------------------------------------------------------------
+
+/// `stablehlo.dot_general`, at full precision.
+pub(crate) fn emit(l: Line<'_>, dims: &DotDims) -> fmt::Result {
+    let DotDims {
+        lhs_batch,
+        rhs_batch,
+        lhs_contract,
+        rhs_contract,
+    } = dims;
+    write!(
+        l.out,
+        "    {} = stablehlo.dot_general {}, {}, ",
+        l.me, l.args[0], l.args[1]
+    )?;
+    if !lhs_batch.is_empty() || !rhs_batch.is_empty() {
+        write!(
+            l.out,
+            "batching_dims = {} x {}, ",
+            emit::list(lhs_batch),
+            emit::list(rhs_batch)
+        )?;
+    }
+    // Full precision: without it XLA on a GPU computes f32 products in TF32 (a 10-bit
+    // mantissa), and results leave the interpreter's by about 1e-3.
+    writeln!(
+        l.out,
+        "contracting_dims = {} x {}, precision = [HIGHEST, HIGHEST] : ({}, {}) -> {}",
+        emit::list(lhs_contract),
+        emit::list(rhs_contract),
+        l.arg_tys[0],
+        l.arg_tys[1],
+        l.ty
+    )
+}
+
+// ---- interpreter ---------------------------------------------------------------------------
+
+/// A `dot_general` on the host.
+pub(crate) fn eval(d: &DotDims, operands: &[&Array]) -> Result<ArrayData, Fault> {
+    let (l, r) = (operands[0], operands[1]);
+    let free = |rank: usize, batch: &[usize], contract: &[usize]| -> Vec<usize> {
+        (0..rank)
+            .filter(|i| !batch.contains(i) && !contract.contains(i))
+            .collect()
+    };
+    let l_free = free(l.rank(), &d.lhs_batch, &d.lhs_contract);
+    let r_free = free(r.rank(), &d.rhs_batch, &d.rhs_contract);
+    // Sub-products of a checked type's dims: they cannot overflow.
+    let size = |a: &Array, axes: &[usize]| {
+        axes.iter()
+            .map(|&i| a.dims()[i])
+            .fold(1usize, usize::saturating_mul)
+    };
+    let shape = MatmulShape {
+        b: size(l, &d.lhs_batch),
+        m: size(l, &l_free),
+        k: size(l, &d.lhs_contract),
+        n: size(r, &r_free),
+    };
+    // Lay the lhs out as [batch, free, contract] and the rhs as [batch, contract, free]; the
+    // batched product is then [batch, lhs free, rhs free], the result's order.
+    let l_perm: Vec<usize> = [&d.lhs_batch[..], &l_free, &d.lhs_contract].concat();
+    let r_perm: Vec<usize> = [&d.rhs_batch[..], &d.rhs_contract, &r_free].concat();
+    let lt = permuted(l, &l_perm)?;
+    let rt = permuted(r, &r_perm)?;
+    batched_matmul(&lt, &rt, shape)
+}
+
+/// The array's storage with its dims permuted, borrowed when `perm` is the identity.
+fn permuted<'a>(a: &'a Array, perm: &[usize]) -> std::result::Result<Cow<'a, ArrayData>, Fault> {
+    Ok(if layout::is_identity(perm) {
+        Cow::Borrowed(a.data())
+    } else {
+        Cow::Owned(layout::transpose(a.data(), a.dims(), perm)?)
+    })
+}
+
+/// The shape of a batched product after the operands are laid out as `[B, M, K]` and `[B, K, N]`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MatmulShape {
+    /// Batch size.
+    pub(crate) b: usize,
+    /// Rows of each lhs matrix.
+    pub(crate) m: usize,
+    /// The contracted length.
+    pub(crate) k: usize,
+    /// Columns of each rhs matrix.
+    pub(crate) n: usize,
+}
+
+/// `out[b] = lhs[b] · rhs[b]` for row-major `[B, M, K]` and `[B, K, N]`, in i-k-j order (the
+/// inner loop runs along contiguous rows of `rhs` and `out`).
+fn matmul<T: Copy>(
+    lhs: &[T],
+    rhs: &[T],
+    s: MatmulShape,
+    zero: T,
+    mul_add: impl Fn(T, T, T) -> T,
+) -> Result<Vec<T>, Fault> {
+    let MatmulShape { b, m, k, n } = s;
+    let len = b
+        .checked_mul(m)
+        .and_then(|x| x.checked_mul(n))
+        .ok_or_else(|| Fault::from(format!("the product shape {s:?} overflows")))?;
+    let mut out = filled(len, zero)?;
+    if out.is_empty() || k == 0 {
+        return Ok(out);
+    }
+    for (bi, out_b) in out.chunks_exact_mut(m * n).enumerate() {
+        let l = &lhs[bi * m * k..(bi + 1) * m * k];
+        let r = &rhs[bi * k * n..(bi + 1) * k * n];
+        for (out_row, l_row) in out_b.chunks_exact_mut(n).zip(l.chunks_exact(k)) {
+            for (&a, r_row) in l_row.iter().zip(r.chunks_exact(n)) {
+                for (o, &x) in out_row.iter_mut().zip(r_row) {
+                    *o = mul_add(*o, a, x);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The batched product of storage already laid out as `[B, M, K]` and `[B, K, N]`; the result is
+/// `[B, M, N]`. Float products accumulate in the element type, integer ones wrap.
+pub(crate) fn batched_matmul(
+    lhs: &ArrayData,
+    rhs: &ArrayData,
+    s: MatmulShape,
+) -> Result<ArrayData, Fault> {
+    Ok(match (lhs, rhs) {
+        (ArrayData::F32(x), ArrayData::F32(y)) => {
+            ArrayData::F32(matmul(x, y, s, 0.0, <f32 as Float>::mac)?)
+        }
+        (ArrayData::F64(x), ArrayData::F64(y)) => {
+            ArrayData::F64(matmul(x, y, s, 0.0, <f64 as Float>::mac)?)
+        }
+        (ArrayData::I32(x), ArrayData::I32(y)) => {
+            ArrayData::I32(matmul(x, y, s, 0, <i32 as Int>::mac)?)
+        }
+        (ArrayData::I64(x), ArrayData::I64(y)) => {
+            ArrayData::I64(matmul(x, y, s, 0, <i64 as Int>::mac)?)
+        }
+        (ArrayData::U8(x), ArrayData::U8(y)) => {
+            ArrayData::U8(matmul(x, y, s, 0, <u8 as Int>::mac)?)
+        }
+        (ArrayData::U32(x), ArrayData::U32(y)) => {
+            ArrayData::U32(matmul(x, y, s, 0, <u32 as Int>::mac)?)
+        }
+        (ArrayData::Bool(_), ArrayData::Bool(_)) => {
+            return Err(Fault::from(
+                "dot_general is not defined for bool".to_owned(),
+            ))
+        }
+        _ => return Err(mismatch(lhs, rhs)),
+    })
+}
