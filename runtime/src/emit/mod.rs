@@ -49,7 +49,7 @@
 use std::fmt::{self, Write as _};
 
 use crate::hash::Digest;
-use crate::trace::ir::{BinaryOp, CmpOp, Graph, Node, NodeId, Op, ReduceOp};
+use crate::trace::ir::{BinaryOp, CmpOp, Graph, Node, NodeId, Op};
 use crate::tree::{ArrayData, DType, LeafType};
 
 /// How to emit a program beyond its graph.
@@ -149,13 +149,6 @@ pub(crate) fn padding_attr(padding: &[(i64, i64)]) -> String {
 /// The scalar type of a dtype (`tensor<f32>`).
 pub(crate) fn scalar_type(dtype: DType) -> String {
     format!("tensor<{}>", element_type(dtype))
-}
-
-/// The identity of a reduction as a `stablehlo.constant` line's literal (see `reduce_init`).
-pub(crate) fn init_literal(kind: ReduceOp, dtype: DType) -> String {
-    let mut s = String::new();
-    let _ = reduce_init(&mut s, kind, dtype);
-    s
 }
 
 /// The `compare` type of a dtype (`FLOAT`, `SIGNED`, `UNSIGNED`).
@@ -528,115 +521,7 @@ impl<'g> Emitter<'g> {
                     List(&group)
                 )
             }
-            Op::Reduce { kind, axes } => {
-                let dtype = node.ty.dtype;
-                let scalar = LeafType {
-                    dtype,
-                    dims: Vec::new(),
-                };
-                let init = match me {
-                    Ssa::Value(n) => format!("%init{n}"),
-                    _ => "%init".to_owned(),
-                };
-                write!(out, "    {init} = stablehlo.constant ")?;
-                reduce_init(out, *kind, dtype)?;
-                let st = Ty(Some(&scalar));
-                writeln!(out, " : {st}")?;
-                let applies = match kind {
-                    ReduceOp::Sum => "add",
-                    ReduceOp::Max => "maximum",
-                    ReduceOp::Min => "minimum",
-                };
-                if *kind == ReduceOp::Sum || !dtype.is_float() {
-                    return writeln!(
-                        out,
-                        "    {me} = stablehlo.reduce({an} init: {init}) applies stablehlo.{applies} across dimensions = {} : ({at}, {st}) -> {ty}",
-                        List(axes)
-                    );
-                }
-                // XLA's CPU backend drops a NaN element in a reduction by a bare
-                // `stablehlo.maximum`/`minimum` (element-wise, the same ops propagate NaN), so
-                // float max/min reductions spell NaN propagation out in the reducer.
-                writeln!(
-                    out,
-                    "    {me} = stablehlo.reduce({an} init: {init}) across dimensions = {} : ({at}, {st}) -> {ty}",
-                    List(axes)
-                )?;
-                writeln!(out, "     reducer(%acc: {st}, %e: {st}) {{")?;
-                nan_propagating(out, "      ", applies, &st.to_string(), ("acc", "e"))?;
-                writeln!(out, "    }}")
-            }
         }
-    }
-}
-
-/// A reducer body over scalars `%a`, `%b` (`names`) of type `st` that applies `applies`
-/// (`maximum`, `minimum`) and propagates NaN from either side: `%a` if it is NaN, else `%b` if
-/// it is, else the op — what XLA's CPU backend does not do for a bare `maximum` in a reduction.
-pub(crate) fn nan_propagating(
-    out: &mut String,
-    indent: &str,
-    applies: &str,
-    st: &str,
-    (a, b): (&str, &str),
-) -> fmt::Result {
-    let cmp = format!("FLOAT : ({st}, {st}) -> tensor<i1>");
-    writeln!(
-        out,
-        "{indent}%{a}_nan = stablehlo.compare NE, %{a}, %{a}, {cmp}"
-    )?;
-    writeln!(
-        out,
-        "{indent}%{b}_nan = stablehlo.compare NE, %{b}, %{b}, {cmp}"
-    )?;
-    writeln!(out, "{indent}%m = stablehlo.{applies} %{a}, %{b} : {st}")?;
-    writeln!(
-        out,
-        "{indent}%m_{b} = stablehlo.select %{b}_nan, %{b}, %m : tensor<i1>, {st}"
-    )?;
-    writeln!(
-        out,
-        "{indent}%r = stablehlo.select %{a}_nan, %{a}, %m_{b} : tensor<i1>, {st}"
-    )?;
-    writeln!(out, "{indent}stablehlo.return %r : {st}")
-}
-
-/// The identity of a reduction, as a splat literal: `0` for a sum, the lowest value (−∞ for
-/// floats) for a maximum, the highest (+∞) for a minimum.
-fn reduce_init(out: &mut String, kind: ReduceOp, dtype: DType) -> fmt::Result {
-    match (kind, dtype) {
-        (ReduceOp::Sum, DType::F32) => write!(out, "dense<0x{:08X}>", 0f32.to_bits()),
-        (ReduceOp::Sum, DType::F64) => write!(out, "dense<0x{:016X}>", 0f64.to_bits()),
-        (ReduceOp::Sum, DType::Bool) | (ReduceOp::Max, DType::Bool) => {
-            out.write_str("dense<false>")
-        }
-        (ReduceOp::Sum, DType::BF16 | DType::F16) => out.write_str("dense<0x0000>"),
-        (ReduceOp::Max, DType::BF16) => {
-            write!(out, "dense<0x{:04X}>", half::bf16::NEG_INFINITY.to_bits())
-        }
-        (ReduceOp::Max, DType::F16) => {
-            write!(out, "dense<0x{:04X}>", half::f16::NEG_INFINITY.to_bits())
-        }
-        (ReduceOp::Min, DType::BF16) => {
-            write!(out, "dense<0x{:04X}>", half::bf16::INFINITY.to_bits())
-        }
-        (ReduceOp::Min, DType::F16) => {
-            write!(out, "dense<0x{:04X}>", half::f16::INFINITY.to_bits())
-        }
-        (ReduceOp::Sum, _) => out.write_str("dense<0>"),
-        (ReduceOp::Max, DType::F32) => write!(out, "dense<0x{:08X}>", f32::NEG_INFINITY.to_bits()),
-        (ReduceOp::Max, DType::F64) => write!(out, "dense<0x{:016X}>", f64::NEG_INFINITY.to_bits()),
-        (ReduceOp::Max, DType::I32) => write!(out, "dense<{}>", i32::MIN),
-        (ReduceOp::Max, DType::I64) => write!(out, "dense<{}>", i64::MIN),
-        (ReduceOp::Max, DType::U8) => write!(out, "dense<{}>", u8::MIN),
-        (ReduceOp::Max, DType::U32) => write!(out, "dense<{}>", u32::MIN),
-        (ReduceOp::Min, DType::F32) => write!(out, "dense<0x{:08X}>", f32::INFINITY.to_bits()),
-        (ReduceOp::Min, DType::F64) => write!(out, "dense<0x{:016X}>", f64::INFINITY.to_bits()),
-        (ReduceOp::Min, DType::I32) => write!(out, "dense<{}>", i32::MAX),
-        (ReduceOp::Min, DType::I64) => write!(out, "dense<{}>", i64::MAX),
-        (ReduceOp::Min, DType::U8) => write!(out, "dense<{}>", u8::MAX),
-        (ReduceOp::Min, DType::U32) => write!(out, "dense<{}>", u32::MAX),
-        (ReduceOp::Min, DType::Bool) => out.write_str("dense<true>"),
     }
 }
 

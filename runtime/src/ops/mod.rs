@@ -31,6 +31,7 @@ pub mod elementwise;
 pub mod index;
 pub mod linalg;
 pub mod random;
+pub mod reduce;
 pub mod shape;
 pub mod window;
 
@@ -102,6 +103,7 @@ macro_rules! family_op {
     () => {
         $crate::trace::ir::Op::Clamp
             | $crate::trace::ir::Op::DotGeneral(_)
+            | $crate::trace::ir::Op::Reduce { .. }
             | $crate::trace::ir::Op::BitcastConvert
             | $crate::trace::ir::Op::Pad { .. }
             | $crate::trace::ir::Op::Reverse { .. }
@@ -122,6 +124,7 @@ pub(crate) fn owns(op: &Op) -> bool {
     matches!(
         op,
         Op::DotGeneral(_)
+            | Op::Reduce { .. }
             | Op::Clamp
             | Op::BitcastConvert
             | Op::Pad { .. }
@@ -157,6 +160,10 @@ pub(crate) fn result_type(node: &Node, types: &[&LeafType]) -> Result<LeafType, 
         Op::BitcastConvert => {
             want(1)?;
             elementwise::bitcast_type(types[0], node.ty.dtype)
+        }
+        Op::Reduce { axes, .. } => {
+            want(1)?;
+            reduce::reduce_type(types[0], axes)
         }
         Op::DotGeneral(d) => {
             want(2)?;
@@ -213,9 +220,10 @@ pub(crate) fn result_type(node: &Node, types: &[&LeafType]) -> Result<LeafType, 
     }
 }
 
-/// The VJP of a family op: the cotangent `g` of `node` (inputs `x`) for each input.
-pub(crate) fn vjp(node: &Node, x: &[Tensor], g: Tensor) -> Vec<Option<Tensor>> {
+/// The VJP of a family op: the cotangent `g` of `node` (value `y`, inputs `x`) for each input.
+pub(crate) fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor) -> Vec<Option<Tensor>> {
     match &node.op {
+        Op::Reduce { kind, axes } => reduce::vjp(*kind, axes, node.ty.dtype, y, x, g),
         Op::Clamp => elementwise::clamp_vjp(x[0], x[1], x[2], g),
         Op::BitcastConvert => vec![None],
         Op::DotGeneral(d) => linalg::vjp(d, node.ty.dtype, x, g),
@@ -249,6 +257,7 @@ pub(crate) fn emit(node: &Node, l: Line<'_>) -> fmt::Result {
         Op::Clamp => elementwise::emit_clamp(l),
         Op::BitcastConvert => elementwise::emit_bitcast(l),
         Op::DotGeneral(d) => linalg::emit(l, d),
+        Op::Reduce { kind, axes } => reduce::emit(l, *kind, axes, dtype),
         Op::Pad {
             low,
             high,
@@ -275,6 +284,7 @@ pub(crate) fn eval(node: &Node, a: &[&Array]) -> Result<ArrayData, Fault> {
         Op::Clamp => elementwise::eval_clamp(a[0], a[1], a[2]),
         Op::BitcastConvert => elementwise::eval_bitcast(a[0], out.dtype),
         Op::DotGeneral(d) => linalg::eval(d, a),
+        Op::Reduce { kind, axes } => reduce::eval_reduce(*kind, a[0].data(), a[0].dims(), axes),
         Op::Pad { low, interior, .. } => shape::eval_pad(a[0], a[1], out, low, interior),
         Op::Reverse { axes } => shape::eval_reverse(a[0], axes),
         Op::Convolution(c) => conv::eval(a[0], a[1], out, c),

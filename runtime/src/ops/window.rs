@@ -410,7 +410,7 @@ fn reducer(out: &mut String, kind: ReduceOp, dtype: DType, st: &str) -> fmt::Res
         writeln!(out, "        %m = stablehlo.{name} %a, %b : {st}")?;
         return writeln!(out, "        stablehlo.return %m : {st}");
     }
-    emit::nan_propagating(out, "        ", name, st, ("a", "b"))
+    super::reduce::nan_propagating(out, "        ", name, st, ("a", "b"))
 }
 
 /// `stablehlo.reduce_window` with its init constant on the line before (`%initN`).
@@ -425,7 +425,7 @@ pub(crate) fn emit_reduce_window(
     writeln!(
         l.out,
         "    {init} = stablehlo.constant {} : {st}",
-        emit::init_literal(kind, dtype)
+        super::reduce::init_literal(kind, dtype)
     )?;
     writeln!(
         l.out,
@@ -450,7 +450,7 @@ pub(crate) fn emit_select_and_scatter(
     writeln!(
         l.out,
         "    {init} = stablehlo.constant {} : {st}",
-        emit::init_literal(ReduceOp::Sum, dtype)
+        super::reduce::init_literal(ReduceOp::Sum, dtype)
     )?;
     let dir = if kind == ReduceOp::Min { "LE" } else { "GE" };
     writeln!(

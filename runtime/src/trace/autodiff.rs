@@ -13,7 +13,7 @@
 
 use std::panic::Location;
 
-use super::ir::{BinaryOp, Node, Op, ReduceOp, UnaryOp};
+use super::ir::{BinaryOp, Node, Op, UnaryOp};
 use super::{with_recording, Tensor};
 use crate::tree::{DType, LeafType};
 
@@ -291,24 +291,7 @@ fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor, nodes: &[Node]) -> Vec<O
                 })
                 .collect()
         }
-        crate::ops::family_op!() => crate::ops::vjp(node, x, g),
-        Op::Reduce { kind, axes } => {
-            let from = ty_of(x[0]).dims;
-            let kept: Vec<usize> = from
-                .iter()
-                .enumerate()
-                .map(|(i, &n)| if axes.contains(&i) { 1 } else { n })
-                .collect();
-            let gk = g.reshape(&kept);
-            let d = match kind {
-                ReduceOp::Sum => gk.broadcast_to(&from),
-                ReduceOp::Max | ReduceOp::Min => {
-                    let hit = x[0].equal(y.reshape(&kept)).convert(node.ty.dtype);
-                    hit * gk / hit.sum_keep(axes)
-                }
-            };
-            vec![Some(d)]
-        }
+        crate::ops::family_op!() => crate::ops::vjp(node, y, x, g),
     }
 }
 

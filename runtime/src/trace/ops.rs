@@ -4,7 +4,7 @@ use std::ops;
 use std::panic::Location;
 use std::sync::Arc;
 
-use super::ir::{is_float, reduced_dims, with_dims, BinaryOp, CmpOp, Op, ReduceOp, UnaryOp};
+use super::ir::{with_dims, BinaryOp, CmpOp, Op, UnaryOp};
 use super::{with_recording, Recording, Tensor};
 use crate::tree::{dims_product, Array, DType, LeafType};
 
@@ -338,52 +338,6 @@ impl Recording {
             );
         }
         self.push(Op::AllReduce, vec![a.node], ty, op, at)
-    }
-
-    pub(super) fn reduce(
-        &mut self,
-        kind: ReduceOp,
-        a: Tensor,
-        axes: &[usize],
-        keep: bool,
-        op: &'static str,
-        at: &Location<'_>,
-    ) -> Tensor {
-        let ty = self.ty_of(a);
-        let axes = match check_axes(ty.dims.len(), axes) {
-            Ok(a) => a,
-            Err(msg) => return self.fail(op, format!("{msg} (operand {ty})"), at, ty),
-        };
-        if ty.dtype == DType::Bool {
-            return self.fail(
-                op,
-                format!("cannot reduce a bool tensor ({ty}); convert it first"),
-                at,
-                ty,
-            );
-        }
-        let out = with_dims(ty.dtype, reduced_dims(&ty.dims, &axes));
-        let r = self.push(
-            Op::Reduce {
-                kind,
-                axes: axes.clone(),
-            },
-            vec![a.node],
-            out,
-            op,
-            at,
-        );
-        if keep {
-            let kept = ty
-                .dims
-                .iter()
-                .enumerate()
-                .map(|(i, &d)| if axes.contains(&i) { 1 } else { d })
-                .collect();
-            self.push(Op::Reshape, vec![r.node], with_dims(ty.dtype, kept), op, at)
-        } else {
-            r
-        }
     }
 
     pub(crate) fn reshape(&mut self, a: Tensor, dims: &[usize], at: &Location<'_>) -> Tensor {
@@ -863,53 +817,6 @@ impl Tensor {
         })
     }
 
-    // ---- reductions ------------------------------------------------------------------------
-
-    /// Sum over `axes` (removed).
-    #[track_caller]
-    pub fn sum(self, axes: &[usize]) -> Tensor {
-        let at = at!();
-        with_recording(|r| r.reduce(ReduceOp::Sum, self, axes, false, "sum", at))
-    }
-
-    /// Sum over `axes`, kept as dims of size 1.
-    #[track_caller]
-    pub fn sum_keep(self, axes: &[usize]) -> Tensor {
-        let at = at!();
-        with_recording(|r| r.reduce(ReduceOp::Sum, self, axes, true, "sum", at))
-    }
-
-    /// Sum of all elements (a scalar).
-    #[track_caller]
-    pub fn sum_all(self) -> Tensor {
-        let axes: Vec<usize> = (0..self.rank()).collect();
-        self.sum(&axes)
-    }
-
-    /// Maximum over `axes` (removed). NaN propagates, as in NumPy's and JAX's `max`: a group
-    /// holding a NaN gives NaN, on every backend. An empty group gives −∞ (or the integer type's
-    /// minimum).
-    #[track_caller]
-    pub fn max(self, axes: &[usize]) -> Tensor {
-        let at = at!();
-        with_recording(|r| r.reduce(ReduceOp::Max, self, axes, false, "max", at))
-    }
-
-    /// Maximum over `axes`, kept as dims of size 1 (NaN propagates, as in [`Tensor::max`]).
-    #[track_caller]
-    pub fn max_keep(self, axes: &[usize]) -> Tensor {
-        let at = at!();
-        with_recording(|r| r.reduce(ReduceOp::Max, self, axes, true, "max", at))
-    }
-
-    /// Minimum over `axes` (removed). NaN propagates, as in [`Tensor::max`]; an empty group gives
-    /// +∞ (or the integer type's maximum).
-    #[track_caller]
-    pub fn min(self, axes: &[usize]) -> Tensor {
-        let at = at!();
-        with_recording(|r| r.reduce(ReduceOp::Min, self, axes, false, "min", at))
-    }
-
     /// This tensor's value, as a constant to differentiation: no gradient flows back through
     /// it to what it was computed from. For a shift that cancels out of the result (the
     /// maximum subtracted in a stable softmax) or a target held fixed.
@@ -942,75 +849,6 @@ impl Tensor {
             return self;
         }
         with_recording(|r| r.all_reduce(self, "all_mean", at)) / n as f64
-    }
-
-    /// Mean over `axes` (removed). Float tensors only.
-    #[track_caller]
-    pub fn mean(self, axes: &[usize]) -> Tensor {
-        self.mean_impl(axes, false, at!())
-    }
-
-    /// Mean over `axes`, kept as dims of size 1.
-    #[track_caller]
-    pub fn mean_keep(self, axes: &[usize]) -> Tensor {
-        self.mean_impl(axes, true, at!())
-    }
-
-    /// Mean of all elements (a scalar).
-    #[track_caller]
-    pub fn mean_all(self) -> Tensor {
-        let axes: Vec<usize> = (0..self.rank()).collect();
-        self.mean_impl(&axes, false, at!())
-    }
-
-    fn mean_impl(self, axes: &[usize], keep: bool, at: &Location<'_>) -> Tensor {
-        with_recording(|r| {
-            let ty = r.ty_of(self);
-            if !is_float(&ty) {
-                return r.fail(
-                    "mean",
-                    format!("mean needs a float tensor, got {ty}"),
-                    at,
-                    ty,
-                );
-            }
-            // A sub-product of a type within the size limit: it cannot overflow.
-            let reduced: Vec<usize> = axes
-                .iter()
-                .filter_map(|&a| ty.dims.get(a).copied())
-                .collect();
-            let count = dims_product(&reduced).unwrap_or(usize::MAX);
-            let s = r.reduce(ReduceOp::Sum, self, axes, keep, "mean", at);
-            let dims = r.ty_of(s).dims;
-            let n = r.scalar(count as f64, ty.dtype, "mean", at);
-            let n = r.broadcast_to(n, &dims, "mean", at);
-            r.push(
-                Op::Binary(BinaryOp::Div),
-                vec![s.node, n.node],
-                with_dims(ty.dtype, dims),
-                "mean",
-                at,
-            )
-        })
-    }
-
-    /// The index of the maximum along `axis` (the first on ties), as `i32`. NaN counts as the
-    /// maximum, as in NumPy's `argmax`: a row holding NaN gives the index of its **first** NaN.
-    /// Not differentiable.
-    #[track_caller]
-    pub fn argmax(self, axis: usize) -> Tensor {
-        let ty = self.ty();
-        let m = self.max_keep(&[axis]);
-        // NaN propagates (as in NumPy): a NaN maximum (`m`) equals nothing, so the positions
-        // that win are the NaNs themselves (`x != x`), and the first NaN is the answer.
-        let is_max = self.equal(m).maximum(self.not_equal(self));
-        let idx = Tensor::iota(
-            DType::I32,
-            &ty.dims,
-            axis.min(ty.dims.len().saturating_sub(1)),
-        );
-        let big = ty.dims.get(axis).copied().unwrap_or(0) as f64;
-        Tensor::select(is_max, idx, big).min(&[axis])
     }
 
     /// One-hot encoding: integer labels `[..]` become `[.., classes]` of `dtype`.

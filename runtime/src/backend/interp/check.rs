@@ -216,23 +216,6 @@ pub(super) fn node(graph: &Graph, id: usize) -> Result<(), String> {
             }
         }
         crate::ops::family_op!() => crate::ops::result_type(node, &ins)?,
-        Op::Reduce { axes, .. } => {
-            arity(1, ins.len())?;
-            let t = ins[0];
-            if !axes.windows(2).all(|w| w[0] < w[1]) || axes.iter().any(|&a| a >= t.dims.len()) {
-                return Err(format!(
-                    "axes {axes:?} must be ascending, distinct dims of {t}"
-                ));
-            }
-            let dims = (0..t.dims.len())
-                .filter(|i| !axes.contains(i))
-                .map(|i| t.dims[i])
-                .collect();
-            LeafType {
-                dtype: t.dtype,
-                dims,
-            }
-        }
     };
     if &expected == out {
         Ok(())

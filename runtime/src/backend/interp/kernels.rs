@@ -5,11 +5,10 @@
 //! result's storage (allocated fallibly), or a [`Fault`]: a message when the dtypes do not fit
 //! the op, or an allocation that failed.
 
-use crate::trace::ir::{BinaryOp, CmpOp, ReduceOp, UnaryOp};
+use crate::trace::ir::{BinaryOp, CmpOp, UnaryOp};
 use crate::tree::{ArrayData, DType};
 
-use super::alloc::{collect, filled, with_capacity};
-use super::layout::transpose_vec;
+use super::alloc::{collect, with_capacity};
 use super::Fault;
 
 /// Floating-point element types.
@@ -420,7 +419,7 @@ pub(crate) fn binary(op: BinaryOp, a: &ArrayData, b: &ArrayData) -> Result<Array
 
 /// Half-precision values reach the kernels in `f32`: the interpreter's driver widens them
 /// around every op but `convert`.
-fn half_in_kernel() -> Fault {
+pub(crate) fn half_in_kernel() -> Fault {
     Fault::from("half-precision values are computed in f32 by the interpreter".to_owned())
 }
 
@@ -532,96 +531,5 @@ pub(super) fn convert(a: &ArrayData, to: DType) -> Result<ArrayData, Fault> {
             let bytes: Vec<u8> = map(v, u8::from)?;
             convert_all!(bytes, to, 0)
         }
-    })
-}
-
-/// Folds a non-empty slice pairwise (halves, then halves of halves), which keeps float sums
-/// accurate to `O(log n)` roundings instead of `O(n)`.
-fn fold_pairwise<T: Copy>(v: &[T], f: &impl Fn(T, T) -> T) -> T {
-    if v.len() <= 32 {
-        v[1..].iter().fold(v[0], |acc, &x| f(acc, x))
-    } else {
-        let (l, r) = v.split_at(v.len() / 2);
-        f(fold_pairwise(l, f), fold_pairwise(r, f))
-    }
-}
-
-/// Reduces `v` (shape `dims`) over `axes` (ascending), starting from `init`.
-fn reduce_vec<T: Copy>(
-    v: &[T],
-    dims: &[usize],
-    axes: &[usize],
-    init: T,
-    f: impl Fn(T, T) -> T,
-) -> Result<Vec<T>, Fault> {
-    let mut perm: Vec<usize> = (0..dims.len()).filter(|d| !axes.contains(d)).collect();
-    // Sub-products of a checked type's dims (see `layout::strides`): they cannot overflow.
-    let size = |ds: &[usize]| {
-        ds.iter()
-            .map(|&d| dims[d])
-            .fold(1usize, usize::saturating_mul)
-    };
-    let out_len = size(&perm);
-    perm.extend_from_slice(axes);
-    let group = size(axes);
-    if group == 0 {
-        return filled(out_len, init);
-    }
-    let moved = transpose_vec(v, dims, &perm)?;
-    collect(
-        out_len,
-        moved
-            .chunks_exact(group)
-            .map(|c| f(init, fold_pairwise(c, &f))),
-    )
-}
-
-fn reduce_float<T: Float>(
-    kind: ReduceOp,
-    v: &[T],
-    dims: &[usize],
-    axes: &[usize],
-) -> Result<Vec<T>, Fault> {
-    match kind {
-        ReduceOp::Sum => reduce_vec(v, dims, axes, T::ZERO, |a, b| a.binary(b, BinaryOp::Add)),
-        ReduceOp::Max => reduce_vec(v, dims, axes, T::NEG_INF, |a, b| a.binary(b, BinaryOp::Max)),
-        ReduceOp::Min => reduce_vec(v, dims, axes, T::INF, |a, b| a.binary(b, BinaryOp::Min)),
-    }
-}
-
-fn reduce_int<T: Int>(
-    kind: ReduceOp,
-    v: &[T],
-    dims: &[usize],
-    axes: &[usize],
-) -> Result<Vec<T>, Fault> {
-    match kind {
-        ReduceOp::Sum => reduce_vec(v, dims, axes, T::ZERO, |a, b| a.binary(b, BinaryOp::Add)),
-        ReduceOp::Max => reduce_vec(v, dims, axes, T::MIN, |a, b| a.binary(b, BinaryOp::Max)),
-        ReduceOp::Min => reduce_vec(v, dims, axes, T::MAX, |a, b| a.binary(b, BinaryOp::Min)),
-    }
-}
-
-/// A reduction over `axes` (ascending) of storage of shape `dims`. Inits: sum 0; max −∞ or the
-/// type's minimum; min +∞ or the type's maximum (an empty reduction gives the init). On bool,
-/// sum and max are `or`, min is `and`.
-pub(super) fn reduce(
-    kind: ReduceOp,
-    a: &ArrayData,
-    dims: &[usize],
-    axes: &[usize],
-) -> Result<ArrayData, Fault> {
-    Ok(match a {
-        ArrayData::F32(v) => ArrayData::F32(reduce_float(kind, v, dims, axes)?),
-        ArrayData::F64(v) => ArrayData::F64(reduce_float(kind, v, dims, axes)?),
-        ArrayData::I32(v) => ArrayData::I32(reduce_int(kind, v, dims, axes)?),
-        ArrayData::I64(v) => ArrayData::I64(reduce_int(kind, v, dims, axes)?),
-        ArrayData::U8(v) => ArrayData::U8(reduce_int(kind, v, dims, axes)?),
-        ArrayData::U32(v) => ArrayData::U32(reduce_int(kind, v, dims, axes)?),
-        ArrayData::BF16(_) | ArrayData::F16(_) => return Err(half_in_kernel()),
-        ArrayData::Bool(v) => ArrayData::Bool(match kind {
-            ReduceOp::Sum | ReduceOp::Max => reduce_vec(v, dims, axes, false, |a, b| a | b)?,
-            ReduceOp::Min => reduce_vec(v, dims, axes, true, |a, b| a & b)?,
-        }),
     })
 }

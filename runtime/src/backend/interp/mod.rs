@@ -422,10 +422,6 @@ fn eval<'a>(
             owned(layout::slice(a.data(), a.dims(), start, strides, out_dims)?)
         }
         Op::Concatenate { axis } => owned(layout::concatenate(operands, *axis, node.ty.dtype)?),
-        Op::Reduce { kind, axes } => {
-            let a = operands[0];
-            owned(kernels::reduce(*kind, a.data(), a.dims(), axes)?)
-        }
         crate::ops::family_op!() => owned(crate::ops::eval(node, operands)?),
         // Summed across replicas by `run_replicas`; never evaluated one replica at a time.
         Op::AllReduce => Err(Fault::Invalid(
