@@ -361,7 +361,6 @@ impl<'g> Emitter<'g> {
                 dense(out, array.data(), array.dims());
                 writeln!(out, " : {ty}")
             }
-            Op::Iota { axis } => writeln!(out, "    {me} = stablehlo.iota dim = {axis} : {ty}"),
             Op::Unary(u) if u.dialect() == "chlo" => {
                 writeln!(out, "    {me} = chlo.{} {an} : {ty} -> {ty}", u.name())
             }
@@ -462,47 +461,9 @@ impl<'g> Emitter<'g> {
                 }
             }
             Op::Convert => writeln!(out, "    {me} = stablehlo.convert {an} : ({at}) -> {ty}"),
-            Op::BroadcastInDim { dims } => writeln!(
-                out,
-                "    {me} = stablehlo.broadcast_in_dim {an}, dims = {} : ({at}) -> {ty}",
-                List(dims)
-            ),
             // A reshape to the same type: the value itself, which XLA's simplifier removes.
-            Op::Reshape | Op::StopGradient => {
+            Op::StopGradient => {
                 writeln!(out, "    {me} = stablehlo.reshape {an} : ({at}) -> {ty}")
-            }
-            Op::Transpose { perm } => writeln!(
-                out,
-                "    {me} = stablehlo.transpose {an}, dims = {} : ({at}) -> {ty}",
-                List(perm)
-            ),
-            Op::Slice {
-                start,
-                limit,
-                strides,
-            } => {
-                write!(out, "    {me} = stablehlo.slice {an} [")?;
-                for (i, (s, l)) in start.iter().zip(limit).enumerate() {
-                    if i > 0 {
-                        out.push_str(", ");
-                    }
-                    write!(out, "{s}:{l}")?;
-                    match strides.get(i) {
-                        Some(1) => {}
-                        Some(step) => write!(out, ":{step}")?,
-                        None => {}
-                    }
-                }
-                writeln!(out, "] : ({at}) -> {ty}")
-            }
-            Op::Concatenate { axis } => {
-                write!(self.out, "    {me} = stablehlo.concatenate ")?;
-                for &i in &node.inputs {
-                    write!(self.out, "{}, ", self.name(i))?;
-                }
-                write!(self.out, "dim = {axis} : (")?;
-                self.types(&node.inputs)?;
-                writeln!(self.out, ") -> {ty}")
             }
             Op::AllReduce => {
                 let scalar = Ty(Some(&LeafType {

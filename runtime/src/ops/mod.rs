@@ -101,7 +101,13 @@ use crate::tree::{Array, LeafType};
 /// below).
 macro_rules! family_op {
     () => {
-        $crate::trace::ir::Op::Clamp
+        $crate::trace::ir::Op::Iota { .. }
+            | $crate::trace::ir::Op::BroadcastInDim { .. }
+            | $crate::trace::ir::Op::Reshape
+            | $crate::trace::ir::Op::Transpose { .. }
+            | $crate::trace::ir::Op::Slice { .. }
+            | $crate::trace::ir::Op::Concatenate { .. }
+            | $crate::trace::ir::Op::Clamp
             | $crate::trace::ir::Op::DotGeneral(_)
             | $crate::trace::ir::Op::Reduce { .. }
             | $crate::trace::ir::Op::BitcastConvert
@@ -123,7 +129,13 @@ pub(crate) use family_op;
 pub(crate) fn owns(op: &Op) -> bool {
     matches!(
         op,
-        Op::DotGeneral(_)
+        Op::Iota { .. }
+            | Op::BroadcastInDim { .. }
+            | Op::Reshape
+            | Op::Transpose { .. }
+            | Op::Slice { .. }
+            | Op::Concatenate { .. }
+            | Op::DotGeneral(_)
             | Op::Reduce { .. }
             | Op::Clamp
             | Op::BitcastConvert
@@ -161,6 +173,12 @@ pub(crate) fn result_type(node: &Node, types: &[&LeafType]) -> Result<LeafType, 
             want(1)?;
             elementwise::bitcast_type(types[0], node.ty.dtype)
         }
+        Op::Iota { .. }
+        | Op::BroadcastInDim { .. }
+        | Op::Reshape
+        | Op::Transpose { .. }
+        | Op::Slice { .. }
+        | Op::Concatenate { .. } => shape::core_type(node, types),
         Op::Reduce { axes, .. } => {
             want(1)?;
             reduce::reduce_type(types[0], axes)
@@ -224,6 +242,12 @@ pub(crate) fn result_type(node: &Node, types: &[&LeafType]) -> Result<LeafType, 
 pub(crate) fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor) -> Vec<Option<Tensor>> {
     match &node.op {
         Op::Reduce { kind, axes } => reduce::vjp(*kind, axes, node.ty.dtype, y, x, g),
+        Op::Iota { .. }
+        | Op::BroadcastInDim { .. }
+        | Op::Reshape
+        | Op::Transpose { .. }
+        | Op::Slice { .. }
+        | Op::Concatenate { .. } => shape::core_vjp(node, x, g),
         Op::Clamp => elementwise::clamp_vjp(x[0], x[1], x[2], g),
         Op::BitcastConvert => vec![None],
         Op::DotGeneral(d) => linalg::vjp(d, node.ty.dtype, x, g),
@@ -258,6 +282,12 @@ pub(crate) fn emit(node: &Node, l: Line<'_>) -> fmt::Result {
         Op::BitcastConvert => elementwise::emit_bitcast(l),
         Op::DotGeneral(d) => linalg::emit(l, d),
         Op::Reduce { kind, axes } => reduce::emit(l, *kind, axes, dtype),
+        Op::Iota { .. }
+        | Op::BroadcastInDim { .. }
+        | Op::Reshape
+        | Op::Transpose { .. }
+        | Op::Slice { .. }
+        | Op::Concatenate { .. } => shape::core_emit(node, l),
         Op::Pad {
             low,
             high,
@@ -285,6 +315,12 @@ pub(crate) fn eval(node: &Node, a: &[&Array]) -> Result<ArrayData, Fault> {
         Op::BitcastConvert => elementwise::eval_bitcast(a[0], out.dtype),
         Op::DotGeneral(d) => linalg::eval(d, a),
         Op::Reduce { kind, axes } => reduce::eval_reduce(*kind, a[0].data(), a[0].dims(), axes),
+        Op::Iota { .. }
+        | Op::BroadcastInDim { .. }
+        | Op::Reshape
+        | Op::Transpose { .. }
+        | Op::Slice { .. }
+        | Op::Concatenate { .. } => shape::core_eval(node, a),
         Op::Pad { low, interior, .. } => shape::eval_pad(a[0], a[1], out, low, interior),
         Op::Reverse { axes } => shape::eval_reverse(a[0], axes),
         Op::Convolution(c) => conv::eval(a[0], a[1], out, c),

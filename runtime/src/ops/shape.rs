@@ -1,4 +1,5 @@
-//! Shape ops that move elements without arithmetic: `pad` and `reverse`.
+//! Shape ops that move elements without arithmetic: `broadcast_in_dim`, `reshape`, `transpose`,
+//! `slice`, `concatenate`, `iota`, `pad` and `reverse`.
 //!
 //! - `pad(x, value, low, high, interior)`: `low[d]`/`high[d]` elements of `value` before and
 //!   after dim `d` (negative removes elements), `interior[d]` between neighbours. Dim `d` of the
@@ -10,13 +11,14 @@
 use std::fmt;
 use std::panic::Location;
 
-use crate::backend::interp::alloc::filled;
-use crate::backend::interp::layout::strides;
+use crate::backend::interp::alloc::{collect, filled, with_capacity};
+use crate::backend::interp::layout::{gather, map_data, strides};
 use crate::backend::interp::Fault;
 use crate::emit::Line;
-use crate::trace::ir::{with_dims, Op};
-use crate::trace::{with_recording, Operand, Tensor};
-use crate::tree::{Array, ArrayData, LeafType};
+use crate::trace::ir::{with_dims, Node, Op};
+use crate::trace::ops::{broadcast_dims, scalar_ty};
+use crate::trace::{with_recording, Operand, Recording, Tensor};
+use crate::tree::{dims_product, Array, ArrayData, DType, Element, LeafType};
 
 use super::{same_dtype, unflatten};
 
@@ -297,4 +299,698 @@ fn reverse_vec<T: Copy>(v: &[T], dims: &[usize], axes: &[usize]) -> Result<Vec<T
 pub(crate) fn eval_reverse(x: &Array, axes: &[usize]) -> Result<ArrayData, Fault> {
     let dims = x.dims();
     Ok(same_dtype!(x.data(), v => reverse_vec(v, dims, axes)))
+}
+
+// ---- the first shape ops: broadcast, reshape, transpose, slice, concatenate, iota ------------
+//
+// `broadcast_in_dim` maps operand dim `i` to result dim `dims[i]` (size equal, or 1);
+// `reshape` keeps the row-major order; `transpose` makes result dim `i` operand dim `perm[i]`;
+// `slice` takes `start..limit` step `strides`; `concatenate` joins along `axis`; `iota`
+// counts along `axis`. VJPs: a broadcast sums the cotangent over the broadcast dims; reshape
+// and transpose undo themselves; a slice pads the cotangent back into zeros (interleaving
+// zeros for strides); a concatenation slices the cotangent apart; iota has none.
+
+impl Recording {
+    /// Broadcasts `t` to `dims` NumPy-style (trailing dims align); a no-op when already there.
+    pub(crate) fn broadcast_to(
+        &mut self,
+        t: Tensor,
+        dims: &[usize],
+        op: &'static str,
+        at: &Location<'_>,
+    ) -> Tensor {
+        let ty = self.ty_of(t);
+        if ty.dims == dims {
+            return t;
+        }
+        let offset = dims.len() - ty.dims.len();
+        let map = (0..ty.dims.len()).map(|i| i + offset).collect();
+        self.push(
+            Op::BroadcastInDim { dims: map },
+            vec![t.node],
+            with_dims(ty.dtype, dims.to_vec()),
+            op,
+            at,
+        )
+    }
+    pub(crate) fn reshape(&mut self, a: Tensor, dims: &[usize], at: &Location<'_>) -> Tensor {
+        let ty = self.ty_of(a);
+        // The operand is within the size limit, so its count is too; the new dims may not be.
+        let have = dims_product(&ty.dims).unwrap_or(usize::MAX);
+        let want = dims_product(dims);
+        if want != Some(have) {
+            let want = want.map_or_else(|| "more than 2^64".to_owned(), |n| n.to_string());
+            return self.fail(
+                "reshape",
+                format!(
+                    "cannot reshape {ty} ({have} elements) to {:?} ({want} elements)",
+                    dims
+                ),
+                at,
+                with_dims(ty.dtype, dims.to_vec()),
+            );
+        }
+        if ty.dims == dims {
+            return a;
+        }
+        self.push(
+            Op::Reshape,
+            vec![a.node],
+            with_dims(ty.dtype, dims.to_vec()),
+            "reshape",
+            at,
+        )
+    }
+    pub(crate) fn transpose(&mut self, a: Tensor, perm: &[usize], at: &Location<'_>) -> Tensor {
+        let ty = self.ty_of(a);
+        let mut sorted = perm.to_vec();
+        sorted.sort_unstable();
+        if sorted != (0..ty.dims.len()).collect::<Vec<_>>() {
+            return self.fail(
+                "transpose",
+                format!("{perm:?} is not a permutation of the dims of {ty}"),
+                at,
+                ty,
+            );
+        }
+        let dims = perm.iter().map(|&p| ty.dims[p]).collect();
+        self.push(
+            Op::Transpose {
+                perm: perm.to_vec(),
+            },
+            vec![a.node],
+            with_dims(ty.dtype, dims),
+            "transpose",
+            at,
+        )
+    }
+    pub(crate) fn slice(
+        &mut self,
+        a: Tensor,
+        start: &[usize],
+        limit: &[usize],
+        strides: &[usize],
+        at: &Location<'_>,
+    ) -> Tensor {
+        let ty = self.ty_of(a);
+        let r = ty.dims.len();
+        let bad = start.len() != r
+            || limit.len() != r
+            || strides.len() != r
+            || (0..r).any(|i| start[i] > limit[i] || limit[i] > ty.dims[i] || strides[i] == 0);
+        if bad {
+            return self.fail(
+                "slice",
+                format!("invalid slice [{start:?}..{limit:?} step {strides:?}] of {ty}: need start ≤ limit ≤ dim and step ≥ 1 for each of the {r} dims"),
+                at,
+                ty,
+            );
+        }
+        let dims = (0..r)
+            .map(|i| (limit[i] - start[i]).div_ceil(strides[i]))
+            .collect();
+        self.push(
+            Op::Slice {
+                start: start.to_vec(),
+                limit: limit.to_vec(),
+                strides: strides.to_vec(),
+            },
+            vec![a.node],
+            with_dims(ty.dtype, dims),
+            "slice",
+            at,
+        )
+    }
+    pub(crate) fn concatenate(
+        &mut self,
+        parts: &[Tensor],
+        axis: usize,
+        at: &Location<'_>,
+    ) -> Tensor {
+        let Some(&first) = parts.first() else {
+            return self.fail(
+                "concatenate",
+                "nothing to concatenate".into(),
+                at,
+                scalar_ty(DType::F32),
+            );
+        };
+        let t0 = self.ty_of(first);
+        if axis >= t0.dims.len() {
+            return self.fail(
+                "concatenate",
+                format!("axis {axis} is out of range for {t0}"),
+                at,
+                t0,
+            );
+        }
+        let mut total: usize = 0;
+        for &p in parts {
+            let t = self.ty_of(p);
+            let same_rest = t.dims.len() == t0.dims.len()
+                && (0..t0.dims.len()).all(|i| i == axis || t.dims[i] == t0.dims[i]);
+            if t.dtype != t0.dtype || !same_rest {
+                return self.fail(
+                    "concatenate",
+                    format!("cannot concatenate {t0} and {t} along axis {axis}: dtypes and all other dims must match"),
+                    at,
+                    t0,
+                );
+            }
+            let Some(sum) = total.checked_add(t.dims[axis]) else {
+                return self.fail(
+                    "concatenate",
+                    format!(
+                        "the joined dim {axis} of {parts} parts overflows",
+                        parts = parts.len()
+                    ),
+                    at,
+                    t0,
+                );
+            };
+            total = sum;
+        }
+        let mut dims = t0.dims.clone();
+        dims[axis] = total;
+        self.push(
+            Op::Concatenate { axis },
+            parts.iter().map(|p| p.node).collect(),
+            with_dims(t0.dtype, dims),
+            "concatenate",
+            at,
+        )
+    }
+    pub(crate) fn iota(
+        &mut self,
+        dtype: DType,
+        dims: &[usize],
+        axis: usize,
+        at: &Location<'_>,
+    ) -> Tensor {
+        let ty = with_dims(dtype, dims.to_vec());
+        if axis >= dims.len() || dtype == DType::Bool {
+            return self.fail(
+                "iota",
+                format!("iota along axis {axis} of {ty} is not defined"),
+                at,
+                ty,
+            );
+        }
+        self.push(Op::Iota { axis }, Vec::new(), ty, "iota", at)
+    }
+}
+
+impl Tensor {
+    /// Indices along `axis`: element `[i0, i1, …]` is `i_axis`.
+    #[track_caller]
+    pub fn iota(dtype: DType, dims: &[usize], axis: usize) -> Tensor {
+        let at = Location::caller();
+        with_recording(|r| r.iota(dtype, dims, axis, at))
+    }
+    /// The same elements with new dims (equal element count).
+    #[track_caller]
+    pub fn reshape(self, dims: &[usize]) -> Tensor {
+        let at = Location::caller();
+        with_recording(|r| r.reshape(self, dims, at))
+    }
+    /// Permutes dims: result dim `i` is dim `perm[i]`.
+    #[track_caller]
+    pub fn transpose(self, perm: &[usize]) -> Tensor {
+        let at = Location::caller();
+        with_recording(|r| r.transpose(self, perm, at))
+    }
+    /// The transpose of a matrix.
+    #[track_caller]
+    pub fn t(self) -> Tensor {
+        self.transpose(&[1, 0])
+    }
+    /// Elements `start[i]..limit[i]` of each dim.
+    #[track_caller]
+    pub fn slice(self, start: &[usize], limit: &[usize]) -> Tensor {
+        let at = Location::caller();
+        let ones = vec![1; start.len()];
+        with_recording(|r| r.slice(self, start, limit, &ones, at))
+    }
+    /// Elements `start[i]..limit[i]` of each dim, every `strides[i]`-th.
+    #[track_caller]
+    pub fn slice_strided(self, start: &[usize], limit: &[usize], strides: &[usize]) -> Tensor {
+        let at = Location::caller();
+        with_recording(|r| r.slice(self, start, limit, strides, at))
+    }
+    /// Joins tensors along `axis`.
+    #[track_caller]
+    pub fn concatenate(parts: &[Tensor], axis: usize) -> Tensor {
+        let at = Location::caller();
+        with_recording(|r| r.concatenate(parts, axis, at))
+    }
+    /// Broadcasts to `dims`, NumPy-style.
+    #[track_caller]
+    pub fn broadcast_to(self, dims: &[usize]) -> Tensor {
+        let at = Location::caller();
+        with_recording(|r| {
+            let ty = r.ty_of(self);
+            match broadcast_dims(&ty.dims, dims) {
+                Some(d) if d == dims => r.broadcast_to(self, dims, "broadcast", at),
+                _ => r.fail(
+                    "broadcast",
+                    format!("cannot broadcast {ty} to {dims:?}"),
+                    at,
+                    with_dims(ty.dtype, dims.to_vec()),
+                ),
+            }
+        })
+    }
+    /// One-hot encoding: integer labels `[..]` become `[.., classes]` of `dtype`.
+    #[track_caller]
+    pub fn one_hot(self, classes: usize, dtype: DType) -> Tensor {
+        let at = Location::caller();
+        let ty = self.ty();
+        if ty.dtype.is_float() || ty.dtype == DType::Bool {
+            return with_recording(|r| {
+                let mut dims = ty.dims.clone();
+                dims.push(classes);
+                r.fail(
+                    "one_hot",
+                    format!("labels must be integers, got {ty}"),
+                    at,
+                    with_dims(dtype, dims),
+                )
+            });
+        }
+        let mut dims = ty.dims.clone();
+        dims.push(classes);
+        let rank = dims.len();
+        // Class indices in a type wide enough for any class count (u8 labels would wrap).
+        let index = if ty.dtype == DType::I64 {
+            DType::I64
+        } else {
+            DType::I32
+        };
+        let classes_iota = Tensor::iota(index, &dims, rank - 1);
+        let labels = self
+            .convert(index)
+            .reshape(&[ty.dims.as_slice(), &[1]].concat());
+        classes_iota.equal(labels).convert(dtype)
+    }
+}
+
+fn arity(n: usize, have: usize) -> Result<(), String> {
+    if n == have {
+        Ok(())
+    } else {
+        Err(format!("it takes {n} operands but has {have}"))
+    }
+}
+
+/// Whether `axes` are distinct and below `rank`.
+fn distinct_in_range(axes: &[usize], rank: usize) -> bool {
+    let mut seen = vec![false; rank];
+    axes.iter()
+        .all(|&a| a < rank && !std::mem::replace(&mut seen[a], true))
+}
+
+/// The result type of one of the first shape ops, or what is wrong.
+pub(crate) fn core_type(node: &Node, ins: &[&LeafType]) -> Result<LeafType, String> {
+    let out = &node.ty;
+    Ok(match &node.op {
+        Op::Iota { axis } => {
+            arity(0, ins.len())?;
+            if *axis >= out.dims.len() || out.dtype == DType::Bool {
+                return Err(format!("iota along axis {axis} of {out} is not defined"));
+            }
+            out.clone()
+        }
+        Op::BroadcastInDim { dims } => {
+            arity(1, ins.len())?;
+            let t = ins[0];
+            let fits = dims.len() == t.dims.len()
+                && distinct_in_range(dims, out.dims.len())
+                && dims
+                    .iter()
+                    .zip(&t.dims)
+                    .all(|(&d, &s)| s == 1 || s == out.dims[d]);
+            if !fits {
+                return Err(format!(
+                    "{t} cannot be broadcast to {out} along dims {dims:?}"
+                ));
+            }
+            LeafType {
+                dtype: t.dtype,
+                dims: out.dims.clone(),
+            }
+        }
+        Op::Reshape => {
+            arity(1, ins.len())?;
+            let t = ins[0];
+            if dims_product(&t.dims) != dims_product(&out.dims) {
+                return Err(format!("{t} and {out} have different element counts"));
+            }
+            LeafType {
+                dtype: t.dtype,
+                dims: out.dims.clone(),
+            }
+        }
+        Op::Transpose { perm } => {
+            arity(1, ins.len())?;
+            let t = ins[0];
+            if perm.len() != t.dims.len() || !distinct_in_range(perm, t.dims.len()) {
+                return Err(format!("{perm:?} is not a permutation of the dims of {t}"));
+            }
+            LeafType {
+                dtype: t.dtype,
+                dims: perm.iter().map(|&p| t.dims[p]).collect(),
+            }
+        }
+        Op::Slice {
+            start,
+            limit,
+            strides,
+        } => {
+            arity(1, ins.len())?;
+            let t = ins[0];
+            let r = t.dims.len();
+            let bad = start.len() != r
+                || limit.len() != r
+                || strides.len() != r
+                || (0..r).any(|i| start[i] > limit[i] || limit[i] > t.dims[i] || strides[i] == 0);
+            if bad {
+                return Err(format!(
+                    "the window {start:?}..{limit:?} step {strides:?} does not fit {t}"
+                ));
+            }
+            let dims = (0..r)
+                .map(|i| (limit[i] - start[i]).div_ceil(strides[i]))
+                .collect();
+            LeafType {
+                dtype: t.dtype,
+                dims,
+            }
+        }
+        Op::Concatenate { axis } => {
+            let Some(first) = ins.first() else {
+                return Err("it has no operands".into());
+            };
+            let axis = *axis;
+            let fits = axis < first.dims.len()
+                && ins.iter().all(|t| {
+                    t.dtype == first.dtype
+                        && t.dims.len() == first.dims.len()
+                        && (0..t.dims.len()).all(|i| i == axis || t.dims[i] == first.dims[i])
+                });
+            if !fits {
+                let shown: Vec<String> = ins.iter().map(|t| t.to_string()).collect();
+                return Err(format!(
+                    "{} cannot be joined along axis {axis}",
+                    shown.join(", ")
+                ));
+            }
+            let mut dims = first.dims.clone();
+            dims[axis] = ins.iter().map(|t| t.dims[axis]).sum();
+            LeafType {
+                dtype: first.dtype,
+                dims,
+            }
+        }
+        other => return Err(format!("`{}` is not a shape op", other.name())),
+    })
+}
+
+/// The VJP of one of the first shape ops.
+pub(crate) fn core_vjp(node: &Node, x: &[Tensor], g: Tensor) -> Vec<Option<Tensor>> {
+    match &node.op {
+        Op::BroadcastInDim { dims } => {
+            let from = x[0].ty().dims;
+            let to = &node.ty.dims;
+            let mut axes: Vec<usize> = (0..to.len()).filter(|a| !dims.contains(a)).collect();
+            axes.extend(
+                dims.iter()
+                    .enumerate()
+                    .filter(|(k, &d)| from[*k] == 1 && to[d] != 1)
+                    .map(|(_, &d)| d),
+            );
+            axes.sort_unstable();
+            let summed = if axes.is_empty() { g } else { g.sum(&axes) };
+            let kept: Vec<usize> = (0..to.len()).filter(|a| !axes.contains(a)).collect();
+            // Our broadcasts map operand dims in increasing order; restore that order if not.
+            let order: Vec<usize> = dims
+                .iter()
+                .filter(|d| kept.contains(d))
+                .map(|d| kept.iter().position(|k| k == d).unwrap_or(0))
+                .collect();
+            let ordered = if order.windows(2).all(|w| w[0] < w[1]) {
+                summed
+            } else {
+                summed.transpose(&order)
+            };
+            vec![Some(ordered.reshape(&from))]
+        }
+        Op::Reshape => vec![Some(g.reshape(&x[0].ty().dims))],
+        Op::Transpose { perm } => {
+            let mut inv = vec![0; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inv[p] = i;
+            }
+            vec![Some(g.transpose(&inv))]
+        }
+        Op::Slice {
+            start,
+            limit,
+            strides,
+        } => vec![Some(unslice(g, &x[0].ty().dims, start, limit, strides))],
+        Op::Concatenate { axis } => {
+            let out = &node.ty.dims;
+            let mut offset = 0;
+            x.iter()
+                .map(|&part| {
+                    let n = part.ty().dims[*axis];
+                    let mut start = vec![0; out.len()];
+                    let mut limit = out.clone();
+                    start[*axis] = offset;
+                    limit[*axis] = offset + n;
+                    offset += n;
+                    Some(g.slice(&start, &limit))
+                })
+                .collect()
+        }
+        _ => vec![None; x.len()],
+    }
+}
+
+/// The gradient of a slice: `g` scattered back into zeros of the operand's dims.
+fn unslice(
+    g: Tensor,
+    dims: &[usize],
+    start: &[usize],
+    limit: &[usize],
+    strides: &[usize],
+) -> Tensor {
+    let dtype = g.dtype();
+    let mut cur = g;
+    for axis in 0..dims.len() {
+        let cd = cur.dims();
+        let s = strides[axis];
+        if s > 1 {
+            // Interleave s-1 zeros after each element along `axis`, then trim.
+            let n = cd[axis];
+            let mut split = cd.clone();
+            split.insert(axis + 1, 1);
+            let mut zeros = cd.clone();
+            zeros.insert(axis + 1, s - 1);
+            let spread = Tensor::concatenate(
+                &[cur.reshape(&split), Tensor::full(&zeros, 0.0, dtype)],
+                axis + 1,
+            );
+            let mut merged = cd.clone();
+            merged[axis] = n * s;
+            cur = spread.reshape(&merged);
+            let mut lim = merged.clone();
+            lim[axis] = limit[axis] - start[axis];
+            cur = cur.slice(&vec![0; merged.len()], &lim);
+        }
+        let cd = cur.dims();
+        let mut parts = Vec::new();
+        if start[axis] > 0 {
+            let mut z = cd.clone();
+            z[axis] = start[axis];
+            parts.push(Tensor::full(&z, 0.0, dtype));
+        }
+        parts.push(cur);
+        if dims[axis] > limit[axis] {
+            let mut z = cd.clone();
+            z[axis] = dims[axis] - limit[axis];
+            parts.push(Tensor::full(&z, 0.0, dtype));
+        }
+        if parts.len() > 1 {
+            cur = Tensor::concatenate(&parts, axis);
+        }
+    }
+    cur
+}
+
+/// The StableHLO of one of the first shape ops.
+pub(crate) fn core_emit(node: &Node, l: Line<'_>) -> fmt::Result {
+    use fmt::Write as _;
+    let (me, ty) = (&l.me, &l.ty);
+    match &node.op {
+        Op::Iota { axis } => writeln!(l.out, "    {me} = stablehlo.iota dim = {axis} : {ty}"),
+        Op::BroadcastInDim { dims } => writeln!(
+            l.out,
+            "    {me} = stablehlo.broadcast_in_dim {}, dims = {} : ({}) -> {ty}",
+            l.args[0],
+            crate::emit::list(dims),
+            l.arg_tys[0]
+        ),
+        Op::Reshape => writeln!(
+            l.out,
+            "    {me} = stablehlo.reshape {} : ({}) -> {ty}",
+            l.args[0], l.arg_tys[0]
+        ),
+        Op::Transpose { perm } => writeln!(
+            l.out,
+            "    {me} = stablehlo.transpose {}, dims = {} : ({}) -> {ty}",
+            l.args[0],
+            crate::emit::list(perm),
+            l.arg_tys[0]
+        ),
+        Op::Slice {
+            start,
+            limit,
+            strides,
+        } => {
+            write!(l.out, "    {me} = stablehlo.slice {} [", l.args[0])?;
+            for (i, (s, e)) in start.iter().zip(limit).enumerate() {
+                if i > 0 {
+                    l.out.push_str(", ");
+                }
+                write!(l.out, "{s}:{e}")?;
+                match strides.get(i) {
+                    Some(1) | None => {}
+                    Some(step) => write!(l.out, ":{step}")?,
+                }
+            }
+            writeln!(l.out, "] : ({}) -> {ty}", l.arg_tys[0])
+        }
+        Op::Concatenate { axis } => {
+            write!(l.out, "    {me} = stablehlo.concatenate ")?;
+            for a in &l.args {
+                write!(l.out, "{a}, ")?;
+            }
+            writeln!(l.out, "dim = {axis} : ({}) -> {ty}", l.arg_tys.join(", "))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// One of the first shape ops on the host.
+pub(crate) fn core_eval(node: &Node, operands: &[&Array]) -> Result<ArrayData, Fault> {
+    let out_dims = node.ty.dims.as_slice();
+    let a = operands.first().copied();
+    let one = || a.ok_or_else(|| Fault::Invalid("it has no operand".into()));
+    match &node.op {
+        Op::Iota { axis } => iota(node.ty.dtype, out_dims, *axis),
+        Op::BroadcastInDim { dims } => {
+            let a = one()?;
+            broadcast(a.data(), a.dims(), out_dims, dims)
+        }
+        Op::Reshape => crate::backend::interp::copy_data(one()?.data()),
+        Op::Transpose { perm } => {
+            let a = one()?;
+            crate::backend::interp::layout::transpose(a.data(), a.dims(), perm)
+        }
+        Op::Slice { start, strides, .. } => {
+            let a = one()?;
+            slice(a.data(), a.dims(), start, strides, out_dims)
+        }
+        Op::Concatenate { axis } => concatenate(operands, *axis, node.ty.dtype),
+        other => Err(Fault::Invalid(format!(
+            "`{}` is not a shape op",
+            other.name()
+        ))),
+    }
+}
+
+/// Broadcasts storage of shape `in_dims` to `out_dims`: operand dim `i` becomes result dim
+/// `map[i]` (its size equal, or 1).
+pub(crate) fn broadcast(
+    data: &ArrayData,
+    in_dims: &[usize],
+    out_dims: &[usize],
+    map: &[usize],
+) -> Result<ArrayData, Fault> {
+    let s = strides(in_dims);
+    let mut out_strides = vec![0; out_dims.len()];
+    for (i, &d) in map.iter().enumerate() {
+        if in_dims[i] != 1 {
+            out_strides[d] = s[i];
+        }
+    }
+    Ok(map_data!(data, v => gather(v, out_dims, &out_strides, 0)))
+}
+/// The strided window `start..limit` step `steps` of storage of shape `dims`; `out_dims` is the
+/// window's shape.
+pub(crate) fn slice(
+    data: &ArrayData,
+    dims: &[usize],
+    start: &[usize],
+    steps: &[usize],
+    out_dims: &[usize],
+) -> Result<ArrayData, Fault> {
+    let s = strides(dims);
+    let base = start.iter().zip(&s).map(|(a, b)| a * b).sum();
+    let out_strides: Vec<usize> = s.iter().zip(steps).map(|(a, b)| a * b).collect();
+    Ok(map_data!(data, v => gather(v, out_dims, &out_strides, base)))
+}
+fn concat_vec<T: Element>(parts: &[&Array], axis: usize) -> Result<Vec<T>, Fault> {
+    let differ = || Fault::from("its operands have different dtypes".to_owned());
+    let first = parts.first().ok_or_else(differ)?;
+    // Sub-products of checked types (see `strides`) and a sum bounded by the checked result.
+    let outer = dims_product(&first.dims()[..axis]).unwrap_or(0);
+    let inner = dims_product(&first.dims()[axis + 1..]).unwrap_or(0);
+    let total: usize = parts.iter().map(|p| p.len()).sum();
+    let slices = parts
+        .iter()
+        .map(|p| Some((T::unwrap(p.data())?, p.dims()[axis] * inner)))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(differ)?;
+    let mut out = with_capacity(total)?;
+    for o in 0..outer {
+        for &(v, chunk) in &slices {
+            out.extend_from_slice(&v[o * chunk..(o + 1) * chunk]);
+        }
+    }
+    Ok(out)
+}
+/// Joins arrays of one dtype along `axis` (all other dims equal); an invalid-graph fault when
+/// dtypes differ.
+pub(crate) fn concatenate(parts: &[&Array], axis: usize, dtype: DType) -> Result<ArrayData, Fault> {
+    Ok(match dtype {
+        DType::F32 => ArrayData::F32(concat_vec(parts, axis)?),
+        DType::F64 => ArrayData::F64(concat_vec(parts, axis)?),
+        DType::I32 => ArrayData::I32(concat_vec(parts, axis)?),
+        DType::I64 => ArrayData::I64(concat_vec(parts, axis)?),
+        DType::U8 => ArrayData::U8(concat_vec(parts, axis)?),
+        DType::Bool => ArrayData::Bool(concat_vec(parts, axis)?),
+        DType::U32 => ArrayData::U32(concat_vec(parts, axis)?),
+        DType::BF16 => ArrayData::BF16(concat_vec(parts, axis)?),
+        DType::F16 => ArrayData::F16(concat_vec(parts, axis)?),
+    })
+}
+/// Iota: element `[i0, i1, …]` is `i_axis`, converted to `dtype` as by `as` (integers wrap).
+/// An invalid-graph fault for `bool`, which has no iota.
+pub(crate) fn iota(dtype: DType, dims: &[usize], axis: usize) -> Result<ArrayData, Fault> {
+    let n = dims_product(dims).ok_or_else(|| Fault::from(format!("{dims:?} overflow")))?;
+    let stride = dims_product(&dims[axis + 1..]).unwrap_or(1).max(1);
+    let size = dims[axis].max(1);
+    let index = (0..n).map(move |i| (i / stride) % size);
+    Ok(match dtype {
+        DType::F32 => ArrayData::F32(collect(n, index.map(|i| i as f32))?),
+        DType::F64 => ArrayData::F64(collect(n, index.map(|i| i as f64))?),
+        DType::I32 => ArrayData::I32(collect(n, index.map(|i| i as i32))?),
+        DType::I64 => ArrayData::I64(collect(n, index.map(|i| i as i64))?),
+        DType::U8 => ArrayData::U8(collect(n, index.map(|i| i as u8))?),
+        DType::U32 => ArrayData::U32(collect(n, index.map(|i| i as u32))?),
+        DType::BF16 => ArrayData::BF16(collect(n, index.map(|i| half::bf16::from_f32(i as f32)))?),
+        DType::F16 => ArrayData::F16(collect(n, index.map(|i| half::f16::from_f32(i as f32)))?),
+        DType::Bool => return Err(Fault::from("iota is not defined for bool".to_owned())),
+    })
 }

@@ -149,7 +149,7 @@ fn differentiable(n: &Node, nodes: &[Node]) -> bool {
 fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor, nodes: &[Node]) -> Vec<Option<Tensor>> {
     let ty_of = |t: Tensor| nodes[t.node as usize].ty.clone();
     match &node.op {
-        Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } | Op::Compare(_) => {
+        Op::Parameter { .. } | Op::Constant(_) | Op::Compare(_) => {
             vec![None; x.len()]
         }
         Op::Unary(u) => {
@@ -233,115 +233,10 @@ fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor, nodes: &[Node]) -> Vec<O
             ]
         }
         Op::Convert => vec![Some(g.convert(ty_of(x[0]).dtype))],
-        Op::BroadcastInDim { dims } => {
-            let from = ty_of(x[0]).dims;
-            let to = &node.ty.dims;
-            let mut axes: Vec<usize> = (0..to.len()).filter(|a| !dims.contains(a)).collect();
-            axes.extend(
-                dims.iter()
-                    .enumerate()
-                    .filter(|(k, &d)| from[*k] == 1 && to[d] != 1)
-                    .map(|(_, &d)| d),
-            );
-            axes.sort_unstable();
-            let summed = if axes.is_empty() { g } else { g.sum(&axes) };
-            let kept: Vec<usize> = (0..to.len()).filter(|a| !axes.contains(a)).collect();
-            // Our broadcasts map operand dims in increasing order; restore that order if not.
-            let order: Vec<usize> = dims
-                .iter()
-                .filter(|d| kept.contains(d))
-                .map(|d| kept.iter().position(|k| k == d).unwrap_or(0))
-                .collect();
-            let ordered = if order.windows(2).all(|w| w[0] < w[1]) {
-                summed
-            } else {
-                summed.transpose(&order)
-            };
-            vec![Some(ordered.reshape(&from))]
-        }
-        Op::Reshape => vec![Some(g.reshape(&ty_of(x[0]).dims))],
         // Every replica's output holds every replica's input, so a replica's input receives
         // the cotangents of all replicas' outputs.
         Op::AllReduce => vec![Some(g.all_sum())],
         Op::StopGradient => vec![None],
-        Op::Transpose { perm } => {
-            let mut inv = vec![0; perm.len()];
-            for (i, &p) in perm.iter().enumerate() {
-                inv[p] = i;
-            }
-            vec![Some(g.transpose(&inv))]
-        }
-        Op::Slice {
-            start,
-            limit,
-            strides,
-        } => vec![Some(unslice(g, &ty_of(x[0]).dims, start, limit, strides))],
-        Op::Concatenate { axis } => {
-            let out = &node.ty.dims;
-            let mut offset = 0;
-            x.iter()
-                .map(|&part| {
-                    let n = ty_of(part).dims[*axis];
-                    let mut start = vec![0; out.len()];
-                    let mut limit = out.clone();
-                    start[*axis] = offset;
-                    limit[*axis] = offset + n;
-                    offset += n;
-                    Some(g.slice(&start, &limit))
-                })
-                .collect()
-        }
         crate::ops::family_op!() => crate::ops::vjp(node, y, x, g),
     }
-}
-
-/// The gradient of a slice: `g` scattered back into zeros of the operand's dims.
-fn unslice(
-    g: Tensor,
-    dims: &[usize],
-    start: &[usize],
-    limit: &[usize],
-    strides: &[usize],
-) -> Tensor {
-    let dtype = g.dtype();
-    let mut cur = g;
-    for axis in 0..dims.len() {
-        let cd = cur.dims();
-        let s = strides[axis];
-        if s > 1 {
-            // Interleave s-1 zeros after each element along `axis`, then trim.
-            let n = cd[axis];
-            let mut split = cd.clone();
-            split.insert(axis + 1, 1);
-            let mut zeros = cd.clone();
-            zeros.insert(axis + 1, s - 1);
-            let spread = Tensor::concatenate(
-                &[cur.reshape(&split), Tensor::full(&zeros, 0.0, dtype)],
-                axis + 1,
-            );
-            let mut merged = cd.clone();
-            merged[axis] = n * s;
-            cur = spread.reshape(&merged);
-            let mut lim = merged.clone();
-            lim[axis] = limit[axis] - start[axis];
-            cur = cur.slice(&vec![0; merged.len()], &lim);
-        }
-        let cd = cur.dims();
-        let mut parts = Vec::new();
-        if start[axis] > 0 {
-            let mut z = cd.clone();
-            z[axis] = start[axis];
-            parts.push(Tensor::full(&z, 0.0, dtype));
-        }
-        parts.push(cur);
-        if dims[axis] > limit[axis] {
-            let mut z = cd.clone();
-            z[axis] = dims[axis] - limit[axis];
-            parts.push(Tensor::full(&z, 0.0, dtype));
-        }
-        if parts.len() > 1 {
-            cur = Tensor::concatenate(&parts, axis);
-        }
-    }
-    cur
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::ir::{with_dims, BinaryOp, CmpOp, Op, UnaryOp};
 use super::{with_recording, Recording, Tensor};
-use crate::tree::{dims_product, Array, DType, LeafType};
+use crate::tree::{Array, DType, LeafType};
 
 /// An operand of a binary op: a tensor, or an `f64` scalar that takes the other operand's dtype.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -29,7 +29,7 @@ impl From<f64> for Operand {
     }
 }
 
-fn scalar_ty(dtype: DType) -> LeafType {
+pub(crate) fn scalar_ty(dtype: DType) -> LeafType {
     LeafType {
         dtype,
         dims: Vec::new(),
@@ -139,29 +139,6 @@ impl Recording {
             Ok(a) => self.constant(a),
             Err(msg) => self.fail(op, msg, at, scalar_ty(dtype)),
         }
-    }
-
-    /// Broadcasts `t` to `dims` NumPy-style (trailing dims align); a no-op when already there.
-    pub(crate) fn broadcast_to(
-        &mut self,
-        t: Tensor,
-        dims: &[usize],
-        op: &'static str,
-        at: &Location<'_>,
-    ) -> Tensor {
-        let ty = self.ty_of(t);
-        if ty.dims == dims {
-            return t;
-        }
-        let offset = dims.len() - ty.dims.len();
-        let map = (0..ty.dims.len()).map(|i| i + offset).collect();
-        self.push(
-            Op::BroadcastInDim { dims: map },
-            vec![t.node],
-            with_dims(ty.dtype, dims.to_vec()),
-            op,
-            at,
-        )
     }
 
     /// Resolves operands to tensors of one dtype and one (broadcast) shape.
@@ -340,157 +317,6 @@ impl Recording {
         self.push(Op::AllReduce, vec![a.node], ty, op, at)
     }
 
-    pub(crate) fn reshape(&mut self, a: Tensor, dims: &[usize], at: &Location<'_>) -> Tensor {
-        let ty = self.ty_of(a);
-        // The operand is within the size limit, so its count is too; the new dims may not be.
-        let have = dims_product(&ty.dims).unwrap_or(usize::MAX);
-        let want = dims_product(dims);
-        if want != Some(have) {
-            let want = want.map_or_else(|| "more than 2^64".to_owned(), |n| n.to_string());
-            return self.fail(
-                "reshape",
-                format!(
-                    "cannot reshape {ty} ({have} elements) to {:?} ({want} elements)",
-                    dims
-                ),
-                at,
-                with_dims(ty.dtype, dims.to_vec()),
-            );
-        }
-        if ty.dims == dims {
-            return a;
-        }
-        self.push(
-            Op::Reshape,
-            vec![a.node],
-            with_dims(ty.dtype, dims.to_vec()),
-            "reshape",
-            at,
-        )
-    }
-
-    pub(super) fn transpose(&mut self, a: Tensor, perm: &[usize], at: &Location<'_>) -> Tensor {
-        let ty = self.ty_of(a);
-        let mut sorted = perm.to_vec();
-        sorted.sort_unstable();
-        if sorted != (0..ty.dims.len()).collect::<Vec<_>>() {
-            return self.fail(
-                "transpose",
-                format!("{perm:?} is not a permutation of the dims of {ty}"),
-                at,
-                ty,
-            );
-        }
-        let dims = perm.iter().map(|&p| ty.dims[p]).collect();
-        self.push(
-            Op::Transpose {
-                perm: perm.to_vec(),
-            },
-            vec![a.node],
-            with_dims(ty.dtype, dims),
-            "transpose",
-            at,
-        )
-    }
-
-    pub(super) fn slice(
-        &mut self,
-        a: Tensor,
-        start: &[usize],
-        limit: &[usize],
-        strides: &[usize],
-        at: &Location<'_>,
-    ) -> Tensor {
-        let ty = self.ty_of(a);
-        let r = ty.dims.len();
-        let bad = start.len() != r
-            || limit.len() != r
-            || strides.len() != r
-            || (0..r).any(|i| start[i] > limit[i] || limit[i] > ty.dims[i] || strides[i] == 0);
-        if bad {
-            return self.fail(
-                "slice",
-                format!("invalid slice [{start:?}..{limit:?} step {strides:?}] of {ty}: need start ≤ limit ≤ dim and step ≥ 1 for each of the {r} dims"),
-                at,
-                ty,
-            );
-        }
-        let dims = (0..r)
-            .map(|i| (limit[i] - start[i]).div_ceil(strides[i]))
-            .collect();
-        self.push(
-            Op::Slice {
-                start: start.to_vec(),
-                limit: limit.to_vec(),
-                strides: strides.to_vec(),
-            },
-            vec![a.node],
-            with_dims(ty.dtype, dims),
-            "slice",
-            at,
-        )
-    }
-
-    pub(super) fn concatenate(
-        &mut self,
-        parts: &[Tensor],
-        axis: usize,
-        at: &Location<'_>,
-    ) -> Tensor {
-        let Some(&first) = parts.first() else {
-            return self.fail(
-                "concatenate",
-                "nothing to concatenate".into(),
-                at,
-                scalar_ty(DType::F32),
-            );
-        };
-        let t0 = self.ty_of(first);
-        if axis >= t0.dims.len() {
-            return self.fail(
-                "concatenate",
-                format!("axis {axis} is out of range for {t0}"),
-                at,
-                t0,
-            );
-        }
-        let mut total: usize = 0;
-        for &p in parts {
-            let t = self.ty_of(p);
-            let same_rest = t.dims.len() == t0.dims.len()
-                && (0..t0.dims.len()).all(|i| i == axis || t.dims[i] == t0.dims[i]);
-            if t.dtype != t0.dtype || !same_rest {
-                return self.fail(
-                    "concatenate",
-                    format!("cannot concatenate {t0} and {t} along axis {axis}: dtypes and all other dims must match"),
-                    at,
-                    t0,
-                );
-            }
-            let Some(sum) = total.checked_add(t.dims[axis]) else {
-                return self.fail(
-                    "concatenate",
-                    format!(
-                        "the joined dim {axis} of {parts} parts overflows",
-                        parts = parts.len()
-                    ),
-                    at,
-                    t0,
-                );
-            };
-            total = sum;
-        }
-        let mut dims = t0.dims.clone();
-        dims[axis] = total;
-        self.push(
-            Op::Concatenate { axis },
-            parts.iter().map(|p| p.node).collect(),
-            with_dims(t0.dtype, dims),
-            "concatenate",
-            at,
-        )
-    }
-
     pub(super) fn convert(&mut self, a: Tensor, dtype: DType, at: &Location<'_>) -> Tensor {
         let ty = self.ty_of(a);
         if ty.dtype == dtype {
@@ -504,25 +330,6 @@ impl Recording {
             "convert",
             at,
         )
-    }
-
-    pub(super) fn iota(
-        &mut self,
-        dtype: DType,
-        dims: &[usize],
-        axis: usize,
-        at: &Location<'_>,
-    ) -> Tensor {
-        let ty = with_dims(dtype, dims.to_vec());
-        if axis >= dims.len() || dtype == DType::Bool {
-            return self.fail(
-                "iota",
-                format!("iota along axis {axis} of {ty} is not defined"),
-                at,
-                ty,
-            );
-        }
-        self.push(Op::Iota { axis }, Vec::new(), ty, "iota", at)
     }
 
     pub(super) fn select(
@@ -606,13 +413,6 @@ impl Tensor {
     pub fn zeros_like(self) -> Tensor {
         let ty = self.ty();
         Tensor::full(&ty.dims, 0.0, ty.dtype)
-    }
-
-    /// Indices along `axis`: element `[i0, i1, …]` is `i_axis`.
-    #[track_caller]
-    pub fn iota(dtype: DType, dims: &[usize], axis: usize) -> Tensor {
-        let at = at!();
-        with_recording(|r| r.iota(dtype, dims, axis, at))
     }
 
     // ---- element-wise ----------------------------------------------------------------------
@@ -755,68 +555,6 @@ impl Tensor {
         with_recording(|r| r.select(pred, on_true.into(), on_false.into(), at))
     }
 
-    // ---- shape -----------------------------------------------------------------------------
-
-    /// The same elements with new dims (equal element count).
-    #[track_caller]
-    pub fn reshape(self, dims: &[usize]) -> Tensor {
-        let at = at!();
-        with_recording(|r| r.reshape(self, dims, at))
-    }
-
-    /// Permutes dims: result dim `i` is dim `perm[i]`.
-    #[track_caller]
-    pub fn transpose(self, perm: &[usize]) -> Tensor {
-        let at = at!();
-        with_recording(|r| r.transpose(self, perm, at))
-    }
-
-    /// The transpose of a matrix.
-    #[track_caller]
-    pub fn t(self) -> Tensor {
-        self.transpose(&[1, 0])
-    }
-
-    /// Elements `start[i]..limit[i]` of each dim.
-    #[track_caller]
-    pub fn slice(self, start: &[usize], limit: &[usize]) -> Tensor {
-        let at = at!();
-        let ones = vec![1; start.len()];
-        with_recording(|r| r.slice(self, start, limit, &ones, at))
-    }
-
-    /// Elements `start[i]..limit[i]` of each dim, every `strides[i]`-th.
-    #[track_caller]
-    pub fn slice_strided(self, start: &[usize], limit: &[usize], strides: &[usize]) -> Tensor {
-        let at = at!();
-        with_recording(|r| r.slice(self, start, limit, strides, at))
-    }
-
-    /// Joins tensors along `axis`.
-    #[track_caller]
-    pub fn concatenate(parts: &[Tensor], axis: usize) -> Tensor {
-        let at = at!();
-        with_recording(|r| r.concatenate(parts, axis, at))
-    }
-
-    /// Broadcasts to `dims`, NumPy-style.
-    #[track_caller]
-    pub fn broadcast_to(self, dims: &[usize]) -> Tensor {
-        let at = at!();
-        with_recording(|r| {
-            let ty = r.ty_of(self);
-            match broadcast_dims(&ty.dims, dims) {
-                Some(d) if d == dims => r.broadcast_to(self, dims, "broadcast", at),
-                _ => r.fail(
-                    "broadcast",
-                    format!("cannot broadcast {ty} to {dims:?}"),
-                    at,
-                    with_dims(ty.dtype, dims.to_vec()),
-                ),
-            }
-        })
-    }
-
     /// This tensor's value, as a constant to differentiation: no gradient flows back through
     /// it to what it was computed from. For a shift that cancels out of the result (the
     /// maximum subtracted in a stable softmax) or a target held fixed.
@@ -849,39 +587,6 @@ impl Tensor {
             return self;
         }
         with_recording(|r| r.all_reduce(self, "all_mean", at)) / n as f64
-    }
-
-    /// One-hot encoding: integer labels `[..]` become `[.., classes]` of `dtype`.
-    #[track_caller]
-    pub fn one_hot(self, classes: usize, dtype: DType) -> Tensor {
-        let at = at!();
-        let ty = self.ty();
-        if ty.dtype.is_float() || ty.dtype == DType::Bool {
-            return with_recording(|r| {
-                let mut dims = ty.dims.clone();
-                dims.push(classes);
-                r.fail(
-                    "one_hot",
-                    format!("labels must be integers, got {ty}"),
-                    at,
-                    with_dims(dtype, dims),
-                )
-            });
-        }
-        let mut dims = ty.dims.clone();
-        dims.push(classes);
-        let rank = dims.len();
-        // Class indices in a type wide enough for any class count (u8 labels would wrap).
-        let index = if ty.dtype == DType::I64 {
-            DType::I64
-        } else {
-            DType::I32
-        };
-        let classes_iota = Tensor::iota(index, &dims, rank - 1);
-        let labels = self
-            .convert(index)
-            .reshape(&[ty.dims.as_slice(), &[1]].concat());
-        classes_iota.equal(labels).convert(dtype)
     }
 }
 

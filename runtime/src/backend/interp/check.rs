@@ -3,7 +3,7 @@
 //! error instead of a panic or a wrong answer.
 
 use crate::trace::ir::{Graph, Op};
-use crate::tree::{dims_product, DType, LeafType};
+use crate::tree::{DType, LeafType};
 
 fn arity(n: usize, have: usize) -> Result<(), String> {
     if n == have {
@@ -21,13 +21,6 @@ fn same(a: &LeafType, b: &LeafType) -> Result<(), String> {
             "its operands must have one type, but are {a} and {b}"
         ))
     }
-}
-
-/// Whether `axes` are distinct and below `rank`.
-fn distinct_in_range(axes: &[usize], rank: usize) -> bool {
-    let mut seen = vec![false; rank];
-    axes.iter()
-        .all(|&a| a < rank && !std::mem::replace(&mut seen[a], true))
 }
 
 /// Checks node `id` of `graph`: operands precede it, and its op, operands and result type fit.
@@ -67,13 +60,6 @@ pub(super) fn node(graph: &Graph, id: usize) -> Result<(), String> {
         Op::Constant(a) => {
             arity(0, ins.len())?;
             a.leaf_type()
-        }
-        Op::Iota { axis } => {
-            arity(0, ins.len())?;
-            if *axis >= out.dims.len() || out.dtype == DType::Bool {
-                return Err(format!("iota along axis {axis} of {out} is not defined"));
-            }
-            out.clone()
         }
         Op::Unary(u) => {
             arity(1, ins.len())?;
@@ -122,97 +108,6 @@ pub(super) fn node(graph: &Graph, id: usize) -> Result<(), String> {
             LeafType {
                 dtype: out.dtype,
                 dims: ins[0].dims.clone(),
-            }
-        }
-        Op::BroadcastInDim { dims } => {
-            arity(1, ins.len())?;
-            let t = ins[0];
-            let fits = dims.len() == t.dims.len()
-                && distinct_in_range(dims, out.dims.len())
-                && dims
-                    .iter()
-                    .zip(&t.dims)
-                    .all(|(&d, &s)| s == 1 || s == out.dims[d]);
-            if !fits {
-                return Err(format!(
-                    "{t} cannot be broadcast to {out} along dims {dims:?}"
-                ));
-            }
-            LeafType {
-                dtype: t.dtype,
-                dims: out.dims.clone(),
-            }
-        }
-        Op::Reshape => {
-            arity(1, ins.len())?;
-            let t = ins[0];
-            if dims_product(&t.dims) != dims_product(&out.dims) {
-                return Err(format!("{t} and {out} have different element counts"));
-            }
-            LeafType {
-                dtype: t.dtype,
-                dims: out.dims.clone(),
-            }
-        }
-        Op::Transpose { perm } => {
-            arity(1, ins.len())?;
-            let t = ins[0];
-            if perm.len() != t.dims.len() || !distinct_in_range(perm, t.dims.len()) {
-                return Err(format!("{perm:?} is not a permutation of the dims of {t}"));
-            }
-            LeafType {
-                dtype: t.dtype,
-                dims: perm.iter().map(|&p| t.dims[p]).collect(),
-            }
-        }
-        Op::Slice {
-            start,
-            limit,
-            strides,
-        } => {
-            arity(1, ins.len())?;
-            let t = ins[0];
-            let r = t.dims.len();
-            let bad = start.len() != r
-                || limit.len() != r
-                || strides.len() != r
-                || (0..r).any(|i| start[i] > limit[i] || limit[i] > t.dims[i] || strides[i] == 0);
-            if bad {
-                return Err(format!(
-                    "the window {start:?}..{limit:?} step {strides:?} does not fit {t}"
-                ));
-            }
-            let dims = (0..r)
-                .map(|i| (limit[i] - start[i]).div_ceil(strides[i]))
-                .collect();
-            LeafType {
-                dtype: t.dtype,
-                dims,
-            }
-        }
-        Op::Concatenate { axis } => {
-            let Some(first) = ins.first() else {
-                return Err("it has no operands".into());
-            };
-            let axis = *axis;
-            let fits = axis < first.dims.len()
-                && ins.iter().all(|t| {
-                    t.dtype == first.dtype
-                        && t.dims.len() == first.dims.len()
-                        && (0..t.dims.len()).all(|i| i == axis || t.dims[i] == first.dims[i])
-                });
-            if !fits {
-                let shown: Vec<String> = ins.iter().map(|t| t.to_string()).collect();
-                return Err(format!(
-                    "{} cannot be joined along axis {axis}",
-                    shown.join(", ")
-                ));
-            }
-            let mut dims = first.dims.clone();
-            dims[axis] = ins.iter().map(|t| t.dims[axis]).sum();
-            LeafType {
-                dtype: first.dtype,
-                dims,
             }
         }
         crate::ops::family_op!() => crate::ops::result_type(node, &ins)?,

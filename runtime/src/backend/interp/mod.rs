@@ -288,7 +288,7 @@ impl From<String> for Fault {
 }
 
 /// A copy of typed storage, allocated fallibly.
-fn copy_data(data: &ArrayData) -> std::result::Result<ArrayData, Fault> {
+pub(crate) fn copy_data(data: &ArrayData) -> std::result::Result<ArrayData, Fault> {
     Ok(match data {
         ArrayData::F32(v) => ArrayData::F32(alloc::collect(v.len(), v.iter().copied())?),
         ArrayData::F64(v) => ArrayData::F64(alloc::collect(v.len(), v.iter().copied())?),
@@ -386,7 +386,6 @@ fn eval<'a>(
     if !direct && (is_half(node.ty.dtype) || operands.iter().any(|a| is_half(a.dtype()))) {
         return eval_half(node, operands);
     }
-    let out_dims = node.ty.dims.as_slice();
     let owned = |data: ArrayData| array(node, data).map(Cow::Owned);
     match &node.op {
         Op::Parameter { index } => inputs
@@ -394,7 +393,6 @@ fn eval<'a>(
             .map(|a| Cow::Borrowed(*a))
             .ok_or_else(|| Fault::Invalid(format!("there is no input {index}"))),
         Op::Constant(a) => Ok(Cow::Borrowed(&**a)),
-        Op::Iota { axis } => owned(layout::iota(node.ty.dtype, out_dims, *axis)?),
         Op::Unary(u) => owned(kernels::unary(*u, operands[0].data())?),
         Op::Binary(b) => owned(kernels::binary(*b, operands[0].data(), operands[1].data())?),
         Op::Compare(c) => owned(kernels::compare(
@@ -408,20 +406,7 @@ fn eval<'a>(
             operands[2].data(),
         )?),
         Op::Convert => owned(kernels::convert(operands[0].data(), node.ty.dtype)?),
-        Op::BroadcastInDim { dims } => {
-            let a = operands[0];
-            owned(layout::broadcast(a.data(), a.dims(), out_dims, dims)?)
-        }
-        Op::Reshape | Op::StopGradient => owned(copy_data(operands[0].data())?),
-        Op::Transpose { perm } => {
-            let a = operands[0];
-            owned(layout::transpose(a.data(), a.dims(), perm)?)
-        }
-        Op::Slice { start, strides, .. } => {
-            let a = operands[0];
-            owned(layout::slice(a.data(), a.dims(), start, strides, out_dims)?)
-        }
-        Op::Concatenate { axis } => owned(layout::concatenate(operands, *axis, node.ty.dtype)?),
+        Op::StopGradient => owned(copy_data(operands[0].data())?),
         crate::ops::family_op!() => owned(crate::ops::eval(node, operands)?),
         // Summed across replicas by `run_replicas`; never evaluated one replica at a time.
         Op::AllReduce => Err(Fault::Invalid(
