@@ -49,7 +49,7 @@
 use std::fmt::{self, Write as _};
 
 use crate::hash::Digest;
-use crate::trace::ir::{BinaryOp, CmpOp, Graph, Node, NodeId, Op};
+use crate::trace::ir::{Graph, Node, NodeId, Op};
 use crate::tree::{ArrayData, DType, LeafType};
 
 /// How to emit a program beyond its graph.
@@ -110,6 +110,17 @@ pub(crate) struct Line<'a> {
     pub(crate) args: Vec<String>,
     /// The operands' types, in order.
     pub(crate) arg_tys: Vec<String>,
+    /// The operands' types as values, in order.
+    pub(crate) arg_types: Vec<LeafType>,
+}
+
+/// The `bool` tensor type of `dims` (`tensor<2x3xi1>`).
+pub(crate) fn bool_type(dims: &[usize]) -> String {
+    Ty(Some(&LeafType {
+        dtype: DType::Bool,
+        dims: dims.to_vec(),
+    }))
+    .to_string()
 }
 
 /// A dims list as text (`[0, 1]`).
@@ -361,10 +372,6 @@ impl<'g> Emitter<'g> {
                 dense(out, array.data(), array.dims());
                 writeln!(out, " : {ty}")
             }
-            Op::Unary(u) if u.dialect() == "chlo" => {
-                writeln!(out, "    {me} = chlo.{} {an} : {ty} -> {ty}", u.name())
-            }
-            Op::Unary(u) => writeln!(out, "    {me} = stablehlo.{} {an} : {ty}", u.name()),
             crate::ops::family_op!() => {
                 let n = match me {
                     Ssa::Value(n) => n.to_string(),
@@ -380,6 +387,11 @@ impl<'g> Emitter<'g> {
                     .iter()
                     .map(|&i| self.ty(i).to_string())
                     .collect();
+                let arg_types = node
+                    .inputs
+                    .iter()
+                    .filter_map(|&i| self.ty(i).0.cloned())
+                    .collect();
                 let line = Line {
                     out: &mut self.out,
                     me: me.to_string(),
@@ -387,83 +399,9 @@ impl<'g> Emitter<'g> {
                     ty: ty.to_string(),
                     args,
                     arg_tys,
+                    arg_types,
                 };
                 crate::ops::emit(node, line)
-            }
-            Op::Binary(b) => {
-                let bn = self.name(Self::input(node, 1));
-                let float_extremum =
-                    matches!(b, BinaryOp::Max | BinaryOp::Min) && node.ty.dtype.is_float();
-                if !float_extremum {
-                    return writeln!(
-                        self.out,
-                        "    {me} = stablehlo.{} {an}, {bn} : {ty}",
-                        b.name()
-                    );
-                }
-                // XLA's CPU backend does not propagate a NaN in every operand position of
-                // `maximum`/`minimum` (it can return the other operand), so NaN propagation is
-                // spelled out: `a` if it is NaN, else `b` if it is NaN, else the op.
-                let n = match me {
-                    Ssa::Value(n) => n.to_string(),
-                    _ => String::new(),
-                };
-                let pred = Ty(Some(&LeafType {
-                    dtype: DType::Bool,
-                    dims: node.ty.dims.clone(),
-                }));
-                let out = &mut self.out;
-                writeln!(
-                    out,
-                    "    %raw{n} = stablehlo.{} {an}, {bn} : {ty}",
-                    b.name()
-                )?;
-                writeln!(
-                    out,
-                    "    %nan_a{n} = stablehlo.compare NE, {an}, {an}, FLOAT : ({ty}, {ty}) -> {pred}"
-                )?;
-                writeln!(
-                    out,
-                    "    %nan_b{n} = stablehlo.compare NE, {bn}, {bn}, FLOAT : ({ty}, {ty}) -> {pred}"
-                )?;
-                writeln!(
-                    out,
-                    "    %pick{n} = stablehlo.select %nan_b{n}, {bn}, %raw{n} : {pred}, {ty}"
-                )?;
-                writeln!(
-                    out,
-                    "    {me} = stablehlo.select %nan_a{n}, {an}, %pick{n} : {pred}, {ty}"
-                )
-            }
-            Op::Compare(c) => {
-                let b = Self::input(node, 1);
-                let (bn, bt) = (self.name(b), self.ty(b));
-                let kind = at.0.map_or("FLOAT", |t| comparison_type(t.dtype));
-                let dir = CmpOp::direction(*c);
-                writeln!(
-                    self.out,
-                    "    {me} = stablehlo.compare {dir}, {an}, {bn}, {kind} : ({at}, {bt}) -> {ty}"
-                )
-            }
-            Op::Select => {
-                let (t, f) = (Self::input(node, 1), Self::input(node, 2));
-                let (tn, tt, fname, ft) = (self.name(t), self.ty(t), self.name(f), self.ty(f));
-                write!(
-                    self.out,
-                    "    {me} = stablehlo.select {an}, {tn}, {fname} : "
-                )?;
-                if at.0.map(|p| &p.dims) == Some(&node.ty.dims) {
-                    writeln!(self.out, "{at}, {ty}")
-                } else {
-                    // A predicate of another shape (a scalar choosing whole tensors) needs the
-                    // functional type.
-                    writeln!(self.out, "({at}, {tt}, {ft}) -> {ty}")
-                }
-            }
-            Op::Convert => writeln!(out, "    {me} = stablehlo.convert {an} : ({at}) -> {ty}"),
-            // A reshape to the same type: the value itself, which XLA's simplifier removes.
-            Op::StopGradient => {
-                writeln!(out, "    {me} = stablehlo.reshape {an} : ({at}) -> {ty}")
             }
             Op::AllReduce => {
                 let scalar = Ty(Some(&LeafType {

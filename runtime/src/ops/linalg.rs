@@ -15,12 +15,12 @@ use std::fmt::{self, Write as _};
 use std::panic::Location;
 
 use crate::backend::interp::alloc::filled;
-use crate::backend::interp::kernels::{mismatch, Float, Int};
 use crate::backend::interp::layout;
 use crate::backend::interp::Fault;
 use crate::emit::{self, Line};
+use crate::ops::elementwise::kernels::{mismatch, Float, Int};
+use crate::ops::elementwise::tracing::check_axes;
 use crate::trace::ir::{with_dims, DotDims, Op};
-use crate::trace::ops::check_axes;
 use crate::trace::{with_recording, Recording, Tensor};
 use crate::tree::{Array, ArrayData, DType, LeafType};
 

@@ -1,30 +1,33 @@
-//! The op families for real models, one file each: for its ops, a family's file holds the
-//! [`Tensor`] methods with their trace-time checks, the result-type rule the
-//! interpreter re-checks, the VJP rule, the StableHLO emission and the interpreter kernel. A
-//! reader looking for "how does nitro do convolution" opens `conv.rs` and finds all of it.
+//! Every op, by family: one home per family, named after it. A family's home holds, for its
+//! ops, the [`Tensor`] methods with their trace-time checks, the result-type rule the
+//! interpreter re-checks hand-built graphs with, the VJP rule, the StableHLO emission and the
+//! interpreter kernel. A reader looking for "how does nitro do convolution" opens `conv.rs` and
+//! finds all of it.
 //!
-//! Why this cut (by family, every layer in one file) and not by layer: an op's four pieces
-//! change together — a new attribute (say, dilation) touches the check, the gradient, the text
-//! and the kernel at once — and they must agree with each other, which is easiest to see when
-//! they sit side by side. What is shared across families stays where it was: the IR
-//! ([`crate::trace::ir`], one `Op` enum every layer matches on), the recording
-//! ([`crate::trace`]), the emitter's driver ([`crate::emit`]) and the interpreter's driver
-//! ([`crate::backend::interp`]), each dispatching to the family.
+//! Why this cut (by family, every layer together) and not by layer (a tracer file, a VJP file,
+//! an emitter, a kernel file): an op's four pieces change together — a new attribute (say,
+//! dilation) touches the check, the gradient, the text and the kernel at once — and they must
+//! agree with each other, which is easiest to see when they sit side by side; a file per layer
+//! grows with every op until no one finds anything in it. What every family shares stays in the
+//! drivers, which dispatch here: the IR ([`crate::trace::ir`], one `Op` enum), the recording and
+//! the reverse pass ([`crate::trace`], [`crate::trace::autodiff`]), the module text and constant
+//! encoding ([`crate::emit`]), and the interpreter's run loop, input checks and half-precision
+//! widening ([`crate::backend::interp`]). Replication (`all_reduce`) belongs to those drivers.
 //!
-//! | family | file | ops |
+//! The op catalog:
+//!
+//! | family | home | ops |
 //! | --- | --- | --- |
-//! | shape | `shape.rs` | `pad`, `reverse` |
-//! | windows | `window.rs` | `reduce_window` (sum, max, min), `select_and_scatter` |
+//! | element-wise | `elementwise/` (`mod.rs`: rules, VJPs, emission, new functions; `tracing.rs`: operands, broadcasting and the first ops' methods; `kernels.rs`: the typed scalar kernels) | `neg exp log tanh logistic sqrt rsqrt abs sin cos erf erf_inv log1p expm1 sign floor ceil round_nearest_even not popcnt`, `add sub mul div pow max min atan2 rem and or xor shift_*`, `compare`, `select`, `convert`, `clamp`, `bitcast_convert`, `stop_gradient`, constants |
+//! | shape | `shape.rs` | `broadcast_in_dim`, `reshape`, `transpose`, `slice`, `concatenate`, `iota`, `pad`, `reverse` |
+//! | products | `linalg.rs` | `dot_general` (`matmul`, `matmul_to`, `dot_general_to`) |
+//! | reductions | `reduce.rs` | `reduce` (sum, max, min; `mean`, `argmax`) |
+//! | windows | `window.rs` | `reduce_window` (sum, max, min; `cumsum`), `select_and_scatter` |
 //! | convolution | `conv.rs` | `convolution` |
 //! | indexing | `index.rs` | `gather`, `scatter` (add, replace), `dynamic_slice`, `dynamic_update_slice`, and `take`, `take_along_axis` on top |
-//! | element-wise additions | `elementwise.rs` | `sin cos erf erf_inv log1p expm1 sign floor ceil round_nearest_even not popcnt atan2 rem and or xor shift_*`, `clamp`, `bitcast_convert` |
-//! | random | `random.rs` | Threefry-2x32, `random_bits`, `uniform`, `normal`, `bernoulli` (built from u32 ops) |
+//! | random | `random.rs` | Threefry-2x32, `bits`, `split`, `fold_in`, `uniform`, `normal`, `bernoulli` (built from `u32` ops) |
 //!
-//! The ops that came first (arithmetic, comparisons, `select`, `convert`, broadcasts, reshape,
-//! transpose, slice, concatenate, `dot_general`, reductions) are in their layer files:
-//! `trace/ops.rs` (tracing), `trace/autodiff.rs` (VJPs), `emit/mod.rs` and
-//! `backend/interp/{kernels,layout}.rs`. `docs/tracing.md` has the full op table, with each op's
-//! VJP rule and its tests.
+//! `docs/tracing.md` has the same table op by op, with each VJP rule and its tests.
 
 pub mod conv;
 pub mod elementwise;
@@ -101,7 +104,13 @@ use crate::tree::{Array, LeafType};
 /// below).
 macro_rules! family_op {
     () => {
-        $crate::trace::ir::Op::Iota { .. }
+        $crate::trace::ir::Op::Unary(_)
+            | $crate::trace::ir::Op::Binary(_)
+            | $crate::trace::ir::Op::Compare(_)
+            | $crate::trace::ir::Op::Select
+            | $crate::trace::ir::Op::Convert
+            | $crate::trace::ir::Op::StopGradient
+            | $crate::trace::ir::Op::Iota { .. }
             | $crate::trace::ir::Op::BroadcastInDim { .. }
             | $crate::trace::ir::Op::Reshape
             | $crate::trace::ir::Op::Transpose { .. }
@@ -129,7 +138,13 @@ pub(crate) use family_op;
 pub(crate) fn owns(op: &Op) -> bool {
     matches!(
         op,
-        Op::Iota { .. }
+        Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Select
+            | Op::Convert
+            | Op::StopGradient
+            | Op::Iota { .. }
             | Op::BroadcastInDim { .. }
             | Op::Reshape
             | Op::Transpose { .. }
@@ -173,6 +188,12 @@ pub(crate) fn result_type(node: &Node, types: &[&LeafType]) -> Result<LeafType, 
             want(1)?;
             elementwise::bitcast_type(types[0], node.ty.dtype)
         }
+        Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Compare(_)
+        | Op::Select
+        | Op::Convert
+        | Op::StopGradient => elementwise::core_type(node, types),
         Op::Iota { .. }
         | Op::BroadcastInDim { .. }
         | Op::Reshape
@@ -248,6 +269,12 @@ pub(crate) fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor) -> Vec<Option
         | Op::Transpose { .. }
         | Op::Slice { .. }
         | Op::Concatenate { .. } => shape::core_vjp(node, x, g),
+        Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Compare(_)
+        | Op::Select
+        | Op::Convert
+        | Op::StopGradient => elementwise::core_vjp(node, y, x, g),
         Op::Clamp => elementwise::clamp_vjp(x[0], x[1], x[2], g),
         Op::BitcastConvert => vec![None],
         Op::DotGeneral(d) => linalg::vjp(d, node.ty.dtype, x, g),
@@ -288,6 +315,12 @@ pub(crate) fn emit(node: &Node, l: Line<'_>) -> fmt::Result {
         | Op::Transpose { .. }
         | Op::Slice { .. }
         | Op::Concatenate { .. } => shape::core_emit(node, l),
+        Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Compare(_)
+        | Op::Select
+        | Op::Convert
+        | Op::StopGradient => elementwise::core_emit(node, l),
         Op::Pad {
             low,
             high,
@@ -321,6 +354,12 @@ pub(crate) fn eval(node: &Node, a: &[&Array]) -> Result<ArrayData, Fault> {
         | Op::Transpose { .. }
         | Op::Slice { .. }
         | Op::Concatenate { .. } => shape::core_eval(node, a),
+        Op::Unary(_)
+        | Op::Binary(_)
+        | Op::Compare(_)
+        | Op::Select
+        | Op::Convert
+        | Op::StopGradient => elementwise::core_eval(node, a),
         Op::Pad { low, interior, .. } => shape::eval_pad(a[0], a[1], out, low, interior),
         Op::Reverse { axes } => shape::eval_reverse(a[0], axes),
         Op::Convolution(c) => conv::eval(a[0], a[1], out, c),

@@ -3,7 +3,7 @@
 //! Inits: sum 0; max −∞ or the type's minimum; min +∞ or the type's maximum, so an empty group
 //! gives the init. NaN propagates through float max/min, as in NumPy and JAX, on both backends:
 //! XLA's CPU backend drops a NaN element in a reduction by a bare `maximum`, so the emitted
-//! reducer spells NaN propagation out ([`nan_propagating`], shared with `reduce_window`). Float
+//! reducer spells NaN propagation out (`nan_propagating`, shared with `reduce_window`). Float
 //! sums add pairwise in the interpreter. VJPs: a sum broadcasts the cotangent back; max/min
 //! split it evenly between the tied winners. (Windowed reductions are in `window.rs`.)
 
@@ -11,12 +11,12 @@ use std::fmt::{self, Write as _};
 use std::panic::Location;
 
 use crate::backend::interp::alloc::{collect, filled};
-use crate::backend::interp::kernels::{half_in_kernel, Float, Int};
 use crate::backend::interp::layout::transpose_vec;
 use crate::backend::interp::Fault;
 use crate::emit::{self, Line};
+use crate::ops::elementwise::kernels::{half_in_kernel, Float, Int};
+use crate::ops::elementwise::tracing::check_axes;
 use crate::trace::ir::{is_float, reduced_dims, with_dims, BinaryOp, Op, ReduceOp};
-use crate::trace::ops::check_axes;
 use crate::trace::{with_recording, Recording, Tensor};
 use crate::tree::{dims_product, ArrayData, DType, LeafType};
 

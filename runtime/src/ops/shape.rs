@@ -15,8 +15,8 @@ use crate::backend::interp::alloc::{collect, filled, with_capacity};
 use crate::backend::interp::layout::{gather, map_data, strides};
 use crate::backend::interp::Fault;
 use crate::emit::Line;
+use crate::ops::elementwise::tracing::{broadcast_dims, scalar_ty};
 use crate::trace::ir::{with_dims, Node, Op};
-use crate::trace::ops::{broadcast_dims, scalar_ty};
 use crate::trace::{with_recording, Operand, Recording, Tensor};
 use crate::tree::{dims_product, Array, ArrayData, DType, Element, LeafType};
 

@@ -556,7 +556,7 @@ pub(crate) fn eval_reduce_window(
                 ReduceOp::Min => <$t>::INFINITY,
             };
             ArrayData::$variant(reduce_window_vec($v, dims, od, w, init, |a, b| {
-                crate::backend::interp::kernels::float_binary(a, b, op)
+                crate::ops::elementwise::kernels::float_binary(a, b, op)
             })?)
         }};
     }

@@ -13,7 +13,7 @@
 
 use std::panic::Location;
 
-use super::ir::{BinaryOp, Node, Op, UnaryOp};
+use super::ir::{Node, Op};
 use super::{with_recording, Tensor};
 use crate::tree::{DType, LeafType};
 
@@ -98,7 +98,7 @@ pub fn grad(y: Tensor, wrt: &[Tensor]) -> Vec<Tensor> {
         }
         let node = &nodes[i];
         let inputs: Vec<Tensor> = node.inputs.iter().map(|&j| handle(j)).collect();
-        let contributions = vjp(node, handle(i as u32), &inputs, g, &nodes);
+        let contributions = vjp(node, handle(i as u32), &inputs, g);
         for (j, c) in node.inputs.iter().zip(contributions) {
             let (j, Some(c)) = (*j as usize, c) else {
                 continue;
@@ -145,98 +145,14 @@ fn differentiable(n: &Node, nodes: &[Node]) -> bool {
     }
 }
 
-/// The contribution of cotangent `g` of `node` (whose value is `y`) to each of its inputs.
-fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor, nodes: &[Node]) -> Vec<Option<Tensor>> {
-    let ty_of = |t: Tensor| nodes[t.node as usize].ty.clone();
+/// The contribution of cotangent `g` of `node` (whose value is `y`) to each of its inputs: the
+/// rule of the node's op family (`crate::ops`), or the replication rule of `all_reduce`.
+fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor) -> Vec<Option<Tensor>> {
     match &node.op {
-        Op::Parameter { .. } | Op::Constant(_) | Op::Compare(_) => {
-            vec![None; x.len()]
-        }
-        Op::Unary(u) => {
-            let a = x[0];
-            let d = match u {
-                UnaryOp::Neg => -g,
-                UnaryOp::Exp => g * y,
-                UnaryOp::Log => g / a,
-                UnaryOp::Tanh => g * (1.0 - y * y),
-                UnaryOp::Logistic => g * y * (1.0 - y),
-                UnaryOp::Sqrt => g * 0.5 / y,
-                UnaryOp::Rsqrt => g * -0.5 * y / a,
-                UnaryOp::Abs => {
-                    Tensor::select(a.greater(0.0), g, Tensor::select(a.less(0.0), -g, 0.0))
-                }
-                UnaryOp::Sin => g * a.cos(),
-                UnaryOp::Cos => -(g * a.sin()),
-                UnaryOp::Erf => g * std::f64::consts::FRAC_2_SQRT_PI * (-(a * a)).exp(),
-                UnaryOp::ErfInv => g * (std::f64::consts::PI.sqrt() / 2.0) * (y * y).exp(),
-                UnaryOp::Log1p => g / (a + 1.0),
-                UnaryOp::Expm1 => g * (y + 1.0),
-                // Piecewise constant (and integer-only ops never reach here).
-                UnaryOp::Sign
-                | UnaryOp::Floor
-                | UnaryOp::Ceil
-                | UnaryOp::RoundNearestEven
-                | UnaryOp::Not
-                | UnaryOp::Popcnt => return vec![None],
-            };
-            vec![Some(d)]
-        }
-        Op::Binary(b) => {
-            let (a, c) = (x[0], x[1]);
-            let (da, dc) = match b {
-                BinaryOp::Add => (g, g),
-                BinaryOp::Sub => (g, -g),
-                BinaryOp::Mul => (g * c, g * a),
-                BinaryOp::Div => (g / c, -(g * y) / c),
-                BinaryOp::Pow => {
-                    let da = g * c * a.pow(c - 1.0);
-                    let log_a = Tensor::select(a.greater(0.0), a, 1.0).log();
-                    let dc = Tensor::select(a.greater(0.0), g * y * log_a, 0.0);
-                    (da, dc)
-                }
-                BinaryOp::Max | BinaryOp::Min => {
-                    let (wins, loses) = if *b == BinaryOp::Max {
-                        (a.greater(c), c.greater(a))
-                    } else {
-                        (a.less(c), c.less(a))
-                    };
-                    let tie = a.equal(c);
-                    let half = g * 0.5;
-                    let da = Tensor::select(wins, g, Tensor::select(tie, half, 0.0));
-                    let dc = Tensor::select(loses, g, Tensor::select(tie, half, 0.0));
-                    (da, dc)
-                }
-                BinaryOp::Atan2 => {
-                    let r2 = a * a + c * c;
-                    (g * c / r2, -(g * a) / r2)
-                }
-                BinaryOp::Rem => {
-                    let q = a / c;
-                    (g, -(g * q.sign() * q.abs().floor()))
-                }
-                // Integer-only ops: never differentiated.
-                BinaryOp::And
-                | BinaryOp::Or
-                | BinaryOp::Xor
-                | BinaryOp::ShiftLeft
-                | BinaryOp::ShiftRightLogical
-                | BinaryOp::ShiftRightArithmetic => return vec![None, None],
-            };
-            vec![Some(da), Some(dc)]
-        }
-        Op::Select => {
-            let p = x[0];
-            vec![
-                None,
-                Some(Tensor::select(p, g, 0.0)),
-                Some(Tensor::select(p, 0.0, g)),
-            ]
-        }
-        Op::Convert => vec![Some(g.convert(ty_of(x[0]).dtype))],
+        Op::Parameter { .. } | Op::Constant(_) => vec![None; x.len()],
         // Every replica's output holds every replica's input, so a replica's input receives
         // the cotangents of all replicas' outputs.
         Op::AllReduce => vec![Some(g.all_sum())],
-        Op::StopGradient => vec![None],
         crate::ops::family_op!() => crate::ops::vjp(node, y, x, g),
     }
 }

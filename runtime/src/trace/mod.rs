@@ -29,12 +29,12 @@
 pub mod autodiff;
 pub mod ir;
 pub mod nn;
-pub(crate) mod ops;
 
 use std::cell::RefCell;
 use std::panic::{self, AssertUnwindSafe, Location};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+pub use crate::ops::elementwise::tracing::Operand;
 pub use crate::ops::random;
 pub use crate::ops::window::same_padding;
 pub use autodiff::{grad, value_and_grad};
@@ -42,7 +42,6 @@ pub use ir::{
     BinaryOp, ClassInput, CmpOp, Conv, ConvDims, DotDims, GatherDims, Graph, Input, Node, NodeId,
     Op, ReduceOp, ScatterDims, ScatterKind, UnaryOp, Window,
 };
-pub use ops::Operand;
 
 use crate::error::{Error, Result};
 use crate::tree::LeafType;

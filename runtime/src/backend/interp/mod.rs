@@ -47,12 +47,12 @@
 
 pub(crate) mod alloc;
 mod check;
-pub(crate) mod kernels;
 pub(crate) mod layout;
 
 use std::borrow::Cow;
 
 use crate::error::{Error, Result};
+use crate::ops::elementwise::kernels;
 use crate::trace::ir::{Graph, Node, NodeId, Op};
 use crate::tree::{Array, ArrayData, DType};
 
@@ -393,20 +393,6 @@ fn eval<'a>(
             .map(|a| Cow::Borrowed(*a))
             .ok_or_else(|| Fault::Invalid(format!("there is no input {index}"))),
         Op::Constant(a) => Ok(Cow::Borrowed(&**a)),
-        Op::Unary(u) => owned(kernels::unary(*u, operands[0].data())?),
-        Op::Binary(b) => owned(kernels::binary(*b, operands[0].data(), operands[1].data())?),
-        Op::Compare(c) => owned(kernels::compare(
-            *c,
-            operands[0].data(),
-            operands[1].data(),
-        )?),
-        Op::Select => owned(kernels::select(
-            operands[0].data(),
-            operands[1].data(),
-            operands[2].data(),
-        )?),
-        Op::Convert => owned(kernels::convert(operands[0].data(), node.ty.dtype)?),
-        Op::StopGradient => owned(copy_data(operands[0].data())?),
         crate::ops::family_op!() => owned(crate::ops::eval(node, operands)?),
         // Summed across replicas by `run_replicas`; never evaluated one replica at a time.
         Op::AllReduce => Err(Fault::Invalid(

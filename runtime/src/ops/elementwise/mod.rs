@@ -1,13 +1,16 @@
-//! Element-wise additions for real models: `sin cos` (rotary embeddings), `erf` (exact GELU),
-//! `erf_inv` (normal samples), `log1p expm1 sign floor ceil round_nearest_even`, `atan2`, `x % y`,
-//! integer `and or xor !x shift_left shift_right_logical shift_right_arithmetic popcnt`, and the
-//! two ops of their own, `clamp` and `bitcast_convert`.
+//! Element-wise ops: the unary and binary functions ([`UnaryOp`], [`BinaryOp`]), comparisons,
+//! `select`, `convert`, `clamp`, `bitcast_convert`, `stop_gradient` and constants.
 //!
-//! The unary and binary functions are variants of [`UnaryOp`]/[`BinaryOp`], so they share the
-//! element-wise machinery (broadcasting, dtype checks, one emission line, the interpreter's
-//! typed kernels in `backend/interp/kernels.rs`); their VJP rules are in `trace/autodiff.rs`
-//! beside the other element-wise rules. This file holds their `Tensor` methods and everything
-//! of `clamp` and `bitcast_convert`.
+//! - `tracing.rs`: operands (a tensor or an `f64` scalar in the other operand's dtype), NumPy
+//!   broadcasting made explicit (`broadcast_in_dim`), dtype checks, and the `Tensor` methods and
+//!   operators (`+ - * / % !`) of the first ops;
+//! - this file: the methods of the functions added for real models (`sin cos` for rotary
+//!   embeddings, `erf` for exact GELU, `erf_inv` for normal samples, `log1p expm1 sign floor
+//!   ceil round_nearest_even atan2`, integer `and or xor shift_* popcnt`), the dtype rules, the
+//!   VJPs, the emission (float `maximum`/`minimum` spell NaN propagation out; `erf`, `erf_inv`
+//!   are `chlo` ops XLA expands), and the dispatch to the kernels;
+//! - `kernels.rs`: the interpreter's typed kernels (floats, wrapping integers, bools;
+//!   `erf` from libm, `erf_inv` as XLA's f32 approximation).
 //!
 //! Semantics, on both backends: shifts by at least the bit width give 0 (arithmetic right: all
 //! sign bits); `rem` has the sign of the dividend (C's `fmod`); `sign` keeps NaN and −0;
@@ -17,6 +20,9 @@
 //! have zero gradient; `clamp` passes the gradient to `x` strictly inside the bounds and to a
 //! bound where it is strictly exceeded (as JAX).
 
+pub(crate) mod kernels;
+pub(crate) mod tracing;
+
 use std::fmt::{self, Write as _};
 use std::panic::Location;
 
@@ -24,6 +30,7 @@ use crate::backend::interp::alloc::collect;
 use crate::backend::interp::Fault;
 use crate::emit::Line;
 use crate::trace::ir::{BinaryOp, Op, UnaryOp};
+use crate::trace::ir::{CmpOp, Node};
 use crate::trace::{with_recording, Operand, Tensor};
 use crate::tree::{Array, ArrayData, DType, LeafType};
 
@@ -234,7 +241,7 @@ pub(crate) fn emit_bitcast(l: Line<'_>) -> fmt::Result {
 
 /// `clamp` on the host: `min(max(x, lo), hi)` with the element-wise max/min (NaN propagates).
 pub(crate) fn eval_clamp(lo: &Array, x: &Array, hi: &Array) -> Result<ArrayData, Fault> {
-    use crate::backend::interp::kernels::binary;
+    use crate::ops::elementwise::kernels::binary;
     let m = binary(BinaryOp::Max, x.data(), lo.data())?;
     binary(BinaryOp::Min, &m, hi.data())
 }
@@ -319,4 +326,263 @@ pub(crate) fn binary_defined(op: BinaryOp, ty: &LeafType) -> Result<(), String> 
         return Err(format!("`{name}` is not defined for bool tensors ({ty})"));
     }
     Ok(())
+}
+
+// ---- the first element-wise ops: result types, VJPs, emission, evaluation ----------------------
+
+fn arity(n: usize, have: usize) -> Result<(), String> {
+    if n == have {
+        Ok(())
+    } else {
+        Err(format!("it takes {n} operands but has {have}"))
+    }
+}
+
+fn same(a: &LeafType, b: &LeafType) -> Result<(), String> {
+    if a == b {
+        Ok(())
+    } else {
+        Err(format!(
+            "its operands must have one type, but are {a} and {b}"
+        ))
+    }
+}
+
+/// The result type of an element-wise op (unary, binary, compare, select, convert,
+/// stop_gradient), or what is wrong.
+pub(crate) fn core_type(node: &Node, ins: &[&LeafType]) -> Result<LeafType, String> {
+    let out = &node.ty;
+    Ok(match &node.op {
+        Op::Unary(u) => {
+            arity(1, ins.len())?;
+            let t = ins[0];
+            unary_defined(*u, t)?;
+            t.clone()
+        }
+        Op::Binary(b) => {
+            arity(2, ins.len())?;
+            same(ins[0], ins[1])?;
+            binary_defined(*b, ins[0])?;
+            ins[0].clone()
+        }
+        Op::Compare(_) => {
+            arity(2, ins.len())?;
+            same(ins[0], ins[1])?;
+            LeafType {
+                dtype: DType::Bool,
+                dims: ins[0].dims.clone(),
+            }
+        }
+        Op::Select => {
+            arity(3, ins.len())?;
+            same(ins[1], ins[2])?;
+            let p = ins[0];
+            if p.dtype != DType::Bool || !(p.dims.is_empty() || p.dims == ins[1].dims) {
+                return Err(format!(
+                    "the predicate {p} must be bool, of the values' dims or a scalar"
+                ));
+            }
+            ins[1].clone()
+        }
+        Op::StopGradient => {
+            arity(1, ins.len())?;
+            ins[0].clone()
+        }
+        Op::Convert => {
+            arity(1, ins.len())?;
+            LeafType {
+                dtype: out.dtype,
+                dims: ins[0].dims.clone(),
+            }
+        }
+        other => return Err(format!("`{}` is not an element-wise op", other.name())),
+    })
+}
+
+/// The VJP of an element-wise op whose value is `y`.
+pub(crate) fn core_vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor) -> Vec<Option<Tensor>> {
+    match &node.op {
+        Op::Unary(u) => {
+            let a = x[0];
+            let d = match u {
+                UnaryOp::Neg => -g,
+                UnaryOp::Exp => g * y,
+                UnaryOp::Log => g / a,
+                UnaryOp::Tanh => g * (1.0 - y * y),
+                UnaryOp::Logistic => g * y * (1.0 - y),
+                UnaryOp::Sqrt => g * 0.5 / y,
+                UnaryOp::Rsqrt => g * -0.5 * y / a,
+                UnaryOp::Abs => {
+                    Tensor::select(a.greater(0.0), g, Tensor::select(a.less(0.0), -g, 0.0))
+                }
+                UnaryOp::Sin => g * a.cos(),
+                UnaryOp::Cos => -(g * a.sin()),
+                UnaryOp::Erf => g * std::f64::consts::FRAC_2_SQRT_PI * (-(a * a)).exp(),
+                UnaryOp::ErfInv => g * (std::f64::consts::PI.sqrt() / 2.0) * (y * y).exp(),
+                UnaryOp::Log1p => g / (a + 1.0),
+                UnaryOp::Expm1 => g * (y + 1.0),
+                // Piecewise constant (and integer-only ops never reach here).
+                UnaryOp::Sign
+                | UnaryOp::Floor
+                | UnaryOp::Ceil
+                | UnaryOp::RoundNearestEven
+                | UnaryOp::Not
+                | UnaryOp::Popcnt => return vec![None],
+            };
+            vec![Some(d)]
+        }
+        Op::Binary(b) => {
+            let (a, c) = (x[0], x[1]);
+            let (da, dc) = match b {
+                BinaryOp::Add => (g, g),
+                BinaryOp::Sub => (g, -g),
+                BinaryOp::Mul => (g * c, g * a),
+                BinaryOp::Div => (g / c, -(g * y) / c),
+                BinaryOp::Pow => {
+                    let da = g * c * a.pow(c - 1.0);
+                    let log_a = Tensor::select(a.greater(0.0), a, 1.0).log();
+                    let dc = Tensor::select(a.greater(0.0), g * y * log_a, 0.0);
+                    (da, dc)
+                }
+                BinaryOp::Max | BinaryOp::Min => {
+                    let (wins, loses) = if *b == BinaryOp::Max {
+                        (a.greater(c), c.greater(a))
+                    } else {
+                        (a.less(c), c.less(a))
+                    };
+                    let tie = a.equal(c);
+                    let half = g * 0.5;
+                    let da = Tensor::select(wins, g, Tensor::select(tie, half, 0.0));
+                    let dc = Tensor::select(loses, g, Tensor::select(tie, half, 0.0));
+                    (da, dc)
+                }
+                BinaryOp::Atan2 => {
+                    let r2 = a * a + c * c;
+                    (g * c / r2, -(g * a) / r2)
+                }
+                BinaryOp::Rem => {
+                    let q = a / c;
+                    (g, -(g * q.sign() * q.abs().floor()))
+                }
+                // Integer-only ops: never differentiated.
+                BinaryOp::And
+                | BinaryOp::Or
+                | BinaryOp::Xor
+                | BinaryOp::ShiftLeft
+                | BinaryOp::ShiftRightLogical
+                | BinaryOp::ShiftRightArithmetic => return vec![None, None],
+            };
+            vec![Some(da), Some(dc)]
+        }
+        Op::Select => {
+            let p = x[0];
+            vec![
+                None,
+                Some(Tensor::select(p, g, 0.0)),
+                Some(Tensor::select(p, 0.0, g)),
+            ]
+        }
+        Op::Convert => vec![Some(g.convert(x[0].ty().dtype))],
+        // Comparisons and the identity without a gradient.
+        _ => vec![None; x.len()],
+    }
+}
+
+/// The StableHLO of an element-wise op.
+pub(crate) fn core_emit(node: &Node, l: Line<'_>) -> fmt::Result {
+    let (me, ty) = (&l.me, &l.ty);
+    let an = &l.args[0];
+    let at = &l.arg_tys[0];
+    match &node.op {
+        Op::Unary(u) if u.dialect() == "chlo" => {
+            writeln!(l.out, "    {me} = chlo.{} {an} : {ty} -> {ty}", u.name())
+        }
+        Op::Unary(u) => writeln!(l.out, "    {me} = stablehlo.{} {an} : {ty}", u.name()),
+        Op::Binary(b) => {
+            let bn = &l.args[1];
+            let float_extremum =
+                matches!(b, BinaryOp::Max | BinaryOp::Min) && node.ty.dtype.is_float();
+            if !float_extremum {
+                return writeln!(l.out, "    {me} = stablehlo.{} {an}, {bn} : {ty}", b.name());
+            }
+            // XLA's CPU backend does not propagate a NaN in every operand position of
+            // `maximum`/`minimum` (it can return the other operand), so NaN propagation is
+            // spelled out: `a` if it is NaN, else `b` if it is NaN, else the op.
+            let n = &l.n;
+            let pred = crate::emit::bool_type(&node.ty.dims);
+            writeln!(
+                l.out,
+                "    %raw{n} = stablehlo.{} {an}, {bn} : {ty}",
+                b.name()
+            )?;
+            writeln!(
+                l.out,
+                "    %nan_a{n} = stablehlo.compare NE, {an}, {an}, FLOAT : ({ty}, {ty}) -> {pred}"
+            )?;
+            writeln!(
+                l.out,
+                "    %nan_b{n} = stablehlo.compare NE, {bn}, {bn}, FLOAT : ({ty}, {ty}) -> {pred}"
+            )?;
+            writeln!(
+                l.out,
+                "    %pick{n} = stablehlo.select %nan_b{n}, {bn}, %raw{n} : {pred}, {ty}"
+            )?;
+            writeln!(
+                l.out,
+                "    {me} = stablehlo.select %nan_a{n}, {an}, %pick{n} : {pred}, {ty}"
+            )
+        }
+        Op::Compare(c) => {
+            let (bn, bt) = (&l.args[1], &l.arg_tys[1]);
+            let kind = l
+                .arg_types
+                .first()
+                .map_or("FLOAT", |t| crate::emit::compare_type(t.dtype));
+            let dir = CmpOp::direction(*c);
+            writeln!(
+                l.out,
+                "    {me} = stablehlo.compare {dir}, {an}, {bn}, {kind} : ({at}, {bt}) -> {ty}"
+            )
+        }
+        Op::Select => {
+            let (tn, tt, fname, ft) = (&l.args[1], &l.arg_tys[1], &l.args[2], &l.arg_tys[2]);
+            write!(l.out, "    {me} = stablehlo.select {an}, {tn}, {fname} : ")?;
+            if l.arg_types.first().map(|p| &p.dims) == Some(&node.ty.dims) {
+                writeln!(l.out, "{at}, {ty}")
+            } else {
+                // A predicate of another shape (a scalar choosing whole tensors) needs the
+                // functional type.
+                writeln!(l.out, "({at}, {tt}, {ft}) -> {ty}")
+            }
+        }
+        Op::Convert => writeln!(l.out, "    {me} = stablehlo.convert {an} : ({at}) -> {ty}"),
+        // The value itself, as a same-type reshape, which XLA's simplifier removes.
+        Op::StopGradient => writeln!(l.out, "    {me} = stablehlo.reshape {an} : ({at}) -> {ty}"),
+        _ => Ok(()),
+    }
+}
+
+/// An element-wise op on the host.
+pub(crate) fn core_eval(node: &Node, operands: &[&Array]) -> Result<ArrayData, Fault> {
+    let owned = |d: ArrayData| -> Result<ArrayData, Fault> { Ok(d) };
+    match &node.op {
+        Op::Unary(u) => owned(kernels::unary(*u, operands[0].data())?),
+        Op::Binary(b) => owned(kernels::binary(*b, operands[0].data(), operands[1].data())?),
+        Op::Compare(c) => owned(kernels::compare(
+            *c,
+            operands[0].data(),
+            operands[1].data(),
+        )?),
+        Op::Select => owned(kernels::select(
+            operands[0].data(),
+            operands[1].data(),
+            operands[2].data(),
+        )?),
+        Op::Convert => owned(kernels::convert(operands[0].data(), node.ty.dtype)?),
+        Op::StopGradient => owned(crate::backend::interp::copy_data(operands[0].data())?),
+        other => Err(Fault::Invalid(format!(
+            "`{}` is not an element-wise op",
+            other.name()
+        ))),
+    }
 }

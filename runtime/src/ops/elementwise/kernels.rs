@@ -1,15 +1,15 @@
 //! Arithmetic: element-wise functions, comparisons, selection, conversion, reductions and the
 //! matrix product, with StableHLO's semantics as XLA implements them on CPU.
 //!
-//! Each function takes typed storage whose shapes [`super::check`] has verified and returns the
+//! Each function takes typed storage whose shapes the interpreter's checks have verified and returns the
 //! result's storage (allocated fallibly), or a [`Fault`]: a message when the dtypes do not fit
 //! the op, or an allocation that failed.
 
 use crate::trace::ir::{BinaryOp, CmpOp, UnaryOp};
 use crate::tree::{ArrayData, DType};
 
-use super::alloc::{collect, with_capacity};
-use super::Fault;
+use crate::backend::interp::alloc::{collect, with_capacity};
+use crate::backend::interp::Fault;
 
 /// Floating-point element types.
 pub(crate) trait Float: Copy + PartialOrd + std::fmt::Debug {
@@ -376,7 +376,7 @@ fn int_unary<T: Int>(op: UnaryOp, v: &[T]) -> Result<Vec<T>, Fault> {
 }
 
 /// An element-wise unary function.
-pub(super) fn unary(op: UnaryOp, a: &ArrayData) -> Result<ArrayData, Fault> {
+pub(crate) fn unary(op: UnaryOp, a: &ArrayData) -> Result<ArrayData, Fault> {
     Ok(match a {
         ArrayData::F32(v) => ArrayData::F32(map(v, |x| x.unary(op))?),
         ArrayData::F64(v) => ArrayData::F64(map(v, |x| x.unary(op))?),
@@ -444,7 +444,7 @@ fn compare_one<T: PartialOrd>(op: CmpOp, a: T, b: T) -> bool {
 }
 
 /// An element-wise comparison giving `bool`.
-pub(super) fn compare(op: CmpOp, a: &ArrayData, b: &ArrayData) -> Result<ArrayData, Fault> {
+pub(crate) fn compare(op: CmpOp, a: &ArrayData, b: &ArrayData) -> Result<ArrayData, Fault> {
     Ok(ArrayData::Bool(match (a, b) {
         (ArrayData::F32(x), ArrayData::F32(y)) => zip(x, y, |p, q| compare_one(op, p, q))?,
         (ArrayData::F64(x), ArrayData::F64(y)) => zip(x, y, |p, q| compare_one(op, p, q))?,
@@ -472,7 +472,7 @@ fn select_vec<T: Copy>(pred: &[bool], a: &[T], b: &[T]) -> Result<Vec<T>, Fault>
 }
 
 /// `on_true` where `pred` holds, else `on_false`; `pred` has their shape, or is a scalar.
-pub(super) fn select(pred: &ArrayData, a: &ArrayData, b: &ArrayData) -> Result<ArrayData, Fault> {
+pub(crate) fn select(pred: &ArrayData, a: &ArrayData, b: &ArrayData) -> Result<ArrayData, Fault> {
     let ArrayData::Bool(p) = pred else {
         return Err(format!("the predicate must be bool, not {}", pred.dtype()).into());
     };
@@ -510,7 +510,7 @@ macro_rules! convert_all {
 }
 
 /// Element type conversion (see `convert_all!` for the rules; bool → number is 0 or 1).
-pub(super) fn convert(a: &ArrayData, to: DType) -> Result<ArrayData, Fault> {
+pub(crate) fn convert(a: &ArrayData, to: DType) -> Result<ArrayData, Fault> {
     Ok(match a {
         ArrayData::F32(v) => convert_all!(v, to, 0.0),
         ArrayData::F64(v) => convert_all!(v, to, 0.0),

@@ -1,11 +1,13 @@
-//! Operations on tensors: checked at trace time, recorded as IR nodes.
+//! The element-wise ops' tracing: operands (tensors or `f64` scalars), NumPy broadcasting made
+//! explicit, dtype checks, and the `Tensor` methods and operators of the first element-wise ops,
+//! comparisons, `select`, `convert`, constants, `stop_gradient` and `all_sum`.
 
 use std::ops;
 use std::panic::Location;
 use std::sync::Arc;
 
-use super::ir::{with_dims, BinaryOp, CmpOp, Op, UnaryOp};
-use super::{with_recording, Recording, Tensor};
+use crate::trace::ir::{with_dims, BinaryOp, CmpOp, Op, UnaryOp};
+use crate::trace::{with_recording, Recording, Tensor};
 use crate::tree::{Array, DType, LeafType};
 
 /// An operand of a binary op: a tensor, or an `f64` scalar that takes the other operand's dtype.
