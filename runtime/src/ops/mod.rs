@@ -133,37 +133,23 @@ macro_rules! family_op {
 }
 pub(crate) use family_op;
 
-/// Whether a family here handles `op`.
-#[allow(dead_code)]
-pub(crate) fn owns(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::Unary(_)
-            | Op::Binary(_)
-            | Op::Compare(_)
-            | Op::Select
-            | Op::Convert
-            | Op::StopGradient
-            | Op::Iota { .. }
+/// The first shape ops (`shape::core_*` handles them).
+macro_rules! shape_core {
+    () => {
+        Op::Iota { .. }
             | Op::BroadcastInDim { .. }
             | Op::Reshape
             | Op::Transpose { .. }
             | Op::Slice { .. }
             | Op::Concatenate { .. }
-            | Op::DotGeneral(_)
-            | Op::Reduce { .. }
-            | Op::Clamp
-            | Op::BitcastConvert
-            | Op::Pad { .. }
-            | Op::Reverse { .. }
-            | Op::Convolution(_)
-            | Op::ReduceWindow { .. }
-            | Op::SelectAndScatter { .. }
-            | Op::Gather(_)
-            | Op::Scatter { .. }
-            | Op::DynamicSlice { .. }
-            | Op::DynamicUpdateSlice
-    )
+    };
+}
+
+/// The first element-wise ops (`elementwise::core_*` handles them).
+macro_rules! elementwise_core {
+    () => {
+        Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Convert | Op::StopGradient
+    };
 }
 
 /// The result type a family op gives for operands of `types`, or what is wrong (the
@@ -188,18 +174,8 @@ pub(crate) fn result_type(node: &Node, types: &[&LeafType]) -> Result<LeafType, 
             want(1)?;
             elementwise::bitcast_type(types[0], node.ty.dtype)
         }
-        Op::Unary(_)
-        | Op::Binary(_)
-        | Op::Compare(_)
-        | Op::Select
-        | Op::Convert
-        | Op::StopGradient => elementwise::core_type(node, types),
-        Op::Iota { .. }
-        | Op::BroadcastInDim { .. }
-        | Op::Reshape
-        | Op::Transpose { .. }
-        | Op::Slice { .. }
-        | Op::Concatenate { .. } => shape::core_type(node, types),
+        elementwise_core!() => elementwise::core_type(node, types),
+        shape_core!() => shape::core_type(node, types),
         Op::Reduce { axes, .. } => {
             want(1)?;
             reduce::reduce_type(types[0], axes)
@@ -263,18 +239,8 @@ pub(crate) fn result_type(node: &Node, types: &[&LeafType]) -> Result<LeafType, 
 pub(crate) fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor) -> Vec<Option<Tensor>> {
     match &node.op {
         Op::Reduce { kind, axes } => reduce::vjp(*kind, axes, node.ty.dtype, y, x, g),
-        Op::Iota { .. }
-        | Op::BroadcastInDim { .. }
-        | Op::Reshape
-        | Op::Transpose { .. }
-        | Op::Slice { .. }
-        | Op::Concatenate { .. } => shape::core_vjp(node, x, g),
-        Op::Unary(_)
-        | Op::Binary(_)
-        | Op::Compare(_)
-        | Op::Select
-        | Op::Convert
-        | Op::StopGradient => elementwise::core_vjp(node, y, x, g),
+        shape_core!() => shape::core_vjp(node, x, g),
+        elementwise_core!() => elementwise::core_vjp(node, y, x, g),
         Op::Clamp => elementwise::clamp_vjp(x[0], x[1], x[2], g),
         Op::BitcastConvert => vec![None],
         Op::DotGeneral(d) => linalg::vjp(d, node.ty.dtype, x, g),
@@ -309,18 +275,8 @@ pub(crate) fn emit(node: &Node, l: Line<'_>) -> fmt::Result {
         Op::BitcastConvert => elementwise::emit_bitcast(l),
         Op::DotGeneral(d) => linalg::emit(l, d),
         Op::Reduce { kind, axes } => reduce::emit(l, *kind, axes, dtype),
-        Op::Iota { .. }
-        | Op::BroadcastInDim { .. }
-        | Op::Reshape
-        | Op::Transpose { .. }
-        | Op::Slice { .. }
-        | Op::Concatenate { .. } => shape::core_emit(node, l),
-        Op::Unary(_)
-        | Op::Binary(_)
-        | Op::Compare(_)
-        | Op::Select
-        | Op::Convert
-        | Op::StopGradient => elementwise::core_emit(node, l),
+        shape_core!() => shape::core_emit(node, l),
+        elementwise_core!() => elementwise::core_emit(node, l),
         Op::Pad {
             low,
             high,
@@ -348,18 +304,8 @@ pub(crate) fn eval(node: &Node, a: &[&Array]) -> Result<ArrayData, Fault> {
         Op::BitcastConvert => elementwise::eval_bitcast(a[0], out.dtype),
         Op::DotGeneral(d) => linalg::eval(d, a),
         Op::Reduce { kind, axes } => reduce::eval_reduce(*kind, a[0].data(), a[0].dims(), axes),
-        Op::Iota { .. }
-        | Op::BroadcastInDim { .. }
-        | Op::Reshape
-        | Op::Transpose { .. }
-        | Op::Slice { .. }
-        | Op::Concatenate { .. } => shape::core_eval(node, a),
-        Op::Unary(_)
-        | Op::Binary(_)
-        | Op::Compare(_)
-        | Op::Select
-        | Op::Convert
-        | Op::StopGradient => elementwise::core_eval(node, a),
+        shape_core!() => shape::core_eval(node, a),
+        elementwise_core!() => elementwise::core_eval(node, a),
         Op::Pad { low, interior, .. } => shape::eval_pad(a[0], a[1], out, low, interior),
         Op::Reverse { axes } => shape::eval_reverse(a[0], axes),
         Op::Convolution(c) => conv::eval(a[0], a[1], out, c),
