@@ -953,3 +953,79 @@ fn random_windows() {
     assert_eq!(cases.len(), 16);
     run_all("random windows", &cases, true);
 }
+
+// ---- matmul forms (jnp.matmul's) ---------------------------------------------------------------
+
+#[test]
+fn matmul_takes_the_forms_users_write() {
+    let cases = vec![
+        case(
+            "[b,t,k]·[k,n]",
+            vec![
+                f64s(90, &[2, 3, 4], -1.0, 1.0),
+                f64s(91, &[4, 5], -1.0, 1.0),
+            ],
+            |x| x[0].matmul(x[1]),
+        ),
+        case(
+            "[m,k]·[b,k,n]",
+            vec![
+                f64s(92, &[3, 4], -1.0, 1.0),
+                f64s(93, &[2, 4, 5], -1.0, 1.0),
+            ],
+            |x| x[0].matmul(x[1]),
+        ),
+        case(
+            "[k]·[b,k,n]",
+            vec![f64s(94, &[4], -1.0, 1.0), f64s(95, &[2, 4, 5], -1.0, 1.0)],
+            |x| x[0].matmul(x[1]),
+        ),
+        case(
+            "[b,t,k]·[k]",
+            vec![f64s(96, &[2, 3, 4], -1.0, 1.0), f64s(97, &[4], -1.0, 1.0)],
+            |x| x[0].matmul(x[1]),
+        ),
+        case(
+            "broadcast batches [2,1,3,4]·[5,4,2]",
+            vec![
+                f64s(98, &[2, 1, 3, 4], -1.0, 1.0),
+                f64s(99, &[5, 4, 2], -1.0, 1.0),
+            ],
+            |x| x[0].matmul(x[1]),
+        ),
+    ];
+    // The broadcast case against a direct computation.
+    let (a, b) = (&cases[4].inputs[0], &cases[4].inputs[1]);
+    let g = trace::trace(&types(&cases[4].inputs), |x| vec![x[0].matmul(x[1])]).unwrap();
+    let out = nitro::backend::interp::run(&g, &[a.clone(), b.clone()])
+        .unwrap()
+        .remove(0);
+    assert_eq!(out.dims(), &[2, 5, 3, 2]);
+    let (av, bv, ov) = (
+        a.as_slice::<f64>().unwrap(),
+        b.as_slice::<f64>().unwrap(),
+        out.as_slice::<f64>().unwrap(),
+    );
+    for i in 0..2 {
+        for j in 0..5 {
+            for m in 0..3 {
+                for n in 0..2 {
+                    let want: f64 = (0..4)
+                        .map(|k| av[(i * 3 + m) * 4 + k] * bv[(j * 4 + k) * 2 + n])
+                        .sum();
+                    let got = ov[((i * 5 + j) * 3 + m) * 2 + n];
+                    assert!(
+                        (got - want).abs() < 1e-12,
+                        "[{i},{j},{m},{n}]: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+    run_all("matmul forms", &cases, true);
+    let e = trace_error(
+        &[ty(DType::F32, &[2, 3, 4]), ty(DType::F32, &[5, 4, 2])],
+        |x| vec![x[0].matmul(x[1])],
+    );
+    assert!(e.contains("batch dims [2] and [5] do not broadcast"), "{e}");
+}

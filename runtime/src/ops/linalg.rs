@@ -186,9 +186,12 @@ impl Recording {
 }
 
 impl Tensor {
-    /// Matrix product. `[m, k] · [k, n] → [m, n]`; a rank-1 operand is a vector
-    /// (`[k] · [k, n] → [n]`, `[m, k] · [k] → [m]`); rank ≥ 3 operands are batches with equal
-    /// leading dims (`[b, m, k] · [b, k, n] → [b, m, n]`).
+    /// Matrix product, as NumPy's and JAX's `matmul`: `[m, k] · [k, n] → [m, n]`; a rank-1
+    /// operand is a vector (`[k] · [k, n] → [n]`, `[m, k] · [k] → [m]`); a matrix on the right
+    /// multiplies the last dim of anything (`[b, t, k] · [k, n] → [b, t, n]`, a dense layer on a
+    /// sequence: one product XLA runs as `[b·t, k] · [k, n]`, the fastest form); otherwise the
+    /// leading dims are batches, broadcast against each other (`[b, 1, m, k] · [h, k, n] →
+    /// [b, h, m, n]`; broadcasting copies the smaller operand first).
     #[track_caller]
     pub fn matmul(self, rhs: Tensor) -> Tensor {
         self.matmul_impl(rhs, None, Location::caller())
@@ -202,64 +205,89 @@ impl Tensor {
     }
     fn matmul_impl(self, rhs: Tensor, result: Option<DType>, at: &Location<'_>) -> Tensor {
         with_recording(|r| {
+            if !r.owns(self, "matmul", at) || !r.owns(rhs, "matmul", at) {
+                return r.stand_in(with_dims(DType::F32, Vec::new()));
+            }
             let (ta, tb) = (r.ty_of(self), r.ty_of(rhs));
             let (ra, rb) = (ta.dims.len(), tb.dims.len());
-            let dims = match (ra, rb) {
-                (1, 1) => Some(DotDims {
-                    lhs_batch: vec![],
-                    rhs_batch: vec![],
-                    lhs_contract: vec![0],
-                    rhs_contract: vec![0],
-                }),
-                (1, 2) => Some(DotDims {
-                    lhs_batch: vec![],
-                    rhs_batch: vec![],
-                    lhs_contract: vec![0],
-                    rhs_contract: vec![0],
-                }),
-                (2, 1) => Some(DotDims {
-                    lhs_batch: vec![],
-                    rhs_batch: vec![],
-                    lhs_contract: vec![1],
-                    rhs_contract: vec![0],
-                }),
-                (a, b) if a >= 2 && a == b => Some(DotDims {
-                    lhs_batch: (0..a - 2).collect(),
-                    rhs_batch: (0..a - 2).collect(),
-                    lhs_contract: vec![a - 1],
-                    rhs_contract: vec![b - 2],
-                }),
-                _ => None,
+            let guess = with_dims(ta.dtype, Vec::new());
+            if ra == 0 || rb == 0 {
+                return r.fail(
+                    "matmul",
+                    format!(
+                        "cannot multiply {ta} by {tb}: matmul needs operands of rank 1 or more"
+                    ),
+                    at,
+                    guess,
+                );
+            }
+            let k_l = ta.dims[ra - 1];
+            let k_r = if rb == 1 { tb.dims[0] } else { tb.dims[rb - 2] };
+            if k_l != k_r {
+                return r.fail(
+                    "matmul",
+                    format!(
+                        "cannot multiply {ta} by {tb}: the lhs has {k_l} columns but the rhs has {k_r} rows"
+                    ),
+                    at,
+                    guess,
+                );
+            }
+            let contract = |l: usize, rr: usize| DotDims {
+                lhs_batch: vec![],
+                rhs_batch: vec![],
+                lhs_contract: vec![l],
+                rhs_contract: vec![rr],
             };
-            match dims {
-                Some(d) => {
-                    let k_l = ta.dims.get(d.lhs_contract[0]).copied();
-                    let k_r = tb.dims.get(d.rhs_contract[0]).copied();
-                    if k_l != k_r {
+            match (ra, rb) {
+                // A vector or a matrix on the right, anything on the left: one plain contraction
+                // of the lhs's last dim (`[b, t, k] · [k, n] → [b, t, n]`), which XLA runs as a
+                // single `[b·t, k] · [k, n]` product — the fastest form for dense layers.
+                (_, 1) | (_, 2) => {
+                    r.dot_general(self, rhs, contract(ra - 1, 0), result, "matmul", at)
+                }
+                // A vector on the left: `[k] · [b, k, n] → [b, n]`.
+                (1, _) => r.dot_general(self, rhs, contract(0, rb - 2), result, "matmul", at),
+                // A matrix on the left of a batch: the product is `[m, batch…, n]`, then the batch
+                // moves to the front.
+                (2, _) => {
+                    let p = r.dot_general(self, rhs, contract(1, rb - 2), result, "matmul", at);
+                    let nb = rb - 2;
+                    let perm: Vec<usize> = (1..=nb).chain([0, nb + 1]).collect();
+                    r.transpose(p, &perm, at)
+                }
+                // Batches on both sides, broadcast against each other as NumPy does.
+                (a, b) => {
+                    let (lb, rbd) = (&ta.dims[..a - 2], &tb.dims[..b - 2]);
+                    let Some(batch) = crate::ops::elementwise::tracing::broadcast_dims(lb, rbd)
+                    else {
                         return r.fail(
                             "matmul",
                             format!(
-                                "cannot multiply {ta} by {tb}: the lhs has {} columns but the rhs has {} rows",
-                                k_l.unwrap_or(0),
-                                k_r.unwrap_or(0)
+                                "cannot multiply {ta} by {tb}: the batch dims {lb:?} and {rbd:?} do not broadcast (aligned from the right, each pair must be equal or 1)"
                             ),
                             at,
-                            with_dims(ta.dtype, Vec::new()),
+                            guess,
                         );
-                    }
-                    r.dot_general(self, rhs, d, result, "matmul", at)
+                    };
+                    let full = |tail: &[usize]| -> Vec<usize> {
+                        batch.iter().chain(tail).copied().collect()
+                    };
+                    let l = r.broadcast_to(self, &full(&ta.dims[a - 2..]), "matmul", at);
+                    let rr = r.broadcast_to(rhs, &full(&tb.dims[b - 2..]), "matmul", at);
+                    let n = batch.len();
+                    let d = DotDims {
+                        lhs_batch: (0..n).collect(),
+                        rhs_batch: (0..n).collect(),
+                        lhs_contract: vec![n + 1],
+                        rhs_contract: vec![n],
+                    };
+                    r.dot_general(l, rr, d, result, "matmul", at)
                 }
-                None => r.fail(
-                    "matmul",
-                    format!(
-                        "cannot multiply {ta} by {tb}: ranks must be 1 or 2, or equal (batched)"
-                    ),
-                    at,
-                    with_dims(ta.dtype, Vec::new()),
-                ),
             }
         })
     }
+
     /// A general product with explicit batch and contracting dims (see [`DotDims`]).
     #[track_caller]
     pub fn dot_general(self, rhs: Tensor, dims: DotDims) -> Tensor {
