@@ -1029,3 +1029,49 @@ fn matmul_takes_the_forms_users_write() {
     );
     assert!(e.contains("batch dims [2] and [5] do not broadcast"), "{e}");
 }
+
+#[test]
+fn narrow_split_and_chunk_cut_one_axis() {
+    let x = f64s(100, &[2, 7, 3], -1.0, 1.0);
+    let g = trace::trace(&types(std::slice::from_ref(&x)), |t| {
+        let mut out = vec![t[0].narrow(1, 2, 3)];
+        out.extend(t[0].split(1, &[1, 4, 2]));
+        out.extend(t[0].chunk(1, 3));
+        out
+    })
+    .unwrap();
+    let out = nitro::backend::interp::run(&g, std::slice::from_ref(&x)).unwrap();
+    let dims: Vec<Vec<usize>> = out.iter().map(|a| a.dims().to_vec()).collect();
+    assert_eq!(
+        dims,
+        [
+            [2, 3, 3],
+            [2, 1, 3],
+            [2, 4, 3],
+            [2, 2, 3],
+            [2, 3, 3],
+            [2, 3, 3],
+            [2, 1, 3]
+        ],
+        "narrow; split 1+4+2; chunk of 7 in 3: 3+3+1"
+    );
+    let v = x.as_slice::<f64>().unwrap();
+    // narrow(1, 2, 3)[1, 0, 2] is x[1, 2, 2].
+    assert_eq!(out[0].as_slice::<f64>().unwrap()[9 + 2], v[21 + 2 * 3 + 2]);
+    // The split pieces, joined, are x again.
+    let joined = trace::trace(&types(std::slice::from_ref(&x)), |t| {
+        vec![Tensor::concatenate(&t[0].split(1, &[1, 4, 2]), 1)]
+    })
+    .unwrap();
+    assert_eq!(
+        nitro::backend::interp::run(&joined, std::slice::from_ref(&x)).unwrap()[0],
+        x
+    );
+    let e = trace_error(&[ty(DType::F32, &[2, 7])], |t| t[0].split(1, &[3, 3]));
+    assert!(
+        e.contains("`split`") && e.contains("[3, 3]") && e.contains("f32[2,7]"),
+        "{e}"
+    );
+    let e = trace_error(&[ty(DType::F32, &[2, 7])], |t| vec![t[0].narrow(1, 5, 3)]);
+    assert!(e.contains("`narrow`") && e.contains("5..8"), "{e}");
+}

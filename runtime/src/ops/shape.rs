@@ -994,3 +994,112 @@ pub(crate) fn iota(dtype: DType, dims: &[usize], axis: usize) -> Result<ArrayDat
         DType::Bool => return Err(Fault::from("iota is not defined for bool".to_owned())),
     })
 }
+
+// ---- one axis at a time: narrow, split, chunk ------------------------------------------------
+
+impl Tensor {
+    /// Elements `start..start + len` along `axis`, every other dim whole (`x.narrow(1, 0, 64)`).
+    #[track_caller]
+    pub fn narrow(self, axis: usize, start: usize, len: usize) -> Tensor {
+        let at = Location::caller();
+        with_recording(|r| {
+            let ty = r.ty_of(self);
+            let fits = axis < ty.dims.len()
+                && start
+                    .checked_add(len)
+                    .is_some_and(|end| end <= ty.dims[axis]);
+            if !fits {
+                let mut dims = ty.dims.clone();
+                if let Some(d) = dims.get_mut(axis) {
+                    *d = len;
+                }
+                return r.fail(
+                    "narrow",
+                    format!(
+                        "elements {start}..{} along axis {axis} do not fit {ty}",
+                        start.saturating_add(len)
+                    ),
+                    at,
+                    with_dims(ty.dtype, dims),
+                );
+            }
+            let begin: Vec<usize> = (0..ty.dims.len())
+                .map(|d| if d == axis { start } else { 0 })
+                .collect();
+            let mut limit = ty.dims.clone();
+            limit[axis] = start + len;
+            let ones = vec![1; ty.dims.len()];
+            r.slice(self, &begin, &limit, &ones, at)
+        })
+    }
+
+    /// Consecutive pieces along `axis` of the given `sizes`, which must add up to that dim
+    /// (`qkv.split(2, &[d, d, d])`).
+    #[track_caller]
+    pub fn split(self, axis: usize, sizes: &[usize]) -> Vec<Tensor> {
+        let at = Location::caller();
+        let ty = self.ty();
+        let total = sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s));
+        if axis >= ty.dims.len() || total != Some(ty.dims[axis]) {
+            let msg = format!(
+                "pieces of sizes {sizes:?} along axis {axis} do not add up to that dim of {ty}"
+            );
+            return sizes
+                .iter()
+                .map(|&s| {
+                    let mut dims = ty.dims.clone();
+                    if let Some(d) = dims.get_mut(axis) {
+                        *d = s;
+                    }
+                    with_recording(|r| r.fail("split", msg.clone(), at, with_dims(ty.dtype, dims)))
+                })
+                .collect();
+        }
+        let mut start = 0;
+        sizes
+            .iter()
+            .map(|&s| {
+                let piece = with_recording(|r| {
+                    let begin: Vec<usize> = (0..ty.dims.len())
+                        .map(|d| if d == axis { start } else { 0 })
+                        .collect();
+                    let mut limit = ty.dims.clone();
+                    limit[axis] = start + s;
+                    let ones = vec![1; ty.dims.len()];
+                    r.slice(self, &begin, &limit, &ones, at)
+                });
+                start += s;
+                piece
+            })
+            .collect()
+    }
+
+    /// `n` pieces along `axis`: all of `ceil(dim / n)` elements but the last, which holds the
+    /// rest (as PyTorch's `chunk`; fewer pieces when the dim is small). `n` must be at least 1.
+    #[track_caller]
+    pub fn chunk(self, axis: usize, n: usize) -> Vec<Tensor> {
+        let at = Location::caller();
+        let ty = self.ty();
+        let Some(&dim) = ty.dims.get(axis).filter(|_| n > 0) else {
+            return vec![with_recording(|r| {
+                r.fail(
+                    "chunk",
+                    format!("cannot cut axis {axis} of {ty} into {n} pieces"),
+                    at,
+                    ty.clone(),
+                )
+            })];
+        };
+        let size = dim.div_ceil(n).max(1);
+        let mut sizes = Vec::new();
+        let mut left = dim;
+        while left > 0 {
+            sizes.push(size.min(left));
+            left -= size.min(left);
+        }
+        if sizes.is_empty() {
+            sizes.push(0);
+        }
+        self.split(axis, &sizes)
+    }
+}
