@@ -426,6 +426,15 @@ pub enum Error {
         what: String,
     },
 
+    /// A data file (`.npy`) could not be read or written: which file, and what is wrong with it.
+    #[error("{}: {why}", path.display())]
+    DataFile {
+        /// The file (`<bytes>` for bytes in memory).
+        path: std::path::PathBuf,
+        /// What is wrong, and what is accepted.
+        why: String,
+    },
+
     /// Reading or writing a checkpoint file failed.
     #[error("checkpoint: cannot {what} {}: {source}", path.display())]
     CheckpointIo {
