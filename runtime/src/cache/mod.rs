@@ -973,7 +973,12 @@ impl Cache {
                 let _ = store.record_program(&program_key, &record);
             }
         }
-        tracing::info!(program = %program_id, reason = %reason, ms, loaded, "nitro: compile-cache miss");
+        if loaded {
+            let from = store.map_or_else(String::new, |s| s.describe());
+            tracing::info!(program = %program_id, reason = %reason, ms, from = %from, "nitro: not in memory; loaded from the store (no compile)");
+        } else {
+            tracing::info!(program = %program_id, reason = %reason, ms, "nitro: compile-cache miss; compiled");
+        }
 
         let compiled = Arc::new(Compiled {
             program: program_id.clone(),

@@ -1079,6 +1079,10 @@ fn escape_glob(s: &str) -> String {
 }
 
 impl Store for RedisStore {
+    fn describe(&self) -> String {
+        "the shared cache (Redis)".to_owned()
+    }
+
     fn get(&self, key: &Digest) -> Result<Lookup> {
         self.remote.fetch(key).map_err(|why| self.failed(why))
     }
@@ -1178,6 +1182,10 @@ impl LayeredStore {
 }
 
 impl Store for LayeredStore {
+    fn describe(&self) -> String {
+        "the local store, backed by the shared cache (Redis)".to_owned()
+    }
+
     /// The local entry; else the server's, verified and copied into the local store. A
     /// rejected local entry (removed by the local store) is looked up on the server too; a
     /// server that does not answer leaves the local answer.

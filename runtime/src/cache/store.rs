@@ -304,6 +304,10 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Takes the cross-process lock of `key`, waiting at most `wait`. `Ok(None)` when the wait
     /// ran out (the caller then compiles anyway: a lease, never a deadlock).
     fn lock(&self, key: &Digest, wait: Duration) -> Result<Option<KeyLock>>;
+    /// Where it keeps programs, for messages (`the local store at <dir>`).
+    fn describe(&self) -> String {
+        "the persistent store".to_owned()
+    }
     /// Total bytes held.
     fn size_bytes(&self) -> u64;
     /// What this store exchanged with a shared server, when it has one
@@ -1012,6 +1016,10 @@ pub fn unix_now() -> u64 {
 }
 
 impl Store for DirStore {
+    fn describe(&self) -> String {
+        format!("the local store at {}", self.dir().display())
+    }
+
     fn get(&self, key: &Digest) -> Result<Lookup> {
         let path = self.entry_path(key);
         let max = self.capacity.min(MAX_ENTRY_BYTES);
