@@ -1036,8 +1036,13 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
 
     /// One training step on `batch` (exactly `Config::batch` rows) whose real rows are the
     /// first `real` (the rest is padding): gradient, then the optimizer update. Returns the
-    /// mean loss over the real rows (reading it waits for the step; see
-    /// [`step_deferred`](Nitro::step_deferred) to read losses later).
+    /// mean loss over the real rows.
+    ///
+    /// **What it waits for:** reading the loss waits for the gradient program only. On XLA the
+    /// optimizer's update is enqueued after it and may still be running when `step` returns
+    /// (the next step, or any read of the parameters, waits for it by itself). To time a
+    /// finished step, call [`wait`](Nitro::wait) after `step`; to pipeline steps, use
+    /// [`step_deferred`](Nitro::step_deferred) and read the losses later.
     ///
     /// A batch whose real rows hold a label outside the classes of the loss reading it is
     /// refused before it runs ([`Error::LabelOutOfRange`], naming the batch's row).
