@@ -27,6 +27,10 @@ pub struct Trees;
 #[doc = include_str!("../../docs/experiment.md")]
 pub struct ExperimentPage;
 
+/// `docs/layers.md`.
+#[doc = include_str!("../../docs/layers.md")]
+pub struct Layers;
+
 /// `docs/tracing.md`.
 #[doc = include_str!("../../docs/tracing.md")]
 pub struct Tracing;

@@ -57,6 +57,7 @@ pub mod experiment;
 mod files;
 pub mod hash;
 pub mod init;
+pub mod nn;
 pub mod npy;
 pub mod ops;
 pub mod optim;
