@@ -426,7 +426,8 @@ pub enum Error {
         what: String,
     },
 
-    /// A data file (`.npy`) could not be read or written: which file, and what is wrong with it.
+    /// A data file (`.npy`, idx) could not be read or written: which file, and what is wrong
+    /// with it.
     #[error("{}: {why}", path.display())]
     DataFile {
         /// The file (`<bytes>` for bytes in memory).
