@@ -1101,14 +1101,14 @@ fn split_key(t: &str) -> Option<(&str, &str)> {
 }
 
 /// A tensor's bytes in safetensors' encoding (little-endian, row-major, bools as 0/1 bytes).
-struct Raw {
+pub(crate) struct Raw {
     dtype: safetensors::Dtype,
     shape: Vec<usize>,
     bytes: Vec<u8>,
 }
 
 impl Raw {
-    fn of(array: &Array) -> Raw {
+    pub(crate) fn of(array: &Array) -> Raw {
         fn le<T: Copy, const N: usize>(v: &[T], f: impl Fn(T) -> [u8; N]) -> Vec<u8> {
             let mut out = Vec::with_capacity(v.len() * N);
             for &x in v {

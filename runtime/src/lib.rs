@@ -67,6 +67,7 @@ pub mod stage;
 pub mod trace;
 pub mod train;
 pub mod tree;
+pub mod weights;
 
 pub use error::{Error, Result};
 pub use experiment::{
