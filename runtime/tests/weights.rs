@@ -68,7 +68,7 @@ fn a_torch_file_loads_with_renames_and_permutes() {
     let w = net.fc.w.as_slice::<f32>().unwrap();
     assert_eq!(
         w[2 * 3 + 1],
-        (4 * 1 + 2) as f32 / 10.0,
+        (4 + 2) as f32 / 10.0,
         "w[2][1] is weight[1][2]"
     );
     assert_eq!(net.fc.b.as_slice::<f32>().unwrap(), &[0.5, -0.5, 1.0]);
