@@ -48,6 +48,7 @@
 //! every platform and nitro version that keeps this module's documented algorithm.
 
 pub mod idx;
+pub mod text;
 
 use std::fmt;
 

@@ -1,0 +1,175 @@
+//! Character-level text for language models: a corpus, its character vocabulary, windows of
+//! `T + 1` tokens as a data set (inputs and next-character targets), and the corpus's unigram
+//! entropy — the bits per character a model must beat to have learned anything.
+//!
+//! [`fortunes`] reads the Debian package `fortunes` (`apt-get install fortunes`): plain-text
+//! records separated by lines holding `%`, about 2.5 MB of English. Without it, the error names
+//! the package.
+//!
+//! ```
+//! use nitro::data::text::Vocab;
+//! let v = Vocab::of("hello");
+//! assert_eq!(v.len(), 4);
+//! assert_eq!(v.decode(&v.encode("hell")?), "hell");
+//! # Ok::<(), nitro::Error>(())
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::data::Dataset;
+use crate::error::{Error, Result};
+use crate::tree::Array;
+
+/// Where the Debian package `fortunes` installs its files.
+pub const FORTUNES_DIR: &str = "/usr/share/games/fortunes";
+
+fn bad(path: &Path, why: impl Into<String>) -> Error {
+    Error::DataFile {
+        path: path.to_path_buf(),
+        why: why.into(),
+    }
+}
+
+/// The text of the fortune files in `dir` (default [`FORTUNES_DIR`]), in file-name order, the
+/// `%` separator lines removed (each record ends with a newline). The `.dat` index files and
+/// the `.u8` links are skipped; bytes that are not UTF-8 are replaced.
+pub fn fortunes(dir: Option<&Path>) -> Result<String> {
+    let dir = dir.map_or_else(|| PathBuf::from(FORTUNES_DIR), Path::to_path_buf);
+    let entries = std::fs::read_dir(&dir).map_err(|e| {
+        bad(
+            &dir,
+            format!(
+                "cannot list it ({e}): install the Debian package `fortunes` (`apt-get install fortunes`), or pass the directory of the fortune files"
+            ),
+        )
+    })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let ext = p.extension().and_then(|e| e.to_str());
+            !matches!(ext, Some("dat") | Some("u8")) && p.is_file() && !p.is_symlink()
+        })
+        .collect();
+    files.sort();
+    let mut text = String::new();
+    for f in &files {
+        let bytes = std::fs::read(f).map_err(|e| bad(f, format!("cannot read it: {e}")))?;
+        for line in String::from_utf8_lossy(&bytes).lines() {
+            if line != "%" {
+                text.push_str(line);
+                text.push('\n');
+            }
+        }
+    }
+    if text.is_empty() {
+        return Err(bad(
+            &dir,
+            "it holds no fortune text: install the Debian package `fortunes`",
+        ));
+    }
+    Ok(text)
+}
+
+/// A character vocabulary: every distinct character of a text, in code-point order, numbered
+/// from 0.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Vocab {
+    chars: Vec<char>,
+    ids: BTreeMap<char, i32>,
+}
+
+impl Vocab {
+    /// The characters of `text`.
+    pub fn of(text: &str) -> Vocab {
+        let mut chars: Vec<char> = text.chars().collect();
+        chars.sort_unstable();
+        chars.dedup();
+        let ids = chars
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| (c, i as i32))
+            .collect();
+        Vocab { chars, ids }
+    }
+
+    /// How many characters.
+    pub fn len(&self) -> usize {
+        self.chars.len()
+    }
+
+    /// Whether it has none.
+    pub fn is_empty(&self) -> bool {
+        self.chars.is_empty()
+    }
+
+    /// The ids of `text`'s characters; a character outside the vocabulary is an
+    /// [`Error::InvalidDataArgument`] naming it.
+    pub fn encode(&self, text: &str) -> Result<Vec<i32>> {
+        text.chars()
+            .map(|c| {
+                self.ids
+                    .get(&c)
+                    .copied()
+                    .ok_or_else(|| Error::InvalidDataArgument {
+                        what: format!("the character {c:?} is not in the vocabulary"),
+                    })
+            })
+            .collect()
+    }
+
+    /// The text of `ids` (an id outside the vocabulary reads as `?`).
+    pub fn decode(&self, ids: &[i32]) -> String {
+        ids.iter()
+            .map(|&i| {
+                usize::try_from(i)
+                    .ok()
+                    .and_then(|i| self.chars.get(i))
+                    .copied()
+                    .unwrap_or('?')
+            })
+            .collect()
+    }
+}
+
+/// Windows of `window + 1` consecutive tokens, one every `stride` tokens, as a data set: `x`
+/// (`i32 [n, window]`, the inputs) and `y` (`i32 [n, window]`, each position's next token).
+pub fn windows(tokens: &[i32], window: usize, stride: usize) -> Result<Dataset> {
+    if window == 0 || stride == 0 || tokens.len() < window + 1 {
+        return Err(Error::InvalidDataArgument {
+            what: format!(
+                "windows of {window} tokens every {stride} need at least {} tokens and both at least 1, got {} tokens",
+                window + 1,
+                tokens.len()
+            ),
+        });
+    }
+    let starts: Vec<usize> = (0..=tokens.len() - window - 1).step_by(stride).collect();
+    let mut x = Vec::with_capacity(starts.len() * window);
+    let mut y = Vec::with_capacity(starts.len() * window);
+    for &s in &starts {
+        x.extend_from_slice(&tokens[s..s + window]);
+        y.extend_from_slice(&tokens[s + 1..s + window + 1]);
+    }
+    Dataset::new([
+        ("x", Array::from_vec(&[starts.len(), window], x)?),
+        ("y", Array::from_vec(&[starts.len(), window], y)?),
+    ])
+}
+
+/// The unigram entropy of `tokens` in bits per token: what predicting each token from its
+/// frequency alone achieves (`−Σ p log₂ p`).
+pub fn unigram_bits(tokens: &[i32]) -> f64 {
+    let mut counts: BTreeMap<i32, usize> = BTreeMap::new();
+    for &t in tokens {
+        *counts.entry(t).or_default() += 1;
+    }
+    let n = tokens.len().max(1) as f64;
+    counts
+        .values()
+        .map(|&c| {
+            let p = c as f64 / n;
+            -p * p.log2()
+        })
+        .sum()
+}
