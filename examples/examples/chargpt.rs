@@ -27,7 +27,8 @@ use nitro::nn::{
 use nitro::optim::{AdamW, Cosine};
 use nitro::prelude::*;
 use nitro::train::{Config, FromBatch, Model, Nitro};
-use nitro_examples::report::{exit_status, install_log, short_program, Summary};
+use nitro_examples::column;
+use nitro_examples::report::{compile_ms_by_program, exit_status, install_log, Summary};
 
 /// Trains a small character-level GPT on the fortunes and reports held-out bits per character.
 #[derive(Parser, Debug)]
@@ -135,16 +136,9 @@ pub struct Windows {
 
 impl FromBatch for Windows {
     fn from_batch(b: nitro::data::Batch) -> nitro::Result<Windows> {
-        let column = |name: &str| {
-            b.column(name)
-                .cloned()
-                .ok_or_else(|| nitro::Error::InvalidDataArgument {
-                    what: format!("the batch has no `{name}` column"),
-                })
-        };
         Ok(Windows {
-            x: column("x")?,
-            y: column("y")?,
+            x: column(&b, "x")?,
+            y: column(&b, "y")?,
         })
     }
 }
@@ -305,13 +299,6 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         let text = sample(&mut run, &vocab, &args)?;
         say(format!("sample   {text:?}"));
     }
-    let mut by_program = serde_json::Map::new();
-    for miss in cache::global().recent_misses() {
-        by_program.insert(
-            short_program(&miss.program),
-            serde_json::Value::from(miss.ms),
-        );
-    }
     let summary = Summary::new("chargpt", backend)
         .history(&history)
         .cache(&stats)
@@ -320,10 +307,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .field("unigram_bits_per_char", unigram)
         .field("step_ms", last.step_us_median / 1e3)
         .field("step_ms_pipelined", last.step_us_pipelined / 1e3)
-        .field(
-            "compile_ms_by_program",
-            serde_json::Value::Object(by_program),
-        )
+        .field("compile_ms_by_program", compile_ms_by_program())
         .field("fit_s", fit_s)
         .field("process_s", started.elapsed().as_secs_f64());
     println!("{summary}");

@@ -22,7 +22,8 @@ use nitro::nn::{self, Conv2d, Conv2dParams, Layer, Linear, LinearParams, Pool2d}
 use nitro::optim::{Adam, Cosine};
 use nitro::prelude::*;
 use nitro::train::{Config, FromBatch, Model, Nitro};
-use nitro_examples::report::{exit_status, install_log, short_program, Summary};
+use nitro_examples::column;
+use nitro_examples::report::{compile_ms_by_program, exit_status, install_log, Summary};
 
 /// Trains a small CNN on Fashion-MNIST and checks that nothing recompiles after step 1.
 #[derive(Parser, Debug)]
@@ -92,16 +93,9 @@ pub struct Images {
 
 impl FromBatch for Images {
     fn from_batch(b: nitro::data::Batch) -> nitro::Result<Images> {
-        let column = |name: &str| {
-            b.column(name)
-                .cloned()
-                .ok_or_else(|| nitro::Error::InvalidDataArgument {
-                    what: format!("the batch has no `{name}` column"),
-                })
-        };
         Ok(Images {
-            x: column("x")?,
-            y: column("y")?,
+            x: column(&b, "x")?,
+            y: column(&b, "y")?,
         })
     }
 }
@@ -221,13 +215,6 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
 
     let last = history.epochs.last().ok_or("no epoch ran")?;
     let test_accuracy = last.val_accuracy.unwrap_or(0.0);
-    let mut by_program = serde_json::Map::new();
-    for miss in cache::global().recent_misses() {
-        by_program.insert(
-            short_program(&miss.program),
-            serde_json::Value::from(miss.ms),
-        );
-    }
     let summary = Summary::new("fashion", backend)
         .history(&history)
         .cache(&stats)
@@ -235,10 +222,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .field("test_accuracy", test_accuracy)
         .field("step_ms", last.step_us_median / 1e3)
         .field("step_ms_pipelined", last.step_us_pipelined / 1e3)
-        .field(
-            "compile_ms_by_program",
-            serde_json::Value::Object(by_program),
-        )
+        .field("compile_ms_by_program", compile_ms_by_program())
         .field("fit_s", fit_s)
         .field("process_s", started.elapsed().as_secs_f64());
     println!("{summary}");

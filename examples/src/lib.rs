@@ -238,3 +238,13 @@ pub fn correct(v: &DigitsMlpView<'_>, batch: &BatchMirror<Tensor>) -> Tensor {
 /// The evaluation program of [`DigitsMlp`].
 pub const EVAL: nitro::program::Program<DigitsMlp, BatchMirror<Tensor>, Tensor> =
     DigitsMlp::program("eval", correct);
+
+/// The column `name` of a batch (a copy), or an error naming the missing column.
+pub fn column(batch: &nitro::data::Batch, name: &str) -> nitro::Result<nitro::Array> {
+    batch
+        .column(name)
+        .cloned()
+        .ok_or_else(|| nitro::Error::InvalidDataArgument {
+            what: format!("the batch has no `{name}` column"),
+        })
+}

@@ -224,6 +224,16 @@ pub fn install_log() {
         .try_init();
 }
 
+/// Each program's compile (or load) time in milliseconds, by short name, from the process-wide
+/// cache's recent misses: the JSON lines' `compile_ms_by_program`.
+pub fn compile_ms_by_program() -> Value {
+    let mut by_program = Map::new();
+    for miss in nitro::cache::global().recent_misses() {
+        by_program.insert(short_program(&miss.program), Value::from(miss.ms));
+    }
+    Value::Object(by_program)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

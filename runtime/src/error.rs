@@ -673,3 +673,18 @@ fn describe_trace(e: &crate::trace::TraceError) -> String {
         format!("`{}` at {}: {}", e.op, e.location, e.message)
     }
 }
+
+impl Error {
+    /// [`Error::DataFile`] for `path`.
+    pub(crate) fn data_file(path: &std::path::Path, why: impl Into<String>) -> Error {
+        Error::DataFile {
+            path: path.to_path_buf(),
+            why: why.into(),
+        }
+    }
+
+    /// The bytes of the data file at `path`, or [`Error::DataFile`] saying why not.
+    pub(crate) fn read_data_file(path: &std::path::Path) -> Result<Vec<u8>> {
+        std::fs::read(path).map_err(|e| Error::data_file(path, format!("cannot read it: {e}")))
+    }
+}

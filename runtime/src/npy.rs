@@ -25,17 +25,10 @@ use crate::tree::{Array, ArrayData, DType};
 
 const MAGIC: &[u8] = b"\x93NUMPY";
 
-fn bad(path: &Path, why: impl Into<String>) -> Error {
-    Error::DataFile {
-        path: path.to_path_buf(),
-        why: why.into(),
-    }
-}
-
 /// The `.npy` file at `path` as an array.
 pub fn read(path: impl AsRef<Path>) -> Result<Array> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|e| bad(path, format!("cannot read it: {e}")))?;
+    let bytes = Error::read_data_file(path)?;
     parse(&bytes, path)
 }
 
@@ -48,11 +41,11 @@ pub fn from_bytes(bytes: &[u8]) -> Result<Array> {
 pub fn write(path: impl AsRef<Path>, array: &Array) -> Result<()> {
     let path = path.as_ref();
     let bytes = to_bytes(array).map_err(|e| match e {
-        Error::DataFile { why, .. } => bad(path, why),
+        Error::DataFile { why, .. } => Error::data_file(path, why),
         other => other,
     })?;
     crate::files::write_atomic(path, &bytes, true).map_err(|f| {
-        bad(
+        Error::data_file(
             path,
             format!("cannot {} {}: {}", f.step, f.tmp.display(), f.source),
         )
@@ -61,7 +54,7 @@ pub fn write(path: impl AsRef<Path>, array: &Array) -> Result<()> {
 
 /// The bytes of `array` as a `.npy` file (version 1.0, C order).
 pub fn to_bytes(array: &Array) -> Result<Vec<u8>> {
-    let no = |what: &str| bad(Path::new("<bytes>"), what.to_owned());
+    let no = |what: &str| Error::data_file(Path::new("<bytes>"), what.to_owned());
     let descr = match array.dtype() {
         DType::F32 => "<f4",
         DType::F64 => "<f8",
@@ -142,14 +135,14 @@ fn field<'h>(header: &'h str, key: &str) -> Option<&'h str> {
 
 fn parse(bytes: &[u8], path: &Path) -> Result<Array> {
     if !bytes.starts_with(MAGIC) {
-        return Err(bad(
+        return Err(Error::data_file(
             path,
             "not a .npy file: it does not start with \\x93NUMPY",
         ));
     }
     let version = bytes
         .get(6..8)
-        .ok_or_else(|| bad(path, "truncated before its version"))?;
+        .ok_or_else(|| Error::data_file(path, "truncated before its version"))?;
     let (len, start) = match version[0] {
         1 => (
             bytes
@@ -164,7 +157,7 @@ fn parse(bytes: &[u8], path: &Path) -> Result<Array> {
             12,
         ),
         v => {
-            return Err(bad(
+            return Err(Error::data_file(
                 path,
                 format!(
                     "npy format version {v}.{} is not one nitro reads (1, 2, 3)",
@@ -173,26 +166,27 @@ fn parse(bytes: &[u8], path: &Path) -> Result<Array> {
             ))
         }
     };
-    let len = len.ok_or_else(|| bad(path, "truncated before its header length"))?;
+    let len = len.ok_or_else(|| Error::data_file(path, "truncated before its header length"))?;
     let header = bytes
         .get(start..start + len)
-        .ok_or_else(|| bad(path, format!("truncated inside its {len}-byte header")))?;
-    let header = std::str::from_utf8(header).map_err(|_| bad(path, "its header is not text"))?;
+        .ok_or_else(|| Error::data_file(path, format!("truncated inside its {len}-byte header")))?;
+    let header = std::str::from_utf8(header)
+        .map_err(|_| Error::data_file(path, "its header is not text"))?;
     let descr = field(header, "descr")
         .map(|d| d.trim_matches('\''))
-        .ok_or_else(|| bad(path, format!("its header has no 'descr': {header}")))?;
+        .ok_or_else(|| Error::data_file(path, format!("its header has no 'descr': {header}")))?;
     let fortran = match field(header, "fortran_order") {
         Some("True") => true,
         Some("False") => false,
         _ => {
-            return Err(bad(
+            return Err(Error::data_file(
                 path,
                 format!("its header has no 'fortran_order': {header}"),
             ))
         }
     };
     let shape = field(header, "shape")
-        .ok_or_else(|| bad(path, format!("its header has no 'shape': {header}")))?;
+        .ok_or_else(|| Error::data_file(path, format!("its header has no 'shape': {header}")))?;
     let dims = shape
         .trim_matches(|c| c == '(' || c == ')')
         .split(',')
@@ -200,7 +194,9 @@ fn parse(bytes: &[u8], path: &Path) -> Result<Array> {
         .filter(|s| !s.is_empty())
         .map(|s| s.parse::<usize>())
         .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|_| bad(path, format!("its shape {shape} is not a tuple of sizes")))?;
+        .map_err(|_| {
+            Error::data_file(path, format!("its shape {shape} is not a tuple of sizes"))
+        })?;
     let (order, kind) = descr.split_at(descr.len().min(1));
     let dtype = match (order, kind) {
         ("<" | "=" | "|", "f4") => DType::F32,
@@ -212,7 +208,7 @@ fn parse(bytes: &[u8], path: &Path) -> Result<Array> {
         ("|" | "<" | "=", "u1") => DType::U8,
         ("|" | "<" | "=", "b1") => DType::Bool,
         (">", _) => {
-            return Err(bad(
+            return Err(Error::data_file(
                 path,
                 format!(
                     "dtype {descr} is big-endian; save it little-endian (`a.astype('<{kind}')`)"
@@ -220,7 +216,7 @@ fn parse(bytes: &[u8], path: &Path) -> Result<Array> {
             ))
         }
         _ => {
-            return Err(bad(
+            return Err(Error::data_file(
                 path,
                 format!(
                     "dtype {descr} is not one nitro reads (f2 f4 f8 i4 i8 u1 u4 b1, little-endian)"
@@ -232,12 +228,12 @@ fn parse(bytes: &[u8], path: &Path) -> Result<Array> {
     let count = dims
         .iter()
         .try_fold(1usize, |n, &d| n.checked_mul(d))
-        .ok_or_else(|| bad(path, format!("its shape {shape} overflows")))?;
+        .ok_or_else(|| Error::data_file(path, format!("its shape {shape} overflows")))?;
     let want = count
         .checked_mul(dtype.size_bytes())
-        .ok_or_else(|| bad(path, format!("its shape {shape} overflows")))?;
+        .ok_or_else(|| Error::data_file(path, format!("its shape {shape} overflows")))?;
     if body.len() != want {
-        return Err(bad(
+        return Err(Error::data_file(
             path,
             format!(
                 "its shape {shape} of {descr} needs {want} bytes of data, but it holds {}",
@@ -267,7 +263,10 @@ fn parse(bytes: &[u8], path: &Path) -> Result<Array> {
                 .map(|&b| match b {
                     0 => Ok(false),
                     1 => Ok(true),
-                    _ => Err(bad(path, format!("it holds the byte {b} in a bool array"))),
+                    _ => Err(Error::data_file(
+                        path,
+                        format!("it holds the byte {b} in a bool array"),
+                    )),
                 })
                 .collect::<Result<_>>()?,
         ),
@@ -280,6 +279,6 @@ fn parse(bytes: &[u8], path: &Path) -> Result<Array> {
     let reversed: Vec<usize> = dims.iter().rev().copied().collect();
     let perm: Vec<usize> = (0..dims.len()).rev().collect();
     let moved = crate::backend::interp::layout::transpose(&data, &reversed, &perm)
-        .map_err(|_| bad(path, "cannot reorder its Fortran-order data"))?;
+        .map_err(|_| Error::data_file(path, "cannot reorder its Fortran-order data"))?;
     Array::from_data(&dims, moved)
 }

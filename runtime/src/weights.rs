@@ -93,13 +93,6 @@ pub struct Loaded {
     pub ignored: Vec<String>,
 }
 
-fn bad(path: &Path, why: impl Into<String>) -> Error {
-    Error::DataFile {
-        path: path.to_path_buf(),
-        why: why.into(),
-    }
-}
-
 /// Loads the `safetensors` file at `path` into `experiment`'s Device leaves (see the
 /// [module docs](self)). Nothing changes unless every leaf is found and fits.
 pub fn load_into<E: Experiment + ?Sized>(
@@ -108,9 +101,9 @@ pub fn load_into<E: Experiment + ?Sized>(
     import: &Import,
 ) -> Result<Loaded> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|e| bad(path, format!("cannot read it: {e}")))?;
+    let bytes = Error::read_data_file(path)?;
     let file = safetensors::SafeTensors::deserialize(&bytes)
-        .map_err(|e| bad(path, format!("not a safetensors file: {e}")))?;
+        .map_err(|e| Error::data_file(path, format!("not a safetensors file: {e}")))?;
     // The file's tensors under the leaf names they map to.
     let mut by_leaf: BTreeMap<String, (String, Array)> = BTreeMap::new();
     let mut problems = Vec::new();
@@ -177,7 +170,7 @@ pub fn load_into<E: Experiment + ?Sized>(
         }
     }
     if !problems.is_empty() {
-        return Err(bad(
+        return Err(Error::data_file(
             path,
             format!(
                 "it does not fit `{}` ({} problem(s)): {}",
@@ -228,9 +221,9 @@ pub fn export<E: Experiment + ?Sized>(experiment: &E, path: impl AsRef<Path>) ->
         }
     });
     let bytes = safetensors::serialize(tensors, None)
-        .map_err(|e| bad(path, format!("safetensors cannot encode it: {e}")))?;
+        .map_err(|e| Error::data_file(path, format!("safetensors cannot encode it: {e}")))?;
     crate::files::write_atomic(path, &bytes, true).map_err(|f| {
-        bad(
+        Error::data_file(
             path,
             format!("cannot {} {}: {}", f.step, f.tmp.display(), f.source),
         )

@@ -16,17 +16,10 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::tree::{Array, ArrayData};
 
-fn bad(path: &Path, why: impl Into<String>) -> Error {
-    Error::DataFile {
-        path: path.to_path_buf(),
-        why: why.into(),
-    }
-}
-
 /// The idx file at `path` (plain or gzip-compressed) as an array.
 pub fn read(path: impl AsRef<Path>) -> Result<Array> {
     let path = path.as_ref();
-    let raw = std::fs::read(path).map_err(|e| bad(path, format!("cannot read it: {e}")))?;
+    let raw = Error::read_data_file(path)?;
     parse(&raw, path)
 }
 
@@ -41,7 +34,7 @@ fn parse(raw: &[u8], path: &Path) -> Result<Array> {
         let mut out = Vec::new();
         flate2::read::GzDecoder::new(raw)
             .read_to_end(&mut out)
-            .map_err(|e| bad(path, format!("its gzip stream is broken: {e}")))?;
+            .map_err(|e| Error::data_file(path, format!("its gzip stream is broken: {e}")))?;
         unzipped = out;
         &unzipped[..]
     } else {
@@ -49,9 +42,9 @@ fn parse(raw: &[u8], path: &Path) -> Result<Array> {
     };
     let magic = bytes
         .get(..4)
-        .ok_or_else(|| bad(path, "truncated before its magic number"))?;
+        .ok_or_else(|| Error::data_file(path, "truncated before its magic number"))?;
     if magic[0] != 0 || magic[1] != 0 {
-        return Err(bad(
+        return Err(Error::data_file(
             path,
             format!(
                 "not an idx file: its magic {:02x}{:02x}{:02x}{:02x} does not start with two zero bytes",
@@ -65,7 +58,7 @@ fn parse(raw: &[u8], path: &Path) -> Result<Array> {
         0x0C | 0x0D => 4,
         0x0E => 8,
         other => {
-            return Err(bad(
+            return Err(Error::data_file(
                 path,
                 format!(
                     "element type 0x{other:02x} is not one nitro reads (0x08 u8, 0x0c i32, 0x0d f32, 0x0e f64)"
@@ -76,7 +69,7 @@ fn parse(raw: &[u8], path: &Path) -> Result<Array> {
     let header = 4 + 4 * rank;
     let dims_bytes = bytes
         .get(4..header)
-        .ok_or_else(|| bad(path, format!("truncated inside its {rank} dims")))?;
+        .ok_or_else(|| Error::data_file(path, format!("truncated inside its {rank} dims")))?;
     let dims: Vec<usize> = dims_bytes
         .chunks_exact(4)
         .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]) as usize)
@@ -84,11 +77,11 @@ fn parse(raw: &[u8], path: &Path) -> Result<Array> {
     let count = dims
         .iter()
         .try_fold(1usize, |n, &d| n.checked_mul(d))
-        .ok_or_else(|| bad(path, format!("its dims {dims:?} overflow")))?;
+        .ok_or_else(|| Error::data_file(path, format!("its dims {dims:?} overflow")))?;
     let body = &bytes[header..];
     let want = count.saturating_mul(size);
     if body.len() != want {
-        return Err(bad(
+        return Err(Error::data_file(
             path,
             format!(
                 "its dims {dims:?} need {want} bytes of data, but it holds {}{}",
@@ -152,7 +145,7 @@ pub fn fashion_mnist(dir: Option<&Path>) -> Result<FashionMnist> {
         let gz = dir.join(format!("{stem}.gz"));
         let path = if gz.exists() { gz } else { plain };
         if !path.exists() {
-            return Err(bad(
+            return Err(Error::data_file(
                 &path,
                 "missing: install the Debian package `dataset-fashion-mnist` (`apt-get install dataset-fashion-mnist`), or pass the directory that holds the four idx files",
             ));
@@ -170,7 +163,7 @@ pub fn fashion_mnist(dir: Option<&Path>) -> Result<FashionMnist> {
         (&data.test_images, &data.test_labels, "test"),
     ] {
         if images.dims().first() != labels.dims().first() || images.dims().len() != 3 {
-            return Err(bad(
+            return Err(Error::data_file(
                 &dir,
                 format!(
                     "the {which} images {} and labels {} do not pair up",

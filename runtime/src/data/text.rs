@@ -24,20 +24,13 @@ use crate::tree::Array;
 /// Where the Debian package `fortunes` installs its files.
 pub const FORTUNES_DIR: &str = "/usr/share/games/fortunes";
 
-fn bad(path: &Path, why: impl Into<String>) -> Error {
-    Error::DataFile {
-        path: path.to_path_buf(),
-        why: why.into(),
-    }
-}
-
 /// The text of the fortune files in `dir` (default [`FORTUNES_DIR`]), in file-name order, the
 /// `%` separator lines removed (each record ends with a newline). The `.dat` index files and
 /// the `.u8` links are skipped; bytes that are not UTF-8 are replaced.
 pub fn fortunes(dir: Option<&Path>) -> Result<String> {
     let dir = dir.map_or_else(|| PathBuf::from(FORTUNES_DIR), Path::to_path_buf);
     let entries = std::fs::read_dir(&dir).map_err(|e| {
-        bad(
+        Error::data_file(
             &dir,
             format!(
                 "cannot list it ({e}): install the Debian package `fortunes` (`apt-get install fortunes`), or pass the directory of the fortune files"
@@ -54,7 +47,8 @@ pub fn fortunes(dir: Option<&Path>) -> Result<String> {
     files.sort();
     let mut text = String::new();
     for f in &files {
-        let bytes = std::fs::read(f).map_err(|e| bad(f, format!("cannot read it: {e}")))?;
+        let bytes =
+            std::fs::read(f).map_err(|e| Error::data_file(f, format!("cannot read it: {e}")))?;
         for line in String::from_utf8_lossy(&bytes).lines() {
             if line != "%" {
                 text.push_str(line);
@@ -63,7 +57,7 @@ pub fn fortunes(dir: Option<&Path>) -> Result<String> {
         }
     }
     if text.is_empty() {
-        return Err(bad(
+        return Err(Error::data_file(
             &dir,
             "it holds no fortune text: install the Debian package `fortunes`",
         ));
