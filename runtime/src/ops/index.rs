@@ -682,9 +682,16 @@ pub(crate) fn emit_dynamic_update_slice(l: Line<'_>) -> fmt::Result {
 // ---- interpreter ---------------------------------------------------------------------------
 
 /// The index vector of batch position `batch` (dims without `ivd`) from `idx` (shape `id`).
-fn index_vector(idx: &[i64], id: &[usize], ivd: usize, batch: &[usize], out: &mut Vec<i64>) {
+/// `s` holds the strides of `id`.
+fn index_vector(
+    idx: &[i64],
+    id: &[usize],
+    s: &[usize],
+    ivd: usize,
+    batch: &[usize],
+    out: &mut Vec<i64>,
+) {
     out.clear();
-    let s = strides(id);
     let mut base = 0;
     let mut b = batch.iter();
     for (d, &st) in s.iter().enumerate() {
@@ -707,7 +714,7 @@ fn gather_vec<T: Copy>(
     od: &[usize],
     g: &GatherDims,
 ) -> Result<Vec<T>, Fault> {
-    let xs = strides(xd);
+    let (xs, ids) = (strides(xd), strides(id));
     let total: usize = od.iter().product();
     let mut o = vec![0; od.len()];
     let mut vec_ = Vec::new();
@@ -722,7 +729,7 @@ fn gather_vec<T: Copy>(
                     .filter(|d| !g.offset_dims.contains(d))
                     .map(|d| o[d]),
             );
-            index_vector(idx, id, g.index_vector_dim, &batch, &mut vec_);
+            index_vector(idx, id, &ids, g.index_vector_dim, &batch, &mut vec_);
             let mut offsets = g.offset_dims.iter().map(|&d| o[d]);
             let mut at = 0;
             for d in 0..xd.len() {
@@ -768,7 +775,7 @@ fn scatter_vec<T: Copy>(
     combine: impl Fn(T, T) -> T,
 ) -> Result<Vec<T>, Fault> {
     let mut out = collect(v.len(), v.iter().copied())?;
-    let xs = strides(xd);
+    let (xs, ids) = (strides(xd), strides(id));
     let window_dims: Vec<usize> = (0..xd.len())
         .filter(|d| !s.inserted_window_dims.contains(d))
         .collect();
@@ -788,7 +795,7 @@ fn scatter_vec<T: Copy>(
                 .filter(|d| !s.update_window_dims.contains(d))
                 .map(|d| k[d]),
         );
-        index_vector(idx, id, s.index_vector_dim, &batch, &mut vec_);
+        index_vector(idx, id, &ids, s.index_vector_dim, &batch, &mut vec_);
         let mut window = s.update_window_dims.iter().map(|&d| k[d]);
         let mut at = 0;
         let mut fits = true;

@@ -14,6 +14,7 @@ use std::borrow::Cow;
 use std::fmt::{self, Write as _};
 use std::panic::Location;
 
+use super::distinct_in_range;
 use crate::backend::interp::alloc::filled;
 use crate::backend::interp::layout;
 use crate::backend::interp::Fault;
@@ -82,12 +83,6 @@ fn same_dtype(a: &LeafType, b: &LeafType) -> Result<(), String> {
             "its operands must have one dtype, but are {a} and {b}"
         ))
     }
-}
-
-fn distinct_in_range(axes: &[usize], rank: usize) -> bool {
-    let mut seen = vec![false; rank];
-    axes.iter()
-        .all(|&a| a < rank && !std::mem::replace(&mut seen[a], true))
 }
 
 // ---- tracing -------------------------------------------------------------------------------

@@ -64,6 +64,22 @@ pub(crate) fn index_values(data: &ArrayData) -> Result<Vec<i64>, Fault> {
     })
 }
 
+/// `Ok` when an op has the `n` operands it takes, or what is wrong.
+pub(crate) fn arity(n: usize, have: usize) -> Result<(), String> {
+    if n == have {
+        Ok(())
+    } else {
+        Err(format!("it takes {n} operands but has {have}"))
+    }
+}
+
+/// Whether `axes` are distinct and below `rank`.
+pub(crate) fn distinct_in_range(axes: &[usize], rank: usize) -> bool {
+    let mut seen = vec![false; rank];
+    axes.iter()
+        .all(|&a| a < rank && !std::mem::replace(&mut seen[a], true))
+}
+
 /// The type of the stand-in for a tensor from another trace.
 pub(crate) fn f32_scalar() -> crate::tree::LeafType {
     crate::tree::LeafType {
@@ -155,13 +171,7 @@ macro_rules! elementwise_core {
 /// The result type a family op gives for operands of `types`, or what is wrong (the
 /// interpreter's check of a hand-built graph; traced graphs pass by construction).
 pub(crate) fn result_type(node: &Node, types: &[&LeafType]) -> Result<LeafType, String> {
-    let want = |n: usize| {
-        if types.len() == n {
-            Ok(())
-        } else {
-            Err(format!("it takes {n} operands but has {}", types.len()))
-        }
-    };
+    let want = |n: usize| arity(n, types.len());
     match &node.op {
         Op::Clamp => {
             want(3)?;

@@ -20,7 +20,7 @@ use crate::trace::ir::{with_dims, Node, Op};
 use crate::trace::{with_recording, Operand, Recording, Tensor};
 use crate::tree::{dims_product, Array, ArrayData, DType, Element, LeafType};
 
-use super::{same_dtype, unflatten};
+use super::{arity, distinct_in_range, same_dtype, unflatten};
 
 // ---- types ---------------------------------------------------------------------------------
 
@@ -592,21 +592,6 @@ impl Tensor {
             .reshape(&[ty.dims.as_slice(), &[1]].concat());
         classes_iota.equal(labels).convert(dtype)
     }
-}
-
-fn arity(n: usize, have: usize) -> Result<(), String> {
-    if n == have {
-        Ok(())
-    } else {
-        Err(format!("it takes {n} operands but has {have}"))
-    }
-}
-
-/// Whether `axes` are distinct and below `rank`.
-fn distinct_in_range(axes: &[usize], rank: usize) -> bool {
-    let mut seen = vec![false; rank];
-    axes.iter()
-        .all(|&a| a < rank && !std::mem::replace(&mut seen[a], true))
 }
 
 /// The result type of one of the first shape ops, or what is wrong.

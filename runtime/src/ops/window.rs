@@ -493,10 +493,16 @@ fn tap(w: &Window, d: usize, n: usize, o: usize, k: usize) -> Option<usize> {
     }
 }
 
-/// The flat operand positions of window `o` (row-major over its taps; `None` for padding).
-fn window_positions(w: &Window, dims: &[usize], o: &[usize], taps: &mut Vec<Option<usize>>) {
+/// The flat operand positions of window `o` (row-major over its taps; `None` for padding);
+/// `s` holds the strides of `dims`.
+fn window_positions(
+    w: &Window,
+    dims: &[usize],
+    s: &[usize],
+    o: &[usize],
+    taps: &mut Vec<Option<usize>>,
+) {
     taps.clear();
-    let s = strides(dims);
     let n: usize = w.dims.iter().product();
     let mut k = vec![0; dims.len()];
     for t in 0..n {
@@ -521,13 +527,14 @@ fn reduce_window_vec<T: Copy>(
     f: impl Fn(T, T) -> T,
 ) -> Result<Vec<T>, Fault> {
     let n: usize = out_dims.iter().product();
+    let ds = strides(dims);
     let mut o = vec![0; dims.len()];
     let mut taps = Vec::new();
     collect(
         n,
         (0..n).map(|i| {
             unflatten(i, out_dims, &mut o);
-            window_positions(w, dims, &o, &mut taps);
+            window_positions(w, dims, &ds, &o, &mut taps);
             taps.iter().flatten().fold(init, |acc, &p| f(acc, v[p]))
         }),
     )
@@ -606,11 +613,12 @@ fn select_and_scatter_vec<T: Copy + PartialOrd + Default + std::ops::Add<Output 
     max: bool,
 ) -> Result<Vec<T>, Fault> {
     let mut out = filled(v.len(), T::default())?;
+    let ds = strides(dims);
     let mut o = vec![0; dims.len()];
     let mut taps = Vec::new();
     for (i, &s) in src.iter().enumerate() {
         unflatten(i, src_dims, &mut o);
-        window_positions(w, dims, &o, &mut taps);
+        window_positions(w, dims, &ds, &o, &mut taps);
         let mut chosen: Option<usize> = None;
         for &p in taps.iter().flatten() {
             chosen = Some(match chosen {

@@ -2,16 +2,9 @@
 //! one the op gives. Traced graphs always pass; the checks make a hand-built or edited graph an
 //! error instead of a panic or a wrong answer.
 
+use crate::ops::arity;
 use crate::trace::ir::{Graph, Op};
 use crate::tree::{DType, LeafType};
-
-fn arity(n: usize, have: usize) -> Result<(), String> {
-    if n == have {
-        Ok(())
-    } else {
-        Err(format!("it takes {n} operands but has {have}"))
-    }
-}
 
 /// Checks node `id` of `graph`: operands precede it, and its op, operands and result type fit.
 pub(super) fn node(graph: &Graph, id: usize) -> Result<(), String> {

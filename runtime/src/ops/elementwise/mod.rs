@@ -26,6 +26,7 @@ pub(crate) mod tracing;
 use std::fmt::{self, Write as _};
 use std::panic::Location;
 
+use super::arity;
 use crate::backend::interp::alloc::collect;
 use crate::backend::interp::Fault;
 use crate::emit::Line;
@@ -329,14 +330,6 @@ pub(crate) fn binary_defined(op: BinaryOp, ty: &LeafType) -> Result<(), String> 
 }
 
 // ---- the first element-wise ops: result types, VJPs, emission, evaluation ----------------------
-
-fn arity(n: usize, have: usize) -> Result<(), String> {
-    if n == have {
-        Ok(())
-    } else {
-        Err(format!("it takes {n} operands but has {have}"))
-    }
-}
 
 fn same(a: &LeafType, b: &LeafType) -> Result<(), String> {
     if a == b {
