@@ -226,14 +226,9 @@ pub(crate) fn vjp(
 // ---- emission ------------------------------------------------------------------------------
 
 /// `stablehlo.reduce`, its init constant on the line before (`%initN`).
-pub(crate) fn emit(l: Line<'_>, kind: ReduceOp, axes: &[usize], dtype: DType) -> fmt::Result {
+pub(crate) fn emit(mut l: Line<'_>, kind: ReduceOp, axes: &[usize], dtype: DType) -> fmt::Result {
     let st = emit::scalar_type(dtype);
-    let init = format!("%init{}", l.n);
-    writeln!(
-        l.out,
-        "    {init} = stablehlo.constant {} : {st}",
-        init_literal(kind, dtype)
-    )?;
+    let init = emit_init(&mut l, kind, dtype)?;
     let applies = match kind {
         ReduceOp::Sum => "add",
         ReduceOp::Max => "maximum",
@@ -292,10 +287,27 @@ pub(crate) fn nan_propagating(
 }
 
 /// The identity of a reduction as a `stablehlo.constant` line's literal (see `reduce_init`).
-pub(crate) fn init_literal(kind: ReduceOp, dtype: DType) -> String {
+fn init_literal(kind: ReduceOp, dtype: DType) -> String {
     let mut s = String::new();
     let _ = reduce_init(&mut s, kind, dtype);
     s
+}
+
+/// Writes the init constant of a reduction over `dtype` (its identity) as `%initN` on a line
+/// of its own, and returns that name.
+pub(crate) fn emit_init(
+    l: &mut Line<'_>,
+    kind: ReduceOp,
+    dtype: DType,
+) -> Result<String, fmt::Error> {
+    let init = format!("%init{}", l.n);
+    writeln!(
+        l.out,
+        "    {init} = stablehlo.constant {} : {}",
+        init_literal(kind, dtype),
+        emit::scalar_type(dtype)
+    )?;
+    Ok(init)
 }
 
 /// The identity of a reduction, as a splat literal: `0` for a sum, the lowest value (−∞ for

@@ -415,18 +415,13 @@ fn reducer(out: &mut String, kind: ReduceOp, dtype: DType, st: &str) -> fmt::Res
 
 /// `stablehlo.reduce_window` with its init constant on the line before (`%initN`).
 pub(crate) fn emit_reduce_window(
-    l: Line<'_>,
+    mut l: Line<'_>,
     kind: ReduceOp,
     w: &Window,
     dtype: DType,
 ) -> fmt::Result {
     let st = emit::scalar_type(dtype);
-    let init = format!("%init{}", l.n);
-    writeln!(
-        l.out,
-        "    {init} = stablehlo.constant {} : {st}",
-        super::reduce::init_literal(kind, dtype)
-    )?;
+    let init = super::reduce::emit_init(&mut l, kind, dtype)?;
     writeln!(
         l.out,
         "    {} = \"stablehlo.reduce_window\"({}, {init}) <{{{}}}> ({{",
@@ -440,18 +435,14 @@ pub(crate) fn emit_reduce_window(
 
 /// `stablehlo.select_and_scatter` (select `GE` for max, `LE` for min; scatter `add`, init 0).
 pub(crate) fn emit_select_and_scatter(
-    l: Line<'_>,
+    mut l: Line<'_>,
     kind: ReduceOp,
     w: &Window,
     dtype: DType,
 ) -> fmt::Result {
     let st = emit::scalar_type(dtype);
-    let init = format!("%init{}", l.n);
-    writeln!(
-        l.out,
-        "    {init} = stablehlo.constant {} : {st}",
-        super::reduce::init_literal(ReduceOp::Sum, dtype)
-    )?;
+    // The scatter adds into zeros.
+    let init = super::reduce::emit_init(&mut l, ReduceOp::Sum, dtype)?;
     let dir = if kind == ReduceOp::Min { "LE" } else { "GE" };
     writeln!(
         l.out,
