@@ -19,16 +19,14 @@ use std::path::PathBuf;
 use clap::Parser;
 use nitro::cache;
 use nitro::checkpoint::Checkpoint;
-use nitro::data::{text, Dataset};
-use nitro::nn::{
-    self, BlockParams, Embedding, EmbeddingParams, Layer, LayerNorm, Linear, LinearParams,
-    NormParams, TransformerBlock,
-};
-use nitro::optim::{AdamW, Cosine};
+use nitro::data::text;
+use nitro::optim::AdamW;
 use nitro::prelude::*;
-use nitro::train::{Config, FromBatch, Model, Nitro};
-use nitro_examples::column;
-use nitro_examples::report::{compile_ms_by_program, exit_status, install_log, Summary};
+use nitro::train::{Config, Nitro};
+use nitro_examples::chargpt::{self, CharGpt, GptShape, Windows};
+use nitro_examples::report::{exit_status, install_log, ms_by_program, peak_rss_mb, Summary};
+use nitro_examples::twin;
+use serde_json::json;
 
 /// Trains a small character-level GPT on the fortunes and reports held-out bits per character.
 #[derive(Parser, Debug)]
@@ -85,131 +83,35 @@ struct Args {
     /// Print only the JSON line.
     #[arg(long)]
     json: bool,
+    /// Write a twin bundle here (initial weights, windows, batches, hyperparameters) for
+    /// `bench/twin_chargpt.py`, the same model in JAX.
+    #[arg(long)]
+    twin: Option<PathBuf>,
+    /// Compile the programs one after another, so each compile time is its own (uncontended).
+    #[arg(long)]
+    serial_compiles: bool,
 }
 
-/// The model's shape (a GraphConst).
-#[derive(ContentHash, Clone, Debug)]
-pub struct GptArch {
-    /// Token embeddings.
-    pub tokens: Embedding,
-    /// Position embeddings.
-    pub positions: Embedding,
-    /// The blocks.
-    pub blocks: Vec<TransformerBlock>,
-    /// The final norm.
-    pub norm: LayerNorm,
-    /// The head: width → vocabulary.
-    pub head: Linear,
-}
-
-/// The experiment.
-#[experiment]
-pub struct CharGpt {
-    /// The shape.
-    #[graph_const]
-    pub arch: GptArch,
-    /// Token embeddings.
-    #[device(trainable)]
-    pub tokens: EmbeddingParams,
-    /// Position embeddings.
-    #[device(trainable)]
-    pub positions: EmbeddingParams,
-    /// The blocks.
-    #[device(trainable)]
-    pub blocks: Vec<BlockParams>,
-    /// The final norm.
-    #[device(trainable)]
-    pub norm: NormParams,
-    /// The head.
-    #[device(trainable)]
-    pub head: LinearParams,
-}
-
-/// Windows of characters: inputs `x` and next characters `y`, `i32 [n, T]` each.
-#[derive(Tree, Clone)]
-pub struct Windows {
-    /// Inputs.
-    pub x: Array,
-    /// Targets.
-    pub y: Array,
-}
-
-impl FromBatch for Windows {
-    fn from_batch(b: nitro::data::Batch) -> nitro::Result<Windows> {
-        Ok(Windows {
-            x: column(&b, "x")?,
-            y: column(&b, "y")?,
-        })
-    }
-}
-
-fn logits(v: &CharGptView<'_>, x: Tensor) -> Tensor {
-    let a = &v.arch;
-    let t = x.dims()[1];
-    let positions = Tensor::iota(DType::I32, &[t], 0);
-    let h = a.tokens.forward(&v.tokens, x) + a.positions.forward(&v.positions, positions);
-    let h = nn::stack(&a.blocks, &v.blocks, h, |h| h);
-    a.head.forward(&v.head, a.norm.forward(&v.norm, h))
-}
-
-impl Model for CharGpt {
-    type Batch = Windows;
-    const RANDOM: bool = true;
-
-    /// The mean cross-entropy over a window's positions, in nats.
-    fn loss(v: &CharGptView<'_>, b: &WindowsMirror<Tensor>) -> Tensor {
-        nn::softmax_cross_entropy(logits(v, b.x), b.y).mean(&[1])
-    }
-
-    fn predict(v: &CharGptView<'_>, b: &WindowsMirror<Tensor>) -> Option<Tensor> {
-        Some(logits(v, b.x))
-    }
-}
-
-impl CharGpt {
-    fn new(args: &Args, vocab: usize) -> CharGpt {
-        let d = args.width;
-        let block = TransformerBlock {
-            dropout: args.dropout,
-            ..TransformerBlock::causal(d, args.heads)
-        };
-        let arch = GptArch {
-            tokens: Embedding { vocab, dim: d },
-            positions: Embedding {
-                vocab: args.context,
-                dim: d,
-            },
-            blocks: vec![block; args.layers],
-            norm: LayerNorm::new(d),
-            head: Linear::new(d, vocab),
-        };
-        let s = |k: u64| nitro::init::Seed(args.seed.wrapping_mul(1000).wrapping_add(k));
-        CharGpt {
-            tokens: arch.tokens.init(s(0)),
-            positions: arch.positions.init(s(1)),
-            blocks: nn::init_stack(&arch.blocks, s(2)),
-            norm: arch.norm.init(s(3)),
-            head: arch.head.init(s(4)),
-            arch,
+impl Args {
+    fn shape(&self) -> GptShape {
+        GptShape {
+            layers: self.layers,
+            width: self.width,
+            heads: self.heads,
+            context: self.context,
+            dropout: self.dropout,
+            seed: self.seed,
         }
     }
 }
 
-/// `count` windows of `t + 1` characters at seeded random starts of `ids`.
-fn random_windows(ids: &[i32], t: usize, count: usize, seed: u64) -> nitro::Result<Dataset> {
-    let mut rng = nitro::init::Rng::new(nitro::init::Seed(seed));
-    let span = ids.len() - t - 1;
-    let mut x = Vec::with_capacity(count * t);
-    let mut y = Vec::with_capacity(count * t);
-    for _ in 0..count {
-        let s = (rng.next_f64() * span as f64) as usize;
-        x.extend_from_slice(&ids[s..s + t]);
-        y.extend_from_slice(&ids[s + 1..s + t + 1]);
+/// The windows of `ids` at `starts` as one `i32 [n, T + 1]` array (inputs, then the last target).
+fn window_array(ids: &[i32], starts: &[usize], t: usize) -> nitro::Result<Array> {
+    let mut out = Vec::with_capacity(starts.len() * (t + 1));
+    for &s in starts {
+        out.extend_from_slice(&ids[s..s + t + 1]);
     }
-    Dataset::new([
-        ("x", Array::from_vec(&[count, t], x)?),
-        ("y", Array::from_vec(&[count, t], y)?),
-    ])
+    Array::from_vec(&[starts.len(), t + 1], out)
 }
 
 fn main() -> std::process::ExitCode {
@@ -238,8 +140,10 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     let cut = ids.len() * 9 / 10;
     let (train_ids, held) = ids.split_at(cut);
     let unigram = text::unigram_bits(train_ids);
-    let train = random_windows(train_ids, args.context, args.steps * args.batch, args.seed)?;
-    let val = random_windows(held, args.context, 4 * args.batch, args.seed + 1)?;
+    let (train, train_starts) =
+        chargpt::random_windows(train_ids, args.context, args.steps * args.batch, args.seed)?;
+    let (val, val_starts) =
+        chargpt::random_windows(held, args.context, 4 * args.batch, args.seed + 1)?;
     let backend = nitro::backend::current()?;
     say(format!(
         "data     fortunes: {} characters, vocabulary {}, unigram {unigram:.3} bits/char",
@@ -256,27 +160,55 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .batch(args.batch)
         .epochs(1)
         .seed(args.seed)
-        .schedule(Cosine {
-            base: args.lr,
-            min: args.lr / 10.0,
-            warmup: steps / 10,
-            total: steps,
-        })
+        .schedule(chargpt::schedule(args.lr, steps))
+        .concurrent_compiles(!args.serial_compiles)
         .progress(!args.json);
-    let experiment = CharGpt::new(&args, vocab.len());
+    let experiment = CharGpt::new(&args.shape(), vocab.len());
+    let optimizer = chargpt::optimizer();
+    if let Some(dir) = &args.twin {
+        let schedule = chargpt::schedule(args.lr, steps);
+        let adam = optimizer.adam;
+        let run = json!({
+            "model": "chargpt",
+            "steps": steps,
+            "batch": args.batch,
+            "seed": args.seed,
+            "schedule": {"base": schedule.base, "min": schedule.min,
+                         "warmup": schedule.warmup, "total": schedule.total},
+            "adam": {"beta1": adam.beta1, "beta2": adam.beta2, "eps": adam.eps},
+            "weight_decay": optimizer.weight_decay,
+            "decayed": twin::decayed_leaves(&experiment, |p| optimizer.decays(p)),
+            "dropout": args.dropout,
+            "layers": args.layers,
+            "width": args.width,
+            "heads": args.heads,
+            "context": args.context,
+            "vocab": vocab.len(),
+            "ln_eps": experiment.arch.norm.eps,
+        });
+        let rows = twin::step_rows(&train, args.batch, args.seed, 1)?;
+        let windows = window_array(train_ids, &train_starts, args.context)?;
+        let held_windows = window_array(held, &val_starts, args.context)?;
+        twin::write(
+            dir,
+            &experiment,
+            &run,
+            &rows,
+            &[("train", &windows), ("val", &held_windows)],
+        )?;
+        say(format!(
+            "twin     bundle for bench/twin_chargpt.py in {}",
+            dir.display()
+        ));
+    }
     let mut run = match &args.resume {
         Some(path) => {
-            let mut run = Nitro::resume(
-                experiment,
-                AdamW::default(),
-                config,
-                Checkpoint::load(path)?,
-            )?;
+            let mut run = Nitro::resume(experiment, optimizer, config, Checkpoint::load(path)?)?;
             // A resumed run trains one more pass of --steps.
             run.set_epochs(run.epochs_done() as usize + 1);
             run
         }
-        None => Nitro::new(experiment, AdamW::default(), config)?,
+        None => Nitro::new(experiment, optimizer, config)?,
     };
     let fit_started = std::time::Instant::now();
     let history = run.fit(&train, Some(&val))?;
@@ -307,7 +239,15 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .field("unigram_bits_per_char", unigram)
         .field("step_ms", last.step_us_median / 1e3)
         .field("step_ms_pipelined", last.step_us_pipelined / 1e3)
-        .field("compile_ms_by_program", compile_ms_by_program())
+        .field(
+            "compile_ms_by_program",
+            ms_by_program(run.program_times(), false),
+        )
+        .field(
+            "trace_ms_by_program",
+            ms_by_program(run.program_times(), true),
+        )
+        .field("peak_rss_mb", peak_rss_mb())
         .field("fit_s", fit_s)
         .field("process_s", started.elapsed().as_secs_f64());
     println!("{summary}");

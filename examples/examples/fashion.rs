@@ -17,13 +17,13 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use nitro::cache;
-use nitro::data::{idx, Dataset};
-use nitro::nn::{self, Conv2d, Conv2dParams, Layer, Linear, LinearParams, Pool2d};
-use nitro::optim::{Adam, Cosine};
+use nitro::data::idx;
 use nitro::prelude::*;
-use nitro::train::{Config, FromBatch, Model, Nitro};
-use nitro_examples::column;
-use nitro_examples::report::{compile_ms_by_program, exit_status, install_log, Summary};
+use nitro::train::{Config, Nitro};
+use nitro_examples::fashion::{self, FashionCnn};
+use nitro_examples::report::{exit_status, install_log, ms_by_program, peak_rss_mb, Summary};
+use nitro_examples::twin;
+use serde_json::json;
 
 /// Trains a small CNN on Fashion-MNIST and checks that nothing recompiles after step 1.
 #[derive(Parser, Debug)]
@@ -50,112 +50,13 @@ struct Args {
     /// Print only the JSON line.
     #[arg(long)]
     json: bool,
-}
-
-/// The network's shape: a GraphConst, so another width is another program.
-#[derive(ContentHash, Clone, Debug)]
-pub struct CnnArch {
-    /// The first convolution.
-    pub conv1: Conv2d,
-    /// The second convolution.
-    pub conv2: Conv2d,
-    /// The pooling after each.
-    pub pool: Pool2d,
-    /// The classifier.
-    pub dense: Linear,
-}
-
-/// The experiment: the architecture shapes the graph, the parameters are trained on the device.
-#[experiment]
-pub struct FashionCnn {
-    /// The architecture.
-    #[graph_const]
-    pub arch: CnnArch,
-    /// The first convolution's kernel and bias.
-    #[device(trainable)]
-    pub conv1: Conv2dParams,
-    /// The second convolution's kernel and bias.
-    #[device(trainable)]
-    pub conv2: Conv2dParams,
-    /// The classifier's weights and bias.
-    #[device(trainable)]
-    pub dense: LinearParams,
-}
-
-/// One batch: images `f32 [n, 28, 28, 1]` in `[0, 1]`, labels `i32 [n]`.
-#[derive(Tree)]
-pub struct Images {
-    /// The images.
-    pub x: Array,
-    /// The labels.
-    pub y: Array,
-}
-
-impl FromBatch for Images {
-    fn from_batch(b: nitro::data::Batch) -> nitro::Result<Images> {
-        Ok(Images {
-            x: column(&b, "x")?,
-            y: column(&b, "y")?,
-        })
-    }
-}
-
-fn logits(v: &FashionCnnView<'_>, x: Tensor) -> Tensor {
-    let a = &v.arch;
-    let h = a.pool.forward(&(), a.conv1.forward(&v.conv1, x).relu());
-    let h = a.pool.forward(&(), a.conv2.forward(&v.conv2, h).relu());
-    let rows = h.dims()[0];
-    a.dense
-        .forward(&v.dense, h.reshape(&[rows, a.dense.inputs]))
-}
-
-impl Model for FashionCnn {
-    type Batch = Images;
-
-    fn loss(v: &FashionCnnView<'_>, b: &ImagesMirror<Tensor>) -> Tensor {
-        nn::softmax_cross_entropy(logits(v, b.x), b.y)
-    }
-
-    fn correct(v: &FashionCnnView<'_>, b: &ImagesMirror<Tensor>) -> Option<Tensor> {
-        Some(nn::correct(logits(v, b.x), b.y))
-    }
-}
-
-impl FashionCnn {
-    /// The network with fresh weights from `seed`.
-    pub fn new(seed: u64) -> FashionCnn {
-        let arch = CnnArch {
-            conv1: Conv2d::new(1, 16, (3, 3)),
-            conv2: Conv2d::new(16, 32, (3, 3)),
-            pool: nn::max_pool2d((2, 2), (2, 2)),
-            dense: Linear::new(7 * 7 * 32, 10),
-        };
-        let s = nitro::init::Seed;
-        FashionCnn {
-            conv1: arch.conv1.init(s(seed)),
-            conv2: arch.conv2.init(s(seed.wrapping_add(1))),
-            dense: arch.dense.init(s(seed.wrapping_add(2))),
-            arch,
-        }
-    }
-}
-
-/// Images and labels as a data set: `f32 [n, 28, 28, 1]` scaled to `[0, 1]`, `i32` labels.
-fn dataset(images: &Array, labels: &Array, rows: Option<usize>) -> nitro::Result<Dataset> {
-    let n = rows.unwrap_or(images.dims()[0]).min(images.dims()[0]);
-    let pixels = images.as_slice::<u8>()?;
-    let x: Vec<f32> = pixels[..n * 784]
-        .iter()
-        .map(|&p| p as f32 / 255.0)
-        .collect();
-    let y: Vec<i32> = labels.as_slice::<u8>()?[..n]
-        .iter()
-        .map(|&l| l as i32)
-        .collect();
-    Dataset::new([
-        ("x", Array::from_vec(&[n, 28, 28, 1], x)?),
-        ("y", Array::from_vec(&[n], y)?),
-    ])
+    /// Write a twin bundle here (initial weights, batches, hyperparameters) for
+    /// `bench/twin_fashion.py`, the same model in JAX.
+    #[arg(long)]
+    twin: Option<PathBuf>,
+    /// Compile the programs one after another, so each compile time is its own (uncontended).
+    #[arg(long)]
+    serial_compiles: bool,
 }
 
 fn main() -> std::process::ExitCode {
@@ -175,8 +76,8 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     let raw = idx::fashion_mnist(args.data.as_deref())?;
-    let train = dataset(&raw.train_images, &raw.train_labels, args.train_rows)?;
-    let test = dataset(&raw.test_images, &raw.test_labels, None)?;
+    let train = fashion::dataset(&raw.train_images, &raw.train_labels, args.train_rows)?;
+    let test = fashion::dataset(&raw.test_images, &raw.test_labels, None)?;
     let backend = nitro::backend::current()?;
     say(format!(
         "data     Fashion-MNIST, {} train / {} test images",
@@ -196,14 +97,36 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .batch(args.batch)
         .epochs(args.epochs)
         .seed(args.seed)
-        .schedule(Cosine {
-            base: args.lr,
-            min: args.lr / 100.0,
-            warmup: steps / 20,
-            total: steps,
-        })
+        .schedule(fashion::schedule(args.lr, steps))
+        .concurrent_compiles(!args.serial_compiles)
         .progress(!args.json);
-    let mut run = Nitro::new(FashionCnn::new(args.seed), Adam::default(), config)?;
+    let experiment = FashionCnn::new(args.seed);
+    if let Some(dir) = &args.twin {
+        let schedule = fashion::schedule(args.lr, steps);
+        let adam = fashion::optimizer();
+        let run = json!({
+            "model": "fashion",
+            "steps": steps,
+            "batch": args.batch,
+            "seed": args.seed,
+            "schedule": {"base": schedule.base, "min": schedule.min,
+                         "warmup": schedule.warmup, "total": schedule.total},
+            "adam": {"beta1": adam.beta1, "beta2": adam.beta2, "eps": adam.eps},
+            "weight_decay": 0.0,
+            "decayed": [],
+            "dropout": 0.0,
+            "data_dir": args.data.clone().unwrap_or_else(|| idx::FASHION_MNIST_DIR.into()),
+            "train_rows": train.rows(),
+            "epochs": args.epochs,
+        });
+        let rows = twin::step_rows(&train, args.batch, args.seed, args.epochs)?;
+        twin::write(dir, &experiment, &run, &rows, &[])?;
+        say(format!(
+            "twin     bundle for bench/twin_fashion.py in {}",
+            dir.display()
+        ));
+    }
+    let mut run = Nitro::new(experiment, fashion::optimizer(), config)?;
     let fit_started = std::time::Instant::now();
     let history = run.fit(&train, Some(&test))?;
     let fit_s = fit_started.elapsed().as_secs_f64();
@@ -222,7 +145,15 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .field("test_accuracy", test_accuracy)
         .field("step_ms", last.step_us_median / 1e3)
         .field("step_ms_pipelined", last.step_us_pipelined / 1e3)
-        .field("compile_ms_by_program", compile_ms_by_program())
+        .field(
+            "compile_ms_by_program",
+            ms_by_program(run.program_times(), false),
+        )
+        .field(
+            "trace_ms_by_program",
+            ms_by_program(run.program_times(), true),
+        )
+        .field("peak_rss_mb", peak_rss_mb())
         .field("fit_s", fit_s)
         .field("process_s", started.elapsed().as_secs_f64());
     println!("{summary}");

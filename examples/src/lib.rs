@@ -1,14 +1,18 @@
-//! Runnable nitro experiments on the handwritten digits data set.
+//! Runnable nitro experiments: the digits classifier, the Fashion-MNIST CNN and the
+//! character-level GPT.
 //!
 //! The library holds the experiment declarations, so `cargo doc -p nitro-examples` shows what
 //! `#[experiment]` generates: see the **Compile key** section of [`DigitsMlp`]. The programs
 //! that run them are in `examples/` (`cargo run -p nitro-examples --example digits`).
 
+pub mod chargpt;
 pub mod data;
+pub mod fashion;
 mod model;
 pub mod plot;
 pub mod report;
 pub mod run;
+pub mod twin;
 
 pub use model::{Rows, RowsMirror};
 

@@ -224,14 +224,25 @@ pub fn install_log() {
         .try_init();
 }
 
-/// Each program's compile (or load) time in milliseconds, by short name, from the process-wide
-/// cache's recent misses: the JSON lines' `compile_ms_by_program`.
-pub fn compile_ms_by_program() -> Value {
+/// Per program role (`grad`, `update`, `eval`, …), the milliseconds its last lookup spent
+/// compiling or loading it (`build`) or tracing it (`trace`), from the handle's
+/// [`program_times`](nitro::train::Nitro::program_times): `{"grad": 1234.5, "update": …}`.
+pub fn ms_by_program(times: &[nitro::train::ProgramTime], trace: bool) -> Value {
     let mut by_program = Map::new();
-    for miss in nitro::cache::global().recent_misses() {
-        by_program.insert(short_program(&miss.program), Value::from(miss.ms));
+    for t in times {
+        let d = if trace { t.trace } else { t.build };
+        by_program.insert(t.role.clone(), Value::from(d.as_secs_f64() * 1e3));
     }
     Value::Object(by_program)
+}
+
+/// This process's peak resident memory in MiB (`VmHWM` of `/proc/self/status`); `None` where
+/// the system does not say.
+pub fn peak_rss_mb() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
 }
 
 #[cfg(test)]

@@ -31,6 +31,10 @@ pub struct ExperimentPage;
 #[doc = include_str!("../../docs/layers.md")]
 pub struct Layers;
 
+/// `docs/weights.md`.
+#[doc = include_str!("../../docs/weights.md")]
+pub struct Weights;
+
 /// `docs/tracing.md`.
 #[doc = include_str!("../../docs/tracing.md")]
 pub struct Tracing;

@@ -478,6 +478,18 @@ impl Layer for RmsNorm {
     }
 }
 
+/// The leaves that AdamW's weight decay usually spares, as one
+/// [`AdamW::no_decay`](crate::optim::AdamW::no_decay) pattern over this module's parameter
+/// names: biases (`*.b`, `*.bias`) and norm gains (`*.gain`).
+///
+/// ```
+/// let adamw = nitro::optim::AdamW::default().no_decay([nitro::nn::NO_DECAY]);
+/// assert!(adamw.decays("blocks[0].fc1.w"));
+/// assert!(!adamw.decays("blocks[0].fc1.b"));
+/// assert!(!adamw.decays("norm.gain"));
+/// ```
+pub const NO_DECAY: &str = "*.b|*.bias|*.gain";
+
 // ---- attention and the transformer block -----------------------------------------------------
 
 /// What masked attention scores are set to: large and negative, but finite, so a row whose

@@ -34,14 +34,41 @@ use crate::hash::ContentHash;
 use crate::trace::{self, Graph, Tensor};
 use crate::tree::{DType, LeafType};
 
-/// The scalars every step sees: the learning rate and the 1-based step number, both traced
-/// `f32[]` inputs (never constants, so changing them never recompiles).
+/// The scalars every step sees — the learning rate and the 1-based step number, both traced
+/// `f32[]` inputs (never constants, so changing them never recompiles) — and the per-leaf mask
+/// of the optimizer's [`leaf_mask`](Optimizer::leaf_mask), when it asked for one.
 #[derive(Clone, Copy, Debug)]
-pub struct Step {
+pub struct Step<'a> {
     /// The learning rate of this step.
     pub lr: Tensor,
     /// The number of this step, from 1 (Adam's bias correction uses it).
     pub number: Tensor,
+    masks: &'a [Option<Tensor>],
+}
+
+impl<'a> Step<'a> {
+    /// A step without masks: every parameter is wholly selected.
+    pub fn new(lr: Tensor, number: Tensor) -> Step<'static> {
+        Step {
+            lr,
+            number,
+            masks: &[],
+        }
+    }
+
+    /// This step with a mask per parameter (`None`: wholly selected).
+    pub fn with_masks(self, masks: &'a [Option<Tensor>]) -> Step<'a> {
+        Step { masks, ..self }
+    }
+
+    /// The mask of parameter `i`, of its type: 1 where the optimizer's
+    /// [`leaf_mask`](Optimizer::leaf_mask) selected the element's leaf, 0 elsewhere; `None`
+    /// when every element is selected (no mask was asked for, or every leaf of the parameter is
+    /// selected). With the training handle a parameter is a packed array of many leaves, so
+    /// the mask is per element, not per parameter.
+    pub fn mask(&self, i: usize) -> Option<Tensor> {
+        self.masks.get(i).copied().flatten()
+    }
 }
 
 /// An optimizer: constants that shape the update (its [`ContentHash`]), state slots per
@@ -57,12 +84,23 @@ pub trait Optimizer: ContentHash + Clone + fmt::Debug + Send + Sync + 'static {
     /// array of the leaf's type, zero at the start.
     fn slots(&self) -> &'static [&'static str];
 
+    /// Which trainable leaves a per-leaf option of this optimizer covers (AdamW: which leaves
+    /// are decayed), given every trainable leaf's path and type in walk order: one `bool` per
+    /// leaf, or `None` (the default) when every leaf is covered. The update program then sees
+    /// the selection as [`Step::mask`]; it is part of that program (and so of its key).
+    ///
+    /// An error for a selection that cannot be meant, such as a pattern that names no leaf.
+    fn leaf_mask(&self, leaves: &[(&str, &LeafType)]) -> Result<Option<Vec<bool>>> {
+        let _ = leaves;
+        Ok(None)
+    }
+
     /// One step, traced: the new parameters, and the new state (`state[slot][leaf]`, in the
     /// order of [`slots`](Optimizer::slots)). `grads` and every state slot line up with
     /// `params`.
     fn update(
         &self,
-        step: Step,
+        step: Step<'_>,
         params: &[Tensor],
         grads: &[Tensor],
         state: &[Vec<Tensor>],
@@ -84,7 +122,7 @@ impl Optimizer for Sgd {
 
     fn update(
         &self,
-        step: Step,
+        step: Step<'_>,
         params: &[Tensor],
         grads: &[Tensor],
         _: &[Vec<Tensor>],
@@ -132,7 +170,7 @@ impl Optimizer for Momentum {
 
     fn update(
         &self,
-        step: Step,
+        step: Step<'_>,
         params: &[Tensor],
         grads: &[Tensor],
         state: &[Vec<Tensor>],
@@ -173,7 +211,13 @@ impl Default for Adam {
 
 impl Adam {
     /// The bias-corrected direction of one leaf, and its new moments.
-    fn direction(&self, step: Step, g: Tensor, m: Tensor, v: Tensor) -> (Tensor, Tensor, Tensor) {
+    fn direction(
+        &self,
+        step: Step<'_>,
+        g: Tensor,
+        m: Tensor,
+        v: Tensor,
+    ) -> (Tensor, Tensor, Tensor) {
         let m = m * self.beta1 + g * (1.0 - self.beta1);
         let v = v * self.beta2 + g * g * (1.0 - self.beta2);
         // βᵗ = exp(t·ln β): the step number is traced, so no program per step.
@@ -188,7 +232,7 @@ impl Adam {
     /// new parameters, and the new `m` and `v`.
     fn step_with_decay(
         &self,
-        step: Step,
+        step: Step<'_>,
         params: &[Tensor],
         grads: &[Tensor],
         state: &[Vec<Tensor>],
@@ -197,7 +241,11 @@ impl Adam {
         let mut out = (Vec::new(), vec![Vec::new(), Vec::new()]);
         for (i, (&p, &g)) in params.iter().zip(grads).enumerate() {
             let (d, m, v) = self.direction(step, g, state[0][i], state[1][i]);
-            let d = if decay == 0.0 { d } else { d + p * decay };
+            let d = match (decay == 0.0, step.mask(i)) {
+                (true, _) => d,
+                (false, None) => d + p * decay,
+                (false, Some(mask)) => d + p * mask * decay,
+            };
             out.0.push(p - step.lr * d);
             out.1[0].push(m);
             out.1[1].push(v);
@@ -217,7 +265,7 @@ impl Optimizer for Adam {
 
     fn update(
         &self,
-        step: Step,
+        step: Step<'_>,
         params: &[Tensor],
         grads: &[Tensor],
         state: &[Vec<Tensor>],
@@ -226,13 +274,24 @@ impl Optimizer for Adam {
     }
 }
 
-/// AdamW: Adam with decoupled weight decay, `p ← p − lr·(m̂ / (√v̂ + ε) + λ·p)`.
-#[derive(crate::ContentHash, Clone, Copy, Debug, PartialEq)]
+/// AdamW: Adam with decoupled weight decay, `p ← p − lr·(m̂ / (√v̂ + ε) + λ·p)` — on every
+/// trainable leaf, or on those whose path matches none of [`no_decay`](AdamW::no_decay)
+/// (biases and norm gains, as is usual: `AdamW::default().no_decay(nitro::nn::NO_DECAY)`).
+///
+/// The selection is by leaf path, as [`crate::tree::LeafPath`] writes it (`blocks[0].fc1.b`);
+/// in a pattern `*` matches any run of characters, so `*.b` is every leaf named `b`, and `|`
+/// separates alternatives (`*.b|*.bias`). A pattern none of whose alternatives matches a
+/// trainable leaf is refused when the training handle is made (a typo would otherwise silently
+/// decay what it meant to spare). Which leaves decay shapes the update
+/// program, so the selection is in its key; the patterns are part of the optimizer's constants.
+#[derive(crate::ContentHash, Clone, Debug, PartialEq)]
 pub struct AdamW {
     /// The Adam constants.
     pub adam: Adam,
     /// The weight decay λ (0.01).
     pub weight_decay: f64,
+    /// Leaf-path patterns that are not decayed (none by default: every leaf decays).
+    pub no_decay: Vec<String>,
 }
 
 impl Default for AdamW {
@@ -240,8 +299,60 @@ impl Default for AdamW {
         AdamW {
             adam: Adam::default(),
             weight_decay: 0.01,
+            no_decay: Vec::new(),
         }
     }
+}
+
+impl AdamW {
+    /// This optimizer, sparing the leaves whose path matches any of `patterns` from decay.
+    pub fn no_decay<S: AsRef<str>>(mut self, patterns: impl IntoIterator<Item = S>) -> AdamW {
+        self.no_decay
+            .extend(patterns.into_iter().map(|p| p.as_ref().to_owned()));
+        self
+    }
+
+    /// Whether the leaf at `path` decays.
+    pub fn decays(&self, path: &str) -> bool {
+        self.weight_decay != 0.0 && !self.no_decay.iter().any(|p| path_match(p, path))
+    }
+}
+
+/// Whether the leaf path `path` matches `pattern`: any of its `|`-separated alternatives, in
+/// which `*` matches any run of characters (none included) and every other character itself.
+///
+/// ```
+/// use nitro::optim::path_match;
+/// assert!(path_match("*.b", "blocks[0].fc1.b"));
+/// assert!(path_match("*.b|*.gain", "norm.gain"));
+/// assert!(!path_match("*.b", "blocks[0].fc1.w"));
+/// ```
+pub fn path_match(pattern: &str, path: &str) -> bool {
+    pattern.split('|').any(|p| glob_match(p, path))
+}
+
+/// Whether `text` matches `pattern`, in which `*` matches any run of characters.
+fn glob_match(pattern: &str, text: &str) -> bool {
+    let (p, t) = (pattern.as_bytes(), text.as_bytes());
+    // Greedy with backtracking to the last star: linear in practice, no recursion.
+    let (mut i, mut j) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while j < t.len() {
+        if i < p.len() && p[i] == b'*' {
+            star = Some((i, j));
+            i += 1;
+        } else if i < p.len() && p[i] == t[j] {
+            i += 1;
+            j += 1;
+        } else if let Some((si, sj)) = star {
+            i = si + 1;
+            j = sj + 1;
+            star = Some((si, sj + 1));
+        } else {
+            return false;
+        }
+    }
+    p[i..].iter().all(|&c| c == b'*')
 }
 
 impl Optimizer for AdamW {
@@ -255,13 +366,38 @@ impl Optimizer for AdamW {
 
     fn update(
         &self,
-        step: Step,
+        step: Step<'_>,
         params: &[Tensor],
         grads: &[Tensor],
         state: &[Vec<Tensor>],
     ) -> (Vec<Tensor>, Vec<Vec<Tensor>>) {
         self.adam
             .step_with_decay(step, params, grads, state, self.weight_decay)
+    }
+
+    fn leaf_mask(&self, leaves: &[(&str, &LeafType)]) -> Result<Option<Vec<bool>>> {
+        if let Some(unused) = self
+            .no_decay
+            .iter()
+            .find(|p| !leaves.iter().any(|(path, _)| path_match(p, path)))
+        {
+            let names: Vec<&str> = leaves.iter().map(|(path, _)| *path).collect();
+            return Err(crate::Error::InvalidSetting {
+                variable: "AdamW::no_decay",
+                value: unused.clone(),
+                expected: format!(
+                    "a pattern matching at least one trainable leaf path (`*` matches any run \
+                     of characters, `|` separates alternatives); the trainable leaves are {}",
+                    names.join(", ")
+                ),
+            });
+        }
+        if self.weight_decay == 0.0 || self.no_decay.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(
+            leaves.iter().map(|(path, _)| self.decays(path)).collect(),
+        ))
     }
 }
 
@@ -297,9 +433,13 @@ impl<O: Optimizer> Optimizer for ClipGlobalNorm<O> {
         self.inner.slots()
     }
 
+    fn leaf_mask(&self, leaves: &[(&str, &LeafType)]) -> Result<Option<Vec<bool>>> {
+        self.inner.leaf_mask(leaves)
+    }
+
     fn update(
         &self,
-        step: Step,
+        step: Step<'_>,
         params: &[Tensor],
         grads: &[Tensor],
         state: &[Vec<Tensor>],
@@ -345,7 +485,7 @@ pub fn update_graph<O: Optimizer>(optimizer: &O, leaves: &[LeafType]) -> Result<
         let (params, rest) = t.split_at(n);
         let (grads, rest) = rest.split_at(n);
         let (state, scalars) = rest.split_at(n * slots.len());
-        update_flat(optimizer, params, grads, state, scalars[0], scalars[1])
+        update_flat(optimizer, params, grads, state, scalars[0], scalars[1], &[])
     })
 }
 
@@ -360,16 +500,14 @@ pub(crate) fn update_flat<O: Optimizer>(
     state: &[Tensor],
     lr: Tensor,
     number: Tensor,
+    masks: &[Option<Tensor>],
 ) -> Vec<Tensor> {
     let n = params.len();
     let state: Vec<Vec<Tensor>> = (0..optimizer.slots().len())
         .map(|s| state[s * n..(s + 1) * n].to_vec())
         .collect();
     let dtype = params.first().map_or(DType::F32, |t| t.dtype());
-    let step = Step {
-        lr: lr.convert(dtype),
-        number: number.convert(dtype),
-    };
+    let step = Step::new(lr.convert(dtype), number.convert(dtype)).with_masks(masks);
     let (new_params, new_state) = optimizer.update(step, params, grads, &state);
     new_params
         .into_iter()

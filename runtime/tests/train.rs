@@ -853,3 +853,65 @@ fn fit_compiles_the_evaluation_programs_with_the_training_ones() {
         assert_eq!(cache.stats().compiles, expected, "and nothing after");
     }
 }
+
+/// AdamW's decay mask by leaf path: the leaves a pattern names take Adam's step, the others
+/// AdamW's — through the packed update program, where a mask is per element — and a pattern
+/// that names no leaf is refused when the handle is made, with the leaves listed.
+fn adamw_mask_on(backend: &'static dyn Backend) {
+    use nitro::optim::AdamW;
+    let (x, y) = data(32, 9);
+    let b = batch(&x, &y, 0, 32, 32);
+    let after = |o: AdamW| -> Vec<Vec<f32>> {
+        let mut run = handle(backend, own_cache(), mlp(Act::Tanh), o, 32, 0.05);
+        // One step: from the same start, a leaf's step depends on its own decay only.
+        run.step(&b, 32).unwrap();
+        leaves(&run.into_experiment().unwrap())
+    };
+    let strong = AdamW {
+        weight_decay: 0.5,
+        ..AdamW::default()
+    };
+    let masked = after(strong.clone().no_decay(["*.b"]));
+    let all = after(strong.clone());
+    let none = after(AdamW {
+        weight_decay: 0.0,
+        ..strong.clone()
+    });
+    let spared_weights = after(strong.clone().no_decay(["layers[*].w"]));
+    // Leaves alternate w, b (in one packed array): weights decay, biases do not; then the
+    // other way round.
+    for (i, leaf) in masked.iter().enumerate() {
+        let want = if i % 2 == 0 { &all[i] } else { &none[i] };
+        assert_eq!(leaf, want, "leaf {i}");
+    }
+    for (i, leaf) in spared_weights.iter().enumerate() {
+        let want = if i % 2 == 0 { &none[i] } else { &all[i] };
+        assert_eq!(leaf, want, "leaf {i}, weights spared");
+    }
+    assert_ne!(all[0], none[0], "the decay is strong enough to show");
+    let err = Nitro::with_backend(
+        mlp(Act::Tanh),
+        strong.no_decay(["*.bias"]),
+        Config::new().batch(32),
+        backend,
+        own_cache(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("*.bias") && err.contains("layers[0].b"),
+        "{err}"
+    );
+}
+
+#[test]
+fn adamw_decays_only_the_leaves_outside_its_patterns_on_the_interpreter() {
+    adamw_mask_on(backend::interpreter());
+}
+
+#[test]
+fn adamw_decays_only_the_leaves_outside_its_patterns_on_xla() {
+    if let Some(xla) = xla_or_skip("adamw_decays_only_the_leaves_outside_its_patterns_on_xla") {
+        adamw_mask_on(xla);
+    }
+}

@@ -228,6 +228,26 @@ pub struct Served {
     pub compiled: Arc<Compiled>,
     /// What this lookup did.
     pub outcome: Outcome,
+    /// What this lookup spent tracing and building.
+    pub timing: Timing,
+}
+
+/// What one lookup spent: tracing the program (zero for a hit through a known route, which
+/// never traces) and compiling or loading it (zero for a hit).
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Timing {
+    /// Tracing the program into its graph (and fingerprinting it).
+    pub trace: Duration,
+    /// Compiling it, or loading it from the persistent store ([`Outcome`] says which).
+    pub build: Duration,
+}
+
+impl Served {
+    /// This hit, with the time its lookup spent tracing.
+    fn traced_in(mut self, trace: Duration) -> Served {
+        self.timing.trace = trace;
+        self
+    }
 }
 
 impl std::ops::Deref for Served {
@@ -249,6 +269,8 @@ pub struct Miss {
     pub loaded: bool,
     /// Compile or load time, in milliseconds.
     pub ms: f64,
+    /// Trace time, in milliseconds.
+    pub trace_ms: f64,
 }
 
 /// What a key is made of, kept per entry (and, with a store, per program beside it) so that the
@@ -715,10 +737,12 @@ impl Cache {
 
         // Tracing first: a traced program that asks the cache for a program (its own or
         // another) fails here with `NestedTrace`, never waits on a compile that waits on it.
+        let trace_started = Instant::now();
         let traced = program.trace_replicated(experiment, inputs, backend.replicas())?;
+        let trace_time = trace_started.elapsed();
         let key = full_key(&components, &traced.fingerprint);
         if let Some(hit) = self.hit_traced(&key, &components, address) {
-            return Ok(hit);
+            return Ok(hit.traced_in(trace_time));
         }
         let program_id = program.identity();
 
@@ -729,7 +753,7 @@ impl Cache {
         let (flight, leader) = {
             let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(hit) = self.hit_traced(&key, &components, address) {
-                return Ok(hit);
+                return Ok(hit.traced_in(trace_time));
             }
             match flights.get(&key) {
                 Some(f) => (f.clone(), false),
@@ -752,7 +776,7 @@ impl Cache {
                     // Held now unless capacity 0 (or already evicted): a hit either way, the
                     // compile was shared.
                     if let Some(hit) = self.hit_traced(&key, &components, address) {
-                        return Ok(hit);
+                        return Ok(hit.traced_in(trace_time));
                     }
                     let mut st = self.lock_state();
                     st.stats.hits += 1;
@@ -760,6 +784,10 @@ impl Cache {
                     Ok(Served {
                         compiled: c,
                         outcome: Outcome::Hit,
+                        timing: Timing {
+                            trace: trace_time,
+                            build: Duration::ZERO,
+                        },
                     })
                 }
                 Some(Err(msg)) => Err(Error::CompileFailedElsewhere {
@@ -780,7 +808,7 @@ impl Cache {
         let result = self.miss(
             backend,
             program_id,
-            traced,
+            (traced, trace_time),
             parts,
             (components, key, address),
         );
@@ -814,6 +842,7 @@ impl Cache {
         Ok(Served {
             compiled: hit,
             outcome: Outcome::Hit,
+            timing: Timing::default(),
         })
     }
 
@@ -850,6 +879,7 @@ impl Cache {
         Some(Served {
             compiled,
             outcome: Outcome::Hit,
+            timing: Timing::default(),
         })
     }
 
@@ -857,7 +887,7 @@ impl Cache {
         &self,
         backend: &dyn Backend,
         program_id: String,
-        traced: Traced,
+        (traced, trace_time): (Traced, Duration),
         parts: &KeyParts<'_>,
         (components, key, address): (Digest, Digest, usize),
     ) -> Result<Served> {
@@ -1015,6 +1045,7 @@ impl Cache {
             reason: reason.clone(),
             loaded,
             ms,
+            trace_ms: trace_time.as_secs_f64() * 1e3,
         });
         self.lint(&mut st, program_key, &program_id, key, &reason);
         let details = Arc::new(details);
@@ -1058,7 +1089,14 @@ impl Cache {
         } else {
             Outcome::Compiled { reason }
         };
-        Ok(Served { compiled, outcome })
+        Ok(Served {
+            compiled,
+            outcome,
+            timing: Timing {
+                trace: trace_time,
+                build: build_time,
+            },
+        })
     }
 
     /// The lint: a GraphConst field whose changes keep recompiling one program is named once,

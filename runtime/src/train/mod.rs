@@ -338,11 +338,55 @@ pub struct OptimizerStep<O: Optimizer> {
     /// The optimizer state, slot by slot, leaf by leaf.
     #[device]
     pub state: Vec<Array>,
+    /// The optimizer's [`leaf_mask`](Optimizer::leaf_mask) over the packed parameters: per
+    /// packed array, runs of `(elements, selected)` in order; empty for an array wholly
+    /// selected (and no arrays at all when the optimizer asked for no mask).
+    #[graph_const]
+    pub masks: MaskRuns,
     /// Steps taken so far, `i64[]`: kept on the device and counted by the program, so a step
     /// uploads no step number; an integer, so it stays exact over any run (an `f32` counter
     /// stops counting at 2^24 steps).
     #[device]
     pub steps: Array,
+}
+
+/// Per packed array, the runs of `(elements, selected)` of an optimizer's leaf mask.
+pub type MaskRuns = Vec<Vec<(usize, bool)>>;
+
+/// The runs of `optimizer`'s leaf mask over the leaves `paths` packed as `packing`.
+fn mask_runs<O: Optimizer>(optimizer: &O, paths: &[String], packing: &Packing) -> Result<MaskRuns> {
+    let types: Vec<LeafType> = packing
+        .leaves
+        .iter()
+        .map(|(g, _, dims)| LeafType {
+            dtype: packing.groups[*g].0,
+            dims: dims.clone(),
+        })
+        .collect();
+    let leaves: Vec<(&str, &LeafType)> = paths.iter().map(String::as_str).zip(&types).collect();
+    let Some(mask) = optimizer.leaf_mask(&leaves)? else {
+        return Ok(Vec::new());
+    };
+    if mask.len() != leaves.len() {
+        return Err(Error::InputCount {
+            expected: leaves.len(),
+            got: mask.len(),
+        });
+    }
+    let mut runs: MaskRuns = vec![Vec::new(); packing.groups.len()];
+    for ((g, _, dims), on) in packing.leaves.iter().zip(mask) {
+        let n: usize = dims.iter().product();
+        match runs[*g].last_mut() {
+            Some((len, last)) if *last == on => *len += n,
+            _ => runs[*g].push((n, on)),
+        }
+    }
+    for group in &mut runs {
+        if group.iter().all(|&(_, on)| on) {
+            group.clear();
+        }
+    }
+    Ok(runs)
 }
 
 /// The inputs of the update program: the gradients and the learning rate.
@@ -351,6 +395,19 @@ type UpdateInputs = (Vec<Tensor>, Tensor);
 fn update_fn<O: Optimizer>(v: &OptimizerStepView<'_, O>, inputs: &UpdateInputs) -> Vec<Tensor> {
     let (grads, lr) = inputs;
     let number = v.steps + 1.0;
+    let masks: Vec<Option<Tensor>> = v
+        .params
+        .iter()
+        .enumerate()
+        .map(|(g, p)| {
+            let runs = v.masks.get(g).filter(|r| !r.is_empty())?;
+            let pieces: Vec<Tensor> = runs
+                .iter()
+                .map(|&(n, on)| Tensor::full(&[n], if on { 1.0 } else { 0.0 }, p.dtype()))
+                .collect();
+            Some(Tensor::concatenate(&pieces, 0))
+        })
+        .collect();
     let mut out = crate::optim::update_flat(
         v.optimizer,
         &v.params,
@@ -358,6 +415,7 @@ fn update_fn<O: Optimizer>(v: &OptimizerStepView<'_, O>, inputs: &UpdateInputs) 
         &v.state,
         *lr,
         number.convert(DType::F32),
+        &masks,
     );
     out.push(number);
     out
@@ -398,6 +456,11 @@ pub struct Config {
     /// devices inside the programs, and every device runs the optimizer. The program inventory
     /// is the same at any count.
     pub devices: Option<usize>,
+    /// Whether [`Nitro::prepare`] (and the first step) compiles the programs concurrently, one
+    /// thread each (the default: the first step waits for the slowest program, not for their
+    /// sum), or one after another — slower to start on a busy machine, but each program's
+    /// compile time in [`Nitro::program_times`] is then its own, not contended by the others.
+    pub concurrent_compiles: bool,
 }
 
 impl Default for Config {
@@ -411,6 +474,7 @@ impl Default for Config {
             progress: true,
             accum: 1,
             devices: None,
+            concurrent_compiles: true,
         }
     }
 }
@@ -463,6 +527,12 @@ impl Config {
         self
     }
 
+    /// Whether programs compile concurrently (see [`Config::concurrent_compiles`]).
+    pub fn concurrent_compiles(mut self, on: bool) -> Config {
+        self.concurrent_compiles = on;
+        self
+    }
+
     /// The device count a handle made with [`Nitro::new`] uses: [`Config::devices`], else
     /// `NITRO_DEVICES`, else 1.
     pub fn device_count(&self) -> Result<usize> {
@@ -487,6 +557,36 @@ struct Programs {
     eval: Option<Arc<Compiled>>,
     /// The batch leaf types they were compiled for.
     batch_types: Vec<crate::tree::LeafType>,
+}
+
+/// What the handle's lookup of one of its programs did, and what it spent: one entry per
+/// program per [`Nitro::prepare`] (or first step, or first validation) that had to look it up.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ProgramTime {
+    /// The program's role in the inventory: `grad` (or `grad_accumulate`), `update`, `eval`,
+    /// or a device metric's name.
+    pub role: String,
+    /// The program's identity (experiment type and name).
+    pub program: String,
+    /// What the lookup did: a hit, a load from the store, or a compile (with the reason).
+    pub outcome: Outcome,
+    /// Tracing it (zero for a hit through a known route).
+    pub trace: Duration,
+    /// Compiling or loading it (zero for a hit). Contended by the other programs' compiles
+    /// unless [`Config::concurrent_compiles`] is off.
+    pub build: Duration,
+}
+
+impl ProgramTime {
+    fn of(role: &str, served: &Served) -> ProgramTime {
+        ProgramTime {
+            role: role.to_owned(),
+            program: served.compiled.program.clone(),
+            outcome: served.outcome.clone(),
+            trace: served.timing.trace,
+            build: served.timing.build,
+        }
+    }
 }
 
 /// What one training step returned.
@@ -608,6 +708,8 @@ pub struct Nitro<E: Model, O: Optimizer> {
     cache: &'static Cache,
     /// How the trainable leaves are packed into `trainable` (one flat array per dtype).
     packing: Packing,
+    /// The optimizer's leaf mask over `packing` (the update program's GraphConst).
+    masks: MaskRuns,
     /// The trainable leaves' paths, in walk order (how checkpoints name their optimizer state).
     trainable_paths: Vec<String>,
     /// The trainable leaves, packed.
@@ -640,6 +742,8 @@ pub struct Nitro<E: Model, O: Optimizer> {
     random: crate::checkpoint::RandomStream,
     programs: Option<Programs>,
     compile_time: Duration,
+    /// Every program lookup that prepared the inventory, in order.
+    program_times: Vec<ProgramTime>,
     /// When the handle was made, and how long after that the first step finished.
     created: Instant,
     first_step: Option<Duration>,
@@ -750,6 +854,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             });
         }
         let (packing, trainable_paths, trainable, frozen) = device_leaves(&experiment)?;
+        let masks = mask_runs(&optimizer, &trainable_paths, &packing)?;
         let state = zero_state(&optimizer, &packing);
         let put = |v: Vec<Array>| -> Result<Vec<Value>> { place(backend, v) };
         let (trainable, frozen, state) = (put(trainable)?, put(frozen)?, put(state)?);
@@ -762,6 +867,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             backend,
             cache,
             packing,
+            masks,
             trainable_paths,
             trainable,
             frozen,
@@ -779,6 +885,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             random,
             programs: None,
             compile_time: Duration::ZERO,
+            program_times: Vec::new(),
             created: Instant::now(),
             first_step: None,
             timings: EpochTimings::default(),
@@ -835,7 +942,15 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         self.first_step
     }
 
-    /// Time spent getting programs (tracing, loading, compiling).
+    /// Each program lookup that prepared the inventory — per program its role, what the lookup
+    /// did, and its trace and compile (or load) time — in the order they were looked up.
+    pub fn program_times(&self) -> &[ProgramTime] {
+        &self.program_times
+    }
+
+    /// Time spent getting programs (tracing, loading, compiling), wall clock: the programs
+    /// of one [`prepare`](Nitro::prepare) are got concurrently, so this is less than the sum of
+    /// [`program_times`](Nitro::program_times).
     pub fn compile_time(&self) -> Duration {
         self.compile_time
     }
@@ -939,13 +1054,16 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             })
             .collect();
         // Compile the inventory concurrently: the first step waits for the slowest program,
-        // not their sum.
+        // not their sum (one after another when the configuration says so).
+        let concurrent = self.config.concurrent_compiles;
         let (training, eval, metrics) = std::thread::scope(|s| {
             let update = (!training_ready).then(|| {
-                s.spawn(|| cache.get(backend, &update_program::<O>(), &opt, &update_inputs))
+                Task::start(s, concurrent, || {
+                    cache.get(backend, &update_program::<O>(), &opt, &update_inputs)
+                })
             });
             let eval = (want_eval && held_eval.is_none()).then(|| {
-                s.spawn(|| {
+                Task::start(s, concurrent, || {
                     let inputs = BatchRef(sample, &mask, &());
                     cache.get(backend, &eval_program::<E>(), experiment, &inputs)
                 })
@@ -953,8 +1071,11 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             let metric_threads: Vec<_> = metrics
                 .iter()
                 .map(|(slot, held)| {
-                    (want_metrics && held.is_none())
-                        .then(|| s.spawn(|| slot.get(cache, backend, experiment, sample, &mask)))
+                    (want_metrics && held.is_none()).then(|| {
+                        Task::start(s, concurrent, || {
+                            slot.get(cache, backend, experiment, sample, &mask)
+                        })
+                    })
                 })
                 .collect();
             let grad = (!training_ready).then(|| {
@@ -967,17 +1088,26 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 }
             });
             let training = match (grad, update) {
-                (Some(grad), Some(update)) => Some((grad, join(update))),
+                (Some(grad), Some(update)) => Some((grad, update.finish())),
                 _ => None,
             };
-            let metrics: Vec<Option<Result<Served>>> =
-                metric_threads.into_iter().map(|t| t.map(join)).collect();
-            (training, eval.map(join), metrics)
+            let metrics: Vec<Option<Result<Served>>> = metric_threads
+                .into_iter()
+                .map(|t| t.map(Task::finish))
+                .collect();
+            (training, eval.map(Task::finish), metrics)
         });
         let mut outcomes = Vec::new();
         if let Some((grad, update)) = training {
             let (grad, update): (Served, Served) = (grad?, update?);
             outcomes.extend([grad.outcome.clone(), update.outcome.clone()]);
+            let role = if accumulating {
+                "grad_accumulate"
+            } else {
+                "grad"
+            };
+            self.program_times.push(ProgramTime::of(role, &grad));
+            self.program_times.push(ProgramTime::of("update", &update));
             for m in &mut self.device_metrics {
                 m.compiled = None;
             }
@@ -991,6 +1121,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         if let Some(eval) = eval {
             let eval = eval?;
             outcomes.push(eval.outcome.clone());
+            self.program_times.push(ProgramTime::of("eval", &eval));
             if let Some(p) = &mut self.programs {
                 p.eval = Some(eval.compiled);
             }
@@ -999,6 +1130,8 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             if let Some(served) = served {
                 let served = served?;
                 outcomes.push(served.outcome.clone());
+                self.program_times
+                    .push(ProgramTime::of(state.slot.name(), &served));
                 state.compiled = Some(served.compiled);
             }
         }
@@ -1030,6 +1163,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             optimizer: self.optimizer.clone(),
             params: zeros(&self.trainable),
             state: zeros(&self.state),
+            masks: self.masks.clone(),
             steps: Array::scalar(0i64),
         }
     }
@@ -1743,6 +1877,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         self.sync()?;
         change(&mut self.experiment);
         let (packing, trainable_paths, trainable, frozen) = device_leaves(&self.experiment)?;
+        self.masks = mask_runs(&self.optimizer, &trainable_paths, &packing)?;
         self.trainable_paths = trainable_paths;
         if packing != self.packing {
             self.state = place(self.backend, zero_state(&self.optimizer, &packing))?;
@@ -2048,6 +2183,34 @@ fn progress_bar(on: bool, steps: u64, epoch: u64) -> indicatif::ProgressBar {
     }
     bar.set_prefix(epoch.to_string());
     bar
+}
+
+/// A program lookup started by [`Nitro::prepare`]: on a thread of its own, or done already.
+enum Task<'s, T> {
+    Running(std::thread::ScopedJoinHandle<'s, Result<T>>),
+    Done(Result<T>),
+}
+
+impl<'s, T: Send + 's> Task<'s, T> {
+    /// Runs `f` on a thread of scope `s` when `concurrent`, else now.
+    fn start<'e>(
+        s: &'s std::thread::Scope<'s, 'e>,
+        concurrent: bool,
+        f: impl FnOnce() -> Result<T> + Send + 's,
+    ) -> Task<'s, T> {
+        if concurrent {
+            Task::Running(s.spawn(f))
+        } else {
+            Task::Done(f())
+        }
+    }
+
+    fn finish(self) -> Result<T> {
+        match self {
+            Task::Running(h) => join(h),
+            Task::Done(r) => r,
+        }
+    }
 }
 
 fn join<T>(h: std::thread::ScopedJoinHandle<'_, Result<T>>) -> Result<T> {

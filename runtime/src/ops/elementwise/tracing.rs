@@ -491,10 +491,12 @@ impl Tensor {
         with_recording(|r| r.binary(BinaryOp::Min, self.into(), rhs.into(), at))
     }
 
-    /// `max(x, 0)`.
+    /// `max(x, 0)`, with derivative 0 at 0 — as JAX's `jax.nn.relu` and PyTorch's `relu`
+    /// define it, and unlike `maximum(x, 0)`, whose gradient splits a tie evenly (½ at 0, which
+    /// a zero-initialised bias over blank input meets everywhere). A NaN stays NaN.
     #[track_caller]
     pub fn relu(self) -> Tensor {
-        self.maximum(0.0)
+        Tensor::select(self.less_equal(0.0), 0.0, self)
     }
 
     /// Converts to another element type (floats to ints truncate toward zero; to bool is `x != 0`).

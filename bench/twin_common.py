@@ -1,0 +1,338 @@
+"""What `twin_fashion.py` and `twin_chargpt.py` share: the twin bundle reader, nitro's Adam/AdamW
+and cosine schedule, the timed training loop and the JSON report.
+
+A twin bundle is what a nitro example writes with `--twin DIR`: `init.safetensors` (the initial
+parameters by nitro leaf path), `run.json` (the hyperparameters), `batches.npy` (`int32 [steps,
+batch]`, the training-set row of every batch row of every step) and `real.npy` (`int32 [steps]`,
+how many of a step's rows are real; the rest are padding and weigh nothing).
+
+Importing this module imports JAX, so it first reads `--dump-hlo DIR` from the command line and
+sets `XLA_FLAGS` (it must be set before JAX starts).
+"""
+
+import os
+import sys
+
+
+def _dump_hlo_from_argv():
+    argv = sys.argv[1:]
+    for i, a in enumerate(argv):
+        if a == "--dump-hlo" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--dump-hlo="):
+            return a.split("=", 1)[1]
+    return None
+
+
+_DUMP = _dump_hlo_from_argv()
+if _DUMP:
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={_DUMP}").strip()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import resource  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from safetensors.numpy import load_file, save_file  # noqa: E402
+
+jax.config.update("jax_enable_x64", False)
+
+# How many steps are timed alone (spread evenly over the run).
+WAITED_SAMPLES = 20
+
+
+def ms(seconds):
+    return round(seconds * 1e3, 3)
+
+
+# ---- command line and bundle -------------------------------------------------------------------
+
+
+def parse_args(name, extra=None):
+    p = argparse.ArgumentParser(prog=f"twin_{name}.py", description=f"The JAX twin of nitro's {name} example.")
+    p.add_argument("bundle", nargs="?", help="the twin bundle directory nitro wrote (--twin DIR)")
+    p.add_argument("--steps", type=int, help="optimizer steps to run (default: run.json's steps)")
+    p.add_argument("--losses", type=int, default=10, help="how many first step losses to report (10)")
+    p.add_argument("--losses-out", metavar="FILE.npy", help="write the first N losses here (float64)")
+    p.add_argument("--json", action="store_true", help="print only the JSON line")
+    p.add_argument("--dump-hlo", metavar="DIR", help="XLA's dumps (--xla_dump_to=DIR)")
+    p.add_argument("--cache", metavar="DIR",
+                   help="JAX's persistent compilation cache in DIR (every program, however small "
+                        "or quick to compile): a second run with the same DIR loads, not compiles")
+    p.add_argument("--make-test-bundle", metavar="DIR", help="write a small synthetic bundle here and exit")
+    if extra:
+        extra(p)
+    args = p.parse_args()
+    if not args.make_test_bundle and not args.bundle:
+        p.error("a bundle directory is required (or --make-test-bundle DIR)")
+    if args.cache:
+        enable_cache(args.cache)
+    return args
+
+
+def enable_cache(directory):
+    """JAX's persistent compilation cache in `directory`, for every program: no minimum compile
+    time, no minimum entry size. Called before anything is compiled (parse_args, first thing in a
+    twin's main), so the training step and the evaluation program are both cached."""
+    os.makedirs(directory, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", os.path.abspath(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+
+
+def load_bundle(path, model):
+    with open(os.path.join(path, "run.json")) as f:
+        run = json.load(f)
+    if run.get("model") != model:
+        raise SystemExit(f"error: {path}/run.json is for model {run.get('model')!r}, not {model!r}")
+    params = load_file(os.path.join(path, "init.safetensors"))
+    batches = np.load(os.path.join(path, "batches.npy"))
+    real = np.load(os.path.join(path, "real.npy"))
+    if batches.ndim != 2 or batches.shape[1] != run["batch"] or real.shape != (batches.shape[0],):
+        raise SystemExit(
+            f"error: batches.npy {batches.shape} / real.npy {real.shape} do not fit batch {run['batch']}"
+        )
+    if batches.shape[0] < run["steps"]:
+        raise SystemExit(f"error: batches.npy holds {batches.shape[0]} steps, run.json says {run['steps']}")
+    if np.any(real < 1) or np.any(real > run["batch"]):
+        raise SystemExit("error: real.npy holds a count outside 1..batch")
+    return run, params, batches.astype(np.int64), real.astype(np.int64)
+
+
+def check_params(params, expected):
+    """Every leaf of `expected` (name -> shape) present with its shape as float32, nothing else."""
+    missing = sorted(set(expected) - set(params))
+    unknown = sorted(set(params) - set(expected))
+    if missing or unknown:
+        raise SystemExit(f"error: init.safetensors: missing leaves {missing}, unknown leaves {unknown}")
+    for name, shape in expected.items():
+        a = params[name]
+        if a.dtype != np.float32 or tuple(a.shape) != tuple(shape):
+            raise SystemExit(
+                f"error: init.safetensors: {name} is {a.dtype}{list(a.shape)}, expected float32{list(shape)}"
+            )
+
+
+def write_test_bundle(path, run, params, batches, real, arrays=None):
+    os.makedirs(path, exist_ok=True)
+    save_file({k: np.ascontiguousarray(v, dtype=np.float32) for k, v in params.items()},
+              os.path.join(path, "init.safetensors"))
+    with open(os.path.join(path, "run.json"), "w") as f:
+        json.dump(run, f, indent=1)
+    np.save(os.path.join(path, "batches.npy"), batches.astype(np.int32))
+    np.save(os.path.join(path, "real.npy"), real.astype(np.int32))
+    for name, a in (arrays or {}).items():
+        np.save(os.path.join(path, name), a)
+
+
+def test_batches(rows, batch, steps, rng):
+    """Shuffled epochs over `rows` rows, the ragged last batch of each padded with copies."""
+    out, real = [], []
+    while len(out) < steps:
+        order = rng.permutation(rows)
+        for s in range(0, rows, batch):
+            idx = order[s:s + batch]
+            real.append(len(idx))
+            out.append(np.resize(idx, batch))
+    return np.array(out[:steps]), np.array(real[:steps])
+
+
+def test_schedule(base, steps, min_ratio, warmup_ratio):
+    return {"base": base, "min": base * min_ratio, "warmup": int(steps * warmup_ratio), "total": steps}
+
+
+# ---- optimizer and schedule (nitro's optim.rs) -----------------------------------------------------
+
+
+def cosine(schedule, step):
+    """nitro's `Cosine::lr`, `step` counted from 0."""
+    base, low = schedule["base"], schedule["min"]
+    warmup, total = int(schedule["warmup"]), int(schedule["total"])
+    if step < warmup:
+        return base * (step + 1) / warmup
+    span = max(total - warmup, 1)
+    t = min(step - warmup, span) / span
+    return low + 0.5 * (base - low) * (1.0 + math.cos(math.pi * t))
+
+
+def adam_update(run, params, grads, state, lr, number):
+    """nitro's Adam / AdamW step: `number` counts from 1; decoupled decay on the decayed leaves."""
+    b1, b2, eps = run["adam"]["beta1"], run["adam"]["beta2"], run["adam"]["eps"]
+    wd = float(run.get("weight_decay", 0.0))
+    decayed = set(run.get("decayed", []))
+    c1 = 1.0 - jnp.exp(number * math.log(b1))
+    c2 = 1.0 - jnp.exp(number * math.log(b2))
+    new_p, new_m, new_v = {}, {}, {}
+    for name, p in params.items():
+        g = grads[name]
+        m = state["m"][name] * b1 + g * (1.0 - b1)
+        v = state["v"][name] * b2 + g * g * (1.0 - b2)
+        d = (m / c1) / (jnp.sqrt(v / c2) + eps)
+        if wd != 0.0 and name in decayed:
+            d = d + p * wd
+        new_p[name] = p - lr * d
+        new_m[name], new_v[name] = m, v
+    return new_p, {"m": new_m, "v": new_v}
+
+
+def dropout(x, rate, key):
+    """Kept with probability 1 - rate and scaled by 1 / (1 - rate), else zero."""
+    if rate == 0.0 or key is None:
+        return x
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0.0)
+
+
+# ---- training ---------------------------------------------------------------------------------------
+
+
+def masked_mean(per_row, mask):
+    return jnp.sum(per_row * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def make_train_step(run, per_row_loss):
+    """The jitted step: `per_row_loss(params, x, y, key)` -> `[batch]` (dropout on when `key`
+    is given). `step` is the 0-based step number (int32): Adam's is `step + 1`, the dropout key
+    `fold_in(key, step)`."""
+
+    def mean_loss(params, x, y, mask, key):
+        return masked_mean(per_row_loss(params, x, y, key), mask)
+
+    def train_step(params, opt_state, x, y, mask, lr, step, key):
+        step_key = jax.random.fold_in(key, step) if run.get("dropout", 0.0) > 0 else None
+        loss, grads = jax.value_and_grad(mean_loss)(params, x, y, mask, step_key)
+        number = (step + 1).astype(jnp.float32)
+        params, opt_state = adam_update(run, params, grads, opt_state, lr, number)
+        return params, opt_state, loss
+
+    return jax.jit(train_step, donate_argnums=(0, 1))
+
+
+def pad_rows(n, batch):
+    """Evaluation batches over rows 0..n in order: (row indices padded with copies, real)."""
+    for s in range(0, n, batch):
+        idx = np.arange(s, min(s + batch, n))
+        yield np.resize(idx, batch), len(idx)
+
+
+def train(run, host_params, batches, real, steps, gather, eval_sums, eval_set, eval_after, started):
+    """Trains `steps` steps and evaluates after each step in `eval_after` (a set of step counts).
+
+    gather(rows) -> (x, y) numpy for training-set rows; eval_sums(params, x, y, mask) -> tuple of
+    masked sums (the jitted evaluation program); eval_set = (X, Y) numpy. Returns the report's
+    timing fields, the losses (float64) and the last evaluation's sums and real row count.
+    """
+    batch = run["batch"]
+    per_row_loss, eval_fn = eval_sums
+    step_fn = make_train_step(run, per_row_loss)
+    eval_jit = jax.jit(eval_fn)
+    key = jax.random.PRNGKey(int(run.get("seed", 0)))
+    params = {k: jax.device_put(v) for k, v in host_params.items()}
+    opt_state = {"m": {k: jnp.zeros_like(v) for k, v in params.items()},
+                 "v": {k: jnp.zeros_like(v) for k, v in params.items()}}
+    jax.block_until_ready((params, opt_state, key))
+
+    def inputs(t):
+        x, y = gather(batches[t])
+        mask = (np.arange(batch) < real[t]).astype(np.float32)
+        return x, y, mask, np.float32(cosine(run["schedule"], t)), np.int32(t)
+
+    # The first step: lowering, XLA's compile, the step itself.
+    first_started = time.perf_counter()
+    x, y, mask, lr, t32 = inputs(0)
+    lowered = step_fn.lower(params, opt_state, x, y, mask, lr, t32, key)
+    lowered_at = time.perf_counter()
+    compiled = lowered.compile()
+    compiled_at = time.perf_counter()
+    timing = {"lower_ms": ms(lowered_at - first_started), "compile_ms": ms(compiled_at - lowered_at)}
+
+    every = max(1, -(-steps // WAITED_SAMPLES))
+    sampled = {i for i in range(1, steps) if i % every == every // 2}
+    waited, losses, excluded = [], [], 0.0
+    eval_compiled, last_eval = None, None
+    loop_started = compiled_at
+    for t in range(steps):
+        timed = t in sampled
+        if timed:
+            jax.block_until_ready((params, opt_state))
+            s = time.perf_counter()
+        if t > 0:
+            x, y, mask, lr, t32 = inputs(t)
+        params, opt_state, loss = compiled(params, opt_state, x, y, mask, lr, t32, key)
+        losses.append(loss)
+        if t == 0:
+            loss.block_until_ready()
+            timing["first_step_ms"] = ms(time.perf_counter() - first_started)
+            # The evaluation program, compiled once, outside the loop's time.
+            e0 = time.perf_counter()
+            X, Y = eval_set
+            rows, _ = next(pad_rows(len(X), batch))
+            emask = np.ones(batch, np.float32)
+            eval_lowered = eval_jit.lower(params, X[rows], Y[rows], emask)
+            e1 = time.perf_counter()
+            eval_compiled = eval_lowered.compile()
+            e2 = time.perf_counter()
+            timing["eval_lower_ms"], timing["eval_compile_ms"] = ms(e1 - e0), ms(e2 - e1)
+            excluded += e2 - e0
+        if timed:
+            jax.block_until_ready((params, opt_state, loss))
+            waited.append(time.perf_counter() - s)
+        if t + 1 in eval_after or t + 1 == steps:
+            jax.block_until_ready((params, opt_state))
+            e0 = time.perf_counter()
+            X, Y = eval_set
+            sums = []
+            for rows, n in pad_rows(len(X), batch):
+                emask = (np.arange(batch) < n).astype(np.float32)
+                sums.append(eval_compiled(params, X[rows], Y[rows], emask))
+            last_eval = [float(sum(float(s[i]) for s in sums)) for i in range(len(sums[0]))]
+            excluded += time.perf_counter() - e0
+    host_losses = np.array([float(v) for v in jax.device_get(losses)], dtype=np.float64)
+    loop_wall = time.perf_counter() - loop_started - excluded
+    if not waited:
+        waited = [timing["first_step_ms"] / 1e3]
+    timing["step_ms"] = ms(statistics.median(waited))
+    timing["step_ms_pipelined"] = ms(loop_wall / steps)
+    timing["eval_ms"] = ms(excluded)
+    return timing, host_losses, last_eval, len(eval_set[0])
+
+
+def report(name, args, steps, losses, fields, timing, started, say):
+    n = max(0, args.losses)
+    if args.losses_out:
+        np.save(args.losses_out, losses[:n].astype(np.float64))
+    line = {
+        "twin": name,
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "steps": steps,
+        "losses": [float(v) for v in losses[:n]],
+        "final_loss": float(losses[-1]),
+        **fields,
+        "lower_ms": timing["lower_ms"],
+        "compile_ms": timing["compile_ms"],
+        "eval_lower_ms": timing["eval_lower_ms"],
+        "eval_compile_ms": timing["eval_compile_ms"],
+        "first_step_ms": timing["first_step_ms"],
+        "step_ms": timing["step_ms"],
+        "step_ms_pipelined": timing["step_ms_pipelined"],
+        "eval_ms": timing["eval_ms"],
+        "process_s": round(time.perf_counter() - started, 3),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+    say(f"losses   first {[round(v, 4) for v in line['losses'][:5]]} ... final {line['final_loss']:.4f}")
+    say(f"compile  train: lower {line['lower_ms']} ms, XLA {line['compile_ms']} ms; "
+        f"eval: lower {line['eval_lower_ms']} ms, XLA {line['eval_compile_ms']} ms")
+    say(f"steps    first {line['first_step_ms']} ms, waited {line['step_ms']} ms, "
+        f"pipelined {line['step_ms_pipelined']} ms")
+    print(json.dumps(line), flush=True)
+
+
+def sayer(args):
+    return (lambda s: None) if args.json else (lambda s: print(s, flush=True))
