@@ -1,0 +1,127 @@
+//! How a handle trains: [`Config`].
+
+use super::*;
+
+/// How a handle trains.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Rows per step (the last batch of an epoch is padded to it).
+    pub batch: usize,
+    /// The learning rate (a traced scalar: changing it never recompiles).
+    pub lr: f64,
+    /// Epochs [`Nitro::fit`] runs.
+    pub epochs: usize,
+    /// The seed of the run: of the per-epoch shuffles, and of the random stream of a model
+    /// that draws random numbers ([`Model::RANDOM`]; its base key is JAX's `PRNGKey(seed)`).
+    pub seed: u64,
+    /// A learning-rate schedule; when set, it gives the rate of every step (and `lr` is
+    /// ignored). Its rates are written to a traced scalar: a schedule never recompiles.
+    pub schedule: Option<Arc<dyn Schedule>>,
+    /// Whether [`Nitro::fit`] draws a progress bar per epoch on stderr (only ever when stderr
+    /// is a terminal).
+    pub progress: bool,
+    /// Micro-batches per optimizer step (gradient accumulation): each of
+    /// [`step_deferred`](Nitro::step_deferred)'s batches adds its gradient to a sum on the
+    /// device, and every `accum`-th applies the optimizer to the mean over the window's real
+    /// rows. 1 (the default) updates after every batch. Accumulating adds no program: it
+    /// replaces the gradient program by an accumulating one.
+    pub accum: usize,
+    /// Devices to train on at once (data parallelism), `None` for the count `NITRO_DEVICES`
+    /// sets, else 1. Every program runs as one replica per device: parameters and optimizer
+    /// state are replicated, each batch is split by rows across the devices (so
+    /// [`Config::batch`] must be a multiple of the count), gradients and sums are added over the
+    /// devices inside the programs, and every device runs the optimizer. The program inventory
+    /// is the same at any count.
+    pub devices: Option<usize>,
+    /// Whether [`Nitro::prepare`] (and the first step) compiles the programs concurrently, one
+    /// thread each (the default: the first step waits for the slowest program, not for their
+    /// sum), or one after another — slower to start on a busy machine, but each program's
+    /// compile time in [`Nitro::program_times`] is then its own, not contended by the others.
+    pub concurrent_compiles: bool,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            batch: 32,
+            lr: 1e-3,
+            epochs: 10,
+            seed: 0,
+            schedule: None,
+            progress: true,
+            accum: 1,
+            devices: None,
+            concurrent_compiles: true,
+        }
+    }
+}
+
+impl Config {
+    /// The default configuration: batch 32, learning rate 1e-3, 10 epochs, seed 0.
+    pub fn new() -> Config {
+        Config::default()
+    }
+
+    /// Rows per step.
+    pub fn batch(mut self, rows: usize) -> Config {
+        self.batch = rows;
+        self
+    }
+
+    /// The learning rate.
+    pub fn lr(mut self, lr: f64) -> Config {
+        self.lr = lr;
+        self
+    }
+
+    /// Epochs [`Nitro::fit`] runs.
+    pub fn epochs(mut self, epochs: usize) -> Config {
+        self.epochs = epochs;
+        self
+    }
+
+    /// The seed of the per-epoch shuffles and of the random stream.
+    pub fn seed(mut self, seed: u64) -> Config {
+        self.seed = seed;
+        self
+    }
+
+    /// Whether to draw a progress bar per epoch (on stderr, and only when it is a terminal).
+    pub fn progress(mut self, on: bool) -> Config {
+        self.progress = on;
+        self
+    }
+
+    /// Micro-batches per optimizer step (see [`Config::accum`]).
+    pub fn accumulate(mut self, micro_batches: usize) -> Config {
+        self.accum = micro_batches;
+        self
+    }
+
+    /// Devices to train on at once (see [`Config::devices`]).
+    pub fn devices(mut self, devices: usize) -> Config {
+        self.devices = Some(devices);
+        self
+    }
+
+    /// Whether programs compile concurrently (see [`Config::concurrent_compiles`]).
+    pub fn concurrent_compiles(mut self, on: bool) -> Config {
+        self.concurrent_compiles = on;
+        self
+    }
+
+    /// The device count a handle made with [`Nitro::new`] uses: [`Config::devices`], else
+    /// `NITRO_DEVICES`, else 1.
+    pub fn device_count(&self) -> Result<usize> {
+        match self.devices {
+            Some(n) => Ok(n),
+            None => Ok(crate::backend::pjrt::devices_setting()?.unwrap_or(1)),
+        }
+    }
+
+    /// A learning-rate schedule (constant, step decay, warm-up, cosine, or your own).
+    pub fn schedule(mut self, schedule: impl Schedule + 'static) -> Config {
+        self.schedule = Some(Arc::new(schedule));
+        self
+    }
+}

@@ -1,0 +1,730 @@
+//! The program inventory of a handle: the programs it derives from a [`Model`] and its
+//! optimizer, and how [`Nitro::prepare`] gets (or compiles) them — concurrently or one at a
+//! time — with what each lookup did and spent ([`ProgramTime`]).
+
+use super::*;
+
+/// The inputs of the per-batch programs: the batch, its row mask, and what else the program
+/// takes (`()` for none).
+pub(super) type BatchInputs<E, X> = (
+    <<E as Model>::Batch as Tree>::Mirror<Tensor>,
+    Tensor,
+    <X as Tree>::Mirror<Tensor>,
+);
+
+/// What the gradient program takes besides the batch: the step's random key, when the model
+/// draws random numbers ([`Model::RANDOM`]).
+pub(super) type GradExtra = Option<Array>;
+
+/// What the accumulating gradient program takes besides the batch: the gradient sum so far
+/// (packed), the factor to multiply the new sum by (1 except when a window closes), and the
+/// step's random key (as [`GradExtra`]).
+pub(super) type AccumExtra = (Vec<Array>, Array, Option<Array>);
+
+/// The model's loss, traced with the step's key (or its absence) in force.
+pub(super) fn keyed_loss<E: Model>(
+    v: &E::View<'_>,
+    batch: &<E::Batch as Tree>::Mirror<Tensor>,
+    key: Option<Tensor>,
+) -> Tensor {
+    let state = match key {
+        Some(k) => trace::random::StepKey::Training(k),
+        None if E::RANDOM => trace::random::StepKey::Evaluation,
+        None => trace::random::StepKey::Unkeyed(E::TYPE_PATH),
+    };
+    trace::random::with_step_key(state, || E::loss(v, batch))
+}
+
+/// The mean loss over the real rows, then the gradient of every trainable leaf (packed).
+///
+/// Replicated over several devices, each replica differentiates the summed loss of its own rows;
+/// the sums and the gradients are then added over the replicas (one `all_reduce` per packed
+/// group) and divided by the real rows of the whole batch, so every replica ends with the
+/// gradient of the global batch's mean loss.
+pub(super) fn grad_fn<E: Model>(
+    v: &E::View<'_>,
+    inputs: &BatchInputs<E, GradExtra>,
+) -> Vec<Tensor> {
+    let (batch, mask, key) = inputs;
+    let losses = per_example::<E>(keyed_loss::<E>(v, batch, *key), *mask, "Model::loss", true);
+    let mask = mask.convert(losses.dtype());
+    if trace::replicas() == 1 {
+        let mean = (losses * mask).sum_all() / mask.sum_all().maximum(1.0);
+        let grads = program::pack_like_trainable(trace::grad(mean, &program::trainable_leaves()));
+        return std::iter::once(mean).chain(grads).collect();
+    }
+    let total = (losses * mask).sum_all();
+    let count = mask.sum_all().all_sum().maximum(1.0);
+    let grads = program::pack_like_trainable(trace::grad(total, &program::trainable_leaves()));
+    let mean = total.all_sum() / count;
+    std::iter::once(mean)
+        .chain(
+            grads
+                .into_iter()
+                .map(|g| g.all_sum() / count.convert(g.dtype())),
+        )
+        .collect()
+}
+
+/// `values`, after checking that it holds one value per row of the batch (the mask's shape):
+/// a `[batch, 1]` loss would broadcast against the mask to `[batch, batch]` (a loss and a
+/// gradient about `batch` times too large, with padded rows leaking in), and a scalar would
+/// train on padding. Anything else (or, when `float`, a value that is not a float) is refused
+/// at trace time, naming `what`, the shape expected and the shape given.
+pub(super) fn per_example<E: Model>(
+    values: Tensor,
+    mask: Tensor,
+    what: &'static str,
+    float: bool,
+) -> Tensor {
+    let (got, want) = (values.dims(), mask.dims());
+    if got != want || (float && !values.dtype().is_float()) {
+        trace::refuse(
+            what,
+            format!(
+                "`{what}` of `{}` returned {}, and it must return one value per row of the batch, \
+                 shape {want:?}: the handle masks padded rows and averages over the real ones \
+                 itself; reduce every other dim (a `[rows, 1]` regression loss: `.sum(&[1])`), \
+                 and do not average over the batch",
+                E::TYPE_PATH,
+                LeafType::new(values.dtype(), &got),
+            ),
+        );
+    }
+    values
+}
+
+/// One micro-batch of an accumulation window: the mean loss over its real rows, then
+/// `(sum + gradient of the summed loss over its real rows) * scale` for every packed gradient.
+/// With `scale` 1 along the window and `1 / real rows of the window` on its last micro-batch,
+/// the window ends holding the gradient of the window's mean loss — exactly what one step on
+/// all its rows would compute.
+pub(super) fn grad_accum_fn<E: Model>(
+    v: &E::View<'_>,
+    inputs: &BatchInputs<E, AccumExtra>,
+) -> Vec<Tensor> {
+    let (batch, mask, (sums, scale, key)) = inputs;
+    let losses = per_example::<E>(keyed_loss::<E>(v, batch, *key), *mask, "Model::loss", true);
+    let mask = mask.convert(losses.dtype());
+    let total = (losses * mask).sum_all();
+    // Replicated, the sums and gradients add over the replicas (`all_sum` is the tensor itself
+    // on one device).
+    let mean = total.all_sum() / mask.sum_all().all_sum().maximum(1.0);
+    let grads = program::pack_like_trainable(trace::grad(total, &program::trainable_leaves()));
+    let summed = sums
+        .iter()
+        .zip(grads)
+        .map(|(s, g)| (*s + g.all_sum()) * scale.convert(g.dtype()));
+    std::iter::once(mean).chain(summed).collect()
+}
+
+/// The summed loss over the real rows, and the number of them classified correctly.
+pub(super) fn eval_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, ()>) -> Vec<Tensor> {
+    let (batch, mask, ()) = inputs;
+    let state = if E::RANDOM {
+        trace::random::StepKey::Evaluation
+    } else {
+        trace::random::StepKey::Unkeyed(E::TYPE_PATH)
+    };
+    let loss = trace::random::with_step_key(state, || E::loss(v, batch));
+    let losses = per_example::<E>(loss, *mask, "Model::loss", true);
+    let mask_l = mask.convert(losses.dtype());
+    // Replicated, the sums add over the replicas; the predictions stay per replica (each its
+    // own rows), joined on the host.
+    let mut out = vec![(losses * mask_l).sum_all().all_sum()];
+    if let Some(correct) = E::correct(v, batch) {
+        let correct = per_example::<E>(correct, *mask, "Model::correct", false);
+        out.push((correct.convert(DType::F32) * *mask).sum_all().all_sum());
+    }
+    if let Some(predictions) = E::predict(v, batch) {
+        out.push(predictions);
+    }
+    out
+}
+
+/// A device metric's running sum plus its per-example values over this batch's real rows.
+pub(super) fn metric_fn<E: Model, M: DeviceMetric<E>>(
+    v: &E::View<'_>,
+    inputs: &BatchInputs<E, Array>,
+) -> Vec<Tensor> {
+    let (batch, mask, sum) = inputs;
+    let values = per_example::<E>(M::per_example(v, batch), *mask, M::NAME, true);
+    let mask = mask.convert(values.dtype());
+    vec![*sum + (values * mask).sum_all().all_sum().convert(sum.dtype())]
+}
+
+pub(super) fn metric_program<E: Model, M: DeviceMetric<E>>(
+) -> Program<E, BatchInputs<E, Array>, Vec<Tensor>> {
+    Program::generic(M::NAME, metric_fn::<E, M>).packing_trainable()
+}
+
+/// A registered device metric, its type erased.
+pub(super) trait MetricSlot<E: Model>: Send + Sync {
+    fn name(&self) -> &'static str;
+    /// Gets (or compiles) its program for batches like `sample`.
+    fn get(
+        &self,
+        cache: &Cache,
+        backend: &'static dyn Backend,
+        experiment: &E,
+        sample: &Shaped<'_, E::Batch>,
+        mask: &Array,
+    ) -> Result<Served>;
+}
+
+pub(super) struct MetricOf<M>(pub(super) std::marker::PhantomData<fn() -> M>);
+
+impl<E: Model, M: DeviceMetric<E>> MetricSlot<E> for MetricOf<M> {
+    fn name(&self) -> &'static str {
+        M::NAME
+    }
+
+    fn get(
+        &self,
+        cache: &Cache,
+        backend: &'static dyn Backend,
+        experiment: &E,
+        sample: &Shaped<'_, E::Batch>,
+        mask: &Array,
+    ) -> Result<Served> {
+        let sum = Array::scalar(0.0f32);
+        cache.get(
+            backend,
+            &metric_program::<E, M>(),
+            experiment,
+            &BatchRef(sample, mask, &sum),
+        )
+    }
+}
+
+/// What [`Nitro::prepare_programs`] compiles: the training programs, with the evaluation
+/// program, with that and every device metric's.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Inventory {
+    Train,
+    Evaluate,
+    Validate,
+}
+
+/// A registered device metric and its program, once compiled.
+pub(super) struct DeviceMetricState<E: Model> {
+    pub(super) slot: Box<dyn MetricSlot<E>>,
+    pub(super) compiled: Option<Arc<Compiled>>,
+}
+
+pub(super) fn grad_program<E: Model>() -> Program<E, BatchInputs<E, GradExtra>, Vec<Tensor>> {
+    Program::generic("nitro.grad", grad_fn::<E>).packing_trainable()
+}
+
+pub(super) fn grad_accum_program<E: Model>() -> Program<E, BatchInputs<E, AccumExtra>, Vec<Tensor>>
+{
+    Program::generic("nitro.grad_accumulate", grad_accum_fn::<E>).packing_trainable()
+}
+
+pub(super) fn eval_program<E: Model>() -> Program<E, BatchInputs<E, ()>, Vec<Tensor>> {
+    Program::generic("nitro.eval", eval_fn::<E>).packing_trainable()
+}
+
+/// The optimizer program's experiment: the optimizer's constants shape it (GraphConst), the
+/// trainable leaves and the state are its Device leaves — donated to its outputs.
+#[crate::experiment]
+pub struct OptimizerStep<O: Optimizer> {
+    /// The optimizer: its type and constants are the program's key.
+    #[graph_const]
+    pub optimizer: O,
+    /// The trainable leaves.
+    #[device]
+    pub params: Vec<Array>,
+    /// The optimizer state, slot by slot, leaf by leaf.
+    #[device]
+    pub state: Vec<Array>,
+    /// The optimizer's [`leaf_mask`](Optimizer::leaf_mask) over the packed parameters: per
+    /// packed array, runs of `(elements, selected)` in order; empty for an array wholly
+    /// selected (and no arrays at all when the optimizer asked for no mask).
+    #[graph_const]
+    pub masks: MaskRuns,
+    /// Steps taken so far, `i64[]`: kept on the device and counted by the program, so a step
+    /// uploads no step number; an integer, so it stays exact over any run (an `f32` counter
+    /// stops counting at 2^24 steps).
+    #[device]
+    pub steps: Array,
+}
+
+/// Per packed array, the runs of `(elements, selected)` of an optimizer's leaf mask.
+pub type MaskRuns = Vec<Vec<(usize, bool)>>;
+
+/// The runs of `optimizer`'s leaf mask over the leaves `paths` packed as `packing`.
+pub(super) fn mask_runs<O: Optimizer>(
+    optimizer: &O,
+    paths: &[String],
+    packing: &Packing,
+) -> Result<MaskRuns> {
+    let types: Vec<LeafType> = packing
+        .leaves
+        .iter()
+        .map(|(g, _, dims)| LeafType {
+            dtype: packing.groups[*g].0,
+            dims: dims.clone(),
+        })
+        .collect();
+    let leaves: Vec<(&str, &LeafType)> = paths.iter().map(String::as_str).zip(&types).collect();
+    let Some(mask) = optimizer.leaf_mask(&leaves)? else {
+        return Ok(Vec::new());
+    };
+    if mask.len() != leaves.len() {
+        return Err(Error::InputCount {
+            expected: leaves.len(),
+            got: mask.len(),
+        });
+    }
+    let mut runs: MaskRuns = vec![Vec::new(); packing.groups.len()];
+    for ((g, _, dims), on) in packing.leaves.iter().zip(mask) {
+        let n: usize = dims.iter().product();
+        match runs[*g].last_mut() {
+            Some((len, last)) if *last == on => *len += n,
+            _ => runs[*g].push((n, on)),
+        }
+    }
+    for group in &mut runs {
+        if group.iter().all(|&(_, on)| on) {
+            group.clear();
+        }
+    }
+    Ok(runs)
+}
+
+/// The inputs of the update program: the gradients and the learning rate.
+pub(super) type UpdateInputs = (Vec<Tensor>, Tensor);
+
+pub(super) fn update_fn<O: Optimizer>(
+    v: &OptimizerStepView<'_, O>,
+    inputs: &UpdateInputs,
+) -> Vec<Tensor> {
+    let (grads, lr) = inputs;
+    let number = v.steps + 1.0;
+    let masks: Vec<Option<Tensor>> = v
+        .params
+        .iter()
+        .enumerate()
+        .map(|(g, p)| {
+            let runs = v.masks.get(g).filter(|r| !r.is_empty())?;
+            let pieces: Vec<Tensor> = runs
+                .iter()
+                .map(|&(n, on)| Tensor::full(&[n], if on { 1.0 } else { 0.0 }, p.dtype()))
+                .collect();
+            Some(Tensor::concatenate(&pieces, 0))
+        })
+        .collect();
+    let mut out = crate::optim::update_flat(
+        v.optimizer,
+        &v.params,
+        grads,
+        &v.state,
+        *lr,
+        number.convert(DType::F32),
+        &masks,
+    );
+    out.push(number);
+    out
+}
+
+pub(super) fn update_program<O: Optimizer>() -> Program<OptimizerStep<O>, UpdateInputs, Vec<Tensor>>
+{
+    OptimizerStep::<O>::program("nitro.update", update_fn::<O>).donating_device()
+}
+
+/// The programs of a handle, once compiled for a batch shape.
+pub(super) struct Programs {
+    pub(super) grad: Arc<Compiled>,
+    pub(super) update: Arc<Compiled>,
+    /// Compiled on the first evaluation: a train-only run compiles two programs.
+    pub(super) eval: Option<Arc<Compiled>>,
+    /// The batch leaf types they were compiled for.
+    pub(super) batch_types: Vec<crate::tree::LeafType>,
+}
+
+/// What the handle's lookup of one of its programs did, and what it spent: one entry per
+/// program per [`Nitro::prepare`] (or first step, or first validation) that had to look it up.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ProgramTime {
+    /// The program's role in the inventory: `grad` (or `grad_accumulate`), `update`, `eval`,
+    /// or a device metric's name.
+    pub role: String,
+    /// The program's identity (experiment type and name).
+    pub program: String,
+    /// What the lookup did: a hit, a load from the store, or a compile (with the reason).
+    pub outcome: Outcome,
+    /// Tracing it (zero for a hit through a known route).
+    pub trace: Duration,
+    /// Compiling or loading it (zero for a hit). Contended by the other programs' compiles
+    /// unless [`Config::concurrent_compiles`] is off.
+    pub build: Duration,
+}
+
+impl ProgramTime {
+    fn of(role: &str, served: &Served) -> ProgramTime {
+        ProgramTime {
+            role: role.to_owned(),
+            program: served.compiled.program.clone(),
+            outcome: served.outcome.clone(),
+            trace: served.timing.trace,
+            build: served.timing.build,
+        }
+    }
+}
+
+/// A batch's structure with every leaf's first dim cut to one replica's share of the rows:
+/// what a replicated program is traced on (zero-filled stand-ins; tracing reads only types).
+pub(super) struct Shaped<'a, B> {
+    pub(super) batch: &'a B,
+    pub(super) leaves: Vec<Array>,
+}
+
+impl<'a, B: Tree> Shaped<'a, B> {
+    /// `batch` shaped for `replicas` replicas (itself for one).
+    fn new(batch: &'a B, replicas: usize) -> Result<Shaped<'a, B>> {
+        let mut leaves = Vec::new();
+        let mut bad = None;
+        batch.for_each_leaf("", &mut |path, a| {
+            let mut dims = a.dims().to_vec();
+            match dims.first_mut() {
+                Some(rows) if *rows % replicas == 0 => *rows /= replicas,
+                _ => {
+                    bad.get_or_insert_with(|| format!("`{path}` ({})", a.leaf_type()));
+                }
+            }
+            leaves.push(Array::zeros(a.dtype(), &dims));
+        });
+        if let Some(leaf) = bad {
+            return Err(Error::Devices {
+                what: "a batch split across devices".into(),
+                requested: replicas,
+                reason: format!(
+                    "its leaf {leaf} has no first dim of rows divisible by {replicas}; make \
+                     Config::batch a multiple of the device count"
+                ),
+            });
+        }
+        Ok(Shaped { batch, leaves })
+    }
+}
+
+impl<B: Tree> Tree for Shaped<'_, B> {
+    type Mirror<L> = B::Mirror<L>;
+
+    fn visit<'a>(
+        &'a self,
+        at: &mut crate::tree::LeafPath,
+        f: &mut dyn FnMut(&crate::tree::LeafPath, Node<'a>),
+    ) {
+        let mut leaves = self.leaves.iter();
+        self.batch.visit(at, &mut |path, node| match node {
+            Node::Leaf(leaf) => f(path, Node::Leaf(leaves.next().unwrap_or(leaf))),
+            node => f(path, node),
+        });
+    }
+
+    fn visit_mut(
+        &mut self,
+        _: &mut crate::tree::LeafPath,
+        _: &mut dyn FnMut(&crate::tree::LeafPath, &mut Array),
+    ) {
+        // Stand-ins for tracing: never written.
+    }
+
+    fn mirror<L>(
+        &self,
+        at: &mut crate::tree::LeafPath,
+        f: &mut dyn FnMut(&crate::tree::LeafPath, &Array) -> L,
+    ) -> Self::Mirror<L> {
+        let mut leaves = self.leaves.iter();
+        self.batch
+            .mirror(at, &mut |path, leaf| match leaves.next() {
+                Some(local) => f(path, local),
+                None => f(path, leaf),
+            })
+    }
+}
+
+/// A batch, its mask and the program's other inputs as one input tree, borrowed.
+pub(super) struct BatchRef<'a, B, X>(pub(super) &'a B, pub(super) &'a Array, pub(super) &'a X);
+
+impl<B: Tree, X: Tree> Tree for BatchRef<'_, B, X> {
+    type Mirror<L> = (B::Mirror<L>, L, X::Mirror<L>);
+
+    fn visit<'a>(
+        &'a self,
+        at: &mut crate::tree::LeafPath,
+        f: &mut dyn FnMut(&crate::tree::LeafPath, Node<'a>),
+    ) {
+        at.with_field("0", |at| self.0.visit(at, f));
+        at.with_field("1", |at| self.1.visit(at, f));
+        at.with_field("2", |at| self.2.visit(at, f));
+    }
+
+    fn visit_mut(
+        &mut self,
+        _: &mut crate::tree::LeafPath,
+        _: &mut dyn FnMut(&crate::tree::LeafPath, &mut Array),
+    ) {
+        // A borrowed batch is read-only; the handle never writes into it.
+    }
+
+    fn mirror<L>(
+        &self,
+        at: &mut crate::tree::LeafPath,
+        f: &mut dyn FnMut(&crate::tree::LeafPath, &Array) -> L,
+    ) -> Self::Mirror<L> {
+        (
+            at.with_field("0", |at| self.0.mirror(at, f)),
+            at.with_field("1", |at| self.1.mirror(at, f)),
+            at.with_field("2", |at| self.2.mirror(at, f)),
+        )
+    }
+}
+
+/// The update program's inputs with the types of `opt`'s leaves (values unused).
+pub(super) fn update_inputs_shape<O: Optimizer>(opt: &OptimizerStep<O>) -> (Vec<Array>, Array) {
+    (
+        opt.params
+            .iter()
+            .map(|a| Array::zeros(a.dtype(), a.dims()))
+            .collect(),
+        Array::scalar(0.0f32),
+    )
+}
+
+/// A program lookup started by [`Nitro::prepare`]: on a thread of its own, or done already.
+pub(super) enum Task<'s, T> {
+    Running(std::thread::ScopedJoinHandle<'s, Result<T>>),
+    Done(Result<T>),
+}
+
+impl<'s, T: Send + 's> Task<'s, T> {
+    /// Runs `f` on a thread of scope `s` when `concurrent`, else now.
+    fn start<'e>(
+        s: &'s std::thread::Scope<'s, 'e>,
+        concurrent: bool,
+        f: impl FnOnce() -> Result<T> + Send + 's,
+    ) -> Task<'s, T> {
+        if concurrent {
+            Task::Running(s.spawn(f))
+        } else {
+            Task::Done(f())
+        }
+    }
+
+    fn finish(self) -> Result<T> {
+        match self {
+            Task::Running(h) => join(h),
+            Task::Done(r) => r,
+        }
+    }
+}
+
+pub(super) fn join<T>(h: std::thread::ScopedJoinHandle<'_, Result<T>>) -> Result<T> {
+    h.join().unwrap_or_else(|_| {
+        Err(Error::Misconfigured {
+            message: "a compiling thread panicked".into(),
+        })
+    })
+}
+
+impl<E: Model, O: Optimizer> Nitro<E, O> {
+    /// Gets (or compiles) the training programs — gradient and update — for batches like
+    /// `sample`, concurrently, and returns what each lookup did. Called by the first step; call
+    /// it earlier to pay for compiles before training. The evaluation program is compiled by
+    /// the first [`evaluate`](Nitro::evaluate) — or with these by [`fit`](Nitro::fit) when it
+    /// is given validation data.
+    pub fn prepare(&mut self, sample: &E::Batch) -> Result<Vec<Outcome>> {
+        self.prepare_programs(sample, Inventory::Train)
+    }
+
+    /// Gets (or compiles) the programs `inventory` names for batches like `sample` — the
+    /// training programs always — all at once: a `fit` with validation data waits for the
+    /// slowest program of its whole inventory, not for the training programs and then, after
+    /// the first epoch, for the evaluation programs.
+    pub(super) fn prepare_programs(
+        &mut self,
+        sample: &E::Batch,
+        inventory: Inventory,
+    ) -> Result<Vec<Outcome>> {
+        let want_eval = inventory != Inventory::Train;
+        let want_metrics = inventory == Inventory::Validate;
+        // Every step comes here: the common case (programs held for these batch types) is
+        // answered without allocating.
+        let training_ready = self
+            .programs
+            .as_ref()
+            .is_some_and(|p| has_types(sample, &p.batch_types));
+        let evaluation_ready = training_ready
+            && (!want_eval || self.programs.as_ref().is_some_and(|p| p.eval.is_some()))
+            && (!want_metrics || self.device_metrics.iter().all(|m| m.compiled.is_some()));
+        if training_ready && evaluation_ready {
+            return Ok(Vec::new());
+        }
+        let rows = batch_rows(sample)?;
+        if rows != self.config.batch {
+            return Err(Error::InvalidSetting {
+                variable: "batch",
+                value: rows.to_string(),
+                expected: format!("batches of {} rows (Config::batch)", self.config.batch),
+            });
+        }
+        let batch_types = leaf_types(sample);
+        // Tracing reads the experiment's leaf types only, which steps never change: no sync.
+        let started = Instant::now();
+        // Each replica's programs see its share of the rows.
+        let sample = &Shaped::new(sample, self.backend.replicas())?;
+        let mask = Array::zeros(DType::F32, &[rows / self.backend.replicas()]);
+        let opt = self.optimizer_step_shape();
+        let (backend, cache, experiment) = (self.backend, self.cache, &self.experiment);
+        let update_inputs = update_inputs_shape(&opt);
+        let accumulating = self.config.accum > 1;
+        let key_sample: GradExtra = E::RANDOM.then(|| Array::zeros(DType::U32, &[2]));
+        let sums: AccumExtra = (
+            self.packing.zeros(),
+            Array::scalar(1.0f32),
+            key_sample.clone(),
+        );
+        let held_eval = match &self.programs {
+            Some(p) if training_ready => p.eval.clone(),
+            _ => None,
+        };
+        let metrics: Vec<(&dyn MetricSlot<E>, Option<Arc<Compiled>>)> = self
+            .device_metrics
+            .iter()
+            .map(|m| {
+                let held = if training_ready {
+                    m.compiled.clone()
+                } else {
+                    None
+                };
+                (m.slot.as_ref(), held)
+            })
+            .collect();
+        // Compile the inventory concurrently: the first step waits for the slowest program,
+        // not their sum (one after another when the configuration says so).
+        let concurrent = self.config.concurrent_compiles;
+        let (training, eval, metrics) = std::thread::scope(|s| {
+            let update = (!training_ready).then(|| {
+                Task::start(s, concurrent, || {
+                    cache.get(backend, &update_program::<O>(), &opt, &update_inputs)
+                })
+            });
+            let eval = (want_eval && held_eval.is_none()).then(|| {
+                Task::start(s, concurrent, || {
+                    let inputs = BatchRef(sample, &mask, &());
+                    cache.get(backend, &eval_program::<E>(), experiment, &inputs)
+                })
+            });
+            let metric_threads: Vec<_> = metrics
+                .iter()
+                .map(|(slot, held)| {
+                    (want_metrics && held.is_none()).then(|| {
+                        Task::start(s, concurrent, || {
+                            slot.get(cache, backend, experiment, sample, &mask)
+                        })
+                    })
+                })
+                .collect();
+            let grad = (!training_ready).then(|| {
+                if accumulating {
+                    let inputs = BatchRef(sample, &mask, &sums);
+                    cache.get(backend, &grad_accum_program::<E>(), experiment, &inputs)
+                } else {
+                    let inputs = BatchRef(sample, &mask, &key_sample);
+                    cache.get(backend, &grad_program::<E>(), experiment, &inputs)
+                }
+            });
+            let training = match (grad, update) {
+                (Some(grad), Some(update)) => Some((grad, update.finish())),
+                _ => None,
+            };
+            let metrics: Vec<Option<Result<Served>>> = metric_threads
+                .into_iter()
+                .map(|t| t.map(Task::finish))
+                .collect();
+            (training, eval.map(Task::finish), metrics)
+        });
+        let mut outcomes = Vec::new();
+        if let Some((grad, update)) = training {
+            let (grad, update): (Served, Served) = (grad?, update?);
+            outcomes.extend([grad.outcome.clone(), update.outcome.clone()]);
+            let role = if accumulating {
+                "grad_accumulate"
+            } else {
+                "grad"
+            };
+            self.program_times.push(ProgramTime::of(role, &grad));
+            self.program_times.push(ProgramTime::of("update", &update));
+            for m in &mut self.device_metrics {
+                m.compiled = None;
+            }
+            self.programs = Some(Programs {
+                grad: grad.compiled,
+                update: update.compiled,
+                eval: None,
+                batch_types,
+            });
+        }
+        if let Some(eval) = eval {
+            let eval = eval?;
+            outcomes.push(eval.outcome.clone());
+            self.program_times.push(ProgramTime::of("eval", &eval));
+            if let Some(p) = &mut self.programs {
+                p.eval = Some(eval.compiled);
+            }
+        }
+        for (state, served) in self.device_metrics.iter_mut().zip(metrics) {
+            if let Some(served) = served {
+                let served = served?;
+                outcomes.push(served.outcome.clone());
+                self.program_times
+                    .push(ProgramTime::of(state.slot.name(), &served));
+                state.compiled = Some(served.compiled);
+            }
+        }
+        self.compile_time += started.elapsed();
+        Ok(outcomes)
+    }
+
+    /// Gets (or compiles) the evaluation program for batches like `sample`.
+    pub(super) fn prepare_eval(&mut self, sample: &E::Batch) -> Result<Arc<Compiled>> {
+        self.prepare_programs(sample, Inventory::Evaluate)?;
+        self.programs
+            .as_ref()
+            .and_then(|p| p.eval.clone())
+            .ok_or_else(no_output)
+    }
+
+    /// The optimizer program's experiment, with arrays of the right types (values unused).
+    pub(super) fn optimizer_step_shape(&self) -> OptimizerStep<O> {
+        let zeros = |values: &[Value]| -> Vec<Array> {
+            values
+                .iter()
+                .map(|v| {
+                    let t = v.leaf_type();
+                    Array::zeros(t.dtype, &t.dims)
+                })
+                .collect()
+        };
+        OptimizerStep {
+            optimizer: self.optimizer.clone(),
+            params: zeros(&self.trainable),
+            state: zeros(&self.state),
+            masks: self.masks.clone(),
+            steps: Array::scalar(0i64),
+        }
+    }
+
+    /// Device metric `i`'s program for batches like `sample`, compiled (with every other
+    /// device metric's) by the first use.
+    pub(super) fn metric_program(&mut self, i: usize, sample: &E::Batch) -> Result<Arc<Compiled>> {
+        self.prepare_programs(sample, Inventory::Validate)?;
+        self.device_metrics[i]
+            .compiled
+            .clone()
+            .ok_or_else(no_output)
+    }
+}

@@ -1,0 +1,230 @@
+//! Checkpoints of a handle and resuming from them.
+
+use super::*;
+
+/// Refuses to resume state kept by another optimizer than `optimizer`: another name or other
+/// slots always, other constants unless `allow_retuned`.
+pub(super) fn check_optimizer<O: Optimizer>(
+    stored: Option<&crate::checkpoint::OptimizerIdentity>,
+    optimizer: &O,
+    allow_retuned: bool,
+) -> Result<()> {
+    let current = crate::checkpoint::OptimizerIdentity::of(optimizer);
+    let Some(stored) = stored else {
+        if optimizer.slots().is_empty() {
+            return Ok(());
+        }
+        return Err(Error::CheckpointOptimizer {
+            stored: "unrecorded".into(),
+            current: current.constants,
+            why: "the checkpoint does not say which optimizer kept its state (it was made \
+                  with `Checkpoint::capture`, not `Nitro::checkpoint`; record it with \
+                  `Checkpoint::with_optimizer`)"
+                .into(),
+            retunable: false,
+        });
+    };
+    let why = if stored.name != current.name {
+        format!(
+            "it was taken with optimizer `{}`, and this handle's is `{}`",
+            stored.name, current.name
+        )
+    } else if stored.slots != current.slots {
+        format!(
+            "its optimizer keeps the slots {:?}, and this handle's keeps {:?}",
+            stored.slots, current.slots
+        )
+    } else if stored.digest != current.digest && !allow_retuned {
+        return Err(Error::CheckpointOptimizer {
+            stored: stored.constants.clone(),
+            current: current.constants,
+            why: "the optimizer's constants differ".into(),
+            retunable: true,
+        });
+    } else {
+        return Ok(());
+    };
+    Err(Error::CheckpointOptimizer {
+        stored: stored.constants.clone(),
+        current: current.constants,
+        why,
+        retunable: false,
+    })
+}
+
+impl<E: Model, O: Optimizer> Nitro<E, O> {
+    /// A checkpoint of the experiment's Device leaves (the trained ones as of the last step),
+    /// the optimizer state (named `<slot>/<leaf path>`: `m/layers[0].w`), the optimizer's
+    /// identity, the step count, the position in the data (epochs completed, batches of the
+    /// next), and an open gradient-accumulation window (its sums and counts), so that a resume
+    /// continues exactly; write it with [`Checkpoint::save`].
+    pub fn checkpoint(&mut self) -> Result<Checkpoint> {
+        self.sync()?;
+        // The state is kept packed, slot by slot; a checkpoint holds it leaf by leaf.
+        let packed = to_host(&self.state)?;
+        let groups = self.packing.groups.len();
+        let mut state = Vec::new();
+        for slot in packed.chunks(groups.max(1)) {
+            state.extend(self.packing.unpack(slot)?);
+        }
+        let paths = &self.trainable_paths;
+        let names: Vec<String> = self
+            .optimizer
+            .slots()
+            .iter()
+            .flat_map(|slot| paths.iter().map(move |p| format!("{slot}/{p}")))
+            .collect();
+        let named: Vec<(&str, &Array)> = names.iter().map(String::as_str).zip(&state).collect();
+        let mut checkpoint = Checkpoint::capture(&self.experiment, &named, self.step)?
+            .with_optimizer(&self.optimizer)
+            .with_position(self.epoch, self.epoch_batches);
+        if E::RANDOM {
+            checkpoint = checkpoint.with_random(self.random);
+        }
+        if let Some(sums) = &self.window.sums {
+            let sums = self.packing.unpack(&to_host(sums)?)?;
+            checkpoint = checkpoint.with_window(crate::checkpoint::AccumulationWindow {
+                micro_batches: self.window.micro_batches,
+                rows: self.window.rows,
+                sums: paths.iter().cloned().zip(sums).collect(),
+            })?;
+        }
+        Ok(checkpoint)
+    }
+
+    /// A handle that continues from `checkpoint`: its Device leaves, optimizer state, step
+    /// count, position in the data and accumulation window, each restored by name. Refused,
+    /// naming what differs, when the experiment's type, GraphConsts or Device structure are not
+    /// the checkpoint's ([`Error::CheckpointExperiment`], [`Error::CheckpointGraphConst`],
+    /// [`Error::CheckpointDevice`]), or the optimizer is not the one it was taken with — its
+    /// name, constants (unless [`Checkpoint::allow_retuned_optimizer`]) or slots — or its
+    /// state does not fit the trainable leaves ([`Error::CheckpointOptimizer`]).
+    pub fn resume(
+        experiment: E,
+        optimizer: O,
+        config: Config,
+        checkpoint: Checkpoint,
+    ) -> Result<Nitro<E, O>> {
+        let backend = crate::backend::for_devices(config.device_count()?)?;
+        Nitro::resume_with(
+            experiment,
+            optimizer,
+            config,
+            checkpoint,
+            backend,
+            crate::cache::global(),
+        )
+    }
+
+    /// [`resume`](Nitro::resume) on an explicit backend and cache.
+    pub fn resume_with(
+        mut experiment: E,
+        optimizer: O,
+        config: Config,
+        checkpoint: Checkpoint,
+        backend: &'static dyn Backend,
+        cache: &'static Cache,
+    ) -> Result<Nitro<E, O>> {
+        let allow_retuned = checkpoint.allows_retuned_optimizer();
+        check_optimizer(checkpoint.optimizer_identity(), &optimizer, allow_retuned)?;
+        let restored = checkpoint.restore_into(&mut experiment)?;
+        let mut handle = Nitro::with_backend(experiment, optimizer, config, backend, cache)?;
+        let current = crate::checkpoint::OptimizerIdentity::of(&handle.optimizer);
+        let refuse = |why: String| Error::CheckpointOptimizer {
+            stored: restored
+                .optimizer_identity
+                .as_ref()
+                .map_or_else(|| "unrecorded".to_owned(), |i| i.constants.clone()),
+            current: current.constants.clone(),
+            why,
+            retunable: false,
+        };
+        let types: Vec<LeafType> = handle
+            .packing
+            .leaves
+            .iter()
+            .map(|(g, _, dims)| LeafType {
+                dtype: handle.packing.groups[*g].0,
+                dims: dims.clone(),
+            })
+            .collect();
+        let mut by_name: std::collections::HashMap<String, Array> =
+            restored.optimizer.into_iter().collect();
+        let mut packed = Vec::new();
+        for slot in handle.optimizer.slots() {
+            let mut leaves = Vec::with_capacity(types.len());
+            for (path, ty) in handle.trainable_paths.iter().zip(&types) {
+                let name = format!("{slot}/{path}");
+                let array = by_name.remove(&name).ok_or_else(|| {
+                    refuse(format!(
+                        "the checkpoint holds no optimizer state `{name}` for trainable leaf \
+                         `{path}`"
+                    ))
+                })?;
+                if &array.leaf_type() != ty {
+                    return Err(refuse(format!(
+                        "optimizer state `{name}` is {} in the checkpoint, and trainable leaf \
+                         `{path}` is {ty}",
+                        array.leaf_type()
+                    )));
+                }
+                leaves.push(array);
+            }
+            packed.extend(handle.packing.pack(&leaves)?);
+        }
+        if let Some(extra) = by_name.keys().min() {
+            return Err(refuse(format!(
+                "the checkpoint holds optimizer state `{extra}`, which no slot of this \
+                 optimizer and no trainable leaf names"
+            )));
+        }
+        handle.state = place(backend, packed)?;
+        let step = i64::try_from(restored.step).map_err(|_| Error::CheckpointCorrupt {
+            origin: "the checkpoint".into(),
+            why: format!(
+                "its step {} is over the largest step nitro counts, {}",
+                restored.step,
+                crate::checkpoint::MAX_STEP
+            ),
+        })?;
+        handle.counter = place(backend, vec![Array::scalar(step)])?;
+        handle.step = restored.step;
+        handle.epoch = restored.epoch;
+        handle.epoch_batches = restored.epoch_batches;
+        if let Some(r) = restored.random {
+            handle.random = r;
+        }
+        if let Some(w) = restored.window {
+            if handle.config.accum <= 1 || w.micro_batches >= handle.config.accum {
+                return Err(Error::InvalidSetting {
+                    variable: "Config::accum",
+                    value: handle.config.accum.to_string(),
+                    expected: format!(
+                        "more than the {} micro-batches of the accumulation window the \
+                         checkpoint was taken in: resume it with the accumulation it was \
+                         trained with",
+                        w.micro_batches
+                    ),
+                });
+            }
+            let mut sums: std::collections::HashMap<String, Array> = w.sums.into_iter().collect();
+            let mut leaves = Vec::with_capacity(types.len());
+            for (path, ty) in handle.trainable_paths.iter().zip(&types) {
+                let sum = sums
+                    .remove(path)
+                    .filter(|a| &a.leaf_type() == ty)
+                    .ok_or_else(|| Error::CheckpointCorrupt {
+                        origin: "the checkpoint".into(),
+                        why: format!(
+                            "its accumulation window has no gradient sum of {ty} for `{path}`"
+                        ),
+                    })?;
+                leaves.push(sum);
+            }
+            handle.window.sums = Some(place(backend, handle.packing.pack(&leaves)?)?);
+            handle.window.micro_batches = w.micro_batches;
+            handle.window.rows = w.rows;
+        }
+        Ok(handle)
+    }
+}
