@@ -4,7 +4,7 @@ TransformerBlock, a final LayerNorm, a linear head), from the same initial weigh
 windows, with nitro's AdamW and cosine schedule, timed the way nitro times its training handle.
 
     python bench/twin_chargpt.py BUNDLE [--steps N] [--losses N] [--losses-out F.npy] [--json]
-                                        [--dump-hlo DIR]
+                                        [--dump-hlo DIR] [--cache DIR]
     python bench/twin_chargpt.py --make-test-bundle DIR
 
 Besides the common bundle files (twin_common.py) the bundle holds `train.npy` and `val.npy`,

@@ -67,7 +67,7 @@ def rows(model):
 
 
 FOOTNOTES = """\
-Each cell: the median over the rounds [min–max when more than one round]; the ratio is of the
+Each cell: the median over the rounds [min–max, when they differ]; the ratio is of the
 medians, nitro / JAX. "cold": a fresh, empty compile cache (nitro's `NITRO_CACHE_DIR`, JAX's
 `--cache DIR`); "warm": the same run again on that cache.
 
@@ -87,14 +87,17 @@ medians, nitro / JAX. "cold": a fresh, empty compile cache (nitro's `NITRO_CACHE
 5. The same fields in the warm runs: what a compile costs when the persistent cache has it.
 6. `first_step_ms`. nitro: from the training handle's creation to the first step's end, every
    program compiled (or loaded) first; the twin: from just before lowering the train step to its
-   first loss ready (the evaluation program is compiled after it).
+   first loss ready (the evaluation program is compiled after it). JAX traces and lowers in
+   every process (its persistent cache is keyed by the lowered program), so its warm first step
+   still pays `lower_ms`.
 7. The process's wall time measured outside it (`date +%s.%N` before and after, the
    interpreter's start and JAX's import included), evaluation included.
-8. External: GNU time's `%M` (maximum resident set size) / 1024. Self-reported: the JSON's
-   `peak_rss_mb` (nitro's own reading of its peak RSS; the twin's `ru_maxrss` / 1024).
-9. From every run, cold and warm (the runs are deterministic: each side's value repeats). The
-   twin trains the same model from the same initial weights and batches; chargpt's dropout masks
-   differ, so its figure matches only statistically."""
+8. External: GNU time's `%M` (maximum resident set size) / 1024 (— without GNU time).
+   Self-reported: the JSON's `peak_rss_mb` (nitro's `VmHWM` from /proc/self/status; the twin's
+   `ru_maxrss` / 1024).
+9. From every run, cold and warm (each side's runs should repeat one value: a range says they
+   did not). The twin trains the same model from the same initial weights and batches;
+   chargpt's dropout masks differ, so its figure matches only statistically."""
 
 
 def fmt(x, dec):
@@ -107,8 +110,9 @@ def cell(values, dec):
         return "—", None
     m = statistics.median(values)
     text = fmt(m, dec)
-    if len(values) > 1:
-        text += f" [{fmt(min(values), dec)}–{fmt(max(values), dec)}]"
+    lo, hi = fmt(min(values), dec), fmt(max(values), dec)
+    if lo != hi:
+        text += f" [{lo}–{hi}]"
     return text, m
 
 
