@@ -12,6 +12,17 @@ Besides the common bundle files (twin_common.py) the bundle holds `train.npy` an
 cross-entropy over its positions in nats; after the last step the validation windows are
 evaluated in order and `val_bits_per_char` is their mean loss / ln 2.
 
+A bucketed bundle (`chargpt --buckets K --twin DIR`: `"buckets"` in run.json; the format is
+documented in examples/src/twin.rs) holds whole documents as ragged columns and the epoch's
+plan instead. Step i of edge e trains `bucket_rows[e]` rows padded (id 0) or truncated to e
+positions: the plan's real rows, then weight-0 copies of them; a row's loss is its mean
+cross-entropy over its real positions (`valid`), the step's loss the mean over the batch's real
+positions (rows weighted by their real positions). The one jitted train step is compiled ahead
+of time for every edge before the first step (jit specializes by shape), the evaluation likewise
+after it; validation bins the val rows by edge and reports the mean over all their real
+positions. The JSON line adds `train_loss` and `val_loss` (nats, means over real positions, as
+nitro's epoch table), the per-edge compile times, `tokens_per_s` and the padding fractions.
+
 The block, as nitro's: x + drop(attn(ln1(x))), then x + drop(fc2(gelu(fc1(ln2(x))))), exact
 (erf) GELU, the causal mask a finite -1e9, scores scaled by 1/sqrt(head width). Dropout (while
 training only) is on the attention's output projection and on the MLP's output, before each
@@ -24,8 +35,10 @@ import time
 
 STARTED = time.perf_counter()
 
+import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
+import statistics  # noqa: E402
 import sys  # noqa: E402
 
 sys.dont_write_bytecode = True
@@ -61,7 +74,9 @@ def expected_leaves(run):
 # ---- the model ---------------------------------------------------------------------------------
 
 
-def make_model(run):
+def make_nll(run):
+    """The per-position cross-entropy `nll(params, x, y, key)` -> `[n, T]` in nats (dropout on
+    when `key` is given); T is x's length, at most the context (positions 0..T-1)."""
     layers, heads = run["layers"], run["heads"]
     # nitro's TransformerBlock normalizes with LayerNorm::new (eps 1e-5) whatever the final
     # norm's eps (run.json's ln_eps) is.
@@ -109,15 +124,43 @@ def make_model(run):
             h = h + drop(linear(p, f"{b}.fc2", jax.nn.gelu(m, approximate=False)))
         return linear(p, "head", layer_norm(p, "norm", h, final_eps))
 
-    def window_loss(p, x, y, key):
+    def nll(p, x, y, key):
         logp = jax.nn.log_softmax(logits(p, x, key), axis=-1)
-        nll = -jnp.take_along_axis(logp, y[..., None], axis=-1)[..., 0]
-        return jnp.mean(nll, axis=1)
+        return -jnp.take_along_axis(logp, y[..., None], axis=-1)[..., 0]
+
+    return nll
+
+
+def make_model(run):
+    """(per-window loss, evaluation sums) for fixed windows: the mean over all T positions."""
+    nll = make_nll(run)
+
+    def window_loss(p, x, y, key):
+        return jnp.mean(nll(p, x, y, key), axis=1)
 
     def eval_sums(p, x, y, mask):
         return (jnp.sum(window_loss(p, x, y, None) * mask),)
 
     return window_loss, eval_sums
+
+
+def make_bucketed_model(run):
+    """(per-row loss, evaluation sums) for bucketed batches, whose `x` is the pair (ids,
+    valid): a row's loss is the mean cross-entropy over its real positions, nitro's
+    `(ce * valid).sum(1) / max(valid.sum(1), 1)`; the mask the step and the sums weigh rows by
+    is each row's real positions (0 for padding rows), so a step's loss is the mean over its
+    batch's real positions."""
+    nll = make_nll(run)
+
+    def row_loss(p, xv, y, key):
+        x, valid = xv
+        ce = nll(p, x, y, key)
+        return jnp.sum(ce * valid, axis=1) / jnp.maximum(jnp.sum(valid, axis=1), 1.0)
+
+    def eval_sums(p, xv, y, weights):
+        return (jnp.sum(row_loss(p, xv, y, None) * weights),)
+
+    return row_loss, eval_sums
 
 
 # ---- a synthetic bundle, for testing the twin without nitro ---------------------------------------
@@ -170,18 +213,225 @@ def make_test_bundle(args):
           f"{layers} blocks, width {d}")
 
 
+# ---- bucketed bundles (chargpt --buckets K --twin DIR) --------------------------------------------
+
+
+def load_ragged(path, prefix, vocab):
+    """(x, y, offsets) of `PREFIX_x.npy`, `PREFIX_y.npy`, `PREFIX_offsets.npy`."""
+    x, y, off = (np.load(os.path.join(path, f"{prefix}_{n}.npy")).astype(np.int64)
+                 for n in ("x", "y", "offsets"))
+    if (x.ndim != 1 or x.shape != y.shape or off.ndim != 1 or len(off) < 2 or off[0] != 0
+            or off[-1] != len(x) or np.any(np.diff(off) < 0)):
+        raise SystemExit(f"error: {prefix}_x/_y/_offsets.npy {x.shape}/{y.shape}/{off.shape} "
+                         "are not ragged columns (offsets from 0 to the ids' length, ascending)")
+    for n, a in (("x", x), ("y", y)):
+        if len(a) and (a.min() < 0 or a.max() >= vocab):
+            raise SystemExit(f"error: {prefix}_{n}.npy holds an id outside 0..{vocab}")
+    return x, y, off
+
+
+def load_bucketed(path, run):
+    """The bucketed bundle's edges, rows per batch of each edge, plan, rows and ragged data."""
+    edges = sorted(int(e) for e in run["buckets"])
+    per = {int(k): int(v) for k, v in run["bucket_rows"].items()}
+    if not edges or set(per) != set(edges) or min(per.values()) < 1:
+        raise SystemExit(f"error: run.json's bucket_rows {run['bucket_rows']} do not fit its "
+                         f"buckets {run['buckets']}")
+    if edges[0] < 1 or edges[-1] > run["context"]:
+        raise SystemExit(f"error: bucket edges {edges} outside 1..context ({run['context']})")
+    train = load_ragged(path, "train", run["vocab"])
+    val = load_ragged(path, "val", run["vocab"])
+    plan = np.load(os.path.join(path, "plan.npy")).astype(np.int64)
+    rows = np.load(os.path.join(path, "rows.npy")).astype(np.int64)
+    if plan.ndim != 2 or plan.shape[1] != 3 or plan.shape[0] < run["steps"]:
+        raise SystemExit(f"error: plan.npy is {list(plan.shape)}, expected [{run['steps']}, 3]")
+    for t, (e, s, c) in enumerate(plan):
+        if e not in per or not 1 <= c <= per[e] or s < 0 or s + c > len(rows):
+            raise SystemExit(f"error: plan.npy step {t} ({e}, {s}, {c}) does not fit the "
+                             f"buckets {edges} / bucket_rows / rows.npy ({len(rows)} rows)")
+    if len(rows) and (rows.min() < 0 or rows.max() >= len(train[2]) - 1):
+        raise SystemExit(f"error: rows.npy names a row outside the {len(train[2]) - 1} training rows")
+    return edges, per, plan, rows, train, val
+
+
+def bucket_batch(data, rows, edge, size):
+    """nitro's `Ragged::gather`: `size` rows (the real `rows`, then copies of them), each's ids
+    truncated to `edge` and padded with id 0; `valid` 1 at a row's kept positions (copies
+    included); the weights, each real row's kept positions, 0 for copies."""
+    ids_x, ids_y, off = data
+    x = np.zeros((size, edge), np.int32)
+    y = np.zeros((size, edge), np.int32)
+    valid = np.zeros((size, edge), np.float32)
+    weights = np.zeros(size, np.float32)
+    for j in range(size):
+        r = rows[j % len(rows)]
+        s = off[r]
+        n = min(off[r + 1] - s, edge)
+        x[j, :n], y[j, :n], valid[j, :n] = ids_x[s:s + n], ids_y[s:s + n], 1.0
+        if j < len(rows):
+            weights[j] = n
+    return (x, valid), y, weights
+
+
+def val_batches(val, edges, per):
+    """The validation rows binned as nitro bins them (the smallest edge holding a row's length,
+    the largest for longer rows), in row order, cut into batches of each edge's rows: (edge,
+    rows). Validation is a sum over rows, so the order does not matter."""
+    lengths = np.diff(val[2])
+    bins = {e: [] for e in edges}
+    for r, n in enumerate(lengths):
+        bins[next((e for e in edges if e >= n), edges[-1])].append(r)
+    for e in edges:
+        for s in range(0, len(bins[e]), per[e]):
+            yield e, bins[e][s:s + per[e]]
+
+
+def train_bucketed(run, host_params, buckets, steps):
+    """Trains `steps` steps of the plan and evaluates the validation rows after the last. One
+    jitted train step (and one jitted evaluation), compiled ahead of time for every edge (jit
+    specializes by shape) before the first step, as nitro compiles its inventory."""
+    edges, per, plan, rows, train, val = buckets
+    row_loss, eval_fn = make_bucketed_model(run)
+    step_fn = tc.make_train_step(run, row_loss)
+    eval_jit = jax.jit(eval_fn)
+    key = jax.random.PRNGKey(int(run.get("seed", 0)))
+    params = {k: jax.device_put(v) for k, v in host_params.items()}
+    opt_state = {"m": {k: jnp.zeros_like(v) for k, v in params.items()},
+                 "v": {k: jnp.zeros_like(v) for k, v in params.items()}}
+    jax.block_until_ready((params, opt_state, key))
+
+    def blank(e):
+        n = per[e]
+        return (np.zeros((n, e), np.int32), np.zeros((n, e), np.float32)), \
+            np.zeros((n, e), np.int32), np.ones(n, np.float32)
+
+    def inputs(t):
+        e, s, c = (int(v) for v in plan[t])
+        xv, y, w = bucket_batch(train, rows[s:s + c], e, per[e])
+        return e, xv, y, w, np.float32(tc.cosine(run["schedule"], t)), np.int32(t)
+
+    # The first step: every edge's train step lowered and compiled, then the step itself.
+    first_started = time.perf_counter()
+    compiled, lower_by, compile_by = {}, {}, {}
+    for e in edges:
+        xv, y, w = blank(e)
+        l0 = time.perf_counter()
+        lowered = step_fn.lower(params, opt_state, xv, y, w, np.float32(0), np.int32(0), key)
+        l1 = time.perf_counter()
+        compiled[e] = lowered.compile()
+        lower_by[e], compile_by[e] = l1 - l0, time.perf_counter() - l1
+    compiled_at = time.perf_counter()
+    timing = {"lower_ms": tc.ms(sum(lower_by.values())), "compile_ms": tc.ms(sum(compile_by.values())),
+              "compile_ms_by_edge": {str(e): tc.ms(v) for e, v in compile_by.items()}}
+
+    every = max(1, -(-steps // tc.WAITED_SAMPLES))
+    sampled = {i for i in range(1, steps) if i % every == every // 2}
+    waited, losses, weights, positions, excluded = [], [], [], 0, 0.0
+    eval_compiled = {}
+    for t in range(steps):
+        timed = t in sampled
+        if timed:
+            jax.block_until_ready((params, opt_state))
+            s = time.perf_counter()
+        e, xv, y, w, lr, t32 = inputs(t)
+        params, opt_state, loss = compiled[e](params, opt_state, xv, y, w, lr, t32, key)
+        losses.append(loss)
+        weights.append(float(w.sum()))
+        positions += w.size * e
+        if t == 0:
+            loss.block_until_ready()
+            timing["first_step_ms"] = tc.ms(time.perf_counter() - first_started)
+            # The evaluation program for every edge, compiled once, outside the loop's time.
+            e0 = time.perf_counter()
+            elower, ecompile = 0.0, {}
+            for edge in edges:
+                bxv, by, bw = blank(edge)
+                c0 = time.perf_counter()
+                lowered = eval_jit.lower(params, bxv, by, bw)
+                c1 = time.perf_counter()
+                eval_compiled[edge] = lowered.compile()
+                elower += c1 - c0
+                ecompile[edge] = time.perf_counter() - c1
+            timing["eval_lower_ms"], timing["eval_compile_ms"] = tc.ms(elower), tc.ms(sum(ecompile.values()))
+            timing["eval_compile_ms_by_edge"] = {str(k): tc.ms(v) for k, v in ecompile.items()}
+            excluded += time.perf_counter() - e0
+        if timed:
+            jax.block_until_ready((params, opt_state, loss))
+            waited.append(time.perf_counter() - s)
+    host_losses = np.array([float(v) for v in jax.device_get(losses)], dtype=np.float64)
+    loop_wall = time.perf_counter() - compiled_at - excluded
+    # Validation, after the last step: every row once, bucket by bucket.
+    e0 = time.perf_counter()
+    sums, total = [], 0.0
+    for edge, vrows in val_batches(val, edges, per):
+        xv, y, w = bucket_batch(val, vrows, edge, per[edge])
+        sums.append(eval_compiled[edge](params, xv, y, w)[0])
+        total += float(w.sum())
+    val_sum = float(sum(float(v) for v in jax.device_get(sums)))
+    timing["eval_ms"] = tc.ms(excluded + time.perf_counter() - e0)
+    if not waited:
+        waited = [timing["first_step_ms"] / 1e3]
+    timing["step_ms"] = tc.ms(statistics.median(waited))
+    timing["step_ms_pipelined"] = tc.ms(loop_wall / steps)
+    weights = np.array(weights)
+    real = float(weights.sum())
+    lengths = np.minimum(np.diff(train[2]), edges[-1])
+    padded_to = np.array([next(e for e in edges if e >= n) for n in lengths])
+    fields = {
+        "train_loss": float((host_losses * weights).sum() / real),
+        "val_loss": val_sum / total,
+        "buckets": edges,
+        "bucket_rows": {str(e): per[e] for e in edges},
+        "compile_ms_by_edge": timing["compile_ms_by_edge"],
+        "eval_compile_ms_by_edge": timing["eval_compile_ms_by_edge"],
+        "real_positions": int(real),
+        "tokens_per_s": round(real / loop_wall, 1),
+        "padding_waste": round(1.0 - real / positions, 6),
+        "padding_waste_rows": round(float(1.0 - lengths.sum() / padded_to.sum()), 6),
+    }
+    return timing, host_losses, fields
+
+
+def main_bucketed(args, say, run, params):
+    buckets = load_bucketed(args.bundle, run)
+    edges, per, plan, rows, train, val = buckets
+    steps = min(args.steps or run["steps"], run["steps"])
+    say(f"data     {len(train[2]) - 1} train / {len(val[2]) - 1} validation documents, buckets "
+        f"{edges} of {[per[e] for e in edges]} rows, vocabulary {run['vocab']}")
+    say(f"backend  jax {jax.__version__} on {jax.default_backend()} ({jax.devices()[0].device_kind})")
+    say(f"model    {run['layers']} blocks, width {run['width']}, {run['heads']} heads, dropout "
+        f"{run.get('dropout', 0.0)}, adamw (decay {run.get('weight_decay', 0.0)}), "
+        f"peak lr {run['schedule']['base']}, {steps} bucketed steps")
+    timing, losses, fields = train_bucketed(run, params, buckets, steps)
+    bits = fields["val_loss"] / math.log(2)
+    say(f"epoch    train loss {fields['train_loss']:.6f}, val loss {fields['val_loss']:.6f} nats "
+        f"(means over real positions)")
+    say(f"held out {bits:.4f} bits/char; {fields['tokens_per_s']} real positions/s, padding "
+        f"{100 * fields['padding_waste']:.1f}% of the batches' positions")
+    say(f"compile  by edge {fields['compile_ms_by_edge']} ms")
+    tc.report("chargpt", args, steps, losses, {"val_bits_per_char": round(bits, 6), **fields},
+              timing, STARTED, say)
+
+
 def main():
     args = tc.parse_args("chargpt")
     if args.make_test_bundle:
         return make_test_bundle(args)
     say = tc.sayer(args)
-    run, params, batches, real = tc.load_bundle(args.bundle, "chargpt")
+    with open(os.path.join(args.bundle, "run.json")) as f:
+        bucketed = "buckets" in json.load(f)
+    if bucketed:
+        run, params = tc.load_run(args.bundle, "chargpt")
+    else:
+        run, params, batches, real = tc.load_bundle(args.bundle, "chargpt")
     tc.check_params(params, expected_leaves(run))
     if run["width"] % run["heads"]:
         raise SystemExit("error: width must be a multiple of heads")
     unknown = sorted(set(run.get("decayed", [])) - set(params))
     if unknown:
         raise SystemExit(f"error: run.json decays unknown leaves {unknown}")
+    if bucketed:
+        return main_bucketed(args, say, run, params)
     t = run["context"]
     train = np.load(os.path.join(args.bundle, "train.npy")).astype(np.int32)
     val = np.load(os.path.join(args.bundle, "val.npy")).astype(np.int32)

@@ -86,12 +86,17 @@ def enable_cache(directory):
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 
-def load_bundle(path, model):
+def load_run(path, model):
+    """A bundle's `run.json` (checked to be `model`'s) and initial parameters."""
     with open(os.path.join(path, "run.json")) as f:
         run = json.load(f)
     if run.get("model") != model:
         raise SystemExit(f"error: {path}/run.json is for model {run.get('model')!r}, not {model!r}")
-    params = load_file(os.path.join(path, "init.safetensors"))
+    return run, load_file(os.path.join(path, "init.safetensors"))
+
+
+def load_bundle(path, model):
+    run, params = load_run(path, model)
     batches = np.load(os.path.join(path, "batches.npy"))
     real = np.load(os.path.join(path, "real.npy"))
     if batches.ndim != 2 or batches.shape[1] != run["batch"] or real.shape != (batches.shape[0],):

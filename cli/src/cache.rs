@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use nitro::cache::{
-    DirStore, EntrySummary, Explanation, RedisStore, RemoteConfig, Store, Transfer,
+    DirStore, EntrySummary, Explanation, Manifest, RedisStore, RemoteConfig, Store, Transfer,
 };
 use serde_json::{json, Value};
 
@@ -31,13 +31,32 @@ pub(crate) fn run(args: &CacheArgs) -> Result<Report, Failure> {
         }
         _ => {}
     }
+    if let (CacheCommand::Check { manifest }, true) = (&args.command, args.remote.is_some()) {
+        let remote = remote_store(args, key)?;
+        return check(&Manifest::read(manifest)?, &remote, remote.url());
+    }
     let dir = directory(args)?;
     let dir_text = dir.display().to_string();
-    if let CacheCommand::Pull { queries } = &args.command {
+    if let CacheCommand::Pull { queries, manifest } = &args.command {
         // Pulling warms a store that may not exist yet.
         let remote = remote_store(args, key)?;
         let store = DirStore::open(&dir, nitro::cache::store::DEFAULT_CAPACITY_BYTES, key)?;
-        let t = remote.pull_into(&store, queries)?;
+        let mut queries = queries.clone();
+        if let Some(path) = manifest {
+            let m = Manifest::read(path)?;
+            if m.programs.is_empty() {
+                return Err(Failure::fatal(
+                    "empty_manifest",
+                    format!(
+                        "the manifest {} lists no programs, so there is nothing to pull (pull \
+                         without --manifest copies everything)",
+                        path.display()
+                    ),
+                ));
+            }
+            queries.extend(m.keys());
+        }
+        let t = remote.pull_into(&store, &queries)?;
         let mut report = transfer("pulled", "from", remote.url(), "into", &dir_text, &t);
         if !t.unmatched.is_empty() {
             let named: Vec<String> = t.unmatched.iter().map(|q| format!("`{q}`")).collect();
@@ -71,6 +90,7 @@ pub(crate) fn run(args: &CacheArgs) -> Result<Report, Failure> {
             ))
         }
         CacheCommand::Pull { .. } => unreachable!("handled above"),
+        CacheCommand::Check { manifest } => check(&Manifest::read(manifest)?, &store, &dir_text),
         CacheCommand::Gc { max_size } => Ok(gc(&store, &dir_text, *max_size)),
         CacheCommand::Clear => clear(&store, &dir_text),
         CacheCommand::Verify => Ok(verify(&store, &dir_text, key.is_some())),
@@ -434,4 +454,58 @@ fn transfer(
         json: json!({ "from": from, "to": to, verb: t }),
         problem: None,
     }
+}
+
+/// `check --manifest`: which of the manifest's programs `store` (at `place`) lacks.
+fn check(manifest: &Manifest, store: &dyn Store, place: &str) -> Result<Report, Failure> {
+    let mut text = String::new();
+    let mut missing = Vec::new();
+    let mut present = Vec::new();
+    for p in &manifest.programs {
+        let key: nitro::hash::Digest = p.key.parse().map_err(|_| {
+            Failure::fatal("bad_manifest", format!("`{}` is not a store key", p.key))
+        })?;
+        let edge = p.edge.map_or_else(String::new, |e| format!(" [{e}]"));
+        if store.contains(&key) {
+            present.push(&p.key);
+            let _ = writeln!(
+                text,
+                "present  {}  {}{edge}  {}",
+                &p.key[..12],
+                p.role,
+                p.program
+            );
+        } else {
+            missing.push(&p.key);
+            let _ = writeln!(
+                text,
+                "missing  {}  {}{edge}  {}",
+                &p.key[..12],
+                p.role,
+                p.program
+            );
+        }
+    }
+    let _ = writeln!(
+        text,
+        "{} of {} programs present in {place}; {} missing",
+        present.len(),
+        manifest.programs.len(),
+        missing.len()
+    );
+    let problem = (!missing.is_empty()).then(|| {
+        Failure::found(
+            "missing",
+            format!(
+                "{} program(s) of the manifest are not in {place}: a run would compile them \
+                 (`nitro cache pull --manifest FILE` copies them from the shared server)",
+                missing.len()
+            ),
+        )
+    });
+    Ok(Report {
+        text,
+        json: json!({ "in": place, "present": present, "missing": missing }),
+        problem,
+    })
 }

@@ -8,6 +8,8 @@
 //! nitro cache verify                 # checksums, or signatures with NITRO_CACHE_KEY
 //! nitro cache push                   # upload local entries the shared server lacks
 //! nitro cache pull [QUERY...]        # copy entries from the shared server (all, or named)
+//! nitro cache pull --manifest FILE   # copy exactly a run's inventory (its manifest)
+//! nitro cache check --manifest FILE  # which of a run's programs the directory (or --remote) lacks
 //! nitro cache ls --remote            # `ls` and `explain` of the shared server
 //! ```
 //!
@@ -18,8 +20,8 @@
 //! directory), or `--dir`. Every command takes `--json` (one JSON document on stdout). The
 //! library owns the store's format ([`nitro::cache::DirStore`]); this crate only prints.
 //!
-//! Exit status: 0 on success; 1 when `verify` finds a problem, or `explain` or a query of `pull`
-//! matches nothing; 2 when the command could not run (a missing or untrusted directory, a bad
+//! Exit status: 0 on success; 1 when `verify` finds a problem, `explain` or a query of `pull`
+//! matches nothing, or `check` finds a program missing; 2 when the command could not run (a missing or untrusted directory, a bad
 //! setting, a usage error).
 
 mod cache;
@@ -90,8 +92,19 @@ enum CacheCommand {
     /// Copy entries from the shared server into the cache directory: every one, or those the
     /// queries name (keys, key prefixes or program identities, as `explain` takes them).
     Pull {
-        /// What to copy; nothing means everything.
+        /// What to copy; nothing means everything (unless --manifest names what).
         queries: Vec<String>,
+        /// Copy the programs of this inventory manifest (written by a run:
+        /// `Nitro::manifest`, the examples' `--manifest FILE`), by store key.
+        #[arg(long, value_name = "FILE")]
+        manifest: Option<PathBuf>,
+    },
+    /// Say which programs of an inventory manifest the cache directory lacks — or, with
+    /// --remote, the shared server. Exit status 1 when any is missing.
+    Check {
+        /// The manifest (written by a run: `Nitro::manifest`, the examples' `--manifest FILE`).
+        #[arg(long, value_name = "FILE")]
+        manifest: PathBuf,
     },
 }
 

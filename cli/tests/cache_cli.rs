@@ -533,3 +533,103 @@ fn push_and_pull_through_a_shared_server() {
     assert_eq!(run.code, 2);
     assert_eq!(run.json()["error"]["kind"], "no_remote", "{}", run.stdout);
 }
+
+/// `pull --manifest` copies exactly a run's inventory from the shared server, and `check
+/// --manifest` says which of its programs a directory (or, with `--remote`, the server) lacks.
+#[test]
+fn pull_and_check_an_inventory_manifest_through_a_shared_server() {
+    let Some(url) = common::redis_or_skip("pull_and_check_an_inventory_manifest") else {
+        return;
+    };
+    let ns = common::namespace("cli-manifest");
+    let tmp = TempDir::new("manifest");
+    let a = tmp.path().join("a");
+    fill(&a, Some(KEY_A));
+    let env = [
+        ("NITRO_CACHE_KEY", KEY_A),
+        ("NITRO_CACHE_REMOTE", url.as_str()),
+        ("NITRO_CACHE_REMOTE_PREFIX", ns.as_str()),
+    ];
+    // A manifest of two of the three programs, as a run writes it.
+    let ls = ls_json(&a);
+    let mut manifest = nitro::cache::Manifest::new();
+    for e in ls["entries"].as_array().unwrap().iter().take(2) {
+        manifest.push(nitro::cache::ManifestEntry {
+            role: "grad".into(),
+            edge: None,
+            program: e["meta"]["program"].as_str().unwrap().to_owned(),
+            fingerprint: e["meta"]["fingerprint"].as_str().unwrap().to_owned(),
+            key: e["key"].as_str().unwrap().to_owned(),
+        });
+    }
+    let wanted = sorted(manifest.keys());
+    let file = tmp.path().join("inventory.json");
+    manifest.write(&file).unwrap();
+    let m = file.to_str().unwrap();
+
+    // Before the push the server lacks both; after it, has both.
+    let check = nitro(
+        &["cache", "check", "--manifest", m, "--remote", "--json"],
+        &env,
+    );
+    assert_eq!(check.code, 1, "{}{}", check.stdout, check.stderr);
+    assert_eq!(check.json()["missing"].as_array().unwrap().len(), 2);
+    let push = nitro(&in_dir(&["push"], &a), &env);
+    assert_eq!(push.code, 0, "{}", push.stderr);
+    let check = nitro(&["cache", "check", "--manifest", m, "--remote"], &env);
+    assert_eq!(check.code, 0, "{}{}", check.stdout, check.stderr);
+    assert!(
+        check.stdout.contains("2 of 2 programs present"),
+        "{}",
+        check.stdout
+    );
+
+    // Exactly the manifest's programs into an empty directory, and they verify there.
+    let b = tmp.path().join("b");
+    let pull = nitro(&in_dir(&["pull", "--manifest", m, "--json"], &b), &env);
+    assert_eq!(pull.code, 0, "{}", pull.stderr);
+    assert_eq!(
+        sorted(keys(&ls_json(&b))),
+        wanted,
+        "the manifest's two, not the third"
+    );
+    let check = nitro(&in_dir(&["check", "--manifest", m, "--json"], &b), &env);
+    assert_eq!(check.code, 0, "{}", check.stderr);
+    assert_eq!(
+        sorted(
+            check.json()["present"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|k| k.as_str().unwrap().to_owned())
+                .collect()
+        ),
+        wanted
+    );
+    // A directory with one of them: the other is named missing, exit status 1.
+    let c = tmp.path().join("c");
+    let pull = nitro(&in_dir(&["pull", wanted[0].as_str()], &c), &env);
+    assert_eq!(pull.code, 0, "{}", pull.stderr);
+    let check = nitro(&in_dir(&["check", "--manifest", m], &c), &env);
+    assert_eq!(check.code, 1, "{}{}", check.stdout, check.stderr);
+    assert!(
+        check
+            .stdout
+            .contains(&format!("missing  {}", &wanted[1][..12])),
+        "{}",
+        check.stdout
+    );
+    // Not a manifest: refused, naming the file.
+    let bad = tmp.path().join("bad.json");
+    fs::write(&bad, "{\"programs\": 3}").unwrap();
+    let run = nitro(
+        &in_dir(&["check", "--manifest", bad.to_str().unwrap()], &c),
+        &env,
+    );
+    assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr.contains("not a nitro inventory manifest"),
+        "{}",
+        run.stderr
+    );
+}

@@ -19,10 +19,11 @@ use std::path::PathBuf;
 use clap::Parser;
 use nitro::cache;
 use nitro::checkpoint::Checkpoint;
+use nitro::data::buckets::{padding_waste, plan_edges, Buckets, Overflow, Ragged};
 use nitro::data::text;
 use nitro::optim::AdamW;
 use nitro::prelude::*;
-use nitro::train::{Config, Nitro};
+use nitro::train::{Config, FromBatch, Nitro};
 use nitro_examples::chargpt::{self, CharGpt, GptShape, Windows};
 use nitro_examples::report::{exit_status, install_log, ms_by_program, peak_rss_mb, Summary};
 use nitro_examples::twin;
@@ -90,6 +91,88 @@ struct Args {
     /// Compile the programs one after another, so each compile time is its own (uncontended).
     #[arg(long)]
     serial_compiles: bool,
+    /// Write the run's inventory manifest here (its programs' fingerprints and store keys), for
+    /// `nitro cache pull --manifest FILE` on another machine.
+    #[arg(long)]
+    manifest: Option<PathBuf>,
+    /// Train on whole documents (the fortunes, one each) of varying length instead of fixed
+    /// windows, padded to K shape buckets the planner picks over their lengths (capped at
+    /// --context): the inventory is the programs × K, all compiled before the first step.
+    #[arg(long, default_value_t = 0)]
+    buckets: usize,
+    /// The preflight: print what each program of the inventory would do (hit, load, fetch or
+    /// compile, with the reason and the recorded time), compile nothing, and exit.
+    #[arg(long)]
+    check: bool,
+}
+
+/// Whole documents under shape buckets (`--buckets K`).
+struct Documents {
+    train: Ragged,
+    val: Ragged,
+    buckets: Buckets,
+    /// Padded positions under the buckets, and under one program at the largest edge.
+    waste: f64,
+    waste_one: f64,
+    /// Batches of one epoch.
+    steps: usize,
+}
+
+/// The fortunes as documents: the last tenth held out; about `--steps` batches' worth of
+/// training documents (a token budget of `--batch × --context` per batch), drawn with the seed;
+/// K edges planned over their lengths capped at `--context`, longer documents truncated.
+fn documents(
+    args: &Args,
+    vocab: &text::Vocab,
+    replicas: usize,
+) -> Result<Documents, Box<dyn std::error::Error>> {
+    let records = text::fortune_records(args.data.as_deref())?;
+    let mut docs: Vec<Vec<i32>> = records
+        .iter()
+        .map(|r| vocab.encode(r))
+        .collect::<nitro::Result<_>>()?;
+    let held = docs.split_off(docs.len() * 9 / 10);
+    let t = args.context;
+    let tokens = |d: &Vec<i32>| d.len().saturating_sub(1).min(t);
+    let take = |docs: &[Vec<i32>], order: &[usize], budget: usize| -> Vec<Vec<i32>> {
+        let mut out = Vec::new();
+        let mut total = 0;
+        for &i in order {
+            if total >= budget {
+                break;
+            }
+            if docs[i].len() >= 2 {
+                total += tokens(&docs[i]);
+                out.push(docs[i].clone());
+            }
+        }
+        out
+    };
+    let order = nitro::data::permutation(docs.len(), args.seed);
+    let train = Ragged::next_token(&take(&docs, &order, args.steps * args.batch * t))?;
+    let val_order: Vec<usize> = (0..held.len()).collect();
+    let val = Ragged::next_token(&take(&held, &val_order, 4 * args.batch * t))?;
+    let capped: Vec<usize> = train.lengths().iter().map(|&l| l.min(t)).collect();
+    let edges = plan_edges(&capped, args.buckets)?.edges;
+    let buckets = Buckets::new(edges.iter().copied())?
+        .token_budget(args.batch * t)
+        .overflow(Overflow::Truncate);
+    let steps = train
+        .epoch_batches(
+            &buckets,
+            |e| buckets.rows_for(e, args.batch, replicas),
+            args.seed,
+            0,
+        )?
+        .len();
+    Ok(Documents {
+        waste: padding_waste(&capped, &edges)?,
+        waste_one: padding_waste(&capped, &[t])?,
+        train,
+        val,
+        buckets,
+        steps,
+    })
 }
 
 impl Args {
@@ -155,14 +238,30 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         "model    {} blocks, width {}, {} heads, context {}, dropout {}, adamw, peak lr {}, {} steps of {}",
         args.layers, args.width, args.heads, args.context, args.dropout, args.lr, args.steps, args.batch
     ));
-    let steps = args.steps as u64;
-    let config = Config::new()
+    let mut config = Config::new()
         .batch(args.batch)
         .epochs(1)
         .seed(args.seed)
-        .schedule(chargpt::schedule(args.lr, steps))
         .concurrent_compiles(!args.serial_compiles)
         .progress(!args.json);
+    let docs = if args.buckets > 0 {
+        let d = documents(&args, &vocab, config.device_count()?)?;
+        say(format!(
+            "buckets  {:?} over {} documents (lengths capped at {}): {:.1}% padding, against {:.1}% with one program at {}",
+            d.buckets.edges(),
+            d.train.rows(),
+            args.context,
+            100.0 * d.waste,
+            100.0 * d.waste_one,
+            args.context
+        ));
+        config = config.buckets(d.buckets.clone());
+        Some(d)
+    } else {
+        None
+    };
+    let steps = docs.as_ref().map_or(args.steps, |d| d.steps) as u64;
+    let config = config.schedule(chargpt::schedule(args.lr, steps));
     let experiment = CharGpt::new(&args.shape(), vocab.len());
     let optimizer = chargpt::optimizer();
     if let Some(dir) = &args.twin {
@@ -186,16 +285,38 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
             "vocab": vocab.len(),
             "ln_eps": experiment.arch.norm.eps,
         });
-        let rows = twin::step_rows(&train, args.batch, args.seed, 1)?;
-        let windows = window_array(train_ids, &train_starts, args.context)?;
-        let held_windows = window_array(held, &val_starts, args.context)?;
-        twin::write(
-            dir,
-            &experiment,
-            &run,
-            &rows,
-            &[("train", &windows), ("val", &held_windows)],
-        )?;
+        if let Some(d) = &docs {
+            let mut run = run;
+            let rows_for = |e| d.buckets.rows_for(e, args.batch, 1);
+            let plan = d.train.epoch_batches(&d.buckets, rows_for, args.seed, 0)?;
+            let bucket_rows: serde_json::Map<String, serde_json::Value> = d
+                .buckets
+                .edges()
+                .iter()
+                .map(|&e| (e.to_string(), json!(rows_for(e))))
+                .collect();
+            run["buckets"] = json!(d.buckets.edges());
+            run["bucket_rows"] = json!(bucket_rows);
+            twin::write_ragged(
+                dir,
+                &experiment,
+                &run,
+                [("train", &d.train), ("val", &d.val)],
+                &plan,
+                d.buckets.edges(),
+            )?;
+        } else {
+            let rows = twin::step_rows(&train, args.batch, args.seed, 1)?;
+            let windows = window_array(train_ids, &train_starts, args.context)?;
+            let held_windows = window_array(held, &val_starts, args.context)?;
+            twin::write(
+                dir,
+                &experiment,
+                &run,
+                &rows,
+                &[("train", &windows), ("val", &held_windows)],
+            )?;
+        }
         say(format!(
             "twin     bundle for bench/twin_chargpt.py in {}",
             dir.display()
@@ -210,14 +331,35 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         }
         None => Nitro::new(experiment, optimizer, config)?,
     };
+    if args.check {
+        let plan = match &docs {
+            Some(d) => run.plan_buckets(&d.train, true)?,
+            None => {
+                let rows: Vec<usize> = (0..args.batch).collect();
+                run.plan(
+                    &Windows::from_batch(train.gather(&rows, args.batch)?)?,
+                    true,
+                )?
+            }
+        };
+        println!("{plan}");
+        return Ok(());
+    }
     let fit_started = std::time::Instant::now();
-    let history = run.fit(&train, Some(&val))?;
+    let history = match &docs {
+        Some(d) => run.fit_ragged(&d.train, Some(&d.val))?,
+        None => run.fit(&train, Some(&val))?,
+    };
     let fit_s = fit_started.elapsed().as_secs_f64();
     say(history.to_string());
     let stats = cache::cache_stats();
     say(format!("cache    {stats}"));
     cache::assert_no_recompile_after_warmup()?;
     say("no recompile after warm-up: ok".into());
+    if let Some(path) = &args.manifest {
+        run.manifest().write(path)?;
+        say(format!("manifest {}", path.display()));
+    }
     let last = history.epochs.last().ok_or("no epoch ran")?;
     let val_bits = last.val_loss.unwrap_or(f64::NAN) / std::f64::consts::LN_2;
     say(format!(
@@ -228,7 +370,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         say(format!("saved    {}", path.display()));
     }
     if args.sample > 0 {
-        let text = sample(&mut run, &vocab, &args)?;
+        let text = sample(&mut run, &vocab, &args, docs.is_some())?;
         say(format!("sample   {text:?}"));
     }
     let summary = Summary::new("chargpt", backend)
@@ -248,6 +390,9 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
             ms_by_program(run.program_times(), true),
         )
         .field("peak_rss_mb", peak_rss_mb())
+        .field("inventory", run.declared_inventory(true))
+        .field("padding_waste", docs.as_ref().map_or(0.0, |d| d.waste))
+        .field("buckets", docs.as_ref().map(|d| d.buckets.edges().to_vec()))
         .field("fit_s", fit_s)
         .field("process_s", started.elapsed().as_secs_f64());
     println!("{summary}");
@@ -260,6 +405,7 @@ fn sample(
     run: &mut Nitro<CharGpt, AdamW>,
     vocab: &text::Vocab,
     args: &Args,
+    bucketed: bool,
 ) -> Result<String, Box<dyn std::error::Error>> {
     let (t, b) = (args.context, args.batch);
     let mut ids = vocab.encode(&args.prompt)?;
@@ -274,6 +420,9 @@ fn sample(
         let batch = Windows {
             x: Array::from_vec(&[b, t], x.clone())?,
             y: Array::from_vec(&[b, t], x)?,
+            // A bucketed model's programs take the position mask: its largest edge is the
+            // context, so the prediction is that bucket's evaluation program.
+            valid: bucketed.then(|| Array::full(&[b, t], 1.0f32)),
         };
         let logits = run.predict(&batch)?;
         let v = vocab.len();

@@ -57,6 +57,10 @@ struct Args {
     /// Compile the programs one after another, so each compile time is its own (uncontended).
     #[arg(long)]
     serial_compiles: bool,
+    /// Write the run's inventory manifest here (its programs' fingerprints and store keys), for
+    /// `nitro cache pull --manifest FILE` on another machine.
+    #[arg(long)]
+    manifest: Option<PathBuf>,
 }
 
 fn main() -> std::process::ExitCode {
@@ -135,6 +139,10 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     say(format!("cache    {stats}"));
     cache::assert_no_recompile_after_warmup()?;
     say("no recompile after warm-up: ok".into());
+    if let Some(path) = &args.manifest {
+        run.manifest().write(path)?;
+        say(format!("manifest {}", path.display()));
+    }
 
     let last = history.epochs.last().ok_or("no epoch ran")?;
     let test_accuracy = last.val_accuracy.unwrap_or(0.0);

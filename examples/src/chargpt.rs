@@ -51,13 +51,16 @@ pub struct CharGpt {
     pub head: LinearParams,
 }
 
-/// Windows of characters: inputs `x` and next characters `y`, `i32 [n, T]` each.
+/// Windows of characters: inputs `x` and next characters `y`, `i32 [n, T]` each, and — for
+/// documents padded to a bucket's edge — which positions are real (`valid`, `f32 [n, T]`).
 #[derive(Tree, Clone)]
 pub struct Windows {
     /// Inputs.
     pub x: Array,
     /// Targets.
     pub y: Array,
+    /// 1 at real positions, 0 at padding (bucketed batches only).
+    pub valid: Option<Array>,
 }
 
 impl FromBatch for Windows {
@@ -65,6 +68,7 @@ impl FromBatch for Windows {
         Ok(Windows {
             x: column(&b, "x")?,
             y: column(&b, "y")?,
+            valid: b.column(nitro::data::buckets::VALID).cloned(),
         })
     }
 }
@@ -83,9 +87,14 @@ impl Model for CharGpt {
     type Batch = Windows;
     const RANDOM: bool = true;
 
-    /// The mean cross-entropy over a window's positions, in nats.
+    /// The mean cross-entropy over a window's (real) positions, in nats. Padding comes after a
+    /// document's real positions, so causal attention already keeps it out of them.
     fn loss(v: &CharGptView<'_>, b: &WindowsMirror<Tensor>) -> Tensor {
-        nn::softmax_cross_entropy(logits(v, b.x), b.y).mean(&[1])
+        let ce = nn::softmax_cross_entropy(logits(v, b.x), b.y);
+        match b.valid {
+            Some(valid) => (ce * valid).sum(&[1]) / valid.sum(&[1]).maximum(1.0),
+            None => ce.mean(&[1]),
+        }
     }
 
     fn predict(v: &CharGptView<'_>, b: &WindowsMirror<Tensor>) -> Option<Tensor> {

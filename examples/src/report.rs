@@ -94,11 +94,20 @@ impl Summary {
     }
 
     /// The compile cache's figures (`cache`, `compile_ms_total`, and `remote`: the shared
-    /// cache's exchanges, `null` without one).
+    /// cache's exchanges, `null` without one), and the cost ledger: seconds spent compiling
+    /// (`compile_s`) and loading (`load_s`), seconds saved by hits and loads (`saved_s`, from
+    /// the store's records of the compiles they spared), and the programs compiled, loaded and
+    /// hit.
     pub fn cache(self, stats: &CacheStats) -> Summary {
         self.field("cache", cache_json(stats))
             .field("compile_ms_total", stats.compile_ms)
             .field("remote", json!(stats.remote))
+            .field("compile_s", stats.compile_ms / 1e3)
+            .field("load_s", stats.load_ms / 1e3)
+            .field("saved_s", stats.saved_ms / 1e3)
+            .field("programs_compiled", stats.compiles)
+            .field("programs_loaded", stats.l2_hits)
+            .field("programs_hit", stats.hits)
     }
 
     /// How long the run took to finish its first step (0 when it took none).
@@ -224,16 +233,22 @@ pub fn install_log() {
         .try_init();
 }
 
-/// Per program role (`grad`, `update`, `eval`, …), the milliseconds its last lookup spent
-/// compiling or loading it (`build`) or tracing it (`trace`), from the handle's
+/// Per program role (`grad`, `update`, `eval`, …), the milliseconds its lookups spent
+/// compiling or loading it (`build`) or tracing it (`trace`), summed over the shapes it was got
+/// for (one per bucket), from the handle's
 /// [`program_times`](nitro::train::Nitro::program_times): `{"grad": 1234.5, "update": …}`.
 pub fn ms_by_program(times: &[nitro::train::ProgramTime], trace: bool) -> Value {
-    let mut by_program = Map::new();
+    let mut by_program: std::collections::BTreeMap<&str, f64> = Default::default();
     for t in times {
         let d = if trace { t.trace } else { t.build };
-        by_program.insert(t.role.clone(), Value::from(d.as_secs_f64() * 1e3));
+        *by_program.entry(t.role.as_str()).or_default() += d.as_secs_f64() * 1e3;
     }
-    Value::Object(by_program)
+    Value::Object(
+        by_program
+            .into_iter()
+            .map(|(role, ms)| (role.to_owned(), Value::from(ms)))
+            .collect::<Map<String, Value>>(),
+    )
 }
 
 /// This process's peak resident memory in MiB (`VmHWM` of `/proc/self/status`); `None` where

@@ -12,6 +12,14 @@
 //! | `real.npy` | `i32 [steps]`: how many of a step's rows are real (the rest repeat them, weight 0) |
 //!
 //! plus whatever data the model's twin cannot rebuild itself (the character model's windows).
+//!
+//! A bucketed run ([`write_ragged`]) has, instead of `batches.npy` and `real.npy`, its data as
+//! ragged columns — `train_x.npy`, `train_y.npy` (every row's ids one after another) and
+//! `train_offsets.npy` (`i32 [rows + 1]`: row `r` is `offsets[r]..offsets[r + 1]`), the same
+//! for `val_` — and its epoch's batches as `plan.npy` (`i32 [steps, 3]`: the bucket's edge, the
+//! first index into `rows.npy`, the count of real rows) and `rows.npy` (the rows, in order).
+//! A batch of edge `e` holds `run.json`'s `bucket_rows[e]` rows: the real ones, then copies of
+//! them weighing nothing; a row longer than `e` keeps its first `e` positions.
 
 use std::path::Path;
 
@@ -84,4 +92,54 @@ pub fn decayed_leaves<E: Experiment>(experiment: &E, decays: impl Fn(&str) -> bo
         }
     });
     out
+}
+
+/// Writes the twin bundle of a bucketed run into `dir`: the initial parameters, `run` as
+/// `run.json`, the ragged columns `x` and `y` of `train` and `val`, and `plan` (one epoch's
+/// batches as `(bucket, rows)`, bucket indices into `edges`).
+pub fn write_ragged<E: Experiment>(
+    dir: &Path,
+    experiment: &E,
+    run: &Value,
+    data: [(&str, &nitro::data::buckets::Ragged); 2],
+    plan: &[(usize, Vec<usize>)],
+    edges: &[usize],
+) -> Result<(), Box<dyn std::error::Error>> {
+    std::fs::create_dir_all(dir)?;
+    nitro::weights::export(experiment, dir.join("init.safetensors"))?;
+    std::fs::write(dir.join("run.json"), serde_json::to_vec_pretty(run)?)?;
+    for (prefix, ragged) in data {
+        let mut offsets = vec![0i32];
+        for (c, name) in ragged.names().iter().enumerate() {
+            let ids: Vec<i32> = (0..ragged.rows())
+                .flat_map(|r| ragged.row(c, r).iter().copied())
+                .collect();
+            let n = ids.len();
+            nitro::npy::write(
+                dir.join(format!("{prefix}_{name}.npy")),
+                &Array::from_vec(&[n], ids)?,
+            )?;
+        }
+        for l in ragged.lengths() {
+            offsets.push(offsets[offsets.len() - 1] + l as i32);
+        }
+        let n = offsets.len();
+        nitro::npy::write(
+            dir.join(format!("{prefix}_offsets.npy")),
+            &Array::from_vec(&[n], offsets)?,
+        )?;
+    }
+    let mut steps = Vec::with_capacity(plan.len() * 3);
+    let mut rows = Vec::new();
+    for (b, r) in plan {
+        steps.extend([edges[*b] as i32, rows.len() as i32, r.len() as i32]);
+        rows.extend(r.iter().map(|&r| r as i32));
+    }
+    nitro::npy::write(
+        dir.join("plan.npy"),
+        &Array::from_vec(&[plan.len(), 3], steps)?,
+    )?;
+    let n = rows.len();
+    nitro::npy::write(dir.join("rows.npy"), &Array::from_vec(&[n], rows)?)?;
+    Ok(())
 }

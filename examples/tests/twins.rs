@@ -168,6 +168,7 @@ fn window_batches(path: &Path) -> Vec<(Windows, usize)> {
             let windows = Windows {
                 x: Array::from_vec(&[batch, t1 - 1], x).unwrap(),
                 y: Array::from_vec(&[batch, t1 - 1], y).unwrap(),
+                valid: None,
             };
             (windows, real as usize)
         })

@@ -211,7 +211,7 @@ impl OptimizerIdentity {
 pub struct AccumulationWindow {
     /// Micro-batches accumulated.
     pub micro_batches: usize,
-    /// Their real rows.
+    /// Their real rows (with weighted steps, the sum of their row weights, rounded).
     pub rows: usize,
     /// The summed gradient of each trainable leaf, by its path.
     pub sums: Vec<(String, Array)>,

@@ -47,6 +47,7 @@
 //! Splits and shuffles use [`SplitMix64`], written out here, so a seed means the same rows on
 //! every platform and nitro version that keeps this module's documented algorithm.
 
+pub mod buckets;
 pub mod idx;
 pub mod text;
 

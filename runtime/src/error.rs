@@ -84,6 +84,18 @@ pub enum Error {
         message: String,
     },
 
+    /// A handle would hold more programs than its recompile budget allows
+    /// ([`crate::train::Config::max_programs`]).
+    #[error("the handle would hold {needed} programs, over its budget of {budget} (Config::max_programs): getting {what} would compile a program outside the declared inventory; declare its shape (a bucket edge), or raise the budget")]
+    ProgramBudget {
+        /// The budget.
+        budget: usize,
+        /// The programs the handle would hold.
+        needed: usize,
+        /// What asked for the new programs (the batch's shape).
+        what: String,
+    },
+
     /// A program was run with the wrong number of inputs.
     #[error("the program takes {expected} inputs but was given {got}")]
     InputCount {

@@ -32,6 +32,7 @@
 //! # Ok::<(), nitro::Error>(())
 //! ```
 
+pub mod manifest;
 mod reason;
 pub mod remote;
 mod stats;
@@ -42,12 +43,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+pub use manifest::{store_key, Manifest, ManifestEntry};
 pub use reason::MissReason;
 pub use remote::{LayeredStore, RedisStore, RemoteConfig, RemoteMode, Transfer};
 pub use stats::{CacheStats, RemoteStats};
 pub use store::{
-    DirStore, Entry, EntryMeta, EntrySummary, Explanation, GcReport, Lookup, RejectKind, Rejection,
-    Store, Verified,
+    DirStore, Entry, EntryMeta, EntrySummary, Explanation, GcReport, Location, Lookup, RejectKind,
+    Rejection, Store, Verified,
 };
 
 use crate::backend::{Backend, Executable, Identity};
@@ -240,6 +242,9 @@ pub struct Timing {
     pub trace: Duration,
     /// Compiling it, or loading it from the persistent store ([`Outcome`] says which).
     pub build: Duration,
+    /// The compile this lookup spared: for a hit, what getting the held program cost; for a
+    /// load, the stored program's recorded compile time less the load.
+    pub saved: Duration,
 }
 
 impl Served {
@@ -705,30 +710,7 @@ impl Cache {
                 message: message.clone(),
             });
         }
-        let identity = backend.identity();
-        // The signature digest walks the structure and leaf types, never values: the cost is
-        // per node, not per byte.
-        let mut h = ContentHasher::new();
-        experiment.visit_device(&mut |_, path, node| walk_digest(&mut h, path.as_str(), node));
-        inputs.visit(&mut LeafPath::root(""), &mut |path, node| {
-            walk_digest(&mut h, crate::program::input_name(path.as_str()), node)
-        });
-        let signature = h.finish();
-        // The key's components: program identity (the experiment type with its generic
-        // arguments, and the name), GraphConsts, settings, signature, backend, options. The
-        // program's code is not among them — its address is not an identity (one `fn` can have
-        // several) — so a held program is found by components and code address together, and
-        // a new address is traced once and matched by fingerprint.
-        let mut k = ContentHasher::new();
-        k.write_str(std::any::type_name::<E>());
-        k.write_str(program.name());
-        k.write_u8(program.layout_flags());
-        k.write_digest(&parts.graph_const);
-        k.write_digest(&parts.settings);
-        k.write_digest(&signature);
-        k.write_digest(&identity.digest);
-        k.write_digest(&identity.options);
-        let components = k.finish();
+        let components = key_components(backend, program, experiment, inputs, parts);
         let address = program.code_address();
 
         if let Some(hit) = self.hit_route(&components, address) {
@@ -781,12 +763,14 @@ impl Cache {
                     let mut st = self.lock_state();
                     st.stats.hits += 1;
                     st.stats.saved_ms += c.build_time.as_secs_f64() * 1e3;
+                    let saved = c.build_time;
                     Ok(Served {
                         compiled: c,
                         outcome: Outcome::Hit,
                         timing: Timing {
                             trace: trace_time,
                             build: Duration::ZERO,
+                            saved,
                         },
                     })
                 }
@@ -820,6 +804,89 @@ impl Cache {
         result
     }
 
+    /// What [`Cache::get`] would do for `program` on `experiment` and `inputs` — serve it from
+    /// memory, load it from the local store, fetch it from a shared server, or compile it, with
+    /// the miss reason and the time the store's record says the program's last compile (or
+    /// load) took — found by tracing and keying it, **without compiling or loading anything**
+    /// (the cache's counters do not move). The preflight of [`crate::train::Nitro::plan`].
+    pub fn probe<E: Experiment, M, O: Outputs, I: Tree<Mirror<Tensor> = M>>(
+        &self,
+        backend: &dyn Backend,
+        program: &Program<E, M, O>,
+        experiment: &E,
+        inputs: &I,
+    ) -> Result<Probe> {
+        if let Some(message) = &self.misconfigured {
+            return Err(Error::Misconfigured {
+                message: message.clone(),
+            });
+        }
+        let prepared = Prepared::new(experiment);
+        let parts = KeyParts {
+            graph_const: prepared.graph_const,
+            graph_const_fields: &prepared.fields,
+            settings: Digest::default(),
+        };
+        let components = key_components(backend, program, experiment, inputs, &parts);
+        let program_id = program.identity();
+        let held = |key: &Digest| {
+            let st = self.lock_state();
+            st.slots.get(key).map(|s| s.compiled.fingerprint)
+        };
+        let routed = {
+            let st = self.lock_state();
+            st.routes
+                .get(&(components, program.code_address()))
+                .copied()
+        };
+        if let Some(fingerprint) = routed.and_then(|k| held(&k)) {
+            return Ok(Probe {
+                program: program_id,
+                will: Will::Hit,
+                reason: None,
+                compile_ms: None,
+                load_ms: None,
+                fingerprint,
+            });
+        }
+        let traced = program.trace_replicated(experiment, inputs, backend.replicas())?;
+        let key = full_key(&components, &traced.fingerprint);
+        if held(&key).is_some() {
+            return Ok(Probe {
+                program: program_id,
+                will: Will::Hit,
+                reason: None,
+                compile_ms: None,
+                load_ms: None,
+                fingerprint: traced.fingerprint,
+            });
+        }
+        let details = key_details(backend, &program_id, &traced, &parts);
+        let program_key = Digest::of(program_id.as_str());
+        let store = self.store.as_ref().filter(|_| backend.persistent());
+        let located = store.and_then(|s| s.locate(&l2_key(backend, &traced.fingerprint)));
+        let reason = self
+            .reason_here(&key, &program_key, &details)
+            .unwrap_or_else(|| self.reason_stored(&program_key, &details));
+        let record = store
+            .and_then(|s| s.program_record(&program_key))
+            .and_then(|bytes| serde_json::from_slice::<ProgramTimes>(&bytes).ok())
+            .unwrap_or_default();
+        let will = match located {
+            Some(Location::Local) => Will::Load,
+            Some(Location::Remote) => Will::Fetch,
+            None => Will::Compile,
+        };
+        Ok(Probe {
+            program: program_id,
+            will,
+            reason: Some(reason),
+            compile_ms: record.compile_ms,
+            load_ms: record.load_ms,
+            fingerprint: traced.fingerprint,
+        })
+    }
+
     /// In verify mode, re-traces a hit and refuses it when the program moved without its key.
     fn verified<E: Experiment, M, O: Outputs, I: Tree<Mirror<Tensor> = M>>(
         &self,
@@ -839,10 +906,14 @@ impl Cache {
                 });
             }
         }
+        let saved = hit.build_time;
         Ok(Served {
             compiled: hit,
             outcome: Outcome::Hit,
-            timing: Timing::default(),
+            timing: Timing {
+                saved,
+                ..Timing::default()
+            },
         })
     }
 
@@ -876,10 +947,14 @@ impl Cache {
         }
         st.stats.hits += 1;
         st.stats.saved_ms += compiled.build_time.as_secs_f64() * 1e3;
+        let saved = compiled.build_time;
         Some(Served {
             compiled,
             outcome: Outcome::Hit,
-            timing: Timing::default(),
+            timing: Timing {
+                saved,
+                ..Timing::default()
+            },
         })
     }
 
@@ -892,26 +967,8 @@ impl Cache {
         (components, key, address): (Digest, Digest, usize),
     ) -> Result<Served> {
         let identity = backend.identity();
-        let details = KeyDetails {
-            program: program_id.clone(),
-            graph_const: parts.graph_const,
-            graph_const_fields: parts
-                .graph_const_fields
-                .iter()
-                .map(|(n, d)| ((*n).to_owned(), *d))
-                .collect(),
-            settings: parts.settings,
-            signature: traced.structure.clone(),
-            backend: identity.digest,
-            backend_components: identity.components.clone(),
-            options: identity.options,
-            fingerprint: traced.fingerprint,
-        };
-        let mut s = ContentHasher::new();
-        s.write_digest(&traced.fingerprint);
-        s.write_digest(&identity.digest);
-        s.write_digest(&identity.options);
-        let l2_key = s.finish();
+        let details = key_details(backend, &program_id, &traced, parts);
+        let l2_key = l2_key(backend, &traced.fingerprint);
         let program_key = Digest::of(program_id.as_str());
 
         // What moved in this process is known before the persistent level is asked; what moved
@@ -925,6 +982,7 @@ impl Cache {
         let started = Instant::now();
         let mut executable = None;
         let mut rejected = None;
+        let mut stored_compile_ms = None;
         if let Some(store) = store {
             match store.get(&l2_key) {
                 Ok(Lookup::Hit(entry)) if entry.meta.fingerprint != traced.fingerprint => {
@@ -934,7 +992,10 @@ impl Cache {
                     ));
                 }
                 Ok(Lookup::Hit(entry)) => match backend.load(&entry.payload, &traced.graph) {
-                    Ok(exe) => executable = Some(exe),
+                    Ok(exe) => {
+                        stored_compile_ms = Some(entry.meta.compile_ms);
+                        executable = Some(exe)
+                    }
                     Err(e) => rejected = Some(Rejection::new(RejectKind::Load, e.to_string())),
                 },
                 Ok(Lookup::Rejected(why)) => rejected = Some(why),
@@ -999,7 +1060,24 @@ impl Cache {
             }
         }
         if let Some(store) = store {
-            if let Ok(record) = serde_json::to_vec(&details) {
+            // The record names what the key was made of (for the next miss's reason) and what
+            // this program last cost to compile and to load (for a preflight's estimate).
+            let before = store
+                .program_record(&program_key)
+                .and_then(|bytes| serde_json::from_slice::<ProgramTimes>(&bytes).ok())
+                .unwrap_or_default();
+            let record = ProgramRecord {
+                details: &details,
+                times: ProgramTimes {
+                    compile_ms: if loaded {
+                        before.compile_ms.or(stored_compile_ms)
+                    } else {
+                        Some(ms)
+                    },
+                    load_ms: if loaded { Some(ms) } else { before.load_ms },
+                },
+            };
+            if let Ok(record) = serde_json::to_vec(&record) {
                 let _ = store.record_program(&program_key, &record);
             }
         }
@@ -1033,6 +1111,8 @@ impl Cache {
         }
         if loaded {
             st.stats.l2_hits += 1;
+            st.stats.load_ms += ms;
+            st.stats.saved_ms += stored_compile_ms.map_or(0.0, |c| (c - ms).max(0.0));
         } else {
             st.stats.compiles += 1;
             st.stats.compile_ms += ms;
@@ -1095,6 +1175,12 @@ impl Cache {
             timing: Timing {
                 trace: trace_time,
                 build: build_time,
+                saved: match stored_compile_ms {
+                    Some(ms) if loaded => Duration::try_from_secs_f64(ms / 1e3)
+                        .unwrap_or_default()
+                        .saturating_sub(build_time),
+                    _ => Duration::ZERO,
+                },
             },
         })
     }
@@ -1322,4 +1408,145 @@ pub(crate) struct KeyParts<'a> {
     pub graph_const_fields: &'a [(&'static str, Digest)],
     /// Digest of handle settings that shape the program (masking, accumulation, …).
     pub settings: Digest,
+}
+
+/// The key's components: program identity (the experiment type with its generic arguments,
+/// and the name), GraphConsts, settings, signature, backend, options. The program's code is not
+/// among them — its address is not an identity (one `fn` can have several) — so a held program
+/// is found by components and code address together, and a new address is traced once and
+/// matched by fingerprint.
+fn key_components<E: Experiment, M, O: Outputs, I: Tree<Mirror<Tensor> = M>>(
+    backend: &dyn Backend,
+    program: &Program<E, M, O>,
+    experiment: &E,
+    inputs: &I,
+    parts: &KeyParts<'_>,
+) -> Digest {
+    let identity = backend.identity();
+    // The signature digest walks the structure and leaf types, never values: the cost is per
+    // node, not per byte.
+    let mut h = ContentHasher::new();
+    experiment.visit_device(&mut |_, path, node| walk_digest(&mut h, path.as_str(), node));
+    inputs.visit(&mut LeafPath::root(""), &mut |path, node| {
+        walk_digest(&mut h, crate::program::input_name(path.as_str()), node)
+    });
+    let signature = h.finish();
+    let mut k = ContentHasher::new();
+    k.write_str(std::any::type_name::<E>());
+    k.write_str(program.name());
+    k.write_u8(program.layout_flags());
+    k.write_digest(&parts.graph_const);
+    k.write_digest(&parts.settings);
+    k.write_digest(&signature);
+    k.write_digest(&identity.digest);
+    k.write_digest(&identity.options);
+    k.finish()
+}
+
+/// What the key of a traced program is made of.
+fn key_details(
+    backend: &dyn Backend,
+    program_id: &str,
+    traced: &Traced,
+    parts: &KeyParts<'_>,
+) -> KeyDetails {
+    let identity = backend.identity();
+    KeyDetails {
+        program: program_id.to_owned(),
+        graph_const: parts.graph_const,
+        graph_const_fields: parts
+            .graph_const_fields
+            .iter()
+            .map(|(n, d)| ((*n).to_owned(), *d))
+            .collect(),
+        settings: parts.settings,
+        signature: traced.structure.clone(),
+        backend: identity.digest,
+        backend_components: identity.components.clone(),
+        options: identity.options,
+        fingerprint: traced.fingerprint,
+    }
+}
+
+/// The persistent store's key of a traced program: its fingerprint on this backend and options.
+fn l2_key(backend: &dyn Backend, fingerprint: &Digest) -> Digest {
+    let identity = backend.identity();
+    let mut s = ContentHasher::new();
+    s.write_digest(fingerprint);
+    s.write_digest(&identity.digest);
+    s.write_digest(&identity.options);
+    s.finish()
+}
+
+/// A program's record in the store: its key's details, and what it last cost.
+#[derive(serde::Serialize)]
+struct ProgramRecord<'a> {
+    #[serde(flatten)]
+    details: &'a KeyDetails,
+    #[serde(flatten)]
+    times: ProgramTimes,
+}
+
+/// What a program last cost, from its record (absent in records written before they were kept).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
+struct ProgramTimes {
+    #[serde(default)]
+    compile_ms: Option<f64>,
+    #[serde(default)]
+    load_ms: Option<f64>,
+}
+
+/// What a lookup would do ([`Cache::probe`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Will {
+    /// Serve it from memory.
+    Hit,
+    /// Load it from the local store.
+    Load,
+    /// Fetch it from the shared server.
+    Fetch,
+    /// Compile it.
+    Compile,
+}
+
+impl std::fmt::Display for Will {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Will::Hit => "hit (in memory)",
+            Will::Load => "load (local store)",
+            Will::Fetch => "fetch (shared server)",
+            Will::Compile => "compile",
+        })
+    }
+}
+
+impl Probe {
+    /// The expected wait: the recorded compile time for a compile, the recorded load time for a
+    /// load or fetch, nothing for a hit; `None` when no record says.
+    pub fn expected_ms(&self) -> Option<f64> {
+        match self.will {
+            Will::Hit => Some(0.0),
+            Will::Compile => self.compile_ms,
+            Will::Load | Will::Fetch => self.load_ms,
+        }
+    }
+}
+
+/// What [`Cache::probe`] found for one program.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Probe {
+    /// The program's identity.
+    pub program: String,
+    /// What a lookup would do.
+    pub will: Will,
+    /// Why memory cannot serve it (`None` for a hit).
+    pub reason: Option<MissReason>,
+    /// From the store's record of the program: how long its last compile took, in
+    /// milliseconds (`None` when no record says, and for a hit).
+    pub compile_ms: Option<f64>,
+    /// From the same record: how long its last load took (`None` when it was never loaded).
+    pub load_ms: Option<f64>,
+    /// The traced program's fingerprint (what a manifest lists).
+    pub fingerprint: Digest,
 }

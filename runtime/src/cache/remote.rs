@@ -1098,6 +1098,10 @@ impl Store for RedisStore {
             .unwrap_or(false)
     }
 
+    fn locate(&self, key: &Digest) -> Option<super::store::Location> {
+        self.contains(key).then_some(super::store::Location::Remote)
+    }
+
     /// Removes every entry and lease of this store's namespace from the server — for every
     /// machine that shares it. Refused in read-only mode.
     fn clear(&self) -> Result<()> {
@@ -1222,6 +1226,14 @@ impl Store for LayeredStore {
 
     fn contains(&self, key: &Digest) -> bool {
         self.local.contains(key) || self.remote.contains(key)
+    }
+
+    fn locate(&self, key: &Digest) -> Option<super::store::Location> {
+        if self.local.contains(key) {
+            Some(super::store::Location::Local)
+        } else {
+            self.remote.locate(key)
+        }
     }
 
     /// Clears the local store only: the server is the fleet's (clear it with

@@ -38,8 +38,12 @@ pub struct CacheStats {
     pub estimated_bytes: u64,
     /// Total time spent compiling, in milliseconds.
     pub compile_ms: f64,
-    /// Estimated compile time saved by hits and loads, in milliseconds.
+    /// Estimated compile time saved by hits and loads, in milliseconds: a hit saves what
+    /// getting the held program cost, a load its recorded compile time less the load.
     pub saved_ms: f64,
+    /// Total time spent loading programs from the persistent store, in milliseconds.
+    #[serde(default)]
+    pub load_ms: f64,
     /// What the store exchanged with a shared server (`NITRO_CACHE_REMOTE`); `None` without
     /// one. Counted by the store since it was opened, so caches that share a store share these.
     #[serde(default)]

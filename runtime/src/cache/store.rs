@@ -276,6 +276,16 @@ impl KeyLock {
     }
 }
 
+/// Where a store holds an entry ([`Store::locate`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Location {
+    /// On this machine.
+    Local,
+    /// On a shared server only.
+    Remote,
+}
+
 /// A persistent store of compiled programs, addressed by content.
 pub trait Store: Send + Sync + std::fmt::Debug {
     /// The entry under `key`, verified.
@@ -284,6 +294,13 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn put(&self, entry: &Entry) -> Result<()>;
     /// Whether an entry exists under `key` (no read, no verification).
     fn contains(&self, key: &Digest) -> bool;
+
+    /// Where this store would serve `key` from, without fetching it: `None` when it has no
+    /// entry. A plain store answers [`Location::Local`]; a shared server, or a local store
+    /// backed by one, [`Location::Remote`] for what only the server has.
+    fn locate(&self, key: &Digest) -> Option<Location> {
+        self.contains(key).then_some(Location::Local)
+    }
     /// Removes every entry and every record.
     fn clear(&self) -> Result<()>;
     /// The record last written for a program identity by [`Store::record_program`]: what its

@@ -28,6 +28,14 @@ pub const FORTUNES_DIR: &str = "/usr/share/games/fortunes";
 /// `%` separator lines removed (each record ends with a newline). The `.dat` index files and
 /// the `.u8` links are skipped; bytes that are not UTF-8 are replaced.
 pub fn fortunes(dir: Option<&Path>) -> Result<String> {
+    Ok(fortune_records(dir)?.concat())
+}
+
+/// The records of the fortune files in `dir` (default [`FORTUNES_DIR`]), in file-name order:
+/// each the lines between `%` separators, every line ending with a newline — documents of
+/// varying length, for shape buckets ([`crate::data::buckets`]). [`fortunes`] is their
+/// concatenation.
+pub fn fortune_records(dir: Option<&Path>) -> Result<Vec<String>> {
     let dir = dir.map_or_else(|| PathBuf::from(FORTUNES_DIR), Path::to_path_buf);
     let entries = std::fs::read_dir(&dir).map_err(|e| {
         Error::data_file(
@@ -45,24 +53,32 @@ pub fn fortunes(dir: Option<&Path>) -> Result<String> {
         })
         .collect();
     files.sort();
-    let mut text = String::new();
+    let mut records = Vec::new();
     for f in &files {
         let bytes =
             std::fs::read(f).map_err(|e| Error::data_file(f, format!("cannot read it: {e}")))?;
+        let mut record = String::new();
         for line in String::from_utf8_lossy(&bytes).lines() {
-            if line != "%" {
-                text.push_str(line);
-                text.push('\n');
+            if line == "%" {
+                if !record.is_empty() {
+                    records.push(std::mem::take(&mut record));
+                }
+            } else {
+                record.push_str(line);
+                record.push('\n');
             }
         }
+        if !record.is_empty() {
+            records.push(record);
+        }
     }
-    if text.is_empty() {
+    if records.is_empty() {
         return Err(Error::data_file(
             &dir,
             "it holds no fortune text: install the Debian package `fortunes`",
         ));
     }
-    Ok(text)
+    Ok(records)
 }
 
 /// A character vocabulary: every distinct character of a text, in code-point order, numbered

@@ -1,6 +1,7 @@
 //! How a handle trains: [`Config`].
 
 use super::*;
+use crate::data::buckets::Buckets;
 
 /// How a handle trains.
 #[derive(Clone, Debug)]
@@ -38,6 +39,15 @@ pub struct Config {
     /// sum), or one after another — slower to start on a busy machine, but each program's
     /// compile time in [`Nitro::program_times`] is then its own, not contended by the others.
     pub concurrent_compiles: bool,
+    /// Shape buckets for variable-length data ([`crate::data::buckets`]): the declared edges of
+    /// the batches' variable dimension. With them the handle's inventory is its programs × the
+    /// edges, compiled before the first step of [`Nitro::fit_ragged`]; a batch of any other
+    /// length is an error, never a new program.
+    pub buckets: Option<Buckets>,
+    /// A recompile budget: the most programs the handle may hold (gradient, update, evaluation
+    /// and metric programs, over every bucket). Getting one more is an error
+    /// ([`Error::ProgramBudget`]) before it compiles, never a silent new program.
+    pub max_programs: Option<usize>,
 }
 
 impl Default for Config {
@@ -52,6 +62,8 @@ impl Default for Config {
             accum: 1,
             devices: None,
             concurrent_compiles: true,
+            buckets: None,
+            max_programs: None,
         }
     }
 }
@@ -101,6 +113,18 @@ impl Config {
     /// Devices to train on at once (see [`Config::devices`]).
     pub fn devices(mut self, devices: usize) -> Config {
         self.devices = Some(devices);
+        self
+    }
+
+    /// Shape buckets (see [`Config::buckets`]).
+    pub fn buckets(mut self, buckets: Buckets) -> Config {
+        self.buckets = Some(buckets);
+        self
+    }
+
+    /// A recompile budget (see [`Config::max_programs`]).
+    pub fn max_programs(mut self, programs: usize) -> Config {
+        self.max_programs = Some(programs);
         self
     }
 

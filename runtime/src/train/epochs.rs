@@ -179,7 +179,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 self.wait()?;
             }
             let step_started = Instant::now();
-            self.micro_step(&batch, real, closes, Some(span))?;
+            self.micro_step(&batch, RowMask::Real(real), closes, Some(span))?;
             if timed {
                 self.wait()?;
                 self.timings.waited.push(step_started.elapsed());
@@ -247,7 +247,8 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             let batch = data.gather(span, self.config.batch)?;
             let real = batch.real_rows();
             let batch = E::Batch::from_batch(batch)?;
-            let (r, mask) = self.run_eval(&batch, real, want_predictions, Some(span))?;
+            let (r, mask) =
+                self.run_eval(&batch, RowMask::Real(real), want_predictions, Some(span))?;
             for (i, sum) in sums.iter_mut().enumerate() {
                 let compiled = self.metric_program(i, &batch)?;
                 let mut args = batch_args(&self.trainable, &self.frozen, &batch, In::Rows(&mask));
@@ -397,5 +398,175 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             history.epochs.push(record);
         }
         Ok(history)
+    }
+
+    /// The declared buckets, or the error for a call that needs them.
+    fn declared_buckets(&self) -> Result<crate::data::buckets::Buckets> {
+        self.config
+            .buckets
+            .clone()
+            .ok_or_else(|| Error::InvalidSetting {
+                variable: "Config::buckets",
+                value: "None".into(),
+                expected: "declared bucket edges (Config::buckets(Buckets::new([64, 128, 256])?)) \
+                       to train on variable-length rows"
+                    .into(),
+            })
+    }
+
+    /// Gets (or compiles) every program of the declared inventory — per bucket edge the
+    /// gradient program (with the evaluation and metric programs when `validating`), and the
+    /// update program — before any step, for batches of `data`'s columns. Returns what each
+    /// lookup did.
+    pub fn prepare_buckets(
+        &mut self,
+        data: &crate::data::buckets::Ragged,
+        validating: bool,
+    ) -> Result<Vec<Outcome>>
+    where
+        E::Batch: FromBatch,
+    {
+        let buckets = self.declared_buckets()?;
+        let inventory = if validating {
+            Inventory::Validate
+        } else {
+            Inventory::Train
+        };
+        let mut outcomes = Vec::new();
+        for &edge in buckets.edges() {
+            let rows = buckets.rows_for(edge, self.config.batch, self.backend.replicas());
+            let sample = E::Batch::from_batch(data.blank(edge, rows, &buckets)?)?;
+            outcomes.extend(self.prepare_programs(&sample, inventory)?);
+        }
+        Ok(outcomes)
+    }
+
+    /// Trains [`Config::epochs`] epochs on variable-length rows under the declared
+    /// [buckets](Config::buckets): each epoch's rows shuffled with the seed, binned by length
+    /// within the policy's window, each batch padded to its bucket's edge, its loss averaged
+    /// over the real positions ([`step_weighted`](Nitro::step_weighted)). The whole inventory
+    /// (programs × buckets) is got before the first step ([`prepare_buckets`](Nitro::prepare_buckets)),
+    /// so nothing compiles after it. After each epoch, `validation` is evaluated bucket by
+    /// bucket, its loss averaged over its real positions.
+    ///
+    /// A row longer than the largest edge is an error naming its length (or is truncated, when
+    /// the policy says so), before anything runs.
+    pub fn fit_ragged(
+        &mut self,
+        train: &crate::data::buckets::Ragged,
+        validation: Option<&crate::data::buckets::Ragged>,
+    ) -> Result<History>
+    where
+        E::Batch: FromBatch,
+    {
+        let buckets = self.declared_buckets()?;
+        for data in std::iter::once(train).chain(validation) {
+            if data.rows() == 0 {
+                return Err(Error::EmptyData {
+                    which: "a ragged data set".into(),
+                });
+            }
+            for l in data.lengths() {
+                buckets.bucket_of(l)?;
+            }
+        }
+        self.prepare_buckets(train, validation.is_some())?;
+        let replicas = self.backend.replicas();
+        let batch = self.config.batch;
+        let rows_for = |edge: usize| buckets.rows_for(edge, batch, replicas);
+        let mut history = History { epochs: Vec::new() };
+        for epoch in self.epoch..self.config.epochs as u64 {
+            let started = Instant::now();
+            let steps_before = self.step;
+            let plan = train.epoch_batches(&buckets, rows_for, self.config.seed, epoch)?;
+            let every = plan.len().div_ceil(WAITED_SAMPLES).max(1);
+            self.timings = EpochTimings::default();
+            let mut weights = Vec::with_capacity(plan.len());
+            let bar = progress_bar(self.config.progress, plan.len() as u64, epoch + 1);
+            for (i, (b, rows)) in plan.iter().enumerate() {
+                let edge = buckets.edges()[*b];
+                let (batch, w) = train.gather(rows, edge, rows_for(edge), &buckets)?;
+                let batch = E::Batch::from_batch(batch)?;
+                let closes =
+                    self.window.micro_batches + 1 >= self.config.accum || i + 1 == plan.len();
+                let timed = closes && i % every == every / 2;
+                if timed {
+                    self.wait()?;
+                }
+                let step_started = Instant::now();
+                self.micro_step(&batch, RowMask::Weights(&w), closes, None)?;
+                if timed {
+                    self.wait()?;
+                    self.timings.waited.push(step_started.elapsed());
+                }
+                weights.push(w.iter().map(|&x| f64::from(x)).sum::<f64>());
+                bar.inc(1);
+            }
+            let losses = self.take_losses()?;
+            self.timings.wall = started.elapsed();
+            bar.finish_and_clear();
+            let total: f64 = weights.iter().sum();
+            let train_loss = losses.iter().zip(&weights).map(|(l, w)| l * w).sum::<f64>()
+                / total.max(f64::MIN_POSITIVE);
+            let val_loss = match validation {
+                Some(val) => Some(self.validate_ragged(val, &buckets)?),
+                None => None,
+            };
+            self.epoch = epoch + 1;
+            self.epoch_batches = 0;
+            let mut waited: Vec<f64> = self
+                .timings
+                .waited
+                .iter()
+                .map(|d| d.as_secs_f64() * 1e6)
+                .collect();
+            waited.sort_by(f64::total_cmp);
+            let record = EpochRecord {
+                epoch: usize::try_from(epoch + 1).unwrap_or(usize::MAX),
+                train_loss,
+                val_loss,
+                val_accuracy: None,
+                metrics: Vec::new(),
+                steps: self.step - steps_before,
+                step_us_median: waited.get(waited.len() / 2).copied().unwrap_or(0.0),
+                step_us_pipelined: self.timings.wall.as_secs_f64() * 1e6 / plan.len().max(1) as f64,
+                seconds: started.elapsed().as_secs_f64(),
+            };
+            tracing::info!(
+                epoch = record.epoch,
+                train_loss = record.train_loss,
+                val_loss = ?record.val_loss,
+                "nitro: epoch done (bucketed)"
+            );
+            history.epochs.push(record);
+        }
+        Ok(history)
+    }
+
+    /// The mean loss over the real positions of every row of `data`, bucket by bucket (each
+    /// row once; padded batches weigh nothing for their padding).
+    fn validate_ragged(
+        &mut self,
+        data: &crate::data::buckets::Ragged,
+        buckets: &crate::data::buckets::Buckets,
+    ) -> Result<f64>
+    where
+        E::Batch: FromBatch,
+    {
+        let replicas = self.backend.replicas();
+        let batch = self.config.batch;
+        let rows_for = |edge: usize| buckets.rows_for(edge, batch, replicas);
+        // A fixed order: validation is the same every epoch.
+        let plan = data.epoch_batches(buckets, rows_for, 0, 0)?;
+        let (mut sum, mut weight) = (0.0, 0.0);
+        for (b, rows) in &plan {
+            let edge = buckets.edges()[*b];
+            let (batch, w) = data.gather(rows, edge, rows_for(edge), buckets)?;
+            let batch = E::Batch::from_batch(batch)?;
+            let (r, _) = self.run_eval(&batch, RowMask::Weights(&w), false, None)?;
+            sum += r.loss_sum;
+            weight += w.iter().map(|&x| f64::from(x)).sum::<f64>();
+        }
+        Ok(sum / weight.max(f64::MIN_POSITIVE))
     }
 }

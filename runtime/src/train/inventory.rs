@@ -3,6 +3,8 @@
 //! time — with what each lookup did and spent ([`ProgramTime`]).
 
 use super::*;
+use crate::cache::{Probe, Will};
+use crate::hash::Digest;
 
 /// The inputs of the per-batch programs: the batch, its row mask, and what else the program
 /// takes (`()` for none).
@@ -170,6 +172,15 @@ pub(super) trait MetricSlot<E: Model>: Send + Sync {
         sample: &Shaped<'_, E::Batch>,
         mask: &Array,
     ) -> Result<Served>;
+    /// What getting it would do ([`Cache::probe`]).
+    fn probe(
+        &self,
+        cache: &Cache,
+        backend: &'static dyn Backend,
+        experiment: &E,
+        sample: &Shaped<'_, E::Batch>,
+        mask: &Array,
+    ) -> Result<Probe>;
 }
 
 pub(super) struct MetricOf<M>(pub(super) std::marker::PhantomData<fn() -> M>);
@@ -189,6 +200,23 @@ impl<E: Model, M: DeviceMetric<E>> MetricSlot<E> for MetricOf<M> {
     ) -> Result<Served> {
         let sum = Array::scalar(0.0f32);
         cache.get(
+            backend,
+            &metric_program::<E, M>(),
+            experiment,
+            &BatchRef(sample, mask, &sum),
+        )
+    }
+
+    fn probe(
+        &self,
+        cache: &Cache,
+        backend: &'static dyn Backend,
+        experiment: &E,
+        sample: &Shaped<'_, E::Batch>,
+        mask: &Array,
+    ) -> Result<Probe> {
+        let sum = Array::scalar(0.0f32);
+        cache.probe(
             backend,
             &metric_program::<E, M>(),
             experiment,
@@ -359,16 +387,28 @@ pub struct ProgramTime {
     /// Compiling or loading it (zero for a hit). Contended by the other programs' compiles
     /// unless [`Config::concurrent_compiles`] is off.
     pub build: Duration,
+    /// The compile it spared (see [`crate::cache::Timing::saved`]).
+    pub saved: Duration,
+    /// The bucket edge of its batches (`None`: no buckets, or the update program).
+    pub edge: Option<usize>,
+    /// The traced program's fingerprint.
+    pub fingerprint: Digest,
+    /// Its key in the persistent store ([`crate::cache::store_key`]).
+    pub key: Digest,
 }
 
 impl ProgramTime {
-    fn of(role: &str, served: &Served) -> ProgramTime {
+    fn of(role: &str, served: &Served, backend: &dyn Backend, edge: Option<usize>) -> ProgramTime {
         ProgramTime {
+            edge,
+            fingerprint: served.compiled.fingerprint,
+            key: crate::cache::store_key(backend, &served.compiled.fingerprint),
             role: role.to_owned(),
             program: served.compiled.program.clone(),
             outcome: served.outcome.clone(),
             trace: served.timing.trace,
             build: served.timing.build,
+            saved: served.timing.saved,
         }
     }
 }
@@ -563,30 +603,53 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         if training_ready && evaluation_ready {
             return Ok(Vec::new());
         }
+        // Another batch shape (another bucket) whose programs the handle holds: swap them in,
+        // no lookup.
+        if !training_ready {
+            if let Some(i) = self
+                .held
+                .iter()
+                .position(|p| has_types(sample, &p.batch_types))
+            {
+                let found = self.held.swap_remove(i);
+                if let Some(current) = self.programs.replace(found) {
+                    self.held.push(current);
+                }
+                for m in &mut self.device_metrics {
+                    m.compiled = None;
+                }
+                return self.prepare_programs(sample, inventory);
+            }
+        }
         let rows = batch_rows(sample)?;
-        if rows != self.config.batch {
+        let expected_rows = self.expected_rows(sample)?;
+        if rows != expected_rows {
+            let why = match &self.config.buckets {
+                Some(_) => "rows for this bucket (Buckets::rows_for)",
+                None => "rows (Config::batch)",
+            };
             return Err(Error::InvalidSetting {
                 variable: "batch",
                 value: rows.to_string(),
-                expected: format!("batches of {} rows (Config::batch)", self.config.batch),
+                expected: format!("batches of {expected_rows} {why}"),
             });
         }
+        self.check_budget(sample, training_ready, want_eval, want_metrics)?;
         let batch_types = leaf_types(sample);
+        let edge = self.bucket_edge(sample);
         // Tracing reads the experiment's leaf types only, which steps never change: no sync.
         let started = Instant::now();
         // Each replica's programs see its share of the rows.
         let sample = &Shaped::new(sample, self.backend.replicas())?;
-        let mask = Array::zeros(DType::F32, &[rows / self.backend.replicas()]);
-        let opt = self.optimizer_step_shape();
+        let ProgramInputs {
+            mask,
+            opt,
+            update_inputs,
+            key_sample,
+            sums,
+        } = self.program_inputs(rows);
         let (backend, cache, experiment) = (self.backend, self.cache, &self.experiment);
-        let update_inputs = update_inputs_shape(&opt);
         let accumulating = self.config.accum > 1;
-        let key_sample: GradExtra = E::RANDOM.then(|| Array::zeros(DType::U32, &[2]));
-        let sums: AccumExtra = (
-            self.packing.zeros(),
-            Array::scalar(1.0f32),
-            key_sample.clone(),
-        );
         let held_eval = match &self.programs {
             Some(p) if training_ready => p.eval.clone(),
             _ => None,
@@ -656,10 +719,18 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             } else {
                 "grad"
             };
-            self.program_times.push(ProgramTime::of(role, &grad));
-            self.program_times.push(ProgramTime::of("update", &update));
+            let b = self.backend;
+            self.program_times
+                .push(ProgramTime::of(role, &grad, b, edge));
+            self.program_times
+                .push(ProgramTime::of("update", &update, b, None));
             for m in &mut self.device_metrics {
                 m.compiled = None;
+            }
+            if let Some(old) = self.programs.take() {
+                if old.batch_types != batch_types {
+                    self.held.push(old);
+                }
             }
             self.programs = Some(Programs {
                 grad: grad.compiled,
@@ -671,7 +742,8 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         if let Some(eval) = eval {
             let eval = eval?;
             outcomes.push(eval.outcome.clone());
-            self.program_times.push(ProgramTime::of("eval", &eval));
+            self.program_times
+                .push(ProgramTime::of("eval", &eval, self.backend, edge));
             if let Some(p) = &mut self.programs {
                 p.eval = Some(eval.compiled);
             }
@@ -680,8 +752,12 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             if let Some(served) = served {
                 let served = served?;
                 outcomes.push(served.outcome.clone());
-                self.program_times
-                    .push(ProgramTime::of(state.slot.name(), &served));
+                self.program_times.push(ProgramTime::of(
+                    state.slot.name(),
+                    &served,
+                    self.backend,
+                    edge,
+                ));
                 state.compiled = Some(served.compiled);
             }
         }
@@ -726,5 +802,340 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             .compiled
             .clone()
             .ok_or_else(no_output)
+    }
+
+    /// The rows a batch like `sample` must have: [`Config::batch`], or with buckets the rows
+    /// of its bucket — an error when its variable dimension is not a declared edge.
+    pub(super) fn expected_rows(&self, sample: &E::Batch) -> Result<usize> {
+        let Some(buckets) = &self.config.buckets else {
+            return Ok(self.config.batch);
+        };
+        let axis = buckets.axis();
+        let mut edge = None;
+        for leaf in leaves(sample) {
+            if let Some(&len) = leaf.dims().get(axis) {
+                buckets.check_edge(len)?;
+                edge.get_or_insert(len);
+            }
+        }
+        let edge = edge.ok_or_else(|| Error::InvalidDataArgument {
+            what: format!(
+                "a bucketed batch needs a leaf with a dimension at axis {axis}, the variable \
+                 length; this batch has none"
+            ),
+        })?;
+        Ok(buckets.rows_for(edge, self.config.batch, self.backend.replicas()))
+    }
+
+    /// The bucket edge of batches like `sample` (`None` without buckets).
+    fn bucket_edge(&self, sample: &E::Batch) -> Option<usize> {
+        let axis = self.config.buckets.as_ref()?.axis();
+        leaves(sample)
+            .iter()
+            .find_map(|a| a.dims().get(axis).copied())
+    }
+
+    /// The inventory manifest of this handle: every program it got (from memory, the store or
+    /// a compile), each once, with its fingerprint and store key — what `nitro cache pull
+    /// --manifest` fetches onto another machine before it runs the same experiment.
+    pub fn manifest(&self) -> crate::cache::Manifest {
+        let mut m = crate::cache::Manifest::new();
+        for t in &self.program_times {
+            m.push(crate::cache::ManifestEntry {
+                role: t.role.clone(),
+                edge: t.edge,
+                program: t.program.clone(),
+                fingerprint: t.fingerprint.to_string(),
+                key: t.key.to_string(),
+            });
+        }
+        m
+    }
+
+    /// The programs the handle holds: the update program, and per batch shape its gradient
+    /// program, with its evaluation program and device metrics when it validated.
+    pub fn programs_held(&self) -> usize {
+        let per_shape = |p: &Programs| {
+            1 + match p.eval {
+                Some(_) => 1 + self.device_metrics.len(),
+                None => 0,
+            }
+        };
+        let shapes: usize = self.programs.iter().chain(&self.held).map(per_shape).sum();
+        shapes + usize::from(self.programs.is_some())
+    }
+
+    /// Refuses, before anything compiles, to get more programs than [`Config::max_programs`].
+    fn check_budget(
+        &self,
+        sample: &E::Batch,
+        training_ready: bool,
+        want_eval: bool,
+        want_metrics: bool,
+    ) -> Result<()> {
+        let Some(budget) = self.config.max_programs else {
+            return Ok(());
+        };
+        let current = self.programs.as_ref().filter(|_| training_ready);
+        let mut new = 0;
+        if !training_ready {
+            new += 1 + usize::from(self.programs.is_none() && self.held.is_empty());
+        }
+        if want_eval && current.is_none_or(|p| p.eval.is_none()) {
+            new += 1 + if want_metrics {
+                self.device_metrics.len()
+            } else {
+                0
+            };
+        }
+        let needed = self.programs_held() + new;
+        if new > 0 && needed > budget {
+            let shape: Vec<String> = leaves(sample)
+                .iter()
+                .map(|a| a.leaf_type().to_string())
+                .collect();
+            return Err(Error::ProgramBudget {
+                budget,
+                needed,
+                what: format!("programs for batches of {}", shape.join(", ")),
+            });
+        }
+        Ok(())
+    }
+
+    /// The programs a handle with buckets declares: the update program, and per edge the
+    /// gradient program (plus, when `validating`, the evaluation program and one per device
+    /// metric); without buckets, as for one edge.
+    pub fn declared_inventory(&self, validating: bool) -> usize {
+        let edges = self.config.buckets.as_ref().map_or(1, |b| b.edges().len());
+        let per_edge = 1 + if validating {
+            1 + self.device_metrics.len()
+        } else {
+            0
+        };
+        1 + edges * per_edge
+    }
+
+    /// The inputs the handle's programs are looked up with, for batches of `rows` rows (each
+    /// replica sees its share).
+    fn program_inputs(&self, rows: usize) -> ProgramInputs<O> {
+        let opt = self.optimizer_step_shape();
+        let update_inputs = update_inputs_shape(&opt);
+        let key_sample: GradExtra = E::RANDOM.then(|| Array::zeros(DType::U32, &[2]));
+        ProgramInputs {
+            mask: Array::zeros(DType::F32, &[rows / self.backend.replicas()]),
+            sums: (
+                self.packing.zeros(),
+                Array::scalar(1.0f32),
+                key_sample.clone(),
+            ),
+            opt,
+            update_inputs,
+            key_sample,
+        }
+    }
+
+    /// The preflight: what getting the programs for batches like `sample` would do — per
+    /// program, a hit, a load, a fetch from the shared server or a compile, with the miss
+    /// reason and the expected time from the store's records — traced and keyed, never compiled
+    /// (the cache's counters do not move). `validating` adds the evaluation and metric
+    /// programs. With buckets, [`plan_buckets`](Nitro::plan_buckets) plans every edge.
+    pub fn plan(&self, sample: &E::Batch, validating: bool) -> Result<Plan> {
+        let mut plan = Plan::default();
+        self.plan_into(&mut plan, sample, validating, None)?;
+        Ok(plan)
+    }
+
+    /// The preflight of the whole declared inventory: [`plan`](Nitro::plan) for every bucket
+    /// edge, with batches of `data`'s columns; the update program once.
+    pub fn plan_buckets(
+        &self,
+        data: &crate::data::buckets::Ragged,
+        validating: bool,
+    ) -> Result<Plan>
+    where
+        E::Batch: FromBatch,
+    {
+        let buckets = self
+            .config
+            .buckets
+            .clone()
+            .ok_or_else(|| Error::InvalidSetting {
+                variable: "Config::buckets",
+                value: "None".into(),
+                expected: "declared bucket edges to plan (or plan one batch with Nitro::plan)"
+                    .into(),
+            })?;
+        let mut plan = Plan::default();
+        for &edge in buckets.edges() {
+            let rows = buckets.rows_for(edge, self.config.batch, self.backend.replicas());
+            let sample = E::Batch::from_batch(data.blank(edge, rows, &buckets)?)?;
+            self.plan_into(&mut plan, &sample, validating, Some(edge))?;
+        }
+        Ok(plan)
+    }
+
+    fn plan_into(
+        &self,
+        plan: &mut Plan,
+        sample: &E::Batch,
+        validating: bool,
+        edge: Option<usize>,
+    ) -> Result<()> {
+        let rows = batch_rows(sample)?;
+        let expected = self.expected_rows(sample)?;
+        if rows != expected {
+            return Err(Error::InvalidSetting {
+                variable: "batch",
+                value: rows.to_string(),
+                expected: format!("batches of {expected} rows"),
+            });
+        }
+        let sample = &Shaped::new(sample, self.backend.replicas())?;
+        let inputs = self.program_inputs(rows);
+        let (backend, cache, experiment) = (self.backend, self.cache, &self.experiment);
+        let has_update = plan.entries.iter().any(|e| e.role == "update");
+        let mut add = |role: &str, probe: Probe, edge: Option<usize>| {
+            plan.entries.push(PlanEntry {
+                role: role.to_owned(),
+                edge,
+                probe,
+            })
+        };
+        if !has_update {
+            let probe = cache.probe(
+                backend,
+                &update_program::<O>(),
+                &inputs.opt,
+                &inputs.update_inputs,
+            )?;
+            add("update", probe, None);
+        }
+        if self.config.accum > 1 {
+            let batch = BatchRef(sample, &inputs.mask, &inputs.sums);
+            add(
+                "grad_accumulate",
+                cache.probe(backend, &grad_accum_program::<E>(), experiment, &batch)?,
+                edge,
+            );
+        } else {
+            let batch = BatchRef(sample, &inputs.mask, &inputs.key_sample);
+            add(
+                "grad",
+                cache.probe(backend, &grad_program::<E>(), experiment, &batch)?,
+                edge,
+            );
+        }
+        if validating {
+            let batch = BatchRef(sample, &inputs.mask, &());
+            add(
+                "eval",
+                cache.probe(backend, &eval_program::<E>(), experiment, &batch)?,
+                edge,
+            );
+            for m in &self.device_metrics {
+                let probe = m
+                    .slot
+                    .probe(cache, backend, experiment, sample, &inputs.mask)?;
+                add(m.slot.name(), probe, edge);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The inputs a handle's programs are looked up with (values unused: only their types matter).
+pub(super) struct ProgramInputs<O: Optimizer> {
+    pub(super) mask: Array,
+    pub(super) opt: OptimizerStep<O>,
+    pub(super) update_inputs: (Vec<Array>, Array),
+    pub(super) key_sample: GradExtra,
+    pub(super) sums: AccumExtra,
+}
+
+/// One program of a [`Plan`].
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct PlanEntry {
+    /// Its role (`grad`, `update`, `eval`, a metric's name).
+    pub role: String,
+    /// The bucket edge of its batches (`None`: no buckets, or the update program).
+    pub edge: Option<usize>,
+    /// What getting it would do.
+    pub probe: Probe,
+}
+
+/// The preflight of a handle's inventory ([`Nitro::plan`], [`Nitro::plan_buckets`]): what
+/// each program's lookup would do, found without compiling.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Plan {
+    /// Per program (× bucket), in lookup order.
+    pub entries: Vec<PlanEntry>,
+}
+
+impl Plan {
+    /// How many entries would do `will`.
+    pub fn count(&self, will: Will) -> usize {
+        self.entries.iter().filter(|e| e.probe.will == will).count()
+    }
+
+    /// The expected wait, in milliseconds: the recorded compile (or load) times summed over
+    /// the programs that are not hits (an upper bound when they compile concurrently), and how
+    /// many of those have no record to go by.
+    pub fn expected_ms(&self) -> (f64, usize) {
+        let misses = self.entries.iter().filter(|e| e.probe.will != Will::Hit);
+        let (mut ms, mut unknown) = (0.0, 0);
+        for e in misses {
+            match e.probe.expected_ms() {
+                Some(t) => ms += t,
+                None => unknown += 1,
+            }
+        }
+        (ms, unknown)
+    }
+
+    /// The fingerprints of every program, in order: a run's inventory manifest.
+    pub fn fingerprints(&self) -> Vec<Digest> {
+        self.entries.iter().map(|e| e.probe.fingerprint).collect()
+    }
+}
+
+impl std::fmt::Display for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for e in &self.entries {
+            let edge = e.edge.map_or_else(String::new, |n| format!(" [{n}]"));
+            write!(
+                f,
+                "{:<16} {:<22}",
+                format!("{}{edge}", e.role),
+                e.probe.will.to_string()
+            )?;
+            if let Some(reason) = &e.probe.reason {
+                write!(f, " {reason}")?;
+            }
+            match (e.probe.will, e.probe.expected_ms(), e.probe.compile_ms) {
+                (Will::Hit, _, _) => {}
+                (Will::Compile, Some(ms), _) => write!(f, " (~{ms:.0} ms last time)")?,
+                (_, Some(ms), Some(c)) => write!(f, " (~{ms:.0} ms; compiled in {c:.0} ms)")?,
+                (_, Some(ms), None) => write!(f, " (~{ms:.0} ms last time)")?,
+                (_, None, Some(c)) => write!(f, " (saves a {c:.0} ms compile)")?,
+                (_, None, None) => write!(f, " (no record of its time)")?,
+            }
+            writeln!(f)?;
+        }
+        let (ms, unknown) = self.expected_ms();
+        write!(
+            f,
+            "{} program(s): {} hit, {} load, {} fetch, {} compile; expected wait ~{:.1} s",
+            self.entries.len(),
+            self.count(Will::Hit),
+            self.count(Will::Load),
+            self.count(Will::Fetch),
+            self.count(Will::Compile),
+            ms / 1e3
+        )?;
+        if unknown > 0 {
+            write!(f, " plus {unknown} program(s) without a record")?;
+        }
+        Ok(())
     }
 }

@@ -53,7 +53,7 @@ pub use config::Config;
 use epochs::*;
 pub use epochs::{EpochRecord, History};
 use inventory::*;
-pub use inventory::{MaskRuns, OptimizerStep, OptimizerStepView, ProgramTime};
+pub use inventory::{MaskRuns, OptimizerStep, OptimizerStepView, Plan, PlanEntry, ProgramTime};
 use values::{exec, place, place_rows, to_host, In, Value};
 
 /// A model the training handle can train: an experiment with a batch type and a per-example
@@ -188,7 +188,7 @@ pub struct Nitro<E: Model, O: Optimizer> {
     /// The learning rate as placed, and for which value.
     lr_value: Option<(f64, Value)>,
     /// The all-ones mask of a full batch, placed once.
-    full_mask: Option<Value>,
+    full_mask: Option<(usize, Value)>,
     /// Gradient accumulation: the window's gradient sums so far, how many micro-batches and
     /// real rows it has seen, and (placed once) zero sums and the factor 1.
     window: Window,
@@ -206,6 +206,8 @@ pub struct Nitro<E: Model, O: Optimizer> {
     /// The random stream of a model that draws random numbers ([`Model::RANDOM`]).
     random: crate::checkpoint::RandomStream,
     programs: Option<Programs>,
+    /// Programs for other batch shapes (other buckets), swapped in when a batch needs them.
+    held: Vec<Programs>,
     compile_time: Duration,
     /// Every program lookup that prepared the inventory, in order.
     program_times: Vec<ProgramTime>,
@@ -227,7 +229,7 @@ pub struct Nitro<E: Model, O: Optimizer> {
 struct Window {
     sums: Option<Vec<Value>>,
     micro_batches: usize,
-    rows: usize,
+    rows: f64,
     zeros: Option<Vec<Value>>,
     one: Option<Value>,
 }
@@ -334,6 +336,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             epoch_batches: 0,
             random,
             programs: None,
+            held: Vec::new(),
             compile_time: Duration::ZERO,
             program_times: Vec::new(),
             created: Instant::now(),
@@ -455,33 +458,49 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// micro-batch, and every `accum`-th call applies the optimizer.
     pub fn step_deferred(&mut self, batch: &E::Batch, real: usize) -> Result<()> {
         let closes = self.window.micro_batches + 1 >= self.config.accum;
-        self.micro_step(batch, real, closes, None)
+        self.micro_step(batch, RowMask::Real(real), closes, None)
+    }
+
+    /// One training step on `batch` whose rows weigh `weights` (one per row, `0` for padding
+    /// rows, which come last): the loss is `Σ wᵣ·lossᵣ / Σ wᵣ`. With a per-row loss that is the
+    /// mean over a row's real positions and weights that count them (what
+    /// [`Ragged::gather`](crate::data::buckets::Ragged::gather) returns), that is the mean over
+    /// the batch's real positions — so a batch padded to a bucket's edge trains exactly as the
+    /// unpadded rows would. Waits as [`step`](Nitro::step) does.
+    pub fn step_weighted(&mut self, batch: &E::Batch, weights: &[f32]) -> Result<StepResult> {
+        let closes = self.window.micro_batches + 1 >= self.config.accum;
+        self.micro_step(batch, RowMask::Weights(weights), closes, None)?;
+        let loss = self.take_losses()?.pop().unwrap_or(f64::NAN);
+        Ok(StepResult { loss })
     }
 
     /// One micro-batch; the optimizer runs when `closes` (always, without accumulation).
     /// `rows_of` maps the batch's rows to the data set's, for errors that name a row.
-    fn micro_step(
+    pub(super) fn micro_step(
         &mut self,
         batch: &E::Batch,
-        real: usize,
+        mask: RowMask<'_>,
         closes: bool,
         rows_of: Option<&[usize]>,
     ) -> Result<()> {
         self.prepare(batch)?;
-        let rows = self.config.batch;
-        check_real_rows(rows, real)?;
+        let rows = batch_rows(batch)?;
+        let real = mask.real(rows)?;
         if let Some(p) = &self.programs {
             let before = self.trainable.len() + self.frozen.len();
             check_class_inputs(&p.grad, before, batch, real, rows_of)?;
         }
-        if self.full_mask.is_none() {
-            self.full_mask = Some(place_rows(self.backend, mask_of(rows, rows)?)?);
+        if self.full_mask.as_ref().is_none_or(|(n, _)| *n != rows) {
+            self.full_mask = Some((rows, place_rows(self.backend, mask_of(rows, rows)?)?));
         }
-        let ragged = if real < rows {
-            Some(place_rows(self.backend, mask_of(rows, real)?)?)
-        } else {
-            None
+        let ragged = match mask {
+            RowMask::Real(real) if real < rows => {
+                Some(place_rows(self.backend, mask_of(rows, real)?)?)
+            }
+            RowMask::Real(_) => None,
+            RowMask::Weights(_) => Some(place_rows(self.backend, mask.array(rows)?)?),
         };
+        let weight = mask.total(rows);
         let accumulating = self.config.accum > 1;
         // The draw's key, one per replica (replica `r`'s is `fold_in(key, r)`), as rows.
         let keys = if E::RANDOM {
@@ -489,7 +508,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         } else {
             None
         };
-        let (Some(programs), Some(full)) = (&self.programs, &self.full_mask) else {
+        let (Some(programs), Some((_, full))) = (&self.programs, &self.full_mask) else {
             return Err(no_output());
         };
         let mut args = batch_args(
@@ -505,9 +524,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 self.window.zeros = Some(place(self.backend, zeros)?);
                 self.window.one = Some(self.place_one(Array::scalar(1.0f32))?);
             }
-            self.window.rows += real;
+            self.window.rows += weight;
             if closes {
-                let rows = self.window.rows.max(1) as f32;
+                let rows = self.window.rows.max(f64::MIN_POSITIVE) as f32;
                 scale = Some(self.place_one(Array::scalar(1.0 / rows))?);
             }
             let (Some(zeros), Some(one)) = (&self.window.zeros, &self.window.one) else {
@@ -537,7 +556,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             return Ok(());
         }
         self.window.micro_batches = 0;
-        self.window.rows = 0;
+        self.window.rows = 0.0;
         self.update(grads)
     }
 
@@ -613,7 +632,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// Evaluates `batch` (its first `real` rows) without training: summed loss and correct
     /// count over the real rows.
     pub fn evaluate(&mut self, batch: &E::Batch, real: usize) -> Result<EvalResult> {
-        let (result, _) = self.run_eval(batch, real, false, None)?;
+        let (result, _) = self.run_eval(batch, RowMask::Real(real), false, None)?;
         Ok(result)
     }
 
@@ -622,7 +641,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// error when the model does not predict.
     pub fn predict(&mut self, batch: &E::Batch) -> Result<Array> {
         let rows = batch_rows(batch)?;
-        let (result, _) = self.run_eval(batch, rows, true, None)?;
+        let (result, _) = self.run_eval(batch, RowMask::Real(rows), true, None)?;
         result.predictions.ok_or_else(|| Error::InvalidSetting {
             variable: "Model::predict",
             value: "None".into(),
@@ -636,15 +655,17 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// Runs the evaluation program on `batch`; reads the predictions back when `predictions`
     /// asks. Also returns the mask it placed, for the device metrics. `rows_of` maps the
     /// batch's rows to the data set's, for errors that name a row.
-    fn run_eval(
+    pub(super) fn run_eval(
         &mut self,
         batch: &E::Batch,
-        real: usize,
+        row_mask: RowMask<'_>,
         predictions: bool,
         rows_of: Option<&[usize]>,
     ) -> Result<(EvalResult, Array)> {
         let eval = self.prepare_eval(batch)?;
-        let mask = mask_of(self.config.batch, real)?;
+        let rows = batch_rows(batch)?;
+        let real = row_mask.real(rows)?;
+        let mask = row_mask.array(rows)?;
         let before = self.trainable.len() + self.frozen.len();
         check_class_inputs(&eval, before, batch, real, rows_of)?;
         let args = batch_args(&self.trainable, &self.frozen, batch, In::Rows(&mask));
@@ -691,6 +712,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         self.trainable = place(self.backend, trainable)?;
         self.frozen = place(self.backend, frozen)?;
         self.programs = None;
+        self.held.clear();
         // Frozen fields or GraphConsts may have changed: the stage is traced and its frozen
         // state digested again (held outputs stay valid: their keys say what they were).
         self.stage.forget_program();
@@ -935,4 +957,58 @@ fn mask_of(rows: usize, real: usize) -> Result<Array> {
         .map(|i| if i < real { 1.0 } else { 0.0 })
         .collect();
     Array::from_vec(&[rows], values)
+}
+
+/// How the rows of a batch count: the first `n` real (weight 1) and the rest padding, or a
+/// weight per row (0 for padding rows, which come last).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum RowMask<'a> {
+    Real(usize),
+    Weights(&'a [f32]),
+}
+
+impl RowMask<'_> {
+    /// The real rows of a batch of `rows`: an error when more than `rows`, or when the weights
+    /// are not one per row, negative, or nonzero after a zero.
+    fn real(&self, rows: usize) -> Result<usize> {
+        match *self {
+            RowMask::Real(real) => {
+                check_real_rows(rows, real)?;
+                Ok(real)
+            }
+            RowMask::Weights(w) => {
+                let real = w.iter().take_while(|&&x| x > 0.0).count();
+                let bad = w.len() != rows
+                    || w.iter().any(|x| !(x.is_finite() && *x >= 0.0))
+                    || w[real..].iter().any(|&x| x != 0.0)
+                    || real == 0;
+                if bad {
+                    return Err(Error::InvalidDataArgument {
+                        what: format!(
+                            "row weights {w:?} for a batch of {rows} rows: give one finite weight \
+                             per row, positive for the real rows (which come first) and 0 for \
+                             padding"
+                        ),
+                    });
+                }
+                Ok(real)
+            }
+        }
+    }
+
+    /// The total weight: the real rows, or the weights' sum.
+    fn total(&self, rows: usize) -> f64 {
+        match *self {
+            RowMask::Real(real) => real.min(rows) as f64,
+            RowMask::Weights(w) => w.iter().map(|&x| f64::from(x)).sum(),
+        }
+    }
+
+    /// The mask the programs take, `f32 [rows]`.
+    fn array(&self, rows: usize) -> Result<Array> {
+        match *self {
+            RowMask::Real(real) => mask_of(rows, real),
+            RowMask::Weights(w) => Array::from_vec(&[rows], w.to_vec()),
+        }
+    }
 }

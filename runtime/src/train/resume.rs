@@ -85,7 +85,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             let sums = self.packing.unpack(&to_host(sums)?)?;
             checkpoint = checkpoint.with_window(crate::checkpoint::AccumulationWindow {
                 micro_batches: self.window.micro_batches,
-                rows: self.window.rows,
+                rows: self.window.rows.round() as usize,
                 sums: paths.iter().cloned().zip(sums).collect(),
             })?;
         }
@@ -223,7 +223,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             }
             handle.window.sums = Some(place(backend, handle.packing.pack(&leaves)?)?);
             handle.window.micro_batches = w.micro_batches;
-            handle.window.rows = w.rows;
+            handle.window.rows = w.rows as f64;
         }
         Ok(handle)
     }
