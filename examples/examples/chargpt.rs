@@ -351,6 +351,15 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         None => run.fit(&train, Some(&val))?,
     };
     let fit_s = fit_started.elapsed().as_secs_f64();
+    // The real positions trained: every document's (capped at the largest edge), or every
+    // window's.
+    let real_positions: usize = match &docs {
+        Some(d) => {
+            let largest = d.buckets.largest();
+            d.train.lengths().iter().map(|&l| l.min(largest)).sum()
+        }
+        None => train.rows() * args.context,
+    };
     say(history.to_string());
     let stats = cache::cache_stats();
     say(format!("cache    {stats}"));
@@ -392,6 +401,16 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .field("peak_rss_mb", peak_rss_mb())
         .field("inventory", run.declared_inventory(true))
         .field("padding_waste", docs.as_ref().map_or(0.0, |d| d.waste))
+        .field(
+            "padding_waste_one_program",
+            docs.as_ref().map(|d| d.waste_one),
+        )
+        .field("real_positions", real_positions)
+        .field("tokens_per_s", real_positions as f64 / fit_s)
+        .field(
+            "tokens_per_s_steady",
+            real_positions as f64 / (last.step_us_pipelined * last.steps as f64 / 1e6),
+        )
         .field("buckets", docs.as_ref().map(|d| d.buckets.edges().to_vec()))
         .field("fit_s", fit_s)
         .field("process_s", started.elapsed().as_secs_f64());

@@ -35,6 +35,10 @@ pub struct Layers;
 #[doc = include_str!("../../docs/weights.md")]
 pub struct Weights;
 
+/// `docs/buckets.md`.
+#[doc = include_str!("../../docs/buckets.md")]
+pub struct Buckets;
+
 /// `docs/tracing.md`.
 #[doc = include_str!("../../docs/tracing.md")]
 pub struct Tracing;
