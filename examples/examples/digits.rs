@@ -33,6 +33,10 @@ use nitro_examples::{data, plot, DigitsMlp};
 #[derive(Parser, Debug)]
 #[command(name = "digits")]
 struct Args {
+    /// The preflight: print what each program of the run would do (hit, load, fetch or
+    /// compile, with the reason and the recorded time), compile nothing, and exit.
+    #[arg(long)]
+    check: bool,
     /// Epochs to train.
     #[arg(long, default_value_t = 10)]
     epochs: usize,
@@ -155,6 +159,16 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         progress: !args.json,
         devices: Some(devices),
     };
+    if args.check {
+        let plan = match args.optimizer {
+            OptimizerKind::Adam => run::plan(&data, &split, &settings, Adam::default()),
+            OptimizerKind::Adamw => run::plan(&data, &split, &settings, AdamW::default()),
+            OptimizerKind::Sgd => run::plan(&data, &split, &settings, Sgd),
+            OptimizerKind::Momentum => run::plan(&data, &split, &settings, Momentum::default()),
+        }?;
+        println!("{plan}");
+        return Ok(());
+    }
     let trained = match args.optimizer {
         OptimizerKind::Adam => run::train(&data, &split, &settings, Adam::default()),
         OptimizerKind::Adamw => run::train(&data, &split, &settings, AdamW::default()),

@@ -19,8 +19,8 @@ use clap::Parser;
 use nitro::cache;
 use nitro::data::idx;
 use nitro::prelude::*;
-use nitro::train::{Config, Nitro};
-use nitro_examples::fashion::{self, FashionCnn};
+use nitro::train::{Config, FromBatch, Nitro};
+use nitro_examples::fashion::{self, FashionCnn, Images};
 use nitro_examples::report::{exit_status, install_log, ms_by_program, peak_rss_mb, Summary};
 use nitro_examples::twin;
 use serde_json::json;
@@ -54,6 +54,10 @@ struct Args {
     /// `bench/twin_fashion.py`, the same model in JAX.
     #[arg(long)]
     twin: Option<PathBuf>,
+    /// The preflight: print what each program of the run would do (hit, load, fetch or
+    /// compile, with the reason and the recorded time), compile nothing, and exit.
+    #[arg(long)]
+    check: bool,
     /// Compile the programs one after another, so each compile time is its own (uncontended).
     #[arg(long)]
     serial_compiles: bool,
@@ -131,6 +135,12 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         ));
     }
     let mut run = Nitro::new(experiment, fashion::optimizer(), config)?;
+    if args.check {
+        let rows: Vec<usize> = (0..args.batch.min(train.rows())).collect();
+        let sample = Images::from_batch(train.gather(&rows, args.batch)?)?;
+        println!("{}", run.plan(&sample, true)?);
+        return Ok(());
+    }
     let fit_started = std::time::Instant::now();
     let history = run.fit(&train, Some(&test))?;
     let fit_s = fit_started.elapsed().as_secs_f64();

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use nitro::data::{Dataset, Split};
 use nitro::optim::{Cosine, Optimizer};
-use nitro::train::{Config, History, Nitro};
+use nitro::train::{Config, FromBatch, History, Nitro, Plan};
 
 use crate::DigitsMlp;
 
@@ -102,6 +102,23 @@ pub fn train<O: Optimizer>(
         programs: run.compile_time(),
         fit_s: started.elapsed().as_secs_f64(),
     })
+}
+
+/// The preflight of [`train`]: what getting each program of the run's inventory (gradient,
+/// update, evaluation) would do — a hit, a load, a fetch or a compile, with the reason and the
+/// recorded time — found without compiling anything.
+pub fn plan<O: Optimizer>(
+    data: &Dataset,
+    split: &Split,
+    settings: &Settings,
+    optimizer: O,
+) -> nitro::Result<Plan> {
+    let exp = DigitsMlp::tanh(settings.hidden, data.clone());
+    let config = settings.config(split.train.rows());
+    let run = Nitro::new(exp, optimizer, config)?;
+    let rows: Vec<usize> = (0..settings.batch.min(split.train.rows())).collect();
+    let sample = crate::Rows::from_batch(split.train.gather(&rows, settings.batch)?)?;
+    run.plan(&sample, true)
 }
 
 #[cfg(test)]

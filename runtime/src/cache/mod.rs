@@ -1224,6 +1224,12 @@ impl Cache {
         self.lock_state().lints.clone()
     }
 
+    /// The variant count past which the lint warns about a program (see
+    /// [`set_variant_warning`](Cache::set_variant_warning)).
+    pub fn variant_warning(&self) -> usize {
+        self.variant_warning.load(Ordering::Relaxed)
+    }
+
     /// Warn when one program has compiled more than `variants` variants (default 8).
     pub fn set_variant_warning(&self, variants: usize) {
         self.variant_warning.store(variants, Ordering::Relaxed);

@@ -427,6 +427,12 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         E::Batch: FromBatch,
     {
         let buckets = self.declared_buckets()?;
+        // A declared bucket per program variant is expected, not a sign of keys that keep
+        // moving: the cache's variant warning waits for more than the declared edges.
+        let edges = buckets.edges().len();
+        if self.cache.variant_warning() < edges {
+            self.cache.set_variant_warning(edges);
+        }
         let inventory = if validating {
             Inventory::Validate
         } else {

@@ -1123,19 +1123,28 @@ impl std::fmt::Display for Plan {
             writeln!(f)?;
         }
         let (ms, unknown) = self.expected_ms();
+        let misses = self.entries.len() - self.count(Will::Hit);
         write!(
             f,
-            "{} program(s): {} hit, {} load, {} fetch, {} compile; expected wait ~{:.1} s",
+            "{} program(s): {} hit, {} load, {} fetch, {} compile; ",
             self.entries.len(),
             self.count(Will::Hit),
             self.count(Will::Load),
             self.count(Will::Fetch),
             self.count(Will::Compile),
-            ms / 1e3
         )?;
-        if unknown > 0 {
-            write!(f, " plus {unknown} program(s) without a record")?;
+        match (misses, unknown) {
+            (0, _) => write!(f, "nothing to wait for"),
+            (_, 0) => write!(f, "expected wait ~{:.1} s", ms / 1e3),
+            (m, u) if u == m => write!(
+                f,
+                "expected wait unknown (no record of these programs' times)"
+            ),
+            (_, u) => write!(
+                f,
+                "expected wait ~{:.1} s plus {u} program(s) without a record",
+                ms / 1e3
+            ),
         }
-        Ok(())
     }
 }
