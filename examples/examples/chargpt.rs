@@ -25,7 +25,7 @@ use nitro::optim::AdamW;
 use nitro::prelude::*;
 use nitro::train::{Config, FromBatch, Nitro};
 use nitro_examples::chargpt::{self, CharGpt, GptShape, Windows};
-use nitro_examples::report::{exit_status, install_log, ms_by_program, peak_rss_mb, Summary};
+use nitro_examples::report::{exit_status, install_log, Summary};
 use nitro_examples::twin;
 use serde_json::json;
 
@@ -388,17 +388,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .first_step(run.first_step_time())
         .field("val_bits_per_char", val_bits)
         .field("unigram_bits_per_char", unigram)
-        .field("step_ms", last.step_us_median / 1e3)
-        .field("step_ms_pipelined", last.step_us_pipelined / 1e3)
-        .field(
-            "compile_ms_by_program",
-            ms_by_program(run.program_times(), false),
-        )
-        .field(
-            "trace_ms_by_program",
-            ms_by_program(run.program_times(), true),
-        )
-        .field("peak_rss_mb", peak_rss_mb())
+        .handle(last, run.program_times())
         .field("inventory", run.declared_inventory(true))
         .field("padding_waste", docs.as_ref().map_or(0.0, |d| d.waste))
         .field(

@@ -21,7 +21,7 @@ use nitro::data::idx;
 use nitro::prelude::*;
 use nitro::train::{Config, FromBatch, Nitro};
 use nitro_examples::fashion::{self, FashionCnn, Images};
-use nitro_examples::report::{exit_status, install_log, ms_by_program, peak_rss_mb, Summary};
+use nitro_examples::report::{exit_status, install_log, Summary};
 use nitro_examples::twin;
 use serde_json::json;
 
@@ -161,17 +161,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .cache(&stats)
         .first_step(run.first_step_time())
         .field("test_accuracy", test_accuracy)
-        .field("step_ms", last.step_us_median / 1e3)
-        .field("step_ms_pipelined", last.step_us_pipelined / 1e3)
-        .field(
-            "compile_ms_by_program",
-            ms_by_program(run.program_times(), false),
-        )
-        .field(
-            "trace_ms_by_program",
-            ms_by_program(run.program_times(), true),
-        )
-        .field("peak_rss_mb", peak_rss_mb())
+        .handle(last, run.program_times())
         .field("fit_s", fit_s)
         .field("process_s", started.elapsed().as_secs_f64());
     println!("{summary}");

@@ -110,6 +110,21 @@ impl Summary {
             .field("programs_hit", stats.hits)
     }
 
+    /// A training handle's figures: the last epoch's waited and pipelined step (`step_ms`,
+    /// `step_ms_pipelined`), each program's compile and trace time by role
+    /// (`compile_ms_by_program`, `trace_ms_by_program`), and the process's `peak_rss_mb`.
+    pub fn handle(
+        self,
+        last: &nitro::train::EpochRecord,
+        times: &[nitro::train::ProgramTime],
+    ) -> Summary {
+        self.field("step_ms", last.step_us_median / 1e3)
+            .field("step_ms_pipelined", last.step_us_pipelined / 1e3)
+            .field("compile_ms_by_program", ms_by_program(times, false))
+            .field("trace_ms_by_program", ms_by_program(times, true))
+            .field("peak_rss_mb", peak_rss_mb())
+    }
+
     /// How long the run took to finish its first step (0 when it took none).
     pub fn first_step(self, time: Option<Duration>) -> Summary {
         self.field("first_step_ms", time.map_or(0.0, |d| d.as_secs_f64() * 1e3))

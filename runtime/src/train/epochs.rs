@@ -87,6 +87,16 @@ pub(super) struct EpochTimings {
     pub(super) batches: usize,
 }
 
+impl EpochTimings {
+    /// The median of the waited steps, in microseconds (the upper one of an even count); 0
+    /// for none.
+    pub(super) fn waited_median_us(&self) -> f64 {
+        let mut waited: Vec<f64> = self.waited.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+        waited.sort_by(f64::total_cmp);
+        waited.get(waited.len() / 2).copied().unwrap_or(0.0)
+    }
+}
+
 /// How many steps of an epoch are timed waited (spread evenly over it).
 pub(super) const WAITED_SAMPLES: usize = 8;
 
@@ -369,13 +379,6 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 }
                 None => (None, None),
             };
-            let mut waited: Vec<f64> = self
-                .timings
-                .waited
-                .iter()
-                .map(|d| d.as_secs_f64() * 1e6)
-                .collect();
-            waited.sort_by(f64::total_cmp);
             let batches = self.timings.batches.max(1) as f64;
             let record = EpochRecord {
                 epoch: usize::try_from(epoch + 1).unwrap_or(usize::MAX),
@@ -384,7 +387,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 val_accuracy,
                 metrics,
                 steps: self.step - steps_before,
-                step_us_median: waited.get(waited.len() / 2).copied().unwrap_or(0.0),
+                step_us_median: self.timings.waited_median_us(),
                 step_us_pipelined: self.timings.wall.as_secs_f64() * 1e6 / batches,
                 seconds: started.elapsed().as_secs_f64(),
             };
@@ -520,13 +523,6 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             };
             self.epoch = epoch + 1;
             self.epoch_batches = 0;
-            let mut waited: Vec<f64> = self
-                .timings
-                .waited
-                .iter()
-                .map(|d| d.as_secs_f64() * 1e6)
-                .collect();
-            waited.sort_by(f64::total_cmp);
             let record = EpochRecord {
                 epoch: usize::try_from(epoch + 1).unwrap_or(usize::MAX),
                 train_loss,
@@ -534,7 +530,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 val_accuracy: None,
                 metrics: Vec::new(),
                 steps: self.step - steps_before,
-                step_us_median: waited.get(waited.len() / 2).copied().unwrap_or(0.0),
+                step_us_median: self.timings.waited_median_us(),
                 step_us_pipelined: self.timings.wall.as_secs_f64() * 1e6 / plan.len().max(1) as f64,
                 seconds: started.elapsed().as_secs_f64(),
             };
