@@ -261,6 +261,10 @@ fn inventory_on(backend: &'static dyn Backend) {
     let mut run = bucketed(backend, first, buckets.clone());
     assert_eq!(run.declared_inventory(true), 1 + 4 * 2);
     assert_eq!(run.declared_inventory(false), 1 + 4);
+    // Everything compiles before the first step: after the explicit preparation, the whole
+    // inventory; after training, not one more.
+    run.prepare_buckets(&train, true).unwrap();
+    assert_eq!(first.stats().compiles, 9, "{}", first.stats());
     let history = run.fit_ragged(&train, Some(&val)).unwrap();
     assert_eq!(history.epochs.len(), 2);
     assert!(history
@@ -313,6 +317,19 @@ fn inventory_on(backend: &'static dyn Backend) {
         (0, 9),
         "a second process loads all nine: {stats}"
     );
+}
+
+#[test]
+fn a_train_only_run_compiles_the_update_and_one_gradient_per_bucket() {
+    let cache = own_cache();
+    let train = Ragged::next_token(&docs(40, 3, 40)).unwrap();
+    let buckets = Buckets::new([8, 16, 24, 40]).unwrap().token_budget(64);
+    let mut run = bucketed(backend::interpreter(), cache, buckets);
+    run.fit_ragged(&train, None).unwrap();
+    let stats = cache.stats();
+    assert_eq!((stats.misses, stats.compiles), (5, 5), "1 + 4 × 1: {stats}");
+    cache.assert_no_recompile_after_warmup().unwrap();
+    assert_eq!(run.declared_inventory(false), 5);
 }
 
 #[test]
