@@ -596,6 +596,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         self.in_flight = done;
         self.step += 1;
         if self.first_step.is_none() {
+            // A step is a step finished, not one enqueued: the first one is waited for (once;
+            // pipelining starts after it) before its time is taken.
+            self.wait()?;
             self.first_step = Some(self.created.elapsed());
         }
         Ok(())
