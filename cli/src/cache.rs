@@ -466,25 +466,19 @@ fn check(manifest: &Manifest, store: &dyn Store, place: &str) -> Result<Report, 
             Failure::fatal("bad_manifest", format!("`{}` is not a store key", p.key))
         })?;
         let edge = p.edge.map_or_else(String::new, |e| format!(" [{e}]"));
-        if store.contains(&key) {
-            present.push(&p.key);
-            let _ = writeln!(
-                text,
-                "present  {}  {}{edge}  {}",
-                &p.key[..12],
-                p.role,
-                p.program
-            );
+        let (word, list) = if store.contains(&key) {
+            ("present", &mut present)
         } else {
-            missing.push(&p.key);
-            let _ = writeln!(
-                text,
-                "missing  {}  {}{edge}  {}",
-                &p.key[..12],
-                p.role,
-                p.program
-            );
-        }
+            ("missing", &mut missing)
+        };
+        list.push(&p.key);
+        let _ = writeln!(
+            text,
+            "{word}  {}  {}{edge}  {}",
+            &p.key[..12],
+            p.role,
+            p.program
+        );
     }
     let _ = writeln!(
         text,

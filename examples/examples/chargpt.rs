@@ -26,7 +26,7 @@ use nitro::prelude::*;
 use nitro::train::{Config, FromBatch, Nitro};
 use nitro_examples::chargpt::{self, CharGpt, GptShape, Windows};
 use nitro_examples::report::{exit_status, install_log, Summary};
-use nitro_examples::twin;
+use nitro_examples::{twin, HandleFlags};
 use serde_json::json;
 
 /// Trains a small character-level GPT on the fortunes and reports held-out bits per character.
@@ -81,29 +81,15 @@ struct Args {
     /// The directory of the fortune files (default: the Debian package's).
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Print only the JSON line.
-    #[arg(long)]
-    json: bool,
-    /// Write a twin bundle here (initial weights, windows, batches, hyperparameters) for
-    /// `bench/twin_chargpt.py`, the same model in JAX.
-    #[arg(long)]
-    twin: Option<PathBuf>,
-    /// Compile the programs one after another, so each compile time is its own (uncontended).
-    #[arg(long)]
-    serial_compiles: bool,
-    /// Write the run's inventory manifest here (its programs' fingerprints and store keys), for
-    /// `nitro cache pull --manifest FILE` on another machine.
-    #[arg(long)]
-    manifest: Option<PathBuf>,
+    /// The flags of every handle example (`--json`, `--check`, `--serial-compiles`,
+    /// `--manifest`, `--twin`: with `--buckets`, the twin bundle holds the documents).
+    #[command(flatten)]
+    run: HandleFlags,
     /// Train on whole documents (the fortunes, one each) of varying length instead of fixed
     /// windows, padded to K shape buckets the planner picks over their lengths (capped at
     /// --context): the inventory is the programs × K, all compiled before the first step.
     #[arg(long, default_value_t = 0)]
     buckets: usize,
-    /// The preflight: print what each program of the inventory would do (hit, load, fetch or
-    /// compile, with the reason and the recorded time), compile nothing, and exit.
-    #[arg(long)]
-    check: bool,
 }
 
 /// Whole documents under shape buckets (`--buckets K`).
@@ -212,7 +198,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("--width must be a multiple of --heads".into());
     }
     let say = |line: String| {
-        if !args.json {
+        if !args.run.json {
             println!("{line}");
         }
     };
@@ -242,8 +228,8 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .batch(args.batch)
         .epochs(1)
         .seed(args.seed)
-        .concurrent_compiles(!args.serial_compiles)
-        .progress(!args.json);
+        .concurrent_compiles(!args.run.serial_compiles)
+        .progress(!args.run.json);
     let docs = if args.buckets > 0 {
         let d = documents(&args, &vocab, config.device_count()?)?;
         say(format!(
@@ -264,7 +250,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     let config = config.schedule(chargpt::schedule(args.lr, steps));
     let experiment = CharGpt::new(&args.shape(), vocab.len());
     let optimizer = chargpt::optimizer();
-    if let Some(dir) = &args.twin {
+    if let Some(dir) = &args.run.twin {
         let schedule = chargpt::schedule(args.lr, steps);
         let adam = optimizer.adam;
         let run = json!({
@@ -331,7 +317,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         }
         None => Nitro::new(experiment, optimizer, config)?,
     };
-    if args.check {
+    if args.run.check {
         let plan = match &docs {
             Some(d) => run.plan_buckets(&d.train, true)?,
             None => {
@@ -365,7 +351,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     say(format!("cache    {stats}"));
     cache::assert_no_recompile_after_warmup()?;
     say("no recompile after warm-up: ok".into());
-    if let Some(path) = &args.manifest {
+    if let Some(path) = &args.run.manifest {
         run.manifest().write(path)?;
         say(format!("manifest {}", path.display()));
     }

@@ -22,7 +22,7 @@ use nitro::prelude::*;
 use nitro::train::{Config, FromBatch, Nitro};
 use nitro_examples::fashion::{self, FashionCnn, Images};
 use nitro_examples::report::{exit_status, install_log, Summary};
-use nitro_examples::twin;
+use nitro_examples::{twin, HandleFlags};
 use serde_json::json;
 
 /// Trains a small CNN on Fashion-MNIST and checks that nothing recompiles after step 1.
@@ -47,24 +47,10 @@ struct Args {
     /// The directory of the four idx files (default: the Debian package's).
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Print only the JSON line.
-    #[arg(long)]
-    json: bool,
-    /// Write a twin bundle here (initial weights, batches, hyperparameters) for
-    /// `bench/twin_fashion.py`, the same model in JAX.
-    #[arg(long)]
-    twin: Option<PathBuf>,
-    /// The preflight: print what each program of the run would do (hit, load, fetch or
-    /// compile, with the reason and the recorded time), compile nothing, and exit.
-    #[arg(long)]
-    check: bool,
-    /// Compile the programs one after another, so each compile time is its own (uncontended).
-    #[arg(long)]
-    serial_compiles: bool,
-    /// Write the run's inventory manifest here (its programs' fingerprints and store keys), for
-    /// `nitro cache pull --manifest FILE` on another machine.
-    #[arg(long)]
-    manifest: Option<PathBuf>,
+    /// The flags of every handle example (`--json`, `--check`, `--serial-compiles`,
+    /// `--manifest`, `--twin`).
+    #[command(flatten)]
+    run: HandleFlags,
 }
 
 fn main() -> std::process::ExitCode {
@@ -79,7 +65,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("--epochs and --batch must be at least 1".into());
     }
     let say = |line: String| {
-        if !args.json {
+        if !args.run.json {
             println!("{line}");
         }
     };
@@ -97,7 +83,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         "model    conv3x3 16 · relu · pool2 · conv3x3 32 · relu · pool2 · dense 10, adam, peak lr {}, batch {}",
         args.lr, args.batch
     ));
-    if !args.json {
+    if !args.run.json {
         print!("{}", FashionCnn::key_manifest());
     }
     let steps = (train.rows().div_ceil(args.batch) * args.epochs) as u64;
@@ -106,10 +92,10 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .epochs(args.epochs)
         .seed(args.seed)
         .schedule(fashion::schedule(args.lr, steps))
-        .concurrent_compiles(!args.serial_compiles)
-        .progress(!args.json);
+        .concurrent_compiles(!args.run.serial_compiles)
+        .progress(!args.run.json);
     let experiment = FashionCnn::new(args.seed);
-    if let Some(dir) = &args.twin {
+    if let Some(dir) = &args.run.twin {
         let schedule = fashion::schedule(args.lr, steps);
         let adam = fashion::optimizer();
         let run = json!({
@@ -135,7 +121,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         ));
     }
     let mut run = Nitro::new(experiment, fashion::optimizer(), config)?;
-    if args.check {
+    if args.run.check {
         let rows: Vec<usize> = (0..args.batch.min(train.rows())).collect();
         let sample = Images::from_batch(train.gather(&rows, args.batch)?)?;
         println!("{}", run.plan(&sample, true)?);
@@ -149,7 +135,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     say(format!("cache    {stats}"));
     cache::assert_no_recompile_after_warmup()?;
     say("no recompile after warm-up: ok".into());
-    if let Some(path) = &args.manifest {
+    if let Some(path) = &args.run.manifest {
         run.manifest().write(path)?;
         say(format!("manifest {}", path.display()));
     }

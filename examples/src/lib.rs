@@ -243,6 +243,30 @@ pub fn correct(v: &DigitsMlpView<'_>, batch: &BatchMirror<Tensor>) -> Tensor {
 pub const EVAL: nitro::program::Program<DigitsMlp, BatchMirror<Tensor>, Tensor> =
     DigitsMlp::program("eval", correct);
 
+/// The flags every example that trains through the handle takes (`#[command(flatten)]` into
+/// its own arguments).
+#[derive(clap::Args, Debug, Clone)]
+pub struct HandleFlags {
+    /// Print only the JSON line.
+    #[arg(long)]
+    pub json: bool,
+    /// The preflight: print what each program of the run would do (hit, load, fetch or
+    /// compile, with the reason and the recorded time), compile nothing, and exit.
+    #[arg(long)]
+    pub check: bool,
+    /// Compile the programs one after another, so each compile time is its own (uncontended).
+    #[arg(long)]
+    pub serial_compiles: bool,
+    /// Write the run's inventory manifest here (its programs' fingerprints and store keys), for
+    /// `nitro cache pull --manifest FILE` on another machine.
+    #[arg(long)]
+    pub manifest: Option<std::path::PathBuf>,
+    /// Write a twin bundle here (initial weights, batches, hyperparameters) for the example's
+    /// JAX twin, `bench/twin_<example>.py`.
+    #[arg(long)]
+    pub twin: Option<std::path::PathBuf>,
+}
+
 /// The column `name` of a batch (a copy), or an error naming the missing column.
 pub fn column(batch: &nitro::data::Batch, name: &str) -> nitro::Result<nitro::Array> {
     batch

@@ -10,10 +10,12 @@
 //!   loads all three and compiles nothing.
 #![allow(missing_docs)]
 
+#[path = "../../runtime/tests/common/mod.rs"]
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use nitro::backend::{self, Backend};
 use nitro::cache::{Cache, DirStore, Outcome};
 use nitro::data::{idx, Dataset};
 use nitro::optim::{Cosine, Optimizer};
@@ -22,22 +24,6 @@ use nitro::weights::{self, Import};
 use nitro::Array;
 use nitro_examples::chargpt::{self, CharGpt, GptShape, Windows};
 use nitro_examples::fashion::{self, FashionCnn, Images};
-
-/// XLA, or `None` after a `skip:` line (a failure under `NITRO_REQUIRE_XLA=1`).
-fn xla_or_skip(test: &str) -> Option<&'static dyn Backend> {
-    match backend::xla() {
-        Ok(x) => Some(x),
-        Err(e) => {
-            let required = std::env::var("NITRO_REQUIRE_XLA").is_ok_and(|v| v.trim() == "1");
-            assert!(
-                !required,
-                "{test}: XLA is required (NITRO_REQUIRE_XLA=1) but unavailable: {e}"
-            );
-            println!("skip: {test}: XLA is unavailable ({e})");
-            None
-        }
-    }
-}
 
 fn golden(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -114,7 +100,7 @@ fn the_fashion_cnn_matches_its_jax_twin_for_ten_steps() {
         println!("skip: {test}: the Debian package dataset-fashion-mnist is not installed");
         return;
     }
-    let Some(xla) = xla_or_skip(test) else {
+    let Some(xla) = common::xla_or_skip(test) else {
         return;
     };
     let path = golden("fashion_twin.safetensors");
@@ -189,7 +175,8 @@ fn golden_shape() -> GptShape {
 
 #[test]
 fn the_character_gpt_matches_its_jax_twin_for_ten_steps() {
-    let Some(xla) = xla_or_skip("the_character_gpt_matches_its_jax_twin_for_ten_steps") else {
+    let Some(xla) = common::xla_or_skip("the_character_gpt_matches_its_jax_twin_for_ten_steps")
+    else {
         return;
     };
     let path = golden("chargpt_twin.safetensors");
@@ -214,24 +201,6 @@ fn tensor_dims(path: &Path, name: &str) -> Vec<usize> {
     let bytes = std::fs::read(path).unwrap();
     let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     file.tensor(name).unwrap().shape().to_vec()
-}
-
-/// A directory of its own under the system's temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("nitro-twins-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// A cache over the store in `dir`: what a fresh process opens.
@@ -267,8 +236,8 @@ fn inventory_and_second_process<E: Model, O: Optimizer>(
 ) where
     E::Batch: FromBatch,
 {
-    let dir = TempDir::new(what);
-    let (first, times) = fit_in_process(&dir.0, &handle, train, val);
+    let dir = common::TempDir::new(what);
+    let (first, times) = fit_in_process(dir.path(), &handle, train, val);
     let stats = first.stats();
     assert_eq!(
         (stats.misses, stats.compiles, stats.entries),
@@ -283,7 +252,7 @@ fn inventory_and_second_process<E: Model, O: Optimizer>(
         .iter()
         .all(|t| matches!(t.outcome, Outcome::Compiled { .. }) && !t.build.is_zero()));
 
-    let (second, times) = fit_in_process(&dir.0, &handle, train, val);
+    let (second, times) = fit_in_process(dir.path(), &handle, train, val);
     let stats = second.stats();
     assert_eq!(
         (stats.compiles, stats.l2_hits, stats.misses),
@@ -312,7 +281,7 @@ fn images(n: usize, seed: u64) -> Dataset {
 
 #[test]
 fn the_fashion_inventory_is_three_programs_and_a_second_process_compiles_none() {
-    let Some(xla) = xla_or_skip("the_fashion_inventory_is_three_programs") else {
+    let Some(xla) = common::xla_or_skip("the_fashion_inventory_is_three_programs") else {
         return;
     };
     // A ragged last batch in both sets: padding is no new program.
@@ -330,7 +299,7 @@ fn the_fashion_inventory_is_three_programs_and_a_second_process_compiles_none() 
 
 #[test]
 fn the_chargpt_inventory_is_three_programs_and_a_second_process_compiles_none() {
-    let Some(xla) = xla_or_skip("the_chargpt_inventory_is_three_programs") else {
+    let Some(xla) = common::xla_or_skip("the_chargpt_inventory_is_three_programs") else {
         return;
     };
     let ids: Vec<i32> = (0..4000i32).map(|i| (i * 7 + i / 13) % 40).collect();

@@ -705,11 +705,7 @@ impl Cache {
         inputs: &I,
         parts: &KeyParts<'_>,
     ) -> Result<Served> {
-        if let Some(message) = &self.misconfigured {
-            return Err(Error::Misconfigured {
-                message: message.clone(),
-            });
-        }
+        self.check_configured()?;
         let components = key_components(backend, program, experiment, inputs, parts);
         let address = program.code_address();
 
@@ -804,6 +800,17 @@ impl Cache {
         result
     }
 
+    /// The error every lookup gives while the cache's settings are wrong (a bad
+    /// `NITRO_CACHE_*` value), before it does anything.
+    fn check_configured(&self) -> Result<()> {
+        match &self.misconfigured {
+            Some(message) => Err(Error::Misconfigured {
+                message: message.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// What [`Cache::get`] would do for `program` on `experiment` and `inputs` — serve it from
     /// memory, load it from the local store, fetch it from a shared server, or compile it, with
     /// the miss reason and the time the store's record says the program's last compile (or
@@ -816,11 +823,7 @@ impl Cache {
         experiment: &E,
         inputs: &I,
     ) -> Result<Probe> {
-        if let Some(message) = &self.misconfigured {
-            return Err(Error::Misconfigured {
-                message: message.clone(),
-            });
-        }
+        self.check_configured()?;
         let prepared = Prepared::new(experiment);
         let parts = KeyParts {
             graph_const: prepared.graph_const,
