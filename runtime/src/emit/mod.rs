@@ -49,7 +49,7 @@
 use std::fmt::{self, Write as _};
 
 use crate::hash::Digest;
-use crate::trace::ir::{Graph, Node, NodeId, Op};
+use crate::trace::ir::{Graph, Node, NodeId, Op, ScanOp};
 use crate::tree::{ArrayData, DType, LeafType};
 
 /// How to emit a program beyond its graph.
@@ -78,10 +78,28 @@ pub fn emit(graph: &Graph) -> String {
 ///
 /// The same graph and options always give byte-identical text.
 pub fn emit_with(graph: &Graph, options: &EmitOptions) -> String {
-    let mut e = Emitter::new(graph);
+    let mut out = String::new();
+    if graph.replicas > 1 {
+        // A replicated program says how many replicas it runs as; the compile options say
+        // the same (and a one-replica program's text is unchanged).
+        let _ = writeln!(
+            out,
+            "module @nitro attributes {{mhlo.num_partitions = 1 : i32, mhlo.num_replicas = {} : i32}} {{",
+            graph.replicas
+        );
+    } else {
+        out.push_str("module @nitro {\n");
+    }
+    let mut bodies = Vec::new();
+    let mut e = Emitter::new(graph, &mut bodies);
     // Writing into a `String` cannot fail; the `fmt::Result` plumbing only serves `write!`.
-    let _ = e.module(options);
-    e.out
+    let _ = e.function("public @main", options);
+    out.push_str(&e.out);
+    for body in &bodies {
+        out.push_str(body);
+    }
+    out.push_str("}\n");
+    out
 }
 
 /// The program's fingerprint: the blake3 digest of its StableHLO text.
@@ -231,6 +249,8 @@ enum Ssa {
     Arg(usize),
     /// Computed value `%N`.
     Value(usize),
+    /// Result `k` of the multi-result value `%N`: `%N#k`.
+    Part(usize, usize),
     /// A node that is not emitted (only reachable through a malformed graph).
     Missing,
 }
@@ -240,40 +260,54 @@ impl fmt::Display for Ssa {
         match self {
             Ssa::Arg(i) => write!(f, "%arg{i}"),
             Ssa::Value(i) => write!(f, "%{i}"),
+            Ssa::Part(i, k) => write!(f, "%{i}#{k}"),
             Ssa::Missing => f.write_str("%missing"),
         }
     }
 }
 
-struct Emitter<'g> {
+struct Emitter<'g, 'b> {
     graph: &'g Graph,
     live: Vec<bool>,
     names: Vec<Ssa>,
     out: String,
+    /// The module's private functions (scan bodies), in the order they were first needed.
+    bodies: &'b mut Vec<String>,
 }
 
-impl<'g> Emitter<'g> {
-    fn new(graph: &'g Graph) -> Self {
+impl<'g, 'b> Emitter<'g, 'b> {
+    fn new(graph: &'g Graph, bodies: &'b mut Vec<String>) -> Self {
         let live = graph.live();
         let mut next = 0;
-        let names = graph
-            .nodes
-            .iter()
-            .zip(&live)
-            .map(|(node, &is_live)| match node.op {
-                Op::Parameter { index } => Ssa::Arg(index),
+        let mut names: Vec<Ssa> = Vec::with_capacity(graph.nodes.len());
+        for (node, &is_live) in graph.nodes.iter().zip(&live) {
+            let name = match &node.op {
+                Op::Parameter { index } => Ssa::Arg(*index),
+                // A scan's results are its `while`'s, after the counter and what it threads.
+                Op::Result { index } if is_live => {
+                    let scan = Self::input(node, 0);
+                    match (names.get(scan as usize), graph.nodes.get(scan as usize)) {
+                        (Some(&Ssa::Value(n)), Some(s)) => match &s.op {
+                            Op::Scan(op) => Ssa::Part(n, while_result(op, s.inputs.len(), *index)),
+                            _ => Ssa::Missing,
+                        },
+                        _ => Ssa::Missing,
+                    }
+                }
                 _ if is_live => {
                     next += 1;
                     Ssa::Value(next - 1)
                 }
                 _ => Ssa::Missing,
-            })
-            .collect();
+            };
+            names.push(name);
+        }
         Emitter {
             graph,
             live,
             names,
             out: String::new(),
+            bodies,
         }
     }
 
@@ -292,20 +326,12 @@ impl<'g> Emitter<'g> {
         node.inputs.get(k).copied().unwrap_or(NodeId::MAX)
     }
 
-    fn module(&mut self, options: &EmitOptions) -> fmt::Result {
+    /// The function `func.func {name}` (`public @main`, `private @scan0`) with the graph's
+    /// inputs as arguments and its outputs as results.
+    fn function(&mut self, name: &str, options: &EmitOptions) -> fmt::Result {
         let graph = self.graph;
         let out = &mut self.out;
-        if graph.replicas > 1 {
-            // A replicated program says how many replicas it runs as; the compile options say
-            // the same (and a one-replica program's text is unchanged).
-            write!(
-                out,
-                "module @nitro attributes {{mhlo.num_partitions = 1 : i32, mhlo.num_replicas = {} : i32}} {{\n  func.func public @main(",
-                graph.replicas
-            )?;
-        } else {
-            out.push_str("module @nitro {\n  func.func public @main(");
-        }
+        write!(out, "  func.func {name}(")?;
         for (i, input) in graph.inputs.iter().enumerate() {
             if i > 0 {
                 out.push_str(", ");
@@ -328,7 +354,7 @@ impl<'g> Emitter<'g> {
         self.out.push_str(" {\n");
 
         for (id, node) in graph.nodes.iter().enumerate() {
-            if self.live[id] && !matches!(node.op, Op::Parameter { .. }) {
+            if self.live[id] && !matches!(node.op, Op::Parameter { .. } | Op::Result { .. }) {
                 self.node(id as NodeId, node)?;
             }
         }
@@ -342,7 +368,7 @@ impl<'g> Emitter<'g> {
             self.out.push_str(" : ");
             self.types(&graph.outputs)?;
         }
-        self.out.push_str("\n  }\n}\n");
+        self.out.push_str("\n  }\n");
         Ok(())
     }
 
@@ -403,6 +429,9 @@ impl<'g> Emitter<'g> {
                 };
                 crate::ops::emit(node, line)
             }
+            Op::Scan(op) => self.scan(me, node, op),
+            // Named as parts of their scan's `while`; no line of their own.
+            Op::Result { .. } => Ok(()),
             Op::AllReduce => {
                 let scalar = Ty(Some(&LeafType {
                     dtype: node.ty.dtype,
@@ -421,6 +450,239 @@ impl<'g> Emitter<'g> {
                 )
             }
         }
+    }
+}
+
+/// The position of a scan's result `index` among its `while`'s results: the counter, the
+/// carry, the stacked inputs, the invariants (a scan with `operands` operands), then the
+/// stacked outputs.
+fn while_result(op: &ScanOp, operands: usize, index: usize) -> usize {
+    if index < op.carry {
+        1 + index
+    } else {
+        1 + operands + (index - op.carry)
+    }
+}
+
+impl Emitter<'_, '_> {
+    /// A scan: its body as a private function, and a `stablehlo.while` that calls it once per
+    /// iteration. The loop threads an `i32` counter, the carry, the stacked inputs, the
+    /// invariants and the stacked outputs (zeros at first); iteration `i` slices each stacked
+    /// input at `t` (`i`, or `length − 1 − i` in reverse) with `dynamic_slice`, and writes each
+    /// output at `t` with `dynamic_update_slice`. Names inside are `%wN_…`, `N` being the
+    /// scan's own number.
+    fn scan(&mut self, me: Ssa, node: &Node, op: &ScanOp) -> fmt::Result {
+        let n = match me {
+            Ssa::Value(n) => n,
+            _ => return Ok(()),
+        };
+        // The body first: its number is its place among the module's functions.
+        let k = self.bodies.len();
+        self.bodies.push(String::new());
+        let body_text = {
+            let mut e = Emitter::new(&op.body, self.bodies);
+            e.function(&format!("private @scan{k}"), &EmitOptions::default())?;
+            e.out
+        };
+        self.bodies[k] = body_text;
+
+        let i32_ty = "tensor<i32>";
+        let (nc, nx) = (op.carry, op.xs);
+        let results = op.result_types();
+        let body_in = op.body.input_types();
+        let body_out = op.body.output_types();
+        let ys: Vec<&LeafType> = results[nc..].iter().collect();
+        let w = format!("%w{n}");
+        let out = &mut self.out;
+        writeln!(out, "    {w}_i0 = stablehlo.constant dense<0> : {i32_ty}")?;
+        for (j, ty) in ys.iter().enumerate() {
+            write!(out, "    {w}_y0_{j} = stablehlo.constant ")?;
+            zero_splat(out, ty);
+            writeln!(out, " : {}", Ty(Some(ty)))?;
+        }
+        // The loop's values: counter, operands (carry, stacked inputs, invariants), outputs.
+        let mut inits: Vec<String> = vec![format!("{w}_i0")];
+        let mut types: Vec<String> = vec![i32_ty.to_owned()];
+        for &i in &node.inputs {
+            inits.push(
+                self.names
+                    .get(i as usize)
+                    .copied()
+                    .unwrap_or(Ssa::Missing)
+                    .to_string(),
+            );
+            types.push(Ty(self.graph.nodes.get(i as usize).map(|n| &n.ty)).to_string());
+        }
+        for (j, ty) in ys.iter().enumerate() {
+            inits.push(format!("{w}_y0_{j}"));
+            types.push(Ty(Some(ty)).to_string());
+        }
+        let arg = |k: usize| format!("{w}_a{k}");
+        let out = &mut self.out;
+        write!(out, "    {me}:{} = stablehlo.while(", inits.len())?;
+        for (k, init) in inits.iter().enumerate() {
+            let sep = if k == 0 { "" } else { ", " };
+            write!(out, "{sep}{} = {init}", arg(k))?;
+        }
+        writeln!(out, ") : {}", types.join(", "))?;
+        writeln!(out, "     cond {{")?;
+        writeln!(
+            out,
+            "      {w}_n = stablehlo.constant dense<{}> : {i32_ty}",
+            op.length
+        )?;
+        writeln!(
+            out,
+            "      {w}_go = stablehlo.compare LT, {}, {w}_n, SIGNED : ({i32_ty}, {i32_ty}) -> tensor<i1>",
+            arg(0)
+        )?;
+        writeln!(out, "      stablehlo.return {w}_go : tensor<i1>")?;
+        writeln!(out, "    }} do {{")?;
+        writeln!(
+            out,
+            "      {w}_one = stablehlo.constant dense<1> : {i32_ty}"
+        )?;
+        writeln!(
+            out,
+            "      {w}_zero = stablehlo.constant dense<0> : {i32_ty}"
+        )?;
+        let t = if op.reverse {
+            writeln!(
+                out,
+                "      {w}_last = stablehlo.constant dense<{}> : {i32_ty}",
+                op.length - 1
+            )?;
+            writeln!(
+                out,
+                "      {w}_t = stablehlo.subtract {w}_last, {} : {i32_ty}",
+                arg(0)
+            )?;
+            format!("{w}_t")
+        } else {
+            arg(0)
+        };
+        // Where each stacked input and output sits among the loop's values.
+        let operands = node.inputs.len();
+        let x_at = |j: usize| 1 + nc + j;
+        let y_at = |j: usize| 1 + operands + j;
+        let mut call_args: Vec<String> = (0..nc).map(|c| arg(1 + c)).collect();
+        for j in 0..nx {
+            let slice = &body_in[nc + j];
+            let stacked = Ty(Some(&LeafType {
+                dtype: slice.dtype,
+                dims: std::iter::once(op.length)
+                    .chain(slice.dims.iter().copied())
+                    .collect(),
+            }));
+            let one_row = LeafType {
+                dtype: slice.dtype,
+                dims: std::iter::once(1)
+                    .chain(slice.dims.iter().copied())
+                    .collect(),
+            };
+            let sizes: Vec<usize> = one_row.dims.clone();
+            write!(
+                out,
+                "      {w}_xs{j} = stablehlo.dynamic_slice {}, {t}",
+                arg(x_at(j))
+            )?;
+            for _ in &slice.dims {
+                write!(out, ", {w}_zero")?;
+            }
+            write!(out, ", sizes = {} : ({stacked}", List(&sizes))?;
+            for _ in 0..=slice.dims.len() {
+                write!(out, ", {i32_ty}")?;
+            }
+            writeln!(out, ") -> {}", Ty(Some(&one_row)))?;
+            writeln!(
+                out,
+                "      {w}_x{j} = stablehlo.reshape {w}_xs{j} : ({}) -> {}",
+                Ty(Some(&one_row)),
+                Ty(Some(slice))
+            )?;
+            call_args.push(format!("{w}_x{j}"));
+        }
+        for c in nc + nx..operands {
+            call_args.push(arg(1 + c));
+        }
+        let in_tys: Vec<String> = body_in.iter().map(|t| Ty(Some(t)).to_string()).collect();
+        let out_tys: Vec<String> = body_out.iter().map(|t| Ty(Some(t)).to_string()).collect();
+        let r = format!("{w}_r");
+        let part = |k: usize| {
+            if body_out.len() == 1 {
+                r.clone()
+            } else {
+                format!("{r}#{k}")
+            }
+        };
+        let head = if body_out.len() == 1 {
+            r.clone()
+        } else {
+            format!("{r}:{}", body_out.len())
+        };
+        writeln!(
+            out,
+            "      {head} = func.call @scan{k}({}) : ({}) -> ({})",
+            call_args.join(", "),
+            in_tys.join(", "),
+            out_tys.join(", ")
+        )?;
+        let mut next: Vec<String> = vec![format!("{w}_next")];
+        next.extend((0..nc).map(part));
+        next.extend((nc + 1..=operands).map(arg));
+        for (j, ty) in ys.iter().enumerate() {
+            let row = &body_out[nc + j];
+            let one_row = LeafType {
+                dtype: row.dtype,
+                dims: std::iter::once(1).chain(row.dims.iter().copied()).collect(),
+            };
+            writeln!(
+                out,
+                "      {w}_yu{j} = stablehlo.reshape {} : ({}) -> {}",
+                part(nc + j),
+                Ty(Some(row)),
+                Ty(Some(&one_row))
+            )?;
+            write!(
+                out,
+                "      {w}_yn{j} = stablehlo.dynamic_update_slice {}, {w}_yu{j}, {t}",
+                arg(y_at(j))
+            )?;
+            for _ in &row.dims {
+                write!(out, ", {w}_zero")?;
+            }
+            write!(out, " : ({}, {}", Ty(Some(ty)), Ty(Some(&one_row)))?;
+            for _ in 0..=row.dims.len() {
+                write!(out, ", {i32_ty}")?;
+            }
+            writeln!(out, ") -> {}", Ty(Some(ty)))?;
+            next.push(format!("{w}_yn{j}"));
+        }
+        writeln!(
+            out,
+            "      {w}_next = stablehlo.add {}, {w}_one : {i32_ty}",
+            arg(0)
+        )?;
+        writeln!(
+            out,
+            "      stablehlo.return {} : {}",
+            next.join(", "),
+            types.join(", ")
+        )?;
+        writeln!(out, "    }}")
+    }
+}
+
+/// Writes the `dense<…>` literal of zeros of `ty` (a splat; `dense<>` without elements).
+fn zero_splat(out: &mut String, ty: &LeafType) {
+    if ty.element_count() == Some(0) {
+        out.push_str("dense<>");
+        return;
+    }
+    match ty.dtype {
+        DType::Bool => out.push_str("dense<false>"),
+        d if d.is_float() => push_bits_splat(out, &vec![0u8; d.size_bytes()]),
+        _ => out.push_str("dense<0>"),
     }
 }
 

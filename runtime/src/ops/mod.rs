@@ -35,6 +35,7 @@ pub mod index;
 pub mod linalg;
 pub mod random;
 pub mod reduce;
+pub mod scan;
 pub mod shape;
 pub mod window;
 

@@ -11,6 +11,7 @@
 //! predicate; `maximum`/`minimum` and `max`/`min` reductions split the gradient evenly between
 //! ties.
 
+use std::collections::HashMap;
 use std::panic::Location;
 
 use super::ir::{Node, Op};
@@ -41,14 +42,14 @@ pub fn value_and_grad(y: Tensor, wrt: &[Tensor]) -> (Tensor, Vec<Tensor>) {
 #[track_caller]
 pub fn grad(y: Tensor, wrt: &[Tensor]) -> Vec<Tensor> {
     let at = Location::caller();
-    let (nodes, checked) = with_recording(|r| {
+    let checked = with_recording(|r| {
         let zero = || LeafType {
             dtype: DType::F32,
             dims: Vec::new(),
         };
         for &t in std::iter::once(&y).chain(wrt) {
             if !r.owns(t, "grad", at) {
-                return (Vec::new(), false);
+                return false;
             }
         }
         let ty = r.graph.ty(y.node).clone();
@@ -59,21 +60,42 @@ pub fn grad(y: Tensor, wrt: &[Tensor]) -> Vec<Tensor> {
                 at,
                 zero(),
             );
-            return (Vec::new(), false);
+            return false;
         }
         for &x in wrt {
             let tx = r.graph.ty(x.node).clone();
             if !tx.dtype.is_float() {
                 r.fail("grad", format!("cannot differentiate with respect to {tx}: only float tensors have gradients"), at, zero());
-                return (Vec::new(), false);
+                return false;
             }
         }
-        (r.graph.nodes[..=y.node as usize].to_vec(), true)
+        true
     });
     if !checked {
         return wrt.iter().map(|&x| stand_in(x)).collect();
     }
-    let trace = y.trace;
+    let one = Tensor::scalar(1.0, y.dtype());
+    backprop(&[(y, one)], wrt, 0)
+        .into_iter()
+        .zip(wrt)
+        .map(|(g, &x)| g.unwrap_or_else(|| x.zeros_like()))
+        .collect()
+}
+
+/// The reverse pass from `seeds` — `(value, its cotangent)` pairs, the cotangent of the value's
+/// type — to each tensor in `wrt`: `None` for one no seed depends on. Only nodes from `lo` on
+/// are walked (a scan body's run; 0 for a whole program). The tensors must be the active
+/// scope's, checked by the caller.
+pub(crate) fn backprop(
+    seeds: &[(Tensor, Tensor)],
+    wrt: &[Tensor],
+    lo: usize,
+) -> Vec<Option<Tensor>> {
+    let Some(top) = seeds.iter().map(|(y, _)| y.node as usize).max() else {
+        return vec![None; wrt.len()];
+    };
+    let nodes = with_recording(|r| r.graph.nodes[..=top].to_vec());
+    let trace = with_recording(|r| r.id);
     let handle = |node: u32| Tensor { node, trace };
 
     // Which nodes depend on some `wrt`: only their cotangents are worth computing.
@@ -83,22 +105,52 @@ pub fn grad(y: Tensor, wrt: &[Tensor]) -> Vec<Tensor> {
             depends[x.node as usize] = true;
         }
     }
-    for (i, n) in nodes.iter().enumerate() {
+    for (i, n) in nodes.iter().enumerate().skip(lo) {
         if n.inputs.iter().any(|&j| depends[j as usize]) && differentiable(n, &nodes) {
             depends[i] = true;
         }
     }
 
     let mut ct: Vec<Option<Tensor>> = vec![None; nodes.len()];
-    ct[y.node as usize] = Some(Tensor::scalar(1.0, nodes[y.node as usize].ty.dtype));
-    for i in (0..nodes.len()).rev() {
-        let Some(g) = ct[i] else { continue };
+    let add = |slot: &mut Option<Tensor>, c: Tensor| {
+        *slot = Some(match *slot {
+            Some(prev) => prev + c,
+            None => c,
+        });
+    };
+    for &(y, g) in seeds {
+        add(&mut ct[y.node as usize], g);
+    }
+    // The cotangents of each scan's results, gathered from its `result` nodes (which follow
+    // it) until the walk reaches the scan itself.
+    let mut results: HashMap<usize, Vec<Option<Tensor>>> = HashMap::new();
+    for i in (lo..nodes.len()).rev() {
         if !depends[i] {
             continue;
         }
         let node = &nodes[i];
-        let inputs: Vec<Tensor> = node.inputs.iter().map(|&j| handle(j)).collect();
-        let contributions = vjp(node, handle(i as u32), &inputs, g);
+        let contributions = match &node.op {
+            Op::Result { index } => {
+                if let Some(g) = ct[i] {
+                    let scan = node.inputs[0] as usize;
+                    let slots = results.entry(scan).or_default();
+                    if slots.len() <= *index {
+                        slots.resize(*index + 1, None);
+                    }
+                    add(&mut slots[*index], g);
+                }
+                continue;
+            }
+            Op::Scan(_) => match results.remove(&i) {
+                Some(cts) => crate::ops::scan::vjp(i as u32, cts),
+                None => continue,
+            },
+            _ => {
+                let Some(g) = ct[i] else { continue };
+                let inputs: Vec<Tensor> = node.inputs.iter().map(|&j| handle(j)).collect();
+                vjp(node, handle(i as u32), &inputs, g)
+            }
+        };
         for (j, c) in node.inputs.iter().zip(contributions) {
             let (j, Some(c)) = (*j as usize, c) else {
                 continue;
@@ -106,25 +158,17 @@ pub fn grad(y: Tensor, wrt: &[Tensor]) -> Vec<Tensor> {
             if !depends[j] {
                 continue;
             }
-            ct[j] = Some(match ct[j] {
-                Some(prev) => prev + c,
-                None => c,
-            });
+            add(&mut ct[j], c);
         }
     }
     wrt.iter()
-        .map(|&x| {
-            ct.get(x.node as usize)
-                .copied()
-                .flatten()
-                .unwrap_or_else(|| x.zeros_like())
-        })
+        .map(|&x| ct.get(x.node as usize).copied().flatten())
         .collect()
 }
 
 fn stand_in(x: Tensor) -> Tensor {
     with_recording(|r| {
-        let ty = if x.trace == r.id && (x.node as usize) < r.graph.nodes.len() {
+        let ty = if r.sees(x) {
             r.graph.ty(x.node).clone()
         } else {
             LeafType {
@@ -140,6 +184,8 @@ fn stand_in(x: Tensor) -> Tensor {
 fn differentiable(n: &Node, nodes: &[Node]) -> bool {
     match &n.op {
         Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } | Op::Compare(_) => false,
+        // A scan's first result may be an integer while others are floats.
+        Op::Scan(_) => true,
         Op::Convert => n.ty.dtype.is_float() && nodes[n.inputs[0] as usize].ty.dtype.is_float(),
         _ => n.ty.dtype.is_float(),
     }
@@ -154,5 +200,7 @@ fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor) -> Vec<Option<Tensor>> {
         // the cotangents of all replicas' outputs.
         Op::AllReduce => vec![Some(g.all_sum())],
         crate::ops::family_op!() => crate::ops::vjp(node, y, x, g),
+        // `backprop` sends these to the scan's own rule.
+        Op::Scan(_) | Op::Result { .. } => vec![None; x.len()],
     }
 }

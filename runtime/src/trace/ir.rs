@@ -461,6 +461,77 @@ pub enum Op {
     /// The operand with an update written at traced start indices (inputs: operand, update,
     /// then one integer scalar per dim), each start clamped to `0..=dim − update dim`.
     DynamicUpdateSlice,
+    /// A loop with a static trip count over a body sub-graph ([`ScanOp`]). Inputs: the initial
+    /// carry, the stacked inputs (`xs`, each with a leading axis of the trip count), then the
+    /// loop-invariant values the body reads. It has several results — the final carry, then
+    /// the stacked per-iteration outputs — read through [`Op::Result`] nodes; the node's own
+    /// type is that of its first result.
+    Scan(Box<ScanOp>),
+    /// Result `index` of the multi-result node that is its one input (an [`Op::Scan`]).
+    Result {
+        /// Which result.
+        index: usize,
+    },
+}
+
+/// How the reverse pass of a [`scan`](crate::trace::Scan) gets the forward pass's
+/// per-iteration values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, crate::ContentHash)]
+pub enum Remat {
+    /// The forward loop also stacks every per-iteration value the backward loop reads (its
+    /// residuals): the fastest backward pass, memory growing with the trip count times the
+    /// body's intermediates — what an unrolled loop keeps too.
+    #[default]
+    Save,
+    /// The forward loop stacks only its carries; each backward iteration recomputes its
+    /// iteration's forward pass from the saved carry (`checkpoint` in JAX): about one more
+    /// forward pass of compute, memory growing with the trip count times the carry only.
+    Recompute,
+}
+
+/// The attributes of an [`Op::Scan`]: `carry, ys[t] = body(carry, xs[t], consts)` for `t` in
+/// `0..length` (or backwards when `reverse`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScanOp {
+    /// The body: inputs are the carry, one slice of each stacked input (without the leading
+    /// axis), then the invariants; outputs are the new carry (same types), then the
+    /// per-iteration outputs.
+    pub body: Arc<Graph>,
+    /// The trip count (≥ 1; a scan of 0 iterations is never recorded).
+    pub length: usize,
+    /// Whether iteration `t` reads and writes index `length − 1 − t`.
+    pub reverse: bool,
+    /// How many carried values there are.
+    pub carry: usize,
+    /// How many stacked inputs there are.
+    pub xs: usize,
+    /// What the reverse pass saves.
+    pub remat: Remat,
+}
+
+impl ScanOp {
+    /// How many per-iteration outputs the body has.
+    pub fn ys(&self) -> usize {
+        self.body.outputs.len().saturating_sub(self.carry)
+    }
+
+    /// The types of the scan's results: the carry's, then each per-iteration output's stacked
+    /// with a leading axis of `length`.
+    pub fn result_types(&self) -> Vec<LeafType> {
+        let outs = self.body.output_types();
+        outs.iter()
+            .enumerate()
+            .map(|(k, t)| {
+                if k < self.carry {
+                    t.clone()
+                } else {
+                    let mut dims = vec![self.length];
+                    dims.extend(&t.dims);
+                    with_dims(t.dtype, dims)
+                }
+            })
+            .collect()
+    }
 }
 
 impl Op {
@@ -495,6 +566,8 @@ impl Op {
             Op::Scatter { .. } => "scatter",
             Op::DynamicSlice { .. } => "dynamic_slice",
             Op::DynamicUpdateSlice => "dynamic_update_slice",
+            Op::Scan(_) => "scan",
+            Op::Result { .. } => "result",
         }
     }
 }

@@ -29,6 +29,7 @@
 pub mod autodiff;
 pub mod ir;
 pub mod nn;
+pub(crate) mod region;
 
 use std::cell::RefCell;
 use std::panic::{self, AssertUnwindSafe, Location};
@@ -36,11 +37,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 pub use crate::ops::elementwise::tracing::Operand;
 pub use crate::ops::random;
+pub use crate::ops::scan::{scan, Scan};
 pub use crate::ops::window::same_padding;
 pub use autodiff::{grad, value_and_grad};
 pub use ir::{
     BinaryOp, ClassInput, CmpOp, Conv, ConvDims, DotDims, GatherDims, Graph, Input, Node, NodeId,
-    Op, ReduceOp, ScatterDims, ScatterKind, UnaryOp, Window,
+    Op, ReduceOp, Remat, ScanOp, ScatterDims, ScatterKind, UnaryOp, Window,
 };
 
 use crate::error::{Error, Result};
@@ -97,16 +99,20 @@ pub struct TraceError {
 }
 
 pub(crate) struct Recording {
+    /// The id tensors made now get: the trace's own, or that of the innermost open scan body.
     pub(crate) id: u32,
     pub(crate) graph: Graph,
     error: Option<TraceError>,
+    /// The ids of the scopes enclosing the innermost open scan body, outermost first (empty
+    /// outside a body): their tensors may be read inside it (they become the body's captures).
+    pub(crate) scopes: Vec<u32>,
 }
 
 thread_local! {
     static ACTIVE: RefCell<Option<Recording>> = const { RefCell::new(None) };
 }
 
-static NEXT_TRACE: AtomicU32 = AtomicU32::new(1);
+pub(crate) static NEXT_TRACE: AtomicU32 = AtomicU32::new(1);
 
 /// Runs `f` on the active recording; panics (a programming error, caught at the trace
 /// boundary) if no trace is active on this thread.
@@ -142,6 +148,11 @@ impl Recording {
         self.stand_in(ty)
     }
 
+    /// Whether the trace has failed.
+    pub(crate) fn failed(&self) -> bool {
+        self.error.is_some()
+    }
+
     pub(crate) fn stand_in(&mut self, ty: LeafType) -> Tensor {
         let node = self
             .graph
@@ -174,22 +185,29 @@ impl Recording {
         }
     }
 
-    /// Whether `t` belongs to this trace; records an error if not.
+    /// Whether `t` may be read here: it belongs to this trace, in the scope being recorded or
+    /// one enclosing it.
+    pub(crate) fn sees(&self, t: Tensor) -> bool {
+        (t.trace == self.id || self.scopes.contains(&t.trace))
+            && (t.node as usize) < self.graph.nodes.len()
+    }
+
+    /// Whether `t` may be read here ([`Recording::sees`]); records an error if not.
     pub(crate) fn owns(&mut self, t: Tensor, op: &'static str, at: &Location<'_>) -> bool {
-        if t.trace == self.id && (t.node as usize) < self.graph.nodes.len() {
+        if self.sees(t) {
             return true;
         }
         let ty = LeafType {
             dtype: crate::DType::F32,
             dims: Vec::new(),
         };
-        self.fail(
-            op,
+        let message = if region::was_body(t.trace) {
+            "a tensor made inside a scan body was used outside it; return it from the body \
+             (as part of the carry or the per-iteration outputs) instead"
+        } else {
             "a tensor from another trace was used; tensors cannot be kept from one trace to the next"
-                .into(),
-            at,
-            ty,
-        );
+        };
+        self.fail(op, message.into(), at, ty);
         false
     }
 }
@@ -214,7 +232,7 @@ pub(crate) fn refuse(op: &'static str, message: String) {
 /// before the program runs).
 pub(crate) fn note_class_input(labels: Tensor, classes: usize, op: &'static str) {
     with_recording(|r| {
-        if labels.trace != r.id {
+        if !r.sees(labels) {
             return;
         }
         let Some(node) = r.graph.nodes.get(labels.node as usize) else {
@@ -293,6 +311,7 @@ pub fn trace_replicated(replicas: usize, body: impl FnOnce() -> Vec<Tensor>) -> 
                 ..Graph::default()
             },
             error: None,
+            scopes: Vec::new(),
         });
         true
     });
@@ -341,6 +360,18 @@ pub fn input(name: &str, ty: LeafType) -> Tensor {
 
 impl Recording {
     fn input(&mut self, name: &str, ty: LeafType, at: &Location<'_>) -> Tensor {
+        if !self.scopes.is_empty() {
+            return self.fail(
+                "input",
+                format!(
+                    "program input `{name}` was created inside a scan body; create inputs \
+                     before the scan and read them in the body (they are passed in as \
+                     loop invariants)"
+                ),
+                at,
+                ty,
+            );
+        }
         if !ty.within_limit() {
             let message = format!(
                 "input `{name}`: {}",

@@ -70,7 +70,7 @@ fn labels_fit(logits: Tensor, labels: Tensor, op: &'static str, at: &Location<'_
 fn per_example_stand_in(logits: Tensor) -> Tensor {
     with_recording(|r| {
         let ty = match r.graph.nodes.get(logits.node as usize) {
-            Some(n) if logits.trace == r.id => n.ty.clone(),
+            Some(n) if r.sees(logits) => n.ty.clone(),
             _ => LeafType::new(DType::F32, &[]),
         };
         let keep = ty.dims.len().saturating_sub(1);

@@ -51,6 +51,22 @@ pub(super) fn node(graph: &Graph, id: usize) -> Result<(), String> {
             }
             ins[0].clone()
         }
+        Op::Scan(op) => crate::ops::scan::check(op, &ins)?,
+        Op::Result { index } => {
+            arity(1, ins.len())?;
+            let Op::Scan(op) = &graph.node(node.inputs[0]).op else {
+                return Err("its operand is not a scan".into());
+            };
+            match op.result_types().get(*index) {
+                Some(t) => t.clone(),
+                None => {
+                    return Err(format!(
+                        "it reads result {index} of a scan with {} results",
+                        op.result_types().len()
+                    ))
+                }
+            }
+        }
         crate::ops::family_op!() => crate::ops::result_type(node, &ins)?,
     };
     if &expected == out {

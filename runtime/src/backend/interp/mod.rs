@@ -50,10 +50,11 @@ mod check;
 pub(crate) mod layout;
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 
 use crate::error::{Error, Result};
 use crate::ops::elementwise::kernels;
-use crate::trace::ir::{Graph, Node, NodeId, Op};
+use crate::trace::ir::{Graph, Node, NodeId, Op, ScanOp};
 use crate::tree::{Array, ArrayData, DType};
 
 /// Runs `graph` on `inputs` (one array per graph input, in order) and returns its outputs in
@@ -135,6 +136,9 @@ pub fn run_replicas(graph: &Graph, inputs: &[&[&Array]]) -> Result<Vec<Vec<Array
         .iter()
         .map(|_| (0..n).map(|_| None).collect())
         .collect();
+    // Every replica's scan results not yet read, by scan node.
+    let mut parts: Vec<HashMap<usize, Vec<Array>>> =
+        inputs.iter().map(|_| HashMap::new()).collect();
     for (id, node) in graph.nodes.iter().enumerate() {
         if !live[id] {
             continue;
@@ -156,6 +160,45 @@ pub fn run_replicas(graph: &Graph, inputs: &[&[&Array]]) -> Result<Vec<Vec<Array
             },
         };
         check::node(graph, id).map_err(invalid)?;
+        match &node.op {
+            Op::Scan(op) => {
+                // Its results wait in `parts` for the `result` nodes that read them.
+                for (replica, (values, replica_parts)) in
+                    values.iter_mut().zip(&mut parts).enumerate()
+                {
+                    let operands = node
+                        .inputs
+                        .iter()
+                        .map(|&i| values[i as usize].as_deref())
+                        .collect::<Option<Vec<&Array>>>()
+                        .ok_or_else(|| invalid("an operand was not computed before it".into()))?;
+                    let results = run_scan(op, &operands, inputs.len() > 1, replica)?;
+                    replica_parts.insert(id, results);
+                    for &i in &node.inputs {
+                        if last_use[i as usize] == id && !keep[i as usize] {
+                            values[i as usize] = None;
+                        }
+                    }
+                }
+                continue;
+            }
+            Op::Result { index } => {
+                let scan = node.inputs[0] as usize;
+                for (values, replica_parts) in values.iter_mut().zip(&mut parts) {
+                    let result = replica_parts
+                        .get(&scan)
+                        .and_then(|r| r.get(*index))
+                        .ok_or_else(|| invalid("its scan was not computed before it".into()))?;
+                    let value = copy(result).map_err(fault)?;
+                    if last_use[scan] == id {
+                        replica_parts.remove(&scan);
+                    }
+                    values[id] = Some(Cow::Owned(value));
+                }
+                continue;
+            }
+            _ => {}
+        }
         let mut computed = Vec::with_capacity(inputs.len());
         for (replica, replica_inputs) in values.iter().zip(inputs) {
             let operands = node
@@ -204,6 +247,98 @@ pub fn run_replicas(graph: &Graph, inputs: &[&[&Array]]) -> Result<Vec<Vec<Array
         .into_iter()
         .map(|replica| outputs(graph, replica))
         .collect()
+}
+
+/// Runs a scan's body once per iteration on the host: the final carry, then each stacked
+/// per-iteration output.
+fn run_scan(
+    op: &ScanOp,
+    operands: &[&Array],
+    replicated: bool,
+    replica: usize,
+) -> Result<Vec<Array>> {
+    if replicated && op.body.nodes.iter().any(|n| n.op == Op::AllReduce) {
+        return Err(Error::InvalidGraph {
+            node: 0,
+            op: "scan",
+            message: format!(
+                "replica {replica}: an all_reduce inside a scan body cannot run replica by replica"
+            ),
+        });
+    }
+    let (nc, nx) = (op.carry, op.xs);
+    let length = op.length;
+    let types = op.result_types();
+    let mut carry: Vec<Array> = Vec::with_capacity(nc);
+    for a in &operands[..nc] {
+        carry.push(copy(a).map_err(|f| scan_fault(f, "a carry"))?);
+    }
+    let (xs, consts) = operands[nc..].split_at(nx);
+    let mut rows: Vec<Vec<Option<ArrayData>>> =
+        (nc..types.len()).map(|_| vec![None; length]).collect();
+    for step in 0..length {
+        let t = if op.reverse { length - 1 - step } else { step };
+        let mut slices = Vec::with_capacity(nx);
+        for x in xs {
+            let row = x.len() / length.max(1);
+            let data = x.data().range(t * row, (t + 1) * row).ok_or_else(|| {
+                scan_fault(
+                    Fault::Invalid("a stacked input is too short".into()),
+                    "a slice",
+                )
+            })?;
+            slices.push(
+                Array::from_data(&x.dims()[1..], data)
+                    .map_err(|e| scan_fault(Fault::Invalid(e.to_string()), "a slice"))?,
+            );
+        }
+        let refs: Vec<&Array> = carry
+            .iter()
+            .chain(&slices)
+            .chain(consts.iter().copied())
+            .collect();
+        let mut outs = run_refs(&op.body, &refs)?;
+        let ys = outs.split_off(nc);
+        carry = outs;
+        for (slot, y) in rows.iter_mut().zip(ys) {
+            slot[t] = Some(y.into_parts().1);
+        }
+    }
+    let mut results = carry;
+    for (ty, row) in types[nc..].iter().zip(rows) {
+        let parts: Vec<ArrayData> = row.into_iter().flatten().collect();
+        let refs: Vec<&ArrayData> = parts.iter().collect();
+        let data = match refs.first() {
+            Some(first) => ArrayData::concat(first, &refs),
+            None => None,
+        }
+        .ok_or_else(|| {
+            scan_fault(
+                Fault::Invalid("an iteration gave no output".into()),
+                "an output",
+            )
+        })?;
+        results.push(
+            Array::from_data(&ty.dims, data)
+                .map_err(|e| scan_fault(Fault::Invalid(e.to_string()), "an output"))?,
+        );
+    }
+    Ok(results)
+}
+
+/// A scan's fault as an error, naming what it was making.
+fn scan_fault(f: Fault, what: &str) -> Error {
+    match f {
+        Fault::Invalid(message) => Error::InvalidGraph {
+            node: 0,
+            op: "scan",
+            message: format!("{what}: {message}"),
+        },
+        Fault::Alloc { bytes } => Error::OutOfMemory {
+            what: format!("{what} of a scan in the interpreter"),
+            bytes,
+        },
+    }
 }
 
 /// The sum of one node's operand over every replica, added in replica order.
@@ -397,6 +532,10 @@ fn eval<'a>(
         // Summed across replicas by `run_replicas`; never evaluated one replica at a time.
         Op::AllReduce => Err(Fault::Invalid(
             "an all_reduce is evaluated across replicas".into(),
+        )),
+        // Run by `run_replicas`, which keeps their several results.
+        Op::Scan(_) | Op::Result { .. } => Err(Fault::Invalid(
+            "a scan and its results are evaluated by the run loop".into(),
         )),
     }
 }

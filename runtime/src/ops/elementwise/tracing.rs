@@ -270,11 +270,7 @@ impl Recording {
         let ty = operands
             .iter()
             .find_map(|o| match o {
-                Operand::Tensor(t)
-                    if t.trace == self.id && (t.node as usize) < self.graph.nodes.len() =>
-                {
-                    Some(self.ty_of(*t))
-                }
+                Operand::Tensor(t) if self.sees(*t) => Some(self.ty_of(*t)),
                 _ => None,
             })
             .unwrap_or_else(|| scalar_ty(DType::F32));

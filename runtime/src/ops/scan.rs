@@ -1,0 +1,598 @@
+//! Loops: `scan`, a loop with a static trip count whose body is traced once.
+//!
+//! [`Scan::run`] records its body as a sub-graph ([`crate::trace::region`]) and the loop as one
+//! [`Op::Scan`] node with a [`Op::Result`] node per result. The body is emitted once, as a
+//! private function called from a `stablehlo.while` (`crate::emit`), so a 24-layer stack compiles
+//! about as fast as one layer; the interpreter runs the body graph once per iteration
+//! (`crate::backend::interp`).
+//!
+//! The reverse pass ([`vjp`]) is a second scan running the other way. Its body is the forward
+//! body replayed, then differentiated, on one iteration's values; what it needs of the forward
+//! pass comes in as stacked inputs. With [`Remat::Save`] the forward loop is rewritten in place
+//! to also stack every per-iteration value the backward body reads (its residuals); values that
+//! do not change between iterations are recomputed instead of stacked. With
+//! [`Remat::Recompute`] only the carries are stacked, and each backward iteration recomputes
+//! its forward pass from them.
+
+use std::panic::Location;
+use std::sync::Arc;
+
+use crate::trace::ir::{Graph, NodeId, Op, Remat, ScanOp};
+use crate::trace::{autodiff, region, with_recording, Tensor};
+use crate::tree::{DType, LeafType};
+
+/// A loop with a static trip count over a carry and stacked inputs, traced once.
+///
+/// `body(carry, x)` gets the carry and, for each stacked input, its slice for this iteration
+/// (the leading axis dropped); it returns the new carry (the same types as the old) and this
+/// iteration's outputs, which come back stacked along a new leading axis. The body may read any
+/// tensor of the enclosing trace (weights, masks, the step's random key): those are passed into
+/// the loop as invariants. The trip count and the [`Remat`] policy shape the program, so they
+/// are part of its fingerprint and key.
+///
+/// ```
+/// use nitro::backend::interp;
+/// use nitro::trace::{trace, Scan};
+/// use nitro::{Array, DType, LeafType};
+///
+/// // A running sum over the rows of `xs`, and each prefix sum.
+/// let xs = LeafType { dtype: DType::F32, dims: vec![4, 2] };
+/// let graph = trace(&[("xs".into(), xs)], |i| {
+///     let zero = nitro::trace::Tensor::scalar(0.0, DType::F32).broadcast_to(&[2]);
+///     let (carry, ys) = Scan::new().run(&[zero], &[i[0]], |c, x| {
+///         let s = c[0] + x[0];
+///         (vec![s], vec![s])
+///     });
+///     vec![carry[0], ys[0]]
+/// })?;
+/// let xs = Array::from_vec(&[4, 2], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0])?;
+/// let out = interp::run(&graph, &[xs])?;
+/// assert_eq!(out[0].as_slice::<f32>()?, &[16.0, 20.0]);
+/// assert_eq!(out[1].as_slice::<f32>()?, &[1.0, 2.0, 4.0, 6.0, 9.0, 12.0, 16.0, 20.0]);
+/// # Ok::<(), nitro::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Scan {
+    length: Option<usize>,
+    reverse: bool,
+    remat: Remat,
+}
+
+/// [`Scan::run`] with the defaults: forwards, trip count from the stacked inputs, residuals
+/// saved.
+#[track_caller]
+pub fn scan(
+    init: &[Tensor],
+    xs: &[Tensor],
+    body: impl FnOnce(&[Tensor], &[Tensor]) -> (Vec<Tensor>, Vec<Tensor>),
+) -> (Vec<Tensor>, Vec<Tensor>) {
+    Scan::new().run(init, xs, body)
+}
+
+impl Scan {
+    /// A forward scan whose trip count is the stacked inputs' leading dim, saving residuals.
+    pub fn new() -> Scan {
+        Scan::default()
+    }
+
+    /// The trip count, required when there are no stacked inputs (and checked against their
+    /// leading dim when there are).
+    pub fn length(mut self, length: usize) -> Scan {
+        self.length = Some(length);
+        self
+    }
+
+    /// Whether iteration `t` reads and writes index `length − 1 − t` (a loop from the end).
+    pub fn reverse(mut self, reverse: bool) -> Scan {
+        self.reverse = reverse;
+        self
+    }
+
+    /// What the reverse pass keeps of the forward pass ([`Remat`]).
+    pub fn remat(mut self, remat: Remat) -> Scan {
+        self.remat = remat;
+        self
+    }
+
+    /// Runs the loop: returns the final carry and the stacked per-iteration outputs.
+    ///
+    /// A mistake — stacked inputs of different lengths, a scalar as a stacked input, no trip
+    /// count, a new carry of another type than the old, a tensor of another trace — fails the
+    /// trace naming this call's line, like any op. A trip count of 0 runs nothing: the carry
+    /// comes back as it went in and each output has a leading dim of 0.
+    #[track_caller]
+    pub fn run(
+        self,
+        init: &[Tensor],
+        xs: &[Tensor],
+        body: impl FnOnce(&[Tensor], &[Tensor]) -> (Vec<Tensor>, Vec<Tensor>),
+    ) -> (Vec<Tensor>, Vec<Tensor>) {
+        let at = Location::caller();
+        let checked = with_recording(|r| {
+            for &t in init.iter().chain(xs) {
+                if !r.owns(t, "scan", at) {
+                    return Err(());
+                }
+            }
+            let stacked: Vec<LeafType> = xs.iter().map(|&x| r.graph.ty(x.node).clone()).collect();
+            let mut length = self.length;
+            for (k, ty) in stacked.iter().enumerate() {
+                let Some(&n) = ty.dims.first() else {
+                    r.fail(
+                        "scan",
+                        format!("stacked input {k} is the scalar {ty}; each stacked input needs a leading axis to scan over"),
+                        at,
+                        crate::ops::f32_scalar(),
+                    );
+                    return Err(());
+                };
+                match length {
+                    Some(l) if l != n => {
+                        let what = if self.length.is_some() && k == 0 {
+                            format!("the trip count is {l}")
+                        } else {
+                            format!("stacked input 0 has {l} rows")
+                        };
+                        r.fail(
+                            "scan",
+                            format!("stacked input {k} ({ty}) has {n} rows but {what}; every stacked input needs the trip count as its leading dim"),
+                            at,
+                            crate::ops::f32_scalar(),
+                        );
+                        return Err(());
+                    }
+                    _ => length = Some(n),
+                }
+            }
+            let Some(length) = length else {
+                r.fail(
+                    "scan",
+                    "a scan with no stacked inputs needs its trip count: `Scan::new().length(n)`"
+                        .into(),
+                    at,
+                    crate::ops::f32_scalar(),
+                );
+                return Err(());
+            };
+            let carry: Vec<LeafType> = init.iter().map(|&c| r.graph.ty(c.node).clone()).collect();
+            let slices: Vec<LeafType> = stacked
+                .iter()
+                .map(|t| LeafType {
+                    dtype: t.dtype,
+                    dims: t.dims[1..].to_vec(),
+                })
+                .collect();
+            Ok((length, carry, slices))
+        });
+        let Ok((length, carry_types, slice_types)) = checked else {
+            return stand_ins(init.len(), 0);
+        };
+
+        let arg_types: Vec<LeafType> = carry_types.iter().chain(&slice_types).cloned().collect();
+        let (open, args) = region::open(&arg_types);
+        let (carry, ys) = body(&args[..init.len()], &args[init.len()..]);
+        let outcome = with_recording(|r| -> Result<(), String> {
+            if r.failed() {
+                return Err(String::new());
+            }
+            for &t in carry.iter().chain(&ys) {
+                if !r.sees(t) {
+                    return Err(
+                        "the body returned a tensor of another trace or of a closed scan body"
+                            .into(),
+                    );
+                }
+            }
+            if carry.len() != init.len() {
+                return Err(format!(
+                    "the body returned {} carried values for a carry of {}; the new carry must \
+                     have the old one's parts",
+                    carry.len(),
+                    init.len()
+                ));
+            }
+            for (k, (&c, want)) in carry.iter().zip(&carry_types).enumerate() {
+                let got = r.graph.ty(c.node);
+                if got != want {
+                    return Err(format!(
+                        "the body's new carry {k} is {got} but the carry going in is {want}; a \
+                         carry keeps its type from one iteration to the next"
+                    ));
+                }
+            }
+            Ok(())
+        });
+        let params: Vec<NodeId> = args.iter().map(|a| a.node).collect();
+        let outputs: Vec<NodeId> = carry.iter().chain(&ys).map(|t| t.node).collect();
+        let extracted = outcome.and_then(|()| region::extract(open.start, &params, &outputs));
+        region::close(open);
+        let body = match extracted {
+            Ok(body) => body,
+            Err(message) => {
+                if !message.is_empty() {
+                    with_recording(|r| {
+                        r.fail("scan", message, at, crate::ops::f32_scalar());
+                    });
+                }
+                return stand_ins(init.len(), ys.len());
+            }
+        };
+        if body.graph.replicas > 1 && body.graph.nodes.iter().any(|n| n.op == Op::AllReduce) {
+            with_recording(|r| {
+                r.fail(
+                    "scan",
+                    "`all_sum` inside a scan body of a replicated program is not supported; \
+                     sum over replicas before or after the scan"
+                        .into(),
+                    at,
+                    crate::ops::f32_scalar(),
+                )
+            });
+            return stand_ins(init.len(), ys.len());
+        }
+        let consts: Vec<Tensor> = with_recording(|r| {
+            body.captures
+                .iter()
+                .map(|&node| Tensor { node, trace: r.id })
+                .collect()
+        });
+        let op = ScanOp {
+            body: Arc::new(body.graph),
+            length,
+            reverse: self.reverse,
+            carry: init.len(),
+            xs: xs.len(),
+            remat: self.remat,
+        };
+        if length == 0 {
+            let ys = op
+                .result_types()
+                .split_off(init.len())
+                .into_iter()
+                .map(|ty| zeros(&ty))
+                .collect();
+            return (init.to_vec(), ys);
+        }
+        let inputs: Vec<Tensor> = init.iter().chain(xs).chain(&consts).copied().collect();
+        let mut results = push(op, &inputs, at);
+        let ys = results.split_off(init.len());
+        (results, ys)
+    }
+}
+
+/// Stand-ins for the results of a failed scan (the trace has already failed).
+fn stand_ins(carry: usize, ys: usize) -> (Vec<Tensor>, Vec<Tensor>) {
+    with_recording(|r| {
+        let mut one = || r.stand_in(crate::ops::f32_scalar());
+        let c = (0..carry).map(|_| one()).collect();
+        let y = (0..ys).map(|_| one()).collect();
+        (c, y)
+    })
+}
+
+/// Zeros of type `ty` (a broadcast scalar: no large constant).
+fn zeros(ty: &LeafType) -> Tensor {
+    let zero = match ty.dtype {
+        DType::Bool => Tensor::constant(crate::Array::scalar(false)),
+        d => Tensor::scalar(0.0, d),
+    };
+    if ty.dims.is_empty() {
+        zero
+    } else {
+        zero.broadcast_to(&ty.dims)
+    }
+}
+
+/// Records a scan node on `inputs` and a result node per result; returns the results.
+fn push(op: ScanOp, inputs: &[Tensor], at: &Location<'_>) -> Vec<Tensor> {
+    let types = op.result_types();
+    with_recording(|r| {
+        let Some(first) = types.first().cloned() else {
+            return Vec::new();
+        };
+        let ids = inputs.iter().map(|t| t.node).collect();
+        let scan = r.push(Op::Scan(Box::new(op)), ids, first, "scan", at);
+        if !r.sees(scan) || !matches!(r.graph.node(scan.node).op, Op::Scan(_)) {
+            // Over the size limit: `push` recorded the error.
+            return types.iter().map(|t| r.stand_in(t.clone())).collect();
+        }
+        types
+            .into_iter()
+            .enumerate()
+            .map(|(index, ty)| r.push(Op::Result { index }, vec![scan.node], ty, "scan", at))
+            .collect()
+    })
+}
+
+/// The reverse pass of scan node `s`, given the cotangents of its results (`None`, or missing
+/// at the end, for none): the cotangent of each of its inputs.
+#[track_caller]
+pub(crate) fn vjp(s: NodeId, cts: Vec<Option<Tensor>>) -> Vec<Option<Tensor>> {
+    let at = Location::caller();
+    let (op, inputs, trace) = with_recording(|r| {
+        let node = r.graph.node(s);
+        let Op::Scan(op) = &node.op else {
+            unreachable!("scan::vjp is called on scan nodes")
+        };
+        ((**op).clone(), node.inputs.clone(), r.id)
+    });
+    let t = |node: NodeId| Tensor { node, trace };
+    let (nc, nx) = (op.carry, op.xs);
+    let nk = inputs.len() - nc - nx;
+    let ny = op.ys();
+    let body = op.body.clone();
+    let in_types = body.input_types();
+    let out_types = body.output_types();
+    let result_types = op.result_types();
+    let float = |ty: &LeafType| ty.dtype.is_float();
+    let fc: Vec<usize> = (0..nc).filter(|&k| float(&in_types[k])).collect();
+    let fx: Vec<usize> = (0..nx).filter(|&j| float(&in_types[nc + j])).collect();
+    let fk: Vec<usize> = (0..nk).filter(|&m| float(&in_types[nc + nx + m])).collect();
+    let fy: Vec<usize> = (0..ny).filter(|&j| float(&out_types[nc + j])).collect();
+    let ct = |k: usize| cts.get(k).copied().flatten();
+
+    // The backward body: carry (ct_c, acc), slices (ct_y, then the forward values), invariants.
+    let mut arg_types: Vec<LeafType> = Vec::new();
+    arg_types.extend(fc.iter().map(|&k| in_types[k].clone()));
+    arg_types.extend(fk.iter().map(|&m| in_types[nc + nx + m].clone()));
+    arg_types.extend(fy.iter().map(|&j| out_types[nc + j].clone()));
+    arg_types.extend(in_types.iter().cloned());
+    let (open, args) = region::open(&arg_types);
+    let (ct_c, rest) = args.split_at(fc.len());
+    let (acc, rest) = rest.split_at(fk.len());
+    let (ct_y, fwd_args) = rest.split_at(fy.len());
+    let (c, rest) = fwd_args.split_at(nc);
+    let (x, k) = rest.split_at(nx);
+    let outs = region::replay(&body, fwd_args);
+    let mut seeds: Vec<(Tensor, Tensor)> = Vec::new();
+    seeds.extend(fc.iter().zip(ct_c).map(|(&i, &g)| (outs[i], g)));
+    seeds.extend(fy.iter().zip(ct_y).map(|(&j, &g)| (outs[nc + j], g)));
+    let wrt: Vec<Tensor> = fc
+        .iter()
+        .map(|&i| c[i])
+        .chain(fx.iter().map(|&j| x[j]))
+        .chain(fk.iter().map(|&m| k[m]))
+        .collect();
+    let g = autodiff::backprop(&seeds, &wrt, open.start);
+    let (g_c, rest) = g.split_at(fc.len());
+    let (g_x, g_k) = rest.split_at(fx.len());
+    let mut bwd_out: Vec<Tensor> = Vec::new();
+    bwd_out.extend(
+        fc.iter()
+            .zip(g_c)
+            .map(|(&i, g)| g.unwrap_or_else(|| c[i].zeros_like())),
+    );
+    bwd_out.extend(acc.iter().zip(g_k).map(|(&a, g)| match g {
+        Some(g) => a + *g,
+        None => a,
+    }));
+    bwd_out.extend(
+        fx.iter()
+            .zip(g_x)
+            .map(|(&j, g)| g.unwrap_or_else(|| x[j].zeros_like())),
+    );
+
+    // What the backward body reads of the forward pass: its residuals.
+    let cotangent_args: Vec<NodeId> = ct_c.iter().chain(acc).chain(ct_y).map(|a| a.node).collect();
+    let carry_args: Vec<NodeId> = c.iter().map(|a| a.node).collect();
+    let slice_args: Vec<NodeId> = x.iter().map(|a| a.node).collect();
+    let given: Vec<NodeId> = x.iter().chain(k).map(|a| a.node).collect();
+    let out_nodes: Vec<NodeId> = bwd_out.iter().map(|t| t.node).collect();
+    let residuals = with_recording(|r| {
+        residuals(
+            &r.graph,
+            open.start,
+            &cotangent_args,
+            &carry_args,
+            &slice_args,
+            &given,
+            &out_nodes,
+            op.remat,
+        )
+    });
+
+    let mut bwd_params = cotangent_args.clone();
+    bwd_params.extend(&residuals);
+    bwd_params.extend(&given);
+    let bwd = region::extract(open.start, &bwd_params, &out_nodes);
+    // The forward body, with the residuals as extra per-iteration outputs.
+    let fwd = match op.remat {
+        Remat::Save => {
+            let params: Vec<NodeId> = fwd_args.iter().map(|a| a.node).collect();
+            let mut outputs: Vec<NodeId> = outs.iter().map(|o| o.node).collect();
+            outputs.extend(&residuals);
+            region::extract(open.start, &params, &outputs).and_then(|e| {
+                if e.captures.is_empty() {
+                    Ok(e.graph)
+                } else {
+                    Err("the replayed forward body read a value from outside it".into())
+                }
+            })
+        }
+        Remat::Recompute => {
+            let mut g: Graph = (*body).clone();
+            for &res in &residuals {
+                let k = carry_args.iter().position(|&a| a == res).unwrap_or(0);
+                g.outputs.push(g.inputs[k].node);
+            }
+            Ok(g)
+        }
+    };
+    region::close(open);
+    let (bwd, fwd) = match (bwd, fwd) {
+        (Ok(b), Ok(f)) => (b, f),
+        (Err(m), _) | (_, Err(m)) => {
+            with_recording(|r| r.fail("scan", m, at, crate::ops::f32_scalar()));
+            return vec![None; inputs.len()];
+        }
+    };
+
+    // The forward loop, rewritten in place to also stack the residuals.
+    let residual_stacks: Vec<Tensor> = if residuals.is_empty() {
+        Vec::new()
+    } else {
+        let extra = fwd.outputs.len() - body.outputs.len();
+        let new = ScanOp {
+            body: Arc::new(fwd),
+            ..op.clone()
+        };
+        let types = new.result_types();
+        with_recording(|r| {
+            r.graph.nodes[s as usize].op = Op::Scan(Box::new(new));
+            let first = types.len() - extra;
+            (first..types.len())
+                .map(|index| {
+                    let node = r
+                        .graph
+                        .push(Op::Result { index }, vec![s], types[index].clone());
+                    Tensor { node, trace }
+                })
+                .collect()
+        })
+    };
+
+    // The backward loop.
+    let mut init: Vec<Tensor> = fc
+        .iter()
+        .map(|&i| ct(i).unwrap_or_else(|| zeros(&result_types[i])))
+        .collect();
+    init.extend(fk.iter().map(|&m| zeros(&in_types[nc + nx + m])));
+    let mut stacked: Vec<Tensor> = fy
+        .iter()
+        .map(|&j| ct(nc + j).unwrap_or_else(|| zeros(&result_types[nc + j])))
+        .collect();
+    stacked.extend(residual_stacks);
+    stacked.extend(inputs[nc..nc + nx].iter().map(|&i| t(i)));
+    let mut invariants: Vec<Tensor> = inputs[nc + nx..].iter().map(|&i| t(i)).collect();
+    invariants.extend(bwd.captures.iter().map(|&i| t(i)));
+    let back = ScanOp {
+        body: Arc::new(bwd.graph),
+        length: op.length,
+        reverse: !op.reverse,
+        carry: init.len(),
+        xs: stacked.len(),
+        remat: op.remat,
+    };
+    let all: Vec<Tensor> = init
+        .iter()
+        .chain(&stacked)
+        .chain(&invariants)
+        .copied()
+        .collect();
+    let results = push(back, &all, at);
+    if results.len() != fc.len() + fk.len() + fx.len() {
+        return vec![None; inputs.len()];
+    }
+    let mut out = vec![None; inputs.len()];
+    for (n, &i) in fc.iter().enumerate() {
+        out[i] = Some(results[n]);
+    }
+    for (n, &m) in fk.iter().enumerate() {
+        out[nc + nx + m] = Some(results[fc.len() + n]);
+    }
+    for (n, &j) in fx.iter().enumerate() {
+        out[nc + j] = Some(results[fc.len() + fk.len() + n]);
+    }
+    out
+}
+
+/// The forward values the backward body reads, in node order: walking back from its outputs,
+/// a value that does not depend on a cotangent but does change from one iteration to the next
+/// (it depends on the carry or a slice) is a residual, and the walk stops there. Slices and
+/// invariants (`given`) come in as they are, so they are never residuals; values that change
+/// nothing between iterations are recomputed. Under [`Remat::Recompute`] only carries are
+/// residuals: everything else is recomputed.
+fn residuals(
+    g: &Graph,
+    start: usize,
+    cotangents: &[NodeId],
+    carries: &[NodeId],
+    slices: &[NodeId],
+    given: &[NodeId],
+    outputs: &[NodeId],
+    remat: Remat,
+) -> Vec<NodeId> {
+    let end = g.nodes.len();
+    let local = |i: NodeId| (i as usize) >= start;
+    let mut backward = vec![false; end - start];
+    let mut varying = vec![false; end - start];
+    for i in start..end {
+        let id = i as NodeId;
+        let n = &g.nodes[i];
+        let ins = || n.inputs.iter().filter(|&&j| local(j));
+        backward[i - start] =
+            cotangents.contains(&id) || ins().any(|&j| backward[j as usize - start]);
+        varying[i - start] = carries.contains(&id)
+            || slices.contains(&id)
+            || ins().any(|&j| varying[j as usize - start]);
+    }
+    let mut live = vec![false; end - start];
+    let mut cut = vec![false; end - start];
+    for &o in outputs {
+        if local(o) {
+            live[o as usize - start] = true;
+        }
+    }
+    for i in (start..end).rev() {
+        if !live[i - start] {
+            continue;
+        }
+        let id = i as NodeId;
+        let residual = match remat {
+            Remat::Recompute => carries.contains(&id),
+            Remat::Save => !backward[i - start] && varying[i - start] && !given.contains(&id),
+        };
+        if residual {
+            cut[i - start] = true;
+            continue;
+        }
+        for &j in &g.nodes[i].inputs {
+            if local(j) {
+                live[j as usize - start] = true;
+            }
+        }
+    }
+    (start..end)
+        .filter(|&i| cut[i - start])
+        .map(|i| i as NodeId)
+        .collect()
+}
+
+/// The type a scan node declares (that of its first result) for operands of `types`, or what
+/// is wrong (the interpreter's check of a hand-built graph).
+pub(crate) fn check(op: &ScanOp, types: &[&LeafType]) -> Result<LeafType, String> {
+    let body = op.body.input_types();
+    if types.len() != body.len() || op.carry + op.xs > body.len() {
+        return Err(format!(
+            "it has {} operands but its body takes {}",
+            types.len(),
+            body.len()
+        ));
+    }
+    if op.length == 0 {
+        return Err("its trip count is 0".into());
+    }
+    for (k, (t, b)) in types.iter().zip(&body).enumerate() {
+        let want = if (op.carry..op.carry + op.xs).contains(&k) {
+            let mut dims = vec![op.length];
+            dims.extend(&b.dims);
+            LeafType {
+                dtype: b.dtype,
+                dims,
+            }
+        } else {
+            b.clone()
+        };
+        if **t != want {
+            return Err(format!("operand {k} is {t} but the body needs {want}"));
+        }
+    }
+    let outs = op.body.output_types();
+    if outs.len() < op.carry || outs[..op.carry] != body[..op.carry] {
+        return Err("its body's new carry does not have the carry's types".into());
+    }
+    op.result_types()
+        .into_iter()
+        .next()
+        .ok_or_else(|| "it has no results".to_owned())
+}
