@@ -1,5 +1,5 @@
 """Golden test data from JAX for nitro's convolution, windowed-reduction, indexing,
-elementwise and random-number ops.
+elementwise, random-number and scan ops.
 
 Writes one safetensors file per op family under `runtime/tests/goldens/`:
 
@@ -11,6 +11,7 @@ Writes one safetensors file per op family under `runtime/tests/goldens/`:
                              atan2, rem, clamp; u32 bit ops; bitcast_convert_type
     random.safetensors       jax.random with the default threefry2x32 implementation, and the
                              raw Threefry-2x32 block function
+    scan.safetensors         jax.lax.scan: final carries and stacked outputs, and gradients
 
 File layout: every tensor is named `<case>.<role>` (`conv_odd.lhs`, `conv_odd.out`, ...); the
 safetensors metadata holds one entry per case, `"<case>"` -> a JSON object (as a string) of
@@ -833,6 +834,97 @@ def xla_math_checks():
 
 
 # ---------------------------------------------------------------------------------------------
+# scan: jax.lax.scan
+
+
+def scan_family(rng):
+    """Loops with a static trip count. Every case returns one f32 vector: the final carry
+    followed by the stacked per-iteration outputs, each flattened row-major (several carry
+    parts or outputs are concatenated in the order the case lists them)."""
+    fam = Family("scan")
+    normal = lambda *shape: f32(rng.standard_normal(shape) * 0.5)  # noqa: E731
+
+    def flat(*parts):
+        return jnp.concatenate([p.ravel() for p in parts])
+
+    def rnn(h0, xs, w, u, b):
+        """h = tanh(h @ w + x @ u + b) over the rows of xs, y = sin(h); out = [h, ys]."""
+        def step(h, x):
+            h = jnp.tanh(jnp.matmul(h, w) + jnp.matmul(x, u) + b)
+            return h, jnp.sin(h)
+        h, ys = lax.scan(step, h0, xs)
+        return flat(h, ys)
+
+    # rnn: 6 steps of a tanh recurrence with a sin readout.
+    inputs = {"h0": normal(2, 4), "xs": normal(6, 2, 4), "w": normal(4, 4), "u": normal(4, 4),
+              "b": normal(4)}
+    fam.add("rnn", {"op": "scan", "length": 6, "reverse": False},
+            with_vjp(rng, rnn, inputs, ["h0", "xs", "w", "u", "b"]))
+
+    # reverse: c = c * x + 0.1 over the rows of xs from the last to the first, y = c; the ys
+    # are stored in xs order (ys[t] comes from xs[t]); out = [c, ys].
+    def reverse(c0, xs):
+        def step(c, x):
+            c = c * x + 0.1
+            return c, c
+        c, ys = lax.scan(step, c0, xs, reverse=True)
+        return flat(c, ys)
+
+    fam.add("reverse", {"op": "scan", "length": 5, "reverse": True},
+            with_vjp(rng, reverse, {"c0": normal(3), "xs": normal(5, 3)}, ["c0", "xs"]))
+
+    # nested: an outer scan over xs [3, 4, 2] with carry c; each outer step runs an inner scan
+    # over the 4 rows xr of its slice with carry s (starting at c): s = s * 0.9 + tanh(xr * w),
+    # inner y = s * s. The outer step's new carry is (inner final s) + c, its y the inner ys
+    # [4, 2]; out = [c, ys [3, 4, 2]].
+    def nested(c0, xs, w):
+        def outer(c, xo):
+            def inner(s, xr):
+                s = s * 0.9 + jnp.tanh(xr * w)
+                return s, s * s
+            s, ys = lax.scan(inner, c, xo)
+            return s + c, ys
+        c, ys = lax.scan(outer, c0, xs)
+        return flat(c, ys)
+
+    fam.add("nested", {"op": "scan", "outer": 3, "inner": 4},
+            with_vjp(rng, nested, {"c0": normal(2), "xs": normal(3, 4, 2), "w": normal(2)},
+                     ["c0", "xs", "w"]))
+
+    # layers: a residual stack scanned over the stacked weights (ws, bs) with carry x:
+    # x = x + tanh(x @ w + b), no per-iteration outputs; out = final x, flattened.
+    def layers(x0, ws, bs):
+        x, ys = lax.scan(lambda x, wb: (x + jnp.tanh(jnp.matmul(x, wb[0]) + wb[1]), None),
+                         x0, (ws, bs))
+        assert ys is None
+        return x.ravel()
+
+    fam.add("layers", {"op": "scan", "depth": 3},
+            with_vjp(rng, layers, {"x0": normal(2, 4), "ws": normal(3, 4, 4), "bs": normal(3, 4)},
+                     ["x0", "ws", "bs"]))
+
+    # counter: carry (i, x) with i an i32 step counter from 0: x = x * cos(x_t) + f32(i),
+    # i = i + 1, y = x; out = [x, ys] (i is not part of the output).
+    def counter(x0, xs):
+        def step(carry, xt):
+            i, x = carry
+            x = x * jnp.cos(xt) + i.astype(F32)
+            return (i + 1, x), x
+        (i, x), ys = lax.scan(step, (jnp.asarray(0, I32), x0), xs)
+        return flat(x, ys)
+
+    fam.add("counter", {"op": "scan", "length": 4},
+            with_vjp(rng, counter, {"x0": normal(3), "xs": normal(4, 3)}, ["x0", "xs"]))
+
+    # one_step: rnn with a single step.
+    inputs = {"h0": normal(2, 4), "xs": normal(1, 2, 4), "w": normal(4, 4), "u": normal(4, 4),
+              "b": normal(4)}
+    fam.add("one_step", {"op": "scan", "length": 1},
+            with_vjp(rng, rnn, inputs, ["h0", "xs", "w", "u", "b"]))
+    return fam
+
+
+# ---------------------------------------------------------------------------------------------
 # StableHLO dumps of representative cases
 
 
@@ -925,7 +1017,8 @@ def main():
     random_fam, checks = random_family(np.random.default_rng(5))
     families = [conv_family(np.random.default_rng(1)), window_family(np.random.default_rng(2)),
                 index_family(np.random.default_rng(3)),
-                elementwise_family(np.random.default_rng(4)), random_fam]
+                elementwise_family(np.random.default_rng(4)), random_fam,
+                scan_family(np.random.default_rng(6))]
     for fam in families:
         path = fam.save(args.out)
         print(f"{os.path.relpath(path, REPO_ROOT)}: {len(fam.attrs)} cases, "

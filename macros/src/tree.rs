@@ -145,6 +145,10 @@ fn expand_struct(input: &syn::DeriveInput, fields: &syn::Fields) -> TokenStream 
     let visit_mut = members.iter().zip(&path_names).zip(&field_types).map(|((m, n), ty)| {
         quote_spanned!(ty.span()=> __at.with_field(#n, |__at| <#ty as #tree>::visit_mut(&mut self.#m, __at, __f));)
     });
+    let map = members
+        .iter()
+        .zip(&field_types)
+        .map(|(m, ty)| quote_spanned!(ty.span()=> #m: <#ty as #tree>::map_mirror(&__m.#m, __f)));
     let build = members.iter().zip(&path_names).zip(&field_types).map(|((m, n), ty)| {
         quote_spanned!(ty.span()=> #m: __at.with_field(#n, |__at| <#ty as #tree>::mirror(&self.#m, __at, __f)))
     });
@@ -208,6 +212,14 @@ fn expand_struct(input: &syn::DeriveInput, fields: &syn::Fields) -> TokenStream 
                     __f: &mut dyn ::core::ops::FnMut(&#p::LeafPath, &#p::Array) -> #leaf,
                 ) -> #mirror #mirror_args {
                     #mirror { #(#build,)* #marker_init }
+                }
+
+                #[allow(unused_variables)]
+                fn map_mirror<#leaf, __M>(
+                    __m: &#mirror #mirror_args,
+                    __f: &mut dyn ::core::ops::FnMut(&#leaf) -> __M,
+                ) -> <Self as #tree>::Mirror<__M> {
+                    #mirror { #(#map,)* #marker_init }
                 }
             }
 

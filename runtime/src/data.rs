@@ -637,6 +637,12 @@ impl Tree for Batch {
         let mask = at.with_field(MASK, |at| self.mask.mirror(at, f));
         BatchMirror { columns, mask }
     }
+
+    fn map_mirror<L, M>(m: &BatchMirror<L>, f: &mut dyn FnMut(&L) -> M) -> BatchMirror<M> {
+        let columns = m.columns.iter().map(|(n, l)| (n.clone(), f(l))).collect();
+        let mask = f(&m.mask);
+        BatchMirror { columns, mask }
+    }
 }
 
 /// The SplitMix64 generator (Steele, Lea and Flood, 2014): small, fast, and the same on every

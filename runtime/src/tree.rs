@@ -893,6 +893,37 @@ pub trait Tree {
         f: &mut dyn FnMut(&LeafPath, &Array) -> L,
     ) -> Self::Mirror<L>;
 
+    /// A mirror of this tree type with every leaf mapped through `f`, in walk order; the
+    /// structure (fields, sequence lengths, options) is kept. This is how generic code reads
+    /// a `Mirror<Tensor>` leaf by leaf ([`Tree::mirror_leaves`]) or builds one of the same
+    /// shape from other tensors (a scanned layer's per-layer view of stacked parameters).
+    ///
+    /// ```
+    /// use nitro::{Array, Tree};
+    ///
+    /// let m: (Vec<u32>, Option<u32>) = (vec![1, 2], Some(3));
+    /// let doubled = <(Vec<Array>, Option<Array>)>::map_mirror(&m, &mut |x| x * 2);
+    /// assert_eq!(doubled, (vec![2, 4], Some(6)));
+    /// ```
+    fn map_mirror<L, M>(m: &Self::Mirror<L>, f: &mut dyn FnMut(&L) -> M) -> Self::Mirror<M>;
+
+    /// The leaves of a mirror of this tree type, in walk order.
+    ///
+    /// ```
+    /// use nitro::{Array, Tree};
+    ///
+    /// let m: (Vec<u32>, Option<u32>) = (vec![1, 2], Some(3));
+    /// assert_eq!(<(Vec<Array>, Option<Array>)>::mirror_leaves(&m), vec![1, 2, 3]);
+    /// ```
+    fn mirror_leaves<L: Clone>(m: &Self::Mirror<L>) -> Vec<L>
+    where
+        Self: Sized,
+    {
+        let mut leaves = Vec::new();
+        Self::map_mirror(m, &mut |l: &L| leaves.push(l.clone()));
+        leaves
+    }
+
     /// The signature of this tree with paths rooted at `root`.
     fn signature_at(&self, root: &str) -> Signature {
         let mut entries = Vec::new();
@@ -933,6 +964,10 @@ impl Tree for Array {
     fn mirror<L>(&self, at: &mut LeafPath, f: &mut dyn FnMut(&LeafPath, &Array) -> L) -> L {
         f(at, self)
     }
+
+    fn map_mirror<L, M>(m: &L, f: &mut dyn FnMut(&L) -> M) -> M {
+        f(m)
+    }
 }
 
 impl<T: Tree> Tree for Vec<T> {
@@ -955,6 +990,10 @@ impl<T: Tree> Tree for Vec<T> {
             .enumerate()
             .map(|(i, t)| at.with_index(i, |at| t.mirror(at, f)))
             .collect()
+    }
+
+    fn map_mirror<L, M>(m: &Self::Mirror<L>, f: &mut dyn FnMut(&L) -> M) -> Self::Mirror<M> {
+        m.iter().map(|t| T::map_mirror(t, f)).collect()
     }
 }
 
@@ -1003,6 +1042,10 @@ impl<T: Tree, const N: usize> Tree for [T; N] {
             out
         })
     }
+
+    fn map_mirror<L, M>(m: &Self::Mirror<L>, f: &mut dyn FnMut(&L) -> M) -> Self::Mirror<M> {
+        m.each_ref().map(|t| T::map_mirror(t, f))
+    }
 }
 
 impl<T: Tree> Tree for Option<T> {
@@ -1031,6 +1074,10 @@ impl<T: Tree> Tree for Option<T> {
     ) -> Self::Mirror<L> {
         self.as_ref().map(|t| t.mirror(at, f))
     }
+
+    fn map_mirror<L, M>(m: &Self::Mirror<L>, f: &mut dyn FnMut(&L) -> M) -> Self::Mirror<M> {
+        m.as_ref().map(|t| T::map_mirror(t, f))
+    }
 }
 
 impl<T: Tree> Tree for Box<T> {
@@ -1051,6 +1098,10 @@ impl<T: Tree> Tree for Box<T> {
     ) -> Self::Mirror<L> {
         Box::new((**self).mirror(at, f))
     }
+
+    fn map_mirror<L, M>(m: &Self::Mirror<L>, f: &mut dyn FnMut(&L) -> M) -> Self::Mirror<M> {
+        Box::new(T::map_mirror(m, f))
+    }
 }
 
 /// The empty tree: no leaves (the inputs of a program that takes none besides its view).
@@ -1062,6 +1113,8 @@ impl Tree for () {
     fn visit_mut(&mut self, _: &mut LeafPath, _: &mut dyn FnMut(&LeafPath, &mut Array)) {}
 
     fn mirror<L>(&self, _: &mut LeafPath, _: &mut dyn FnMut(&LeafPath, &Array) -> L) {}
+
+    fn map_mirror<L, M>(_: &(), _: &mut dyn FnMut(&L) -> M) {}
 }
 
 macro_rules! tuple_trees {
@@ -1083,6 +1136,10 @@ macro_rules! tuple_trees {
                 f: &mut dyn FnMut(&LeafPath, &Array) -> L,
             ) -> Self::Mirror<L> {
                 ($(at.with_field(stringify!($idx), |at| self.$idx.mirror(at, f)),)+)
+            }
+
+            fn map_mirror<L, M>(m: &Self::Mirror<L>, f: &mut dyn FnMut(&L) -> M) -> Self::Mirror<M> {
+                ($($name::map_mirror(&m.$idx, f),)+)
             }
         }
     )*};

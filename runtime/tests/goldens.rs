@@ -1,4 +1,5 @@
-//! The new ops against JAX, the peer: `runtime/tests/goldens/*.safetensors` hold inputs,
+//! The new ops, and `scan` against `lax.scan`, held to JAX, the peer:
+//! `runtime/tests/goldens/*.safetensors` hold inputs,
 //! outputs and VJPs that `bench/jax_goldens.py` computed with `jax==0.10.2` (in a throwaway
 //! venv; CI needs no JAX). Each case runs on the interpreter and, when a plugin is installed,
 //! on XLA; floats must agree to 1e-5 (relative, plus 1e-5 absolute for the sums of
@@ -662,4 +663,104 @@ fn threefry_and_samplers_match_jax_bit_for_bit() {
     }
     assert_eq!(checks.len(), 4 * 11 + 5);
     run("random", checks);
+}
+
+// ---- scan --------------------------------------------------------------------------------------
+
+/// Flattened and joined, as the JAX cases return a scan's carry and outputs.
+fn joined(parts: &[Tensor]) -> Tensor {
+    let flat: Vec<Tensor> = parts
+        .iter()
+        .map(|p| p.reshape(&[p.dims().iter().product()]))
+        .collect();
+    Tensor::concatenate(&flat, 0)
+}
+
+/// One golden scan case as nitro code, with the remat policy to differentiate it with.
+fn scan_case(case: &str, x: &[Tensor], remat: trace::Remat) -> Tensor {
+    use trace::Scan;
+    let scan = Scan::new().remat(remat);
+    match case {
+        "rnn" | "one_step" => {
+            let (w, u, b) = (x[2], x[3], x[4]);
+            let (c, ys) = scan.run(&[x[0]], &[x[1]], |c, xt| {
+                let h = (c[0].matmul(w) + xt[0].matmul(u) + b).tanh();
+                (vec![h], vec![h.sin()])
+            });
+            joined(&[c[0], ys[0]])
+        }
+        "reverse" => {
+            let (c, ys) = scan.reverse(true).run(&[x[0]], &[x[1]], |c, xt| {
+                let c = c[0] * xt[0] + 0.1;
+                (vec![c], vec![c])
+            });
+            joined(&[c[0], ys[0]])
+        }
+        "nested" => {
+            let w = x[2];
+            let (c, ys) = scan.run(&[x[0]], &[x[1]], |c, xo| {
+                let (s, ys) = scan.run(&[c[0]], &[xo[0]], |s, xr| {
+                    let s = s[0] * 0.9 + (xr[0] * w).tanh();
+                    (vec![s], vec![s * s])
+                });
+                (vec![s[0] + c[0]], vec![ys[0]])
+            });
+            joined(&[c[0], ys[0]])
+        }
+        "layers" => {
+            let (c, _) = scan.run(&[x[0]], &[x[1], x[2]], |c, p| {
+                (vec![c[0] + (c[0].matmul(p[0]) + p[1]).tanh()], vec![])
+            });
+            joined(&[c[0]])
+        }
+        "counter" => {
+            let zero = Tensor::constant(Array::scalar(0i32));
+            let (c, ys) = scan.run(&[zero, x[0]], &[x[1]], |c, xt| {
+                let v = c[1] * xt[0].cos() + c[0].convert(DType::F32);
+                (vec![c[0] + 1.0, v], vec![v])
+            });
+            joined(&[c[1], ys[0]])
+        }
+        other => panic!("no nitro code for scan case {other}"),
+    }
+}
+
+#[test]
+fn scan_matches_jax_lax_scan() {
+    let g = load("scan");
+    let names: &[(&str, &[&str])] = &[
+        ("rnn", &["h0", "xs", "w", "u", "b"]),
+        ("one_step", &["h0", "xs", "w", "u", "b"]),
+        ("reverse", &["c0", "xs"]),
+        ("nested", &["c0", "xs", "w"]),
+        ("layers", &["x0", "ws", "bs"]),
+        ("counter", &["x0", "xs"]),
+    ];
+    assert_eq!(g.cases.len(), names.len());
+    let mut checks = Vec::new();
+    for remat in [trace::Remat::Save, trace::Remat::Recompute] {
+        for &(case, inputs) in names {
+            let mut arrays: Vec<Array> = inputs.iter().map(|i| g.get(case, i)).collect();
+            arrays.push(g.get(case, "cot"));
+            let mut want = vec![Some(g.get(case, "out"))];
+            want.extend(
+                inputs
+                    .iter()
+                    .map(|i| Some(g.get(case, &format!("grad_{i}")))),
+            );
+            let c = Check {
+                case,
+                inputs: arrays,
+                want,
+                abs: 1e-6,
+            };
+            let n = inputs.len();
+            let body: Body<'static> = Box::new(move |x| {
+                let y = scan_case(case, &x[..n], remat);
+                with_vjp(y, x[n], &x[..n])
+            });
+            checks.push((c, body));
+        }
+    }
+    run("scan", checks);
 }

@@ -484,6 +484,10 @@ impl<B: Tree> Tree for Shaped<'_, B> {
                 None => f(path, leaf),
             })
     }
+
+    fn map_mirror<L, M>(m: &Self::Mirror<L>, f: &mut dyn FnMut(&L) -> M) -> Self::Mirror<M> {
+        B::map_mirror(m, f)
+    }
 }
 
 /// A batch, its mask and the program's other inputs as one input tree, borrowed.
@@ -520,6 +524,10 @@ impl<B: Tree, X: Tree> Tree for BatchRef<'_, B, X> {
             at.with_field("1", |at| self.1.mirror(at, f)),
             at.with_field("2", |at| self.2.mirror(at, f)),
         )
+    }
+
+    fn map_mirror<L, M>(m: &Self::Mirror<L>, f: &mut dyn FnMut(&L) -> M) -> Self::Mirror<M> {
+        (B::map_mirror(&m.0, f), f(&m.1), X::map_mirror(&m.2, f))
     }
 }
 
