@@ -12,7 +12,12 @@
 //! Measured here (2 cores, CPU XLA): the defaults train in 116 s to 2.90 held-out bits per
 //! character (the corpus's unigram entropy is 4.76).
 //!
-//! `cargo run --release -p nitro-examples --example chargpt [-- --steps N --layers N --sample N --json]`
+//! `--layers N --scan` runs the N blocks as one scan over stacked parameters
+//! (`nitro::nn::Repeated`), so the gradient program holds one block and compiles in about the
+//! time of one whatever N; without `--scan` they are unrolled. `--remat` (with `--scan`)
+//! recomputes each block in the reverse pass instead of saving its intermediates.
+//!
+//! `cargo run --release -p nitro-examples --example chargpt [-- --steps N --layers N --scan --sample N --json]`
 
 use std::path::PathBuf;
 
@@ -39,6 +44,14 @@ struct Args {
     /// Transformer blocks.
     #[arg(long, default_value_t = 4)]
     layers: usize,
+    /// Run the blocks as one scan over stacked parameters (`nitro::nn::Repeated`): the
+    /// gradient program holds one block however many there are. Without it they are unrolled.
+    #[arg(long)]
+    scan: bool,
+    /// With `--scan`: recompute each block's forward pass in the reverse pass instead of
+    /// saving its intermediates (less memory, about one more forward pass of compute).
+    #[arg(long)]
+    remat: bool,
     /// Model width.
     #[arg(long, default_value_t = 128)]
     width: usize,
@@ -170,6 +183,7 @@ impl Args {
             context: self.context,
             dropout: self.dropout,
             seed: self.seed,
+            scan: self.scan,
         }
     }
 }
@@ -193,6 +207,9 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     if args.steps == 0 || args.batch == 0 || args.context == 0 || args.layers == 0 {
         return Err("--steps, --batch, --context and --layers must be at least 1".into());
+    }
+    if args.remat && !args.scan {
+        return Err("--remat applies to the scanned blocks: add --scan".into());
     }
     if args.heads == 0 || args.width % args.heads != 0 {
         return Err("--width must be a multiple of --heads".into());
@@ -221,8 +238,14 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     ));
     say(format!("backend  {}", backend.identity().description));
     say(format!(
-        "model    {} blocks, width {}, {} heads, context {}, dropout {}, adamw, peak lr {}, {} steps of {}",
-        args.layers, args.width, args.heads, args.context, args.dropout, args.lr, args.steps, args.batch
+        "model    {} blocks{}, width {}, {} heads, context {}, dropout {}, adamw, peak lr {}, {} steps of {}",
+        args.layers,
+        match (args.scan, args.remat) {
+            (true, true) => " (one scan, recomputed in the reverse pass)",
+            (true, false) => " (one scan)",
+            _ => " (unrolled)",
+        },
+        args.width, args.heads, args.context, args.dropout, args.lr, args.steps, args.batch
     ));
     let mut config = Config::new()
         .batch(args.batch)
@@ -248,7 +271,13 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let steps = docs.as_ref().map_or(args.steps, |d| d.steps) as u64;
     let config = config.schedule(chargpt::schedule(args.lr, steps));
-    let experiment = CharGpt::new(&args.shape(), vocab.len());
+    let mut experiment = CharGpt::new(&args.shape(), vocab.len());
+    if args.remat {
+        experiment.arch.stack = experiment
+            .arch
+            .stack
+            .map(|blocks| blocks.remat(nitro::trace::Remat::Recompute));
+    }
     let optimizer = chargpt::optimizer();
     if let Some(dir) = &args.run.twin {
         let schedule = chargpt::schedule(args.lr, steps);
@@ -265,6 +294,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
             "decayed": twin::decayed_leaves(&experiment, |p| optimizer.decays(p)),
             "dropout": args.dropout,
             "layers": args.layers,
+            "scan": args.scan,
             "width": args.width,
             "heads": args.heads,
             "context": args.context,
@@ -372,6 +402,9 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .history(&history)
         .cache(&stats)
         .first_step(run.first_step_time())
+        .field("layers", args.layers)
+        .field("scan", args.scan)
+        .field("remat", args.remat)
         .field("val_bits_per_char", val_bits)
         .field("unigram_bits_per_char", unigram)
         .handle(last, run.program_times())

@@ -5,7 +5,7 @@
 use nitro::data::Dataset;
 use nitro::nn::{
     self, BlockParams, Embedding, EmbeddingParams, Layer, LayerNorm, Linear, LinearParams,
-    NormParams, TransformerBlock,
+    NormParams, Repeated, TransformerBlock,
 };
 use nitro::optim::{AdamW, Cosine};
 use nitro::prelude::*;
@@ -20,8 +20,10 @@ pub struct GptArch {
     pub tokens: Embedding,
     /// Position embeddings.
     pub positions: Embedding,
-    /// The blocks.
+    /// The blocks, unrolled (empty when they are `stack`).
     pub blocks: Vec<TransformerBlock>,
+    /// The blocks as one scan over stacked parameters (`--scan`), or `None`.
+    pub stack: Option<Repeated<TransformerBlock>>,
     /// The final norm.
     pub norm: LayerNorm,
     /// The head: width → vocabulary.
@@ -40,9 +42,12 @@ pub struct CharGpt {
     /// Position embeddings.
     #[device(trainable)]
     pub positions: EmbeddingParams,
-    /// The blocks.
+    /// The blocks' parameters, unrolled (`blocks[i].…`; empty when they are `stack`).
     #[device(trainable)]
     pub blocks: Vec<BlockParams>,
+    /// The blocks' parameters stacked (`stack.…`, every leaf `[layers, …]`) for the scan.
+    #[device(trainable)]
+    pub stack: Option<BlockParams>,
     /// The final norm.
     #[device(trainable)]
     pub norm: NormParams,
@@ -79,7 +84,10 @@ pub fn logits(v: &CharGptView<'_>, x: Tensor) -> Tensor {
     let t = x.dims()[1];
     let positions = Tensor::iota(DType::I32, &[t], 0);
     let h = a.tokens.forward(&v.tokens, x) + a.positions.forward(&v.positions, positions);
-    let h = nn::stack(&a.blocks, &v.blocks, h, |h| h);
+    let h = match (&a.stack, &v.stack) {
+        (Some(blocks), Some(p)) => blocks.forward(p, h),
+        _ => nn::stack(&a.blocks, &v.blocks, h, |h| h),
+    };
     a.head.forward(&v.head, a.norm.forward(&v.norm, h))
 }
 
@@ -117,6 +125,8 @@ pub struct GptShape {
     pub dropout: f64,
     /// The seed of the initial weights.
     pub seed: u64,
+    /// Whether the blocks are one scan over stacked parameters (else unrolled).
+    pub scan: bool,
 }
 
 impl CharGpt {
@@ -134,18 +144,39 @@ impl CharGpt {
                 dim: d,
             },
             blocks: vec![block; shape.layers],
+            stack: None,
             norm: LayerNorm::new(d),
             head: Linear::new(d, vocab),
         };
         let s = |k: u64| nitro::init::Seed(shape.seed.wrapping_mul(1000).wrapping_add(k));
-        CharGpt {
+        let gpt = CharGpt {
             tokens: arch.tokens.init(s(0)),
             positions: arch.positions.init(s(1)),
             blocks: nn::init_stack(&arch.blocks, s(2)),
+            stack: None,
             norm: arch.norm.init(s(3)),
             head: arch.head.init(s(4)),
             arch,
+        };
+        if shape.scan {
+            gpt.stacked()
+        } else {
+            gpt
         }
+    }
+
+    /// The same model and weights with its blocks as one scan over stacked parameters: block
+    /// `i`'s leaves become row `i` of `stack`'s (unchanged when already stacked).
+    pub fn stacked(mut self) -> CharGpt {
+        let Some(&block) = self.arch.blocks.first() else {
+            return self;
+        };
+        let blocks = Repeated::new(block, self.arch.blocks.len());
+        self.stack = Some(blocks.stack_params(&self.blocks));
+        self.arch.stack = Some(blocks);
+        self.arch.blocks.clear();
+        self.blocks.clear();
+        self
     }
 }
 

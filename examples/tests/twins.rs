@@ -170,6 +170,7 @@ fn golden_shape() -> GptShape {
         context: 64,
         dropout: 0.0,
         seed: 0,
+        scan: false,
     }
 }
 
@@ -310,6 +311,7 @@ fn the_chargpt_inventory_is_three_programs_and_a_second_process_compiles_none() 
         context: 16,
         dropout: 0.1,
         seed: 3,
+        scan: false,
     };
     let (train, _) = chargpt::random_windows(&ids, 16, 40, 1).unwrap();
     let (val, _) = chargpt::random_windows(&ids, 16, 12, 2).unwrap();

@@ -291,6 +291,11 @@ pub fn with_step_key<R>(state: StepKey, f: impl FnOnce() -> R) -> R {
     out
 }
 
+/// What [`step_key`] sees now.
+pub(crate) fn step_key_state() -> StepKey {
+    STEP_KEY.with(|k| k.get().0)
+}
+
 /// The key of the training step being traced — a `u32[2]` program input the handle advances
 /// every step — or `None` in an evaluation program and outside the handle's programs. In a
 /// program of a model whose `Model::RANDOM` is false it records a trace-time error saying to

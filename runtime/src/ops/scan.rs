@@ -496,12 +496,37 @@ pub(crate) fn vjp(s: NodeId, cts: Vec<Option<Tensor>>) -> Vec<Option<Tensor>> {
     out
 }
 
+/// Whether a forward value is cheaper to recompute in the backward body than to stack: an
+/// element-wise or layout op, which XLA fuses into the ops that read it.
+fn recomputable(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Select
+            | Op::Convert
+            | Op::StopGradient
+            | Op::Clamp
+            | Op::BitcastConvert
+            | Op::BroadcastInDim { .. }
+            | Op::Reshape
+            | Op::Transpose { .. }
+            | Op::Slice { .. }
+            | Op::Reverse { .. }
+            | Op::Iota { .. }
+            | Op::Constant(_)
+    )
+}
+
 /// The forward values the backward body reads, in node order: walking back from its outputs,
 /// a value that does not depend on a cotangent but does change from one iteration to the next
-/// (it depends on the carry or a slice) is a residual, and the walk stops there. Slices and
-/// invariants (`given`) come in as they are, so they are never residuals; values that change
-/// nothing between iterations are recomputed. Under [`Remat::Recompute`] only carries are
-/// residuals: everything else is recomputed.
+/// (it depends on the carry or a slice) is a residual, and the walk stops there — unless it is
+/// element-wise or a layout op ([`recomputable`]), which the backward body recomputes from its
+/// operands instead, so only products, reductions and the like (and carries) are stacked.
+/// Slices and invariants (`given`) come in as they are, so they are never residuals; values
+/// that change nothing between iterations are recomputed. Under [`Remat::Recompute`] only
+/// carries are residuals: everything else is recomputed.
 fn residuals(
     g: &Graph,
     start: usize,
@@ -540,7 +565,12 @@ fn residuals(
         let id = i as NodeId;
         let residual = match remat {
             Remat::Recompute => carries.contains(&id),
-            Remat::Save => !backward[i - start] && varying[i - start] && !given.contains(&id),
+            Remat::Save => {
+                !backward[i - start]
+                    && varying[i - start]
+                    && !given.contains(&id)
+                    && (carries.contains(&id) || !recomputable(&g.nodes[i].op))
+            }
         };
         if residual {
             cut[i - start] = true;

@@ -478,9 +478,11 @@ pub enum Op {
 /// per-iteration values.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, crate::ContentHash)]
 pub enum Remat {
-    /// The forward loop also stacks every per-iteration value the backward loop reads (its
-    /// residuals): the fastest backward pass, memory growing with the trip count times the
-    /// body's intermediates — what an unrolled loop keeps too.
+    /// The forward loop also stacks the per-iteration values the backward loop reads (its
+    /// residuals): the results of products, reductions and other non-element-wise ops, and
+    /// the carries; element-wise and layout ops are recomputed from them, fused by XLA. The
+    /// fast backward pass, memory growing with the trip count times those intermediates,
+    /// about what an unrolled loop keeps.
     #[default]
     Save,
     /// The forward loop stacks only its carries; each backward iteration recomputes its

@@ -37,6 +37,12 @@ use crate::init::{self, Seed};
 use crate::trace::{Conv, Tensor, Window};
 use crate::tree::{Array, DType, Tree};
 
+mod recurrent;
+mod repeated;
+
+pub use recurrent::{Lstm, LstmParams, LstmParamsMirror};
+pub use repeated::Repeated;
+
 pub use crate::trace::nn::{
     correct, dropout, log_softmax, mse, relu, sigmoid, softmax, softmax_cross_entropy,
 };

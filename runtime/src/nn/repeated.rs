@@ -1,0 +1,203 @@
+//! A stack of identical layers with stacked parameters, run as one [`Scan`] over depth.
+
+use crate::init::Seed;
+use crate::ops::random::{self, StepKey};
+use crate::trace::{Remat, Scan, Tensor};
+use crate::tree::{Array, ArrayData, DType, Tree};
+
+use super::{init_stack, Layer};
+
+/// `depth` copies of `layer`, each with its own parameters, applied in order — with the
+/// parameters **stacked**: every leaf of `layer`'s parameter tree gets a leading axis of
+/// `depth` (`blocks.fc1.w: f32[depth, 128, 512]`). Traced as a [`Scan`] over that axis, the
+/// program holds the layer once, so its compile time stays about that of one layer however deep
+/// the stack (as Flax's `nn.scan` over layers); [`Repeated::unrolled`] traces the same
+/// parameters as `depth` copies instead, for comparison.
+///
+/// Dropout inside the layer draws a different mask in every layer: layer `i` runs with the
+/// step's key folded with `i` (`fold_in(step_key, i)`), in both forms, so the scanned and the
+/// unrolled stack draw the same masks (not those of `depth` separate layers, which draw from
+/// the step's key in call order).
+///
+/// ```
+/// use nitro::nn::{Layer, Repeated, TransformerBlock};
+///
+/// let blocks = Repeated::new(TransformerBlock::causal(32, 4), 6);
+/// let params = blocks.init(nitro::init::Seed(1));
+/// assert_eq!(params.fc1.w.dims(), &[6, 32, 128]);
+/// assert_eq!(params.ln1.gain.dims(), &[6, 32]);
+/// ```
+#[derive(crate::ContentHash, Clone, Copy, Debug, PartialEq)]
+pub struct Repeated<L> {
+    /// The layer repeated.
+    pub layer: L,
+    /// How many copies.
+    pub depth: usize,
+    /// What the reverse pass keeps of each layer ([`Remat`]).
+    pub remat: Remat,
+    /// Whether to trace `depth` copies instead of a scan (same parameters, same values).
+    pub unrolled: bool,
+}
+
+impl<L: Layer> Repeated<L> {
+    /// `depth` copies of `layer` as a scan that saves residuals.
+    pub fn new(layer: L, depth: usize) -> Repeated<L> {
+        Repeated {
+            layer,
+            depth,
+            remat: Remat::Save,
+            unrolled: false,
+        }
+    }
+
+    /// With the reverse pass keeping what `remat` says.
+    pub fn remat(mut self, remat: Remat) -> Repeated<L> {
+        self.remat = remat;
+        self
+    }
+
+    /// Traced as `depth` copies (`true`) or as a scan (`false`, the default).
+    pub fn unrolled(mut self, unrolled: bool) -> Repeated<L> {
+        self.unrolled = unrolled;
+        self
+    }
+
+    /// Per-layer parameters (as [`init_stack`] makes them) stacked into this layer's
+    /// parameters: row `i` of every leaf is `layers[i]`'s (the first `depth` of them).
+    pub fn stack_params(&self, layers: &[L::Params]) -> L::Params
+    where
+        L::Params: Clone,
+    {
+        let mut columns: Vec<Vec<Array>> = Vec::new();
+        for p in layers.iter().take(self.depth) {
+            let mut k = 0;
+            p.for_each_leaf("", &mut |_, a| {
+                if columns.len() <= k {
+                    columns.push(Vec::new());
+                }
+                columns[k].push(a.clone());
+                k += 1;
+            });
+        }
+        let Some(first) = layers.first() else {
+            return self.layer.init(Seed(0));
+        };
+        let mut stacked = first.clone();
+        let mut k = 0;
+        stacked.visit_mut(&mut crate::tree::LeafPath::root(""), &mut |_, a| {
+            if let Some(column) = columns.get(k) {
+                *a = stack(a, column);
+            }
+            k += 1;
+        });
+        stacked
+    }
+
+    /// Layer `i`'s parameters out of a stacked view (slices of every leaf).
+    #[track_caller]
+    pub fn layer_params(
+        &self,
+        p: &<L::Params as Tree>::Mirror<Tensor>,
+        i: usize,
+    ) -> <L::Params as Tree>::Mirror<Tensor> {
+        L::Params::map_mirror(p, &mut |t: &Tensor| {
+            let dims = t.dims();
+            t.narrow(0, i, 1).reshape(dims.get(1..).unwrap_or(&[]))
+        })
+    }
+}
+
+/// Runs `f` with the step's key folded with `layer`, when there is a step key.
+fn with_layer_key<R>(layer: Tensor, f: impl FnOnce() -> R) -> R {
+    match random::step_key_state() {
+        StepKey::Training(key) => {
+            random::with_step_key(StepKey::Training(random::fold_in(key, layer)), f)
+        }
+        _ => f(),
+    }
+}
+
+impl<L: Layer> Layer for Repeated<L>
+where
+    L::Params: Clone,
+{
+    type Params = L::Params;
+
+    /// Layer `i` from seed part `i` (as [`init_stack`]), its leaves stacked.
+    fn init(&self, seed: Seed) -> L::Params {
+        let layers = init_stack(&vec![self.layer_copy(); self.depth.max(1)], seed);
+        if self.depth == 0 {
+            // No rows: the leaves of one layer's types with a leading 0.
+            let mut p = layers[0].clone();
+            p.visit_mut(&mut crate::tree::LeafPath::root(""), &mut |_, a| {
+                *a = stack(a, &[]);
+            });
+            return p;
+        }
+        self.stack_params(&layers)
+    }
+
+    #[track_caller]
+    fn forward(&self, p: &<L::Params as Tree>::Mirror<Tensor>, x: Tensor) -> Tensor {
+        if self.unrolled {
+            let mut h = x;
+            for i in 0..self.depth {
+                let view = self.layer_params(p, i);
+                let index = Tensor::constant(Array::scalar(i as u32));
+                h = with_layer_key(index, || self.layer.forward(&view, h));
+            }
+            return h;
+        }
+        let mut stacked = L::Params::mirror_leaves(p);
+        stacked.push(Tensor::iota(DType::U32, &[self.depth], 0));
+        let (carry, _) = Scan::new()
+            .length(self.depth)
+            .remat(self.remat)
+            .run(&[x], &stacked, |h, slices| {
+                let (index, leaves) = slices.split_last().expect("the layer index is a slice");
+                let mut leaves = leaves.iter();
+                let view = L::Params::map_mirror(p, &mut |_| {
+                    *leaves.next().expect("one slice per stacked leaf")
+                });
+                let h = with_layer_key(*index, || self.layer.forward(&view, h[0]));
+                (vec![h], vec![])
+            });
+        carry[0]
+    }
+}
+
+impl<L: Layer> Repeated<L> {
+    /// The layer, for [`init_stack`] (which takes a slice of layers).
+    fn layer_copy(&self) -> LayerRef<'_, L> {
+        LayerRef(&self.layer)
+    }
+}
+
+/// A borrowed layer, so `init_stack` can seed `depth` copies without `L: Clone`.
+struct LayerRef<'a, L>(&'a L);
+
+impl<L> Clone for LayerRef<'_, L> {
+    fn clone(&self) -> Self {
+        LayerRef(self.0)
+    }
+}
+
+impl<L: Layer> Layer for LayerRef<'_, L> {
+    type Params = L::Params;
+    fn init(&self, seed: Seed) -> L::Params {
+        self.0.init(seed)
+    }
+    fn forward(&self, p: &<L::Params as Tree>::Mirror<Tensor>, x: Tensor) -> Tensor {
+        self.0.forward(p, x)
+    }
+}
+
+/// Arrays of `template`'s type stacked along a new leading axis (none: zero rows).
+fn stack(template: &Array, parts: &[Array]) -> Array {
+    let mut dims = vec![parts.len()];
+    dims.extend(template.dims());
+    let datas: Vec<&ArrayData> = parts.iter().map(|a| a.data()).collect();
+    let data =
+        ArrayData::concat(template.data(), &datas).expect("the layers' leaves share a dtype");
+    Array::from_data(&dims, data).expect("stacked dims hold the layers' elements")
+}
