@@ -4,8 +4,8 @@ TransformerBlock, a final LayerNorm, a linear head), from the same initial weigh
 windows, with nitro's AdamW and cosine schedule, timed the way nitro times its training handle.
 
     python bench/twin_chargpt.py BUNDLE [--steps N] [--losses N] [--losses-out F.npy] [--json]
-                                        [--dump-hlo DIR] [--cache DIR]
-    python bench/twin_chargpt.py --make-test-bundle DIR
+                                        [--dump-hlo DIR] [--cache DIR] [--form unrolled|scan]
+    python bench/twin_chargpt.py --make-test-bundle DIR [--form unrolled|scan]
 
 Besides the common bundle files (twin_common.py) the bundle holds `train.npy` and `val.npy`,
 `int32 [rows, context + 1]` windows (x = w[:, :T], y = w[:, 1:]). A window's loss is the mean
@@ -23,12 +23,23 @@ after it; validation bins the val rows by edge and reports the mean over all the
 positions. The JSON line adds `train_loss` and `val_loss` (nats, means over real positions, as
 nitro's epoch table), the per-edge compile times, `tokens_per_s` and the padding fractions.
 
+The blocks' leaves come in one of two layouts, as nitro's model has them: unrolled
+(`blocks[i].X`, one leaf per block) or, from `chargpt --scan` (`"scan": true` in run.json),
+stacked (`stack.X`, `[layers, ...]`, row i block i's X; run.json's `decayed` names `stack.*`).
+`--form` chooses how the twin runs the blocks, whatever the bundle's layout (default: the
+bundle's): `unrolled`, a Python loop over per-block leaves (one copy of the block per layer in
+the program), or `scan`, one `jax.lax.scan` over the stacked leaves (the activation the carry,
+the stacked leaves and the layer index the xs: one copy of the block). The loaded weights are
+stacked or unstacked once, at load time, into the form's layout, and the decayed set mapped with
+them (`stack.X` <-> every `blocks[i].X`), so the optimizer sees one layout throughout. The JSON
+line adds `form` and `layers`.
+
 The block, as nitro's: x + drop(attn(ln1(x))), then x + drop(fc2(gelu(fc1(ln2(x))))), exact
 (erf) GELU, the causal mask a finite -1e9, scores scaled by 1/sqrt(head width). Dropout (while
 training only) is on the attention's output projection and on the MLP's output, before each
-residual add, nowhere else; its keys are fold_in(fold_in(PRNGKey(seed), step), call) for the
-calls in forward order (nitro draws a fresh key per call from the step's key; the masks are not
-nitro's bits).
+residual add, nowhere else; its keys are fold_in(fold_in(fold_in(PRNGKey(seed), step), layer),
+call), call 0 the attention's and 1 the MLP's, in both forms (so the two forms draw the same
+masks; nitro draws a fresh key per call from the step's key; the masks are not nitro's bits).
 """
 
 import time
@@ -51,32 +62,86 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 MASKED = -1e9
+FORMS = ("unrolled", "scan")
+STACK = "stack."
+
+
+def block_prefix(i):
+    return f"blocks[{i}]."
 
 
 def hidden_of(run):
     return int(run.get("hidden", 4 * run["width"]))
 
 
-def expected_leaves(run):
-    d, v, t, h = run["width"], run["vocab"], run["context"], hidden_of(run)
+def layout_of(run):
+    """The bundle's layout of the blocks' leaves: "scan" (stacked) or "unrolled"."""
+    return "scan" if run.get("scan") else "unrolled"
+
+
+def block_leaves(run):
+    """One block's leaves, by their name inside the block, and their shapes."""
+    d, h = run["width"], hidden_of(run)
+    leaves = {"ln1.gain": (d,), "ln1.bias": (d,), "ln2.gain": (d,), "ln2.bias": (d,)}
+    for n in "qkvo":
+        leaves.update({f"attention.{n}.w": (d, d), f"attention.{n}.b": (d,)})
+    leaves.update({"fc1.w": (d, h), "fc1.b": (h,), "fc2.w": (h, d), "fc2.b": (d,)})
+    return leaves
+
+
+def expected_leaves(run, form=None):
+    """Every leaf's name and shape in `form`'s layout (default: the bundle's): unrolled
+    `blocks[i].X`, or scan `stack.X` with a leading axis of the layer count."""
+    d, v, t, layers = run["width"], run["vocab"], run["context"], run["layers"]
+    block = block_leaves(run)
     leaves = {"tokens.table": (v, d), "positions.table": (t, d)}
-    for i in range(run["layers"]):
-        b = f"blocks[{i}]."
-        leaves.update({b + "ln1.gain": (d,), b + "ln1.bias": (d,),
-                       b + "ln2.gain": (d,), b + "ln2.bias": (d,)})
-        for n in "qkvo":
-            leaves.update({b + f"attention.{n}.w": (d, d), b + f"attention.{n}.b": (d,)})
-        leaves.update({b + "fc1.w": (d, h), b + "fc1.b": (h,), b + "fc2.w": (h, d), b + "fc2.b": (d,)})
+    if (form or layout_of(run)) == "scan":
+        leaves.update({STACK + n: (layers, *shape) for n, shape in block.items()})
+    else:
+        for i in range(layers):
+            leaves.update({block_prefix(i) + n: shape for n, shape in block.items()})
     leaves.update({"norm.gain": (d,), "norm.bias": (d,), "head.w": (d, v), "head.b": (v,)})
     return leaves
+
+
+def to_form(run, params, form):
+    """The bundle's parameters (checked against its layout) and run.json's decayed leaves in
+    `form`'s layout: block i's leaves stacked as row i of `stack.X`, or the stacked leaves split
+    into `blocks[i].X`; `stack.X` is decayed exactly when every `blocks[i].X` is."""
+    decayed = list(run.get("decayed", []))
+    if form == layout_of(run):
+        return params, decayed
+    layers, block = run["layers"], block_leaves(run)
+    per_layer = {block_prefix(i) + n for i in range(layers) for n in block} | {STACK + n for n in block}
+    out = {k: v for k, v in params.items() if k not in per_layer}
+    new_decayed = [n for n in decayed if n not in per_layer]
+    decayed = set(decayed)
+    for n, shape in block.items():
+        names = [block_prefix(i) + n for i in range(layers)]
+        if form == "scan":
+            out[STACK + n] = (np.stack([params[m] for m in names]) if names
+                              else np.zeros((0, *shape), np.float32))
+            flags = {m in decayed for m in names}
+            if len(flags) > 1:
+                raise SystemExit(f"error: run.json decays {n} in some blocks and not in others: "
+                                 "one stacked leaf (--form scan) cannot")
+            if True in flags:
+                new_decayed.append(STACK + n)
+        else:
+            for i, m in enumerate(names):
+                out[m] = np.ascontiguousarray(params[STACK + n][i])
+            if STACK + n in decayed:
+                new_decayed.extend(names)
+    return out, new_decayed
 
 
 # ---- the model ---------------------------------------------------------------------------------
 
 
-def make_nll(run):
+def make_nll(run, form):
     """The per-position cross-entropy `nll(params, x, y, key)` -> `[n, T]` in nats (dropout on
-    when `key` is given); T is x's length, at most the context (positions 0..T-1)."""
+    when `key` is given); T is x's length, at most the context (positions 0..T-1). `params` in
+    `form`'s layout; the blocks run as a Python loop (unrolled) or one lax.scan (scan)."""
     layers, heads = run["layers"], run["heads"]
     # nitro's TransformerBlock normalizes with LayerNorm::new (eps 1e-5) whatever the final
     # norm's eps (run.json's ln_eps) is.
@@ -106,22 +171,35 @@ def make_nll(run):
         out = jax.nn.softmax(scores, axis=-1) @ v
         return linear(p, f"{name}.o", out.transpose(0, 2, 1, 3).reshape(b, t, d))
 
+    def block(b, h, key):
+        """One block on the activation `h`; `b` its leaves by their names inside the block,
+        `key` the layer's dropout key (None: no dropout)."""
+
+        def drop(a, call):
+            return tc.dropout(a, rate, None if key is None else jax.random.fold_in(key, call))
+
+        h = h + drop(attention(b, "attention", layer_norm(b, "ln1", h)), 0)
+        m = linear(b, "fc1", layer_norm(b, "ln2", h))
+        return h + drop(linear(b, "fc2", jax.nn.gelu(m, approximate=False)), 1)
+
+    def layer_key(key, i):
+        return None if key is None else jax.random.fold_in(key, i)
+
+    def inside(p, prefix):
+        return {k[len(prefix):]: v for k, v in p.items() if k.startswith(prefix)}
+
     def logits(p, x, key):
         t = x.shape[1]
         h = p["tokens.table"][x] + p["positions.table"][:t]
-        calls = 0
+        if form == "scan":
+            def body(h, xs):
+                b, i = xs
+                return block(b, h, layer_key(key, i)), None
 
-        def drop(a):
-            nonlocal calls
-            k = None if key is None else jax.random.fold_in(key, calls)
-            calls += 1
-            return tc.dropout(a, rate, k)
-
-        for i in range(layers):
-            b = f"blocks[{i}]"
-            h = h + drop(attention(p, f"{b}.attention", layer_norm(p, f"{b}.ln1", h)))
-            m = linear(p, f"{b}.fc1", layer_norm(p, f"{b}.ln2", h))
-            h = h + drop(linear(p, f"{b}.fc2", jax.nn.gelu(m, approximate=False)))
+            h, _ = jax.lax.scan(body, h, (inside(p, STACK), jnp.arange(layers, dtype=jnp.int32)))
+        else:
+            for i in range(layers):
+                h = block(inside(p, block_prefix(i)), h, layer_key(key, i))
         return linear(p, "head", layer_norm(p, "norm", h, final_eps))
 
     def nll(p, x, y, key):
@@ -131,9 +209,9 @@ def make_nll(run):
     return nll
 
 
-def make_model(run):
+def make_model(run, form):
     """(per-window loss, evaluation sums) for fixed windows: the mean over all T positions."""
-    nll = make_nll(run)
+    nll = make_nll(run, form)
 
     def window_loss(p, x, y, key):
         return jnp.mean(nll(p, x, y, key), axis=1)
@@ -144,13 +222,13 @@ def make_model(run):
     return window_loss, eval_sums
 
 
-def make_bucketed_model(run):
+def make_bucketed_model(run, form):
     """(per-row loss, evaluation sums) for bucketed batches, whose `x` is the pair (ids,
     valid): a row's loss is the mean cross-entropy over its real positions, nitro's
     `(ce * valid).sum(1) / max(valid.sum(1), 1)`; the mask the step and the sums weigh rows by
     is each row's real positions (0 for padding rows), so a step's loss is the mean over its
     batch's real positions."""
-    nll = make_nll(run)
+    nll = make_nll(run, form)
 
     def row_loss(p, xv, y, key):
         x, valid = xv
@@ -190,6 +268,9 @@ def make_test_bundle(args):
             params[name] = rng.uniform(-limit, limit, shape)
     # As nitro's chargpt optimizer: AdamW sparing nn::NO_DECAY ("*.b|*.bias|*.gain").
     run["decayed"] = sorted(n for n in params if not n.endswith((".b", ".bias", ".gain")))
+    if args.form == "scan":  # the layout `chargpt --scan` writes
+        params, run["decayed"] = to_form(run, params, "scan")
+        run["scan"] = True
     # A low-entropy "text": a random sparse bigram chain over the vocabulary.
     nexts = rng.integers(0, vocab, (vocab, 3))
     ids = [0]
@@ -210,7 +291,7 @@ def make_test_bundle(args):
     tc.write_test_bundle(args.make_test_bundle, run, params, batches, real,
                          {"train.npy": train, "val.npy": val})
     print(f"wrote {args.make_test_bundle}: {steps} steps of {batch} windows of {t}, "
-          f"{layers} blocks, width {d}")
+          f"{layers} blocks ({args.form or 'unrolled'} layout), width {d}")
 
 
 # ---- bucketed bundles (chargpt --buckets K --twin DIR) --------------------------------------------
@@ -286,12 +367,12 @@ def val_batches(val, edges, per):
             yield e, bins[e][s:s + per[e]]
 
 
-def train_bucketed(run, host_params, buckets, steps):
+def train_bucketed(run, host_params, buckets, steps, form):
     """Trains `steps` steps of the plan and evaluates the validation rows after the last. One
     jitted train step (and one jitted evaluation), compiled ahead of time for every edge (jit
     specializes by shape) before the first step, as nitro compiles its inventory."""
     edges, per, plan, rows, train, val = buckets
-    row_loss, eval_fn = make_bucketed_model(run)
+    row_loss, eval_fn = make_bucketed_model(run, form)
     step_fn = tc.make_train_step(run, row_loss)
     eval_jit = jax.jit(eval_fn)
     key = jax.random.PRNGKey(int(run.get("seed", 0)))
@@ -392,29 +473,44 @@ def train_bucketed(run, host_params, buckets, steps):
     return timing, host_losses, fields
 
 
-def main_bucketed(args, say, run, params):
+def model_line(run, form, steps, what):
+    blocks = "one lax.scan" if form == "scan" else "unrolled"
+    if form != layout_of(run):
+        blocks += f", from the bundle's {'stacked' if layout_of(run) == 'scan' else 'per-block'} leaves"
+    return (f"model    {run['layers']} blocks ({blocks}), width {run['width']}, {run['heads']} heads, "
+            f"dropout {run.get('dropout', 0.0)}, adamw (decay {run.get('weight_decay', 0.0)}), "
+            f"peak lr {run['schedule']['base']}, {steps} {what}")
+
+
+def main_bucketed(args, say, run, params, form):
     buckets = load_bucketed(args.bundle, run)
     edges, per, plan, rows, train, val = buckets
     steps = min(args.steps or run["steps"], run["steps"])
     say(f"data     {len(train[2]) - 1} train / {len(val[2]) - 1} validation documents, buckets "
         f"{edges} of {[per[e] for e in edges]} rows, vocabulary {run['vocab']}")
     say(f"backend  jax {jax.__version__} on {jax.default_backend()} ({jax.devices()[0].device_kind})")
-    say(f"model    {run['layers']} blocks, width {run['width']}, {run['heads']} heads, dropout "
-        f"{run.get('dropout', 0.0)}, adamw (decay {run.get('weight_decay', 0.0)}), "
-        f"peak lr {run['schedule']['base']}, {steps} bucketed steps")
-    timing, losses, fields = train_bucketed(run, params, buckets, steps)
+    say(model_line(run, form, steps, "bucketed steps"))
+    timing, losses, fields = train_bucketed(run, params, buckets, steps, form)
     bits = fields["val_loss"] / math.log(2)
     say(f"epoch    train loss {fields['train_loss']:.6f}, val loss {fields['val_loss']:.6f} nats "
         f"(means over real positions)")
     say(f"held out {bits:.4f} bits/char; {fields['tokens_per_s']} real positions/s, padding "
         f"{100 * fields['padding_waste']:.1f}% of the batches' positions")
     say(f"compile  by edge {fields['compile_ms_by_edge']} ms")
-    tc.report("chargpt", args, steps, losses, {"val_bits_per_char": round(bits, 6), **fields},
+    tc.report("chargpt", args, steps, losses,
+              {"val_bits_per_char": round(bits, 6), **fields, "form": form, "layers": run["layers"]},
               timing, STARTED, say)
 
 
+def form_option(p):
+    p.add_argument("--form", choices=FORMS,
+                   help="run the blocks unrolled (a Python loop) or as one lax.scan over stacked "
+                        "leaves (default: the bundle's layout); with --make-test-bundle, the "
+                        "layout to write (unrolled)")
+
+
 def main():
-    args = tc.parse_args("chargpt")
+    args = tc.parse_args("chargpt", form_option)
     if args.make_test_bundle:
         return make_test_bundle(args)
     say = tc.sayer(args)
@@ -430,8 +526,11 @@ def main():
     unknown = sorted(set(run.get("decayed", [])) - set(params))
     if unknown:
         raise SystemExit(f"error: run.json decays unknown leaves {unknown}")
+    form = args.form or layout_of(run)
+    params, decayed = to_form(run, params, form)
+    run = {**run, "decayed": decayed}  # what the optimizer reads: the form's leaf names
     if bucketed:
-        return main_bucketed(args, say, run, params)
+        return main_bucketed(args, say, run, params, form)
     t = run["context"]
     train = np.load(os.path.join(args.bundle, "train.npy")).astype(np.int32)
     val = np.load(os.path.join(args.bundle, "val.npy")).astype(np.int32)
@@ -447,18 +546,18 @@ def main():
     steps = min(args.steps or run["steps"], run["steps"])
     say(f"data     {len(train)} train / {len(val)} validation windows of {t}, vocabulary {run['vocab']}")
     say(f"backend  jax {jax.__version__} on {jax.default_backend()} ({jax.devices()[0].device_kind})")
-    say(f"model    {run['layers']} blocks, width {run['width']}, {run['heads']} heads, dropout "
-        f"{run.get('dropout', 0.0)}, adamw (decay {run.get('weight_decay', 0.0)}), "
-        f"peak lr {run['schedule']['base']}, {steps} steps of {run['batch']}")
+    say(model_line(run, form, steps, f"steps of {run['batch']}"))
 
     def gather(idx):
         return train_x[idx], train_y[idx]
 
     timing, losses, sums, n = tc.train(run, params, batches, real, steps, gather,
-                                       make_model(run), (val_x, val_y), set(), STARTED)
+                                       make_model(run, form), (val_x, val_y), set(), STARTED)
     bits = sums[0] / n / math.log(2)
     say(f"held out {bits:.4f} bits/char")
-    tc.report("chargpt", args, steps, losses, {"val_bits_per_char": round(bits, 6)}, timing, STARTED, say)
+    tc.report("chargpt", args, steps, losses,
+              {"val_bits_per_char": round(bits, 6), "form": form, "layers": run["layers"]},
+              timing, STARTED, say)
 
 
 if __name__ == "__main__":

@@ -303,15 +303,22 @@ fn the_chargpt_inventory_is_three_programs_and_a_second_process_compiles_none() 
     let Some(xla) = common::xla_or_skip("the_chargpt_inventory_is_three_programs") else {
         return;
     };
+    for scan in [false, true] {
+        chargpt_inventory(xla, scan);
+    }
+}
+
+/// The chargpt inventory test, with the blocks unrolled or as one scan.
+fn chargpt_inventory(xla: &'static dyn nitro::backend::Backend, scan: bool) {
     let ids: Vec<i32> = (0..4000i32).map(|i| (i * 7 + i / 13) % 40).collect();
     let shape = GptShape {
-        layers: 1,
+        layers: 2,
         width: 32,
         heads: 2,
         context: 16,
         dropout: 0.1,
         seed: 3,
-        scan: false,
+        scan,
     };
     let (train, _) = chargpt::random_windows(&ids, 16, 40, 1).unwrap();
     let (val, _) = chargpt::random_windows(&ids, 16, 12, 2).unwrap();
@@ -333,5 +340,59 @@ fn the_chargpt_inventory_is_three_programs_and_a_second_process_compiles_none() 
         )
         .unwrap()
     };
-    inventory_and_second_process("chargpt", handle, &train, &val);
+    let what = if scan { "chargpt --scan" } else { "chargpt" };
+    inventory_and_second_process(what, handle, &train, &val);
+}
+
+#[test]
+fn the_stacked_character_gpt_trains_as_the_unrolled_one_for_twenty_steps() {
+    let Some(xla) = common::xla_or_skip("the_stacked_character_gpt_trains_as_the_unrolled_one")
+    else {
+        return;
+    };
+    let path = golden("chargpt_twin.safetensors");
+    let vocab = tensor_dims(&path, "tokens.table")[0];
+    let mut unrolled = CharGpt::new(&golden_shape(), vocab);
+    weights::load_into(&mut unrolled, &path, &Import::new().allow_extra()).expect("weights");
+    let mut stacked_weights = CharGpt::new(&golden_shape(), vocab);
+    weights::load_into(&mut stacked_weights, &path, &Import::new().allow_extra()).expect("weights");
+    let stacked = stacked_weights.stacked();
+    assert!(stacked.blocks.is_empty() && stacked.stack.is_some());
+    let batches = window_batches(&path);
+    let losses = |model: CharGpt| {
+        let config = Config::new()
+            .batch(batches[0].0.x.dims()[0])
+            .schedule(schedule(&path))
+            .progress(false);
+        let cache: &'static Cache = Box::leak(Box::new(Cache::in_memory(8)));
+        let mut run = Nitro::with_backend(model, chargpt::optimizer(), config, xla, cache).unwrap();
+        // Twenty steps: the golden's ten batches, twice.
+        let losses: Vec<f64> = batches
+            .iter()
+            .chain(&batches)
+            .map(|(b, real)| run.step(b, *real).expect("step").loss)
+            .collect();
+        (losses, cache.stats().compiles)
+    };
+    let (want, _) = losses(unrolled);
+    let (got, compiled) = losses(stacked);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-5 * w.abs(),
+            "step {i}: stacked {g} vs unrolled {w}\nstacked:  {got:?}\nunrolled: {want:?}"
+        );
+    }
+    assert!(got[19] < got[0] * 0.8, "{got:?}");
+    // And the JAX twin's first ten losses (of the unrolled model: the same function).
+    let jax = tensor(&path, "twin.losses")
+        .as_slice::<f64>()
+        .unwrap()
+        .to_vec();
+    for (i, (g, e)) in got.iter().zip(&jax).enumerate() {
+        assert!(
+            (g - e).abs() <= 1e-4 * e.abs(),
+            "step {i}: stacked {g} vs JAX {e}"
+        );
+    }
+    assert_eq!(compiled, 2, "the stacked model's grad and update programs");
 }

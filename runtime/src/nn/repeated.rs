@@ -150,18 +150,19 @@ where
         }
         let mut stacked = L::Params::mirror_leaves(p);
         stacked.push(Tensor::iota(DType::U32, &[self.depth], 0));
-        let (carry, _) = Scan::new()
-            .length(self.depth)
-            .remat(self.remat)
-            .run(&[x], &stacked, |h, slices| {
-                let (index, leaves) = slices.split_last().expect("the layer index is a slice");
-                let mut leaves = leaves.iter();
-                let view = L::Params::map_mirror(p, &mut |_| {
-                    *leaves.next().expect("one slice per stacked leaf")
+        let (carry, _) =
+            Scan::new()
+                .length(self.depth)
+                .remat(self.remat)
+                .run(&[x], &stacked, |h, slices| {
+                    let (index, leaves) = slices.split_last().expect("the layer index is a slice");
+                    let mut leaves = leaves.iter();
+                    let view = L::Params::map_mirror(p, &mut |_| {
+                        *leaves.next().expect("one slice per stacked leaf")
+                    });
+                    let h = with_layer_key(*index, || self.layer.forward(&view, h[0]));
+                    (vec![h], vec![])
                 });
-                let h = with_layer_key(*index, || self.layer.forward(&view, h[0]));
-                (vec![h], vec![])
-            });
         carry[0]
     }
 }
