@@ -49,7 +49,7 @@
 use std::fmt::{self, Write as _};
 
 use crate::hash::Digest;
-use crate::trace::ir::{Graph, Node, NodeId, Op, ScanOp};
+use crate::trace::ir::{Graph, Node, NodeId, Op, ScanOp, WhileOp};
 use crate::tree::{ArrayData, DType, LeafType};
 
 /// How to emit a program beyond its graph.
@@ -289,6 +289,7 @@ impl<'g, 'b> Emitter<'g, 'b> {
                     match (names.get(scan as usize), graph.nodes.get(scan as usize)) {
                         (Some(&Ssa::Value(n)), Some(s)) => match &s.op {
                             Op::Scan(op) => Ssa::Part(n, while_result(op, s.inputs.len(), *index)),
+                            Op::While(_) => Ssa::Part(n, *index),
                             _ => Ssa::Missing,
                         },
                         _ => Ssa::Missing,
@@ -430,6 +431,7 @@ impl<'g, 'b> Emitter<'g, 'b> {
                 crate::ops::emit(node, line)
             }
             Op::Scan(op) => self.scan(me, node, op),
+            Op::While(op) => self.while_loop(me, node, op),
             // Named as parts of their scan's `while`; no line of their own.
             Op::Result { .. } => Ok(()),
             Op::AllReduce => {
@@ -477,14 +479,7 @@ impl Emitter<'_, '_> {
             _ => return Ok(()),
         };
         // The body first: its number is its place among the module's functions.
-        let k = self.bodies.len();
-        self.bodies.push(String::new());
-        let body_text = {
-            let mut e = Emitter::new(&op.body, self.bodies);
-            e.function(&format!("private @scan{k}"), &EmitOptions::default())?;
-            e.out
-        };
-        self.bodies[k] = body_text;
+        let f = self.body_function(&op.body)?;
 
         let i32_ty = "tensor<i32>";
         let (nc, nx) = (op.carry, op.xs);
@@ -622,7 +617,7 @@ impl Emitter<'_, '_> {
         };
         writeln!(
             out,
-            "      {head} = func.call @scan{k}({}) : ({}) -> ({})",
+            "      {head} = func.call {f}({}) : ({}) -> ({})",
             call_args.join(", "),
             in_tys.join(", "),
             out_tys.join(", ")
@@ -663,6 +658,80 @@ impl Emitter<'_, '_> {
             "      {w}_next = stablehlo.add {}, {w}_one : {i32_ty}",
             arg(0)
         )?;
+        writeln!(
+            out,
+            "      stablehlo.return {} : {}",
+            next.join(", "),
+            types.join(", ")
+        )?;
+        writeln!(out, "    }}")
+    }
+}
+
+impl Emitter<'_, '_> {
+    /// `body` emitted once as a private function of the module; returns its name.
+    fn body_function(&mut self, body: &Graph) -> Result<String, fmt::Error> {
+        let k = self.bodies.len();
+        self.bodies.push(String::new());
+        let text = {
+            let mut e = Emitter::new(body, self.bodies);
+            e.function(&format!("private @scan{k}"), &EmitOptions::default())?;
+            e.out
+        };
+        self.bodies[k] = text;
+        Ok(format!("@scan{k}"))
+    }
+
+    /// A while loop: it threads the carry and the invariants; the condition region calls the
+    /// body function (condition and new carry at once) and returns its first result, the body
+    /// region calls it and returns the rest (XLA drops the unused half of each after inlining).
+    fn while_loop(&mut self, me: Ssa, node: &Node, op: &WhileOp) -> fmt::Result {
+        let n = match me {
+            Ssa::Value(n) => n,
+            _ => return Ok(()),
+        };
+        let f = self.body_function(&op.body)?;
+        let w = format!("%w{n}");
+        let mut inits = Vec::new();
+        let mut types = Vec::new();
+        for &i in &node.inputs {
+            inits.push(
+                self.names
+                    .get(i as usize)
+                    .copied()
+                    .unwrap_or(Ssa::Missing)
+                    .to_string(),
+            );
+            types.push(Ty(self.graph.nodes.get(i as usize).map(|n| &n.ty)).to_string());
+        }
+        let outs: Vec<String> = op
+            .body
+            .output_types()
+            .iter()
+            .map(|t| Ty(Some(t)).to_string())
+            .collect();
+        let args: Vec<String> = (0..inits.len()).map(|k| format!("{w}_a{k}")).collect();
+        let call = format!(
+            "func.call {f}({}) : ({}) -> ({})",
+            args.join(", "),
+            types.join(", "),
+            outs.join(", ")
+        );
+        let results = outs.len();
+        let out = &mut self.out;
+        write!(out, "    {me}:{} = stablehlo.while(", inits.len())?;
+        for (k, init) in inits.iter().enumerate() {
+            let sep = if k == 0 { "" } else { ", " };
+            write!(out, "{sep}{} = {init}", args[k])?;
+        }
+        writeln!(out, ") : {}", types.join(", "))?;
+        writeln!(out, "     cond {{")?;
+        writeln!(out, "      {w}_c:{results} = {call}")?;
+        writeln!(out, "      stablehlo.return {w}_c#0 : tensor<i1>")?;
+        writeln!(out, "    }} do {{")?;
+        writeln!(out, "      {w}_b:{results} = {call}")?;
+        let mut next: Vec<String> = (1..results).map(|k| format!("{w}_b#{k}")).collect();
+        next.extend(args[op.carry..].iter().cloned());
         writeln!(
             out,
             "      stablehlo.return {} : {}",

@@ -17,7 +17,7 @@
 use std::panic::Location;
 use std::sync::Arc;
 
-use crate::trace::ir::{Graph, NodeId, Op, Remat, ScanOp};
+use crate::trace::ir::{Graph, NodeId, Op, Remat, ScanOp, WhileOp};
 use crate::trace::{autodiff, region, with_recording, Tensor};
 use crate::tree::{DType, LeafType};
 
@@ -258,6 +258,167 @@ impl Scan {
         let ys = results.split_off(init.len());
         (results, ys)
     }
+}
+
+/// A loop while a traced condition holds: `while cond(carry) { carry = body(carry) }`, and
+/// the final carry. For inference only: its trip count depends on traced values, so a gradient
+/// that reaches it fails the trace (use [`Scan`], whose trip count is static, to train through
+/// a loop). `cond` returns a `bool` scalar; `body` returns the new carry, of the carry's types.
+/// Both may read tensors of the enclosing trace. A condition that never turns false loops
+/// forever, on XLA as on the interpreter.
+///
+/// ```
+/// use nitro::backend::interp;
+/// use nitro::trace::{trace, while_loop};
+/// use nitro::{Array, DType, LeafType};
+///
+/// // Halve until below 1, counting the halvings.
+/// let x = LeafType { dtype: DType::F32, dims: vec![] };
+/// let graph = trace(&[("x".into(), x)], |i| {
+///     let n = nitro::trace::Tensor::constant(Array::scalar(0i32));
+///     while_loop(&[i[0], n], |c| c[0].greater_equal(1.0), |c| vec![c[0] * 0.5, c[1] + 1.0])
+/// })?;
+/// let out = interp::run(&graph, &[Array::scalar(10.0f32)])?;
+/// assert_eq!(out[0].as_slice::<f32>()?, &[0.625]);
+/// assert_eq!(out[1].as_slice::<i32>()?, &[4]);
+/// # Ok::<(), nitro::Error>(())
+/// ```
+#[track_caller]
+pub fn while_loop(
+    init: &[Tensor],
+    cond: impl FnOnce(&[Tensor]) -> Tensor,
+    body: impl FnOnce(&[Tensor]) -> Vec<Tensor>,
+) -> Vec<Tensor> {
+    let at = Location::caller();
+    let types = with_recording(|r| {
+        for &t in init {
+            if !r.owns(t, "while_loop", at) {
+                return None;
+            }
+        }
+        if init.is_empty() {
+            r.fail(
+                "while_loop",
+                "a while_loop needs at least one carried value".into(),
+                at,
+                crate::ops::f32_scalar(),
+            );
+            return None;
+        }
+        Some(
+            init.iter()
+                .map(|&c| r.graph.ty(c.node).clone())
+                .collect::<Vec<_>>(),
+        )
+    });
+    let Some(types) = types else {
+        return stand_ins(init.len(), 0).0;
+    };
+    let (open, args) = region::open(&types);
+    let p = cond(&args);
+    let next = body(&args);
+    let outcome = with_recording(|r| -> Result<(), String> {
+        if r.failed() {
+            return Err(String::new());
+        }
+        for &t in std::iter::once(&p).chain(&next) {
+            if !r.sees(t) {
+                return Err(
+                    "the loop returned a tensor of another trace or of a closed loop body".into(),
+                );
+            }
+        }
+        let pt = r.graph.ty(p.node);
+        if pt.dtype != DType::Bool || !pt.dims.is_empty() {
+            return Err(format!(
+                "the condition is {pt}; it must be a bool scalar (e.g. `x.less(10.0)` on a scalar)"
+            ));
+        }
+        if next.len() != init.len() {
+            return Err(format!(
+                "the body returned {} carried values for a carry of {}",
+                next.len(),
+                init.len()
+            ));
+        }
+        for (k, (&c, want)) in next.iter().zip(&types).enumerate() {
+            let got = r.graph.ty(c.node);
+            if got != want {
+                return Err(format!(
+                    "the body's new carry {k} is {got} but the carry going in is {want}; a \
+                     carry keeps its type from one iteration to the next"
+                ));
+            }
+        }
+        Ok(())
+    });
+    let params: Vec<NodeId> = args.iter().map(|a| a.node).collect();
+    let outputs: Vec<NodeId> = std::iter::once(&p).chain(&next).map(|t| t.node).collect();
+    let extracted = outcome.and_then(|()| region::extract(open.start, &params, &outputs));
+    region::close(open);
+    let body = match extracted {
+        Ok(body) => body,
+        Err(message) => {
+            if !message.is_empty() {
+                with_recording(|r| {
+                    r.fail("while_loop", message, at, crate::ops::f32_scalar());
+                });
+            }
+            return stand_ins(init.len(), 0).0;
+        }
+    };
+    let op = WhileOp {
+        body: Arc::new(body.graph),
+        carry: init.len(),
+    };
+    let types = op.result_types();
+    with_recording(|r| {
+        let mut ids: Vec<NodeId> = init.iter().map(|t| t.node).collect();
+        ids.extend(&body.captures);
+        let node = r.push(
+            Op::While(Box::new(op)),
+            ids,
+            types[0].clone(),
+            "while_loop",
+            at,
+        );
+        if !matches!(r.graph.node(node.node).op, Op::While(_)) {
+            return types.iter().map(|t| r.stand_in(t.clone())).collect();
+        }
+        types
+            .into_iter()
+            .enumerate()
+            .map(|(index, ty)| r.push(Op::Result { index }, vec![node.node], ty, "while_loop", at))
+            .collect()
+    })
+}
+
+/// The type a while node declares (its first carry's) for operands of `types`, or what is
+/// wrong.
+pub(crate) fn check_while(op: &WhileOp, types: &[&LeafType]) -> Result<LeafType, String> {
+    let body_in = op.body.input_types();
+    let body_out = op.body.output_types();
+    if types.len() != body_in.len() || op.carry == 0 || op.carry > body_in.len() {
+        return Err(format!(
+            "it has {} operands and {} carried values but its body takes {} inputs",
+            types.len(),
+            op.carry,
+            body_in.len()
+        ));
+    }
+    for (k, (t, b)) in types.iter().zip(&body_in).enumerate() {
+        if *t != b {
+            return Err(format!("operand {k} is {t} but the body needs {b}"));
+        }
+    }
+    let cond = LeafType {
+        dtype: DType::Bool,
+        dims: Vec::new(),
+    };
+    if body_out.first() != Some(&cond) || body_out[1..] != body_in[..op.carry] {
+        return Err("its body does not give a bool condition and the carry's types".into());
+    }
+    Ok(body_in[0].clone())
 }
 
 /// Stand-ins for the results of a failed scan (the trace has already failed).

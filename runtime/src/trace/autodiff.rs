@@ -145,6 +145,18 @@ pub(crate) fn backprop(
                 Some(cts) => crate::ops::scan::vjp(i as u32, cts),
                 None => continue,
             },
+            Op::While(_) => {
+                if results.remove(&i).is_some() {
+                    crate::trace::refuse(
+                        "grad",
+                        "a gradient reached a `while_loop`, whose trip count depends on traced \
+                         values, so it has no reverse pass; use `Scan` with a static trip count \
+                         (as `lax.scan`), or `stop_gradient` the loop's inputs"
+                            .into(),
+                    );
+                }
+                continue;
+            }
             _ => {
                 let Some(g) = ct[i] else { continue };
                 let inputs: Vec<Tensor> = node.inputs.iter().map(|&j| handle(j)).collect();
@@ -183,9 +195,13 @@ fn stand_in(x: Tensor) -> Tensor {
 /// Whether gradients flow from a node to its inputs at all.
 fn differentiable(n: &Node, nodes: &[Node]) -> bool {
     match &n.op {
-        Op::Parameter { .. } | Op::Constant(_) | Op::Iota { .. } | Op::Compare(_) => false,
+        Op::Parameter { .. }
+        | Op::Constant(_)
+        | Op::Iota { .. }
+        | Op::Compare(_)
+        | Op::StopGradient => false,
         // A scan's first result may be an integer while others are floats.
-        Op::Scan(_) => true,
+        Op::Scan(_) | Op::While(_) => true,
         Op::Convert => n.ty.dtype.is_float() && nodes[n.inputs[0] as usize].ty.dtype.is_float(),
         _ => n.ty.dtype.is_float(),
     }
@@ -201,6 +217,6 @@ fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor) -> Vec<Option<Tensor>> {
         Op::AllReduce => vec![Some(g.all_sum())],
         crate::ops::family_op!() => crate::ops::vjp(node, y, x, g),
         // `backprop` sends these to the scan's own rule.
-        Op::Scan(_) | Op::Result { .. } => vec![None; x.len()],
+        Op::Scan(_) | Op::While(_) | Op::Result { .. } => vec![None; x.len()],
     }
 }

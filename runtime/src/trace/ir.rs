@@ -467,11 +467,26 @@ pub enum Op {
     /// the stacked per-iteration outputs — read through [`Op::Result`] nodes; the node's own
     /// type is that of its first result.
     Scan(Box<ScanOp>),
-    /// Result `index` of the multi-result node that is its one input (an [`Op::Scan`]).
+    /// A loop while a traced condition holds ([`WhileOp`]): inputs are the initial carry,
+    /// then the loop-invariant values its body reads; results (through [`Op::Result`]) are
+    /// the final carry. Its trip count is not known when tracing, so it has no derivative.
+    While(Box<WhileOp>),
+    /// Result `index` of the multi-result node that is its one input (an [`Op::Scan`] or
+    /// [`Op::While`]).
     Result {
         /// Which result.
         index: usize,
     },
+}
+
+/// The attributes of an [`Op::While`]: `while cond(carry) { carry = body(carry) }`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WhileOp {
+    /// The condition and the body as one graph: inputs are the carry, then the invariants;
+    /// outputs are the condition (`bool[]`), then the new carry (the carry's types).
+    pub body: Arc<Graph>,
+    /// How many carried values there are.
+    pub carry: usize,
 }
 
 /// How the reverse pass of a [`scan`](crate::trace::Scan) gets the forward pass's
@@ -509,6 +524,17 @@ pub struct ScanOp {
     pub xs: usize,
     /// What the reverse pass saves.
     pub remat: Remat,
+}
+
+impl WhileOp {
+    /// The types of the loop's results: the carry's.
+    pub fn result_types(&self) -> Vec<LeafType> {
+        self.body
+            .input_types()
+            .into_iter()
+            .take(self.carry)
+            .collect()
+    }
 }
 
 impl ScanOp {
@@ -569,6 +595,7 @@ impl Op {
             Op::DynamicSlice { .. } => "dynamic_slice",
             Op::DynamicUpdateSlice => "dynamic_update_slice",
             Op::Scan(_) => "scan",
+            Op::While(_) => "while_loop",
             Op::Result { .. } => "result",
         }
     }

@@ -37,12 +37,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 pub use crate::ops::elementwise::tracing::Operand;
 pub use crate::ops::random;
-pub use crate::ops::scan::{scan, Scan};
+pub use crate::ops::scan::{scan, while_loop, Scan};
 pub use crate::ops::window::same_padding;
 pub use autodiff::{grad, value_and_grad};
 pub use ir::{
     BinaryOp, ClassInput, CmpOp, Conv, ConvDims, DotDims, GatherDims, Graph, Input, Node, NodeId,
-    Op, ReduceOp, Remat, ScanOp, ScatterDims, ScatterKind, UnaryOp, Window,
+    Op, ReduceOp, Remat, ScanOp, ScatterDims, ScatterKind, UnaryOp, WhileOp, Window,
 };
 
 use crate::error::{Error, Result};

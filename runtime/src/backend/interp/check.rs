@@ -52,17 +52,20 @@ pub(super) fn node(graph: &Graph, id: usize) -> Result<(), String> {
             ins[0].clone()
         }
         Op::Scan(op) => crate::ops::scan::check(op, &ins)?,
+        Op::While(op) => crate::ops::scan::check_while(op, &ins)?,
         Op::Result { index } => {
             arity(1, ins.len())?;
-            let Op::Scan(op) = &graph.node(node.inputs[0]).op else {
-                return Err("its operand is not a scan".into());
+            let types = match &graph.node(node.inputs[0]).op {
+                Op::Scan(op) => op.result_types(),
+                Op::While(op) => op.result_types(),
+                _ => return Err("its operand is not a scan or a while_loop".into()),
             };
-            match op.result_types().get(*index) {
+            match types.get(*index) {
                 Some(t) => t.clone(),
                 None => {
                     return Err(format!(
-                        "it reads result {index} of a scan with {} results",
-                        op.result_types().len()
+                        "it reads result {index} of a loop with {} results",
+                        types.len()
                     ))
                 }
             }

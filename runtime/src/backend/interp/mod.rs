@@ -54,7 +54,7 @@ use std::collections::HashMap;
 
 use crate::error::{Error, Result};
 use crate::ops::elementwise::kernels;
-use crate::trace::ir::{Graph, Node, NodeId, Op, ScanOp};
+use crate::trace::ir::{Graph, Node, NodeId, Op, ScanOp, WhileOp};
 use crate::tree::{Array, ArrayData, DType};
 
 /// Runs `graph` on `inputs` (one array per graph input, in order) and returns its outputs in
@@ -161,7 +161,7 @@ pub fn run_replicas(graph: &Graph, inputs: &[&[&Array]]) -> Result<Vec<Vec<Array
         };
         check::node(graph, id).map_err(invalid)?;
         match &node.op {
-            Op::Scan(op) => {
+            Op::Scan(_) | Op::While(_) => {
                 // Its results wait in `parts` for the `result` nodes that read them.
                 for (replica, (values, replica_parts)) in
                     values.iter_mut().zip(&mut parts).enumerate()
@@ -172,7 +172,12 @@ pub fn run_replicas(graph: &Graph, inputs: &[&[&Array]]) -> Result<Vec<Vec<Array
                         .map(|&i| values[i as usize].as_deref())
                         .collect::<Option<Vec<&Array>>>()
                         .ok_or_else(|| invalid("an operand was not computed before it".into()))?;
-                    let results = run_scan(op, &operands, inputs.len() > 1, replica)?;
+                    let replicated = inputs.len() > 1;
+                    let results = match &node.op {
+                        Op::Scan(op) => run_scan(op, &operands, replicated, replica)?,
+                        Op::While(op) => run_while(op, &operands, replicated)?,
+                        _ => unreachable!("matched above"),
+                    };
                     replica_parts.insert(id, results);
                     for &i in &node.inputs {
                         if last_use[i as usize] == id && !keep[i as usize] {
@@ -324,6 +329,39 @@ fn run_scan(
         );
     }
     Ok(results)
+}
+
+/// Runs a while loop's body (condition and new carry at once) until the condition is false:
+/// the final carry.
+fn run_while(op: &WhileOp, operands: &[&Array], replicated: bool) -> Result<Vec<Array>> {
+    if replicated && op.body.nodes.iter().any(|n| n.op == Op::AllReduce) {
+        return Err(Error::InvalidGraph {
+            node: 0,
+            op: "while_loop",
+            message: "an all_reduce inside a loop body cannot run replica by replica".into(),
+        });
+    }
+    let (carry, consts) = operands.split_at(op.carry.min(operands.len()));
+    let mut carry: Vec<Array> = carry
+        .iter()
+        .map(|a| copy(a).map_err(|f| scan_fault(f, "a carry")))
+        .collect::<Result<_>>()?;
+    loop {
+        let refs: Vec<&Array> = carry.iter().chain(consts.iter().copied()).collect();
+        let mut outs = run_refs(&op.body, &refs)?;
+        let next = outs.split_off(1);
+        let go = outs[0]
+            .as_slice::<bool>()
+            .map_err(|e| Error::InvalidGraph {
+                node: 0,
+                op: "while_loop",
+                message: format!("its condition: {e}"),
+            })?;
+        if !go.first().copied().unwrap_or(false) {
+            return Ok(carry);
+        }
+        carry = next;
+    }
 }
 
 /// A scan's fault as an error, naming what it was making.
@@ -534,7 +572,7 @@ fn eval<'a>(
             "an all_reduce is evaluated across replicas".into(),
         )),
         // Run by `run_replicas`, which keeps their several results.
-        Op::Scan(_) | Op::Result { .. } => Err(Fault::Invalid(
+        Op::Scan(_) | Op::While(_) | Op::Result { .. } => Err(Fault::Invalid(
             "a scan and its results are evaluated by the run loop".into(),
         )),
     }
