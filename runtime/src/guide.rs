@@ -31,6 +31,10 @@ pub struct ExperimentPage;
 #[doc = include_str!("../../docs/layers.md")]
 pub struct Layers;
 
+/// `docs/loops.md`.
+#[doc = include_str!("../../docs/loops.md")]
+pub struct Loops;
+
 /// `docs/weights.md`.
 #[doc = include_str!("../../docs/weights.md")]
 pub struct Weights;

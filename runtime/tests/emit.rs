@@ -145,6 +145,9 @@ fn op_kind(op: &Op) -> &'static str {
         Op::Scatter { .. } => "scatter",
         Op::DynamicSlice { .. } => "dynamic_slice",
         Op::DynamicUpdateSlice => "dynamic_update_slice",
+        Op::Scan(_) => "scan",
+        Op::While(_) => "while_loop",
+        Op::Result { .. } => "result",
     }
 }
 
@@ -214,7 +217,51 @@ const ALL_KINDS: &[&str] = &[
     "scatter",
     "dynamic_slice",
     "dynamic_update_slice",
+    "scan",
+    "while_loop",
+    "result",
 ];
+
+/// A reversed scan (a running product over rows, every product kept) and a while loop.
+fn loop_program() -> Graph {
+    use nitro::trace::{while_loop, Scan};
+    program(&[f32t(&[2]), f32t(&[3, 2])], |i| {
+        let (c, ys) = Scan::new()
+            .reverse(true)
+            .run(&[i[0]], &[i[1]], |c, x| (vec![c[0] * x[0]], vec![c[0]]));
+        let w = while_loop(&[c[0]], |c| c[0].sum_all().less(10.0), |c| vec![c[0] * 2.0]);
+        vec![c[0], ys[0], w[0]]
+    })
+}
+
+#[test]
+fn a_scan_is_a_while_calling_its_body_function() {
+    let text = emit(&loop_program());
+    for line in [
+        "  func.func public @main(%arg0: tensor<2xf32>, %arg1: tensor<3x2xf32>) -> (tensor<2xf32>, tensor<3x2xf32>, tensor<2xf32>) {",
+        "    %w0_i0 = stablehlo.constant dense<0> : tensor<i32>",
+        "    %w0_y0_0 = stablehlo.constant dense<0x00000000> : tensor<3x2xf32>",
+        "    %0:4 = stablehlo.while(%w0_a0 = %w0_i0, %w0_a1 = %arg0, %w0_a2 = %arg1, %w0_a3 = %w0_y0_0) : tensor<i32>, tensor<2xf32>, tensor<3x2xf32>, tensor<3x2xf32>",
+        "      %w0_n = stablehlo.constant dense<3> : tensor<i32>",
+        "      %w0_t = stablehlo.subtract %w0_last, %w0_a0 : tensor<i32>",
+        "      %w0_xs0 = stablehlo.dynamic_slice %w0_a2, %w0_t, %w0_zero, sizes = [1, 2] : (tensor<3x2xf32>, tensor<i32>, tensor<i32>) -> tensor<1x2xf32>",
+        "      %w0_r:2 = func.call @scan0(%w0_a1, %w0_x0) : (tensor<2xf32>, tensor<2xf32>) -> (tensor<2xf32>, tensor<2xf32>)",
+        "      %w0_yn0 = stablehlo.dynamic_update_slice %w0_a3, %w0_yu0, %w0_t, %w0_zero : (tensor<3x2xf32>, tensor<1x2xf32>, tensor<i32>, tensor<i32>) -> tensor<3x2xf32>",
+        "      stablehlo.return %w0_next, %w0_r#0, %w0_a2, %w0_yn0 : tensor<i32>, tensor<2xf32>, tensor<3x2xf32>, tensor<3x2xf32>",
+        "    %1:1 = stablehlo.while(%w1_a0 = %0#1) : tensor<2xf32>",
+        "      %w1_c:2 = func.call @scan1(%w1_a0) : (tensor<2xf32>) -> (tensor<i1>, tensor<2xf32>)",
+        "      stablehlo.return %w1_c#0 : tensor<i1>",
+        "      stablehlo.return %w1_b#1 : tensor<2xf32>",
+        "    return %0#1, %0#3, %1#0 : tensor<2xf32>, tensor<3x2xf32>, tensor<2xf32>",
+        "  func.func private @scan0(%arg0: tensor<2xf32>, %arg1: tensor<2xf32>) -> (tensor<2xf32>, tensor<2xf32>) {",
+        "  func.func private @scan1(%arg0: tensor<2xf32>) -> (tensor<i1>, tensor<2xf32>) {",
+    ] {
+        has(&text, line);
+    }
+    // The functions follow @main, inside the module.
+    assert!(text.find("@main").unwrap() < text.find("func.func private @scan0").unwrap());
+    assert!(text.ends_with("  }\n}\n"), "{text}");
+}
 
 /// One of each op of `nitro::ops`' families (and `select_and_scatter`, from a max window's
 /// gradient).
@@ -825,6 +872,7 @@ fn every_op_kind_is_covered() {
         replicated_program(),
         stop_gradient_program(),
         family_program(),
+        loop_program(),
     ];
     let mut seen = std::collections::BTreeSet::new();
     for g in &graphs {

@@ -19,7 +19,14 @@
 //!
 //! # The text
 //!
-//! - One `module @nitro` holding `func.func public @main`. Arguments are `%arg0`, `%arg1`, … in
+//! - One `module @nitro` holding `func.func public @main`, then one `func.func private @scanN`
+//!   per loop body ([`Op::Scan`], [`Op::While`]), numbered in the order they are first needed
+//!   (a nested body after its parent). A scan is a `stablehlo.while` threading an `i32` counter,
+//!   the carry, the stacked inputs, the invariants and the stacked outputs (zeros at first); its
+//!   body slices row `t` of each stacked input (`dynamic_slice`), calls the function, writes row
+//!   `t` of each output (`dynamic_update_slice`) and counts. Names inside a loop are `%wN_…`, `N`
+//!   being the loop's own number; a loop's results are `%N#k`.
+//! - `func.func public @main`. Arguments are `%arg0`, `%arg1`, … in
 //!   input order (all inputs, used or not); results are the graph's outputs in order, written
 //!   `-> T` for one and `-> (T0, T1)` otherwise.
 //! - Only nodes some output depends on ([`Graph::live`]) are written. Parameters are their
