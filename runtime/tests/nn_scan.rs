@@ -256,3 +256,18 @@ fn each_repeated_layer_draws_its_own_dropout_mask_in_both_forms() {
     // Two independent masks keep a quarter; one mask drawn twice would keep a half.
     assert!((kept - 0.25).abs() < 0.03, "kept {kept}");
 }
+
+#[test]
+fn depth_remat_and_form_are_in_the_layers_content_hash() {
+    use nitro::Digest;
+    let block = TransformerBlock::causal(16, 2);
+    let of = |r: Repeated<TransformerBlock>| Digest::of(&r);
+    let base = Repeated::new(block, 4);
+    assert_eq!(of(base), of(Repeated::new(block, 4)));
+    assert_ne!(of(base), of(Repeated::new(block, 8)));
+    assert_ne!(of(base), of(base.remat(Remat::Recompute)));
+    assert_ne!(of(base), of(base.unrolled(true)));
+    let lstm = Lstm::new(3, 4);
+    assert_ne!(Digest::of(&lstm), Digest::of(&lstm.remat(Remat::Recompute)));
+    assert_ne!(Digest::of(&lstm), Digest::of(&lstm.unrolled(true)));
+}
