@@ -1,12 +1,12 @@
 //! Loops: `scan`, a loop with a static trip count whose body is traced once.
 //!
-//! [`Scan::run`] records its body as a sub-graph ([`crate::trace::region`]) and the loop as one
+//! [`Scan::run`] records its body as a sub-graph (`trace::region`) and the loop as one
 //! [`Op::Scan`] node with a [`Op::Result`] node per result. The body is emitted once, as a
 //! private function called from a `stablehlo.while` (`crate::emit`), so a 24-layer stack compiles
 //! about as fast as one layer; the interpreter runs the body graph once per iteration
 //! (`crate::backend::interp`).
 //!
-//! The reverse pass ([`vjp`]) is a second scan running the other way. Its body is the forward
+//! The reverse pass (`vjp`) is a second scan running the other way. Its body is the forward
 //! body replayed, then differentiated, on one iteration's values; what it needs of the forward
 //! pass comes in as stacked inputs. With [`Remat::Save`] the forward loop is rewritten in place
 //! to also stack every per-iteration value the backward body reads (its residuals); values that
@@ -539,18 +539,14 @@ pub(crate) fn vjp(s: NodeId, cts: Vec<Option<Tensor>>) -> Vec<Option<Tensor>> {
     let slice_args: Vec<NodeId> = x.iter().map(|a| a.node).collect();
     let given: Vec<NodeId> = x.iter().chain(k).map(|a| a.node).collect();
     let out_nodes: Vec<NodeId> = bwd_out.iter().map(|t| t.node).collect();
-    let residuals = with_recording(|r| {
-        residuals(
-            &r.graph,
-            open.start,
-            &cotangent_args,
-            &carry_args,
-            &slice_args,
-            &given,
-            &out_nodes,
-            op.remat,
-        )
-    });
+    let roles = Roles {
+        cotangents: &cotangent_args,
+        carries: &carry_args,
+        slices: &slice_args,
+        given: &given,
+    };
+    let residuals =
+        with_recording(|r| residuals(&r.graph, open.start, &roles, &out_nodes, op.remat));
 
     let mut bwd_params = cotangent_args.clone();
     bwd_params.extend(&residuals);
@@ -657,6 +653,20 @@ pub(crate) fn vjp(s: NodeId, cts: Vec<Option<Tensor>>) -> Vec<Option<Tensor>> {
     out
 }
 
+/// The backward body's arguments by role.
+#[derive(Clone, Copy)]
+struct Roles<'a> {
+    /// The cotangents of the carry, the invariants' accumulated cotangents, and the
+    /// per-iteration outputs' cotangents.
+    cotangents: &'a [NodeId],
+    /// This iteration's carry, going in.
+    carries: &'a [NodeId],
+    /// This iteration's slices.
+    slices: &'a [NodeId],
+    /// The slices, then the invariants: what the backward loop gets as they are.
+    given: &'a [NodeId],
+}
+
 /// Whether a forward value is cheaper to recompute in the backward body than to stack: an
 /// element-wise or layout op, which XLA fuses into the ops that read it.
 fn recomputable(op: &Op) -> bool {
@@ -691,13 +701,16 @@ fn recomputable(op: &Op) -> bool {
 fn residuals(
     g: &Graph,
     start: usize,
-    cotangents: &[NodeId],
-    carries: &[NodeId],
-    slices: &[NodeId],
-    given: &[NodeId],
+    roles: &Roles<'_>,
     outputs: &[NodeId],
     remat: Remat,
 ) -> Vec<NodeId> {
+    let Roles {
+        cotangents,
+        carries,
+        slices,
+        given,
+    } = *roles;
     let end = g.nodes.len();
     let local = |i: NodeId| (i as usize) >= start;
     let mut backward = vec![false; end - start];
