@@ -631,3 +631,33 @@ fn a_while_loop_runs_until_its_traced_condition_fails_and_refuses_a_gradient() {
     .to_string();
     assert!(e.contains("must be a bool scalar"), "{e}");
 }
+
+#[test]
+fn a_replicated_program_runs_its_scan_on_every_replica() {
+    // Two replicas, each scanning its own rows, then summing over replicas after the loop.
+    let g = nitro::trace::trace_replicated(2, || {
+        let xs = trace::input("xs", t(DType::F32, &[3, 2]));
+        let zero = Tensor::scalar(0.0, DType::F32).broadcast_to(&[2]);
+        let (c, _) = Scan::new().run(&[zero], &[xs], |c, x| (vec![c[0] + x[0]], vec![]));
+        vec![c[0].all_sum()]
+    })
+    .unwrap();
+    let a = Array::from_vec(&[3, 2], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+    let b = Array::from_vec(&[3, 2], vec![10.0f32, 20.0, 30.0, 40.0, 50.0, 60.0]).unwrap();
+    let out = interp::run_replicas(&g, &[&[&a], &[&b]]).unwrap();
+    for replica in &out {
+        assert_eq!(replica[0].as_slice::<f32>().unwrap(), &[99.0, 132.0]);
+    }
+    // A sum over replicas inside a body is refused when tracing.
+    let e = nitro::trace::trace_replicated(2, || {
+        let xs = trace::input("xs", t(DType::F32, &[3, 2]));
+        let zero = Tensor::scalar(0.0, DType::F32).broadcast_to(&[2]);
+        let (c, _) = Scan::new().run(&[zero], &[xs], |c, x| {
+            (vec![(c[0] + x[0]).all_sum()], vec![])
+        });
+        c
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("all_sum") && e.contains("scan body"), "{e}");
+}

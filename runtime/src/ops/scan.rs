@@ -1,4 +1,5 @@
-//! Loops: `scan`, a loop with a static trip count whose body is traced once.
+//! Loops: `scan`, a loop with a static trip count whose body is traced once, and `while_loop`,
+//! a loop on a traced condition for inference.
 //!
 //! [`Scan::run`] records its body as a sub-graph (`trace::region`) and the loop as one
 //! [`Op::Scan`] node with a [`Op::Result`] node per result. The body is emitted once, as a
@@ -9,10 +10,10 @@
 //! The reverse pass (`vjp`) is a second scan running the other way. Its body is the forward
 //! body replayed, then differentiated, on one iteration's values; what it needs of the forward
 //! pass comes in as stacked inputs. With [`Remat::Save`] the forward loop is rewritten in place
-//! to also stack every per-iteration value the backward body reads (its residuals); values that
-//! do not change between iterations are recomputed instead of stacked. With
-//! [`Remat::Recompute`] only the carries are stacked, and each backward iteration recomputes
-//! its forward pass from them.
+//! to also stack the carries and the non-element-wise values the backward body reads (its
+//! residuals); element-wise and layout values are recomputed from them, as are values that do
+//! not change between iterations. With [`Remat::Recompute`] only the carries are stacked, and
+//! each backward iteration recomputes its forward pass from them.
 
 use std::panic::Location;
 use std::sync::Arc;
@@ -217,7 +218,7 @@ impl Scan {
                 return stand_ins(init.len(), ys.len());
             }
         };
-        if body.graph.replicas > 1 && body.graph.nodes.iter().any(|n| n.op == Op::AllReduce) {
+        if crate::trace::replicas() > 1 && body.graph.nodes.iter().any(|n| n.op == Op::AllReduce) {
             with_recording(|r| {
                 r.fail(
                     "scan",
@@ -367,6 +368,19 @@ pub fn while_loop(
             return stand_ins(init.len(), 0).0;
         }
     };
+    if crate::trace::replicas() > 1 && body.graph.nodes.iter().any(|n| n.op == Op::AllReduce) {
+        with_recording(|r| {
+            r.fail(
+                "while_loop",
+                "`all_sum` inside a loop body of a replicated program is not supported; sum \
+                 over replicas before or after the loop"
+                    .into(),
+                at,
+                crate::ops::f32_scalar(),
+            )
+        });
+        return stand_ins(init.len(), 0).0;
+    }
     let op = WhileOp {
         body: Arc::new(body.graph),
         carry: init.len(),

@@ -111,10 +111,9 @@ pub(crate) fn extract(
                 }
             }
         }
-        let mut body = Graph {
-            replicas: g.replicas,
-            ..Graph::default()
-        };
+        // A body is a function of the program, not a program: it runs once per iteration on
+        // each replica, so it has no replica count of its own.
+        let mut body = Graph::default();
         let mut map: HashMap<NodeId, NodeId> = HashMap::new();
         for (k, &p) in params.iter().enumerate() {
             let ty = g.ty(p).clone();
