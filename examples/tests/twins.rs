@@ -174,6 +174,14 @@ fn golden_shape() -> GptShape {
     }
 }
 
+/// The golden's character GPT (blocks unrolled) with the golden's initial weights.
+fn golden_gpt(path: &Path) -> CharGpt {
+    let vocab = tensor_dims(path, "tokens.table")[0];
+    let mut model = CharGpt::new(&golden_shape(), vocab);
+    weights::load_into(&mut model, path, &Import::new().allow_extra()).expect("weights");
+    model
+}
+
 #[test]
 fn the_character_gpt_matches_its_jax_twin_for_ten_steps() {
     let Some(xla) = common::xla_or_skip("the_character_gpt_matches_its_jax_twin_for_ten_steps")
@@ -181,9 +189,7 @@ fn the_character_gpt_matches_its_jax_twin_for_ten_steps() {
         return;
     };
     let path = golden("chargpt_twin.safetensors");
-    let vocab = tensor_dims(&path, "tokens.table")[0];
-    let mut model = CharGpt::new(&golden_shape(), vocab);
-    weights::load_into(&mut model, &path, &Import::new().allow_extra()).expect("weights");
+    let model = golden_gpt(&path);
     let batches = window_batches(&path);
     let config = Config::new()
         .batch(batches[0].0.x.dims()[0])
@@ -351,12 +357,8 @@ fn the_stacked_character_gpt_trains_as_the_unrolled_one_for_twenty_steps() {
         return;
     };
     let path = golden("chargpt_twin.safetensors");
-    let vocab = tensor_dims(&path, "tokens.table")[0];
-    let mut unrolled = CharGpt::new(&golden_shape(), vocab);
-    weights::load_into(&mut unrolled, &path, &Import::new().allow_extra()).expect("weights");
-    let mut stacked_weights = CharGpt::new(&golden_shape(), vocab);
-    weights::load_into(&mut stacked_weights, &path, &Import::new().allow_extra()).expect("weights");
-    let stacked = stacked_weights.stacked();
+    let unrolled = golden_gpt(&path);
+    let stacked = golden_gpt(&path).stacked();
     assert!(stacked.blocks.is_empty() && stacked.stack.is_some());
     let batches = window_batches(&path);
     let losses = |model: CharGpt| {

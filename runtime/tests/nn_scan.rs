@@ -75,6 +75,39 @@ fn close(what: &str, got: &Array, want: &Array, tol: f32) {
     }
 }
 
+/// The scanned form's program under each remat policy (`scanned`), run on `inputs`, against the
+/// unrolled form's outputs `want`: the forward value bit-equal on the interpreter, gradients
+/// within 1e-5, and on XLA everything within 1e-5.
+fn agrees_with_unrolled(
+    what: &str,
+    inputs: &[Array],
+    want: &[Array],
+    scanned: impl Fn(Remat) -> Graph,
+) {
+    for remat in [Remat::Save, Remat::Recompute] {
+        let g = scanned(remat);
+        let got = run(&g, inputs);
+        assert_eq!(
+            got[0], want[0],
+            "{what} ({remat:?}): forward differs from the unrolled form"
+        );
+        for (k, (a, b)) in got.iter().zip(want).enumerate().skip(1) {
+            close(&format!("{what} ({remat:?}) gradient {k}"), a, b, 1e-5);
+        }
+        if let Some(xla) = xla_or_skip("agrees_with_unrolled") {
+            let refs: Vec<&Array> = inputs.iter().collect();
+            let out = xla
+                .compile(&g, &emit::emit(&g))
+                .unwrap()
+                .run(&refs)
+                .unwrap();
+            for (k, (a, b)) in out.iter().zip(want).enumerate() {
+                close(&format!("{what} ({remat:?}) XLA output {k}"), a, b, 1e-5);
+            }
+        }
+    }
+}
+
 #[test]
 fn a_scanned_block_stack_is_the_unrolled_stack_and_the_per_layer_stack() {
     let block = TransformerBlock::causal(16, 2);
@@ -105,29 +138,10 @@ fn a_scanned_block_stack_is_the_unrolled_stack_and_the_per_layer_stack() {
         "the per-layer stack differs from the unrolled Repeated"
     );
 
-    for remat in [Remat::Save, Remat::Recompute] {
+    agrees_with_unrolled("the block stack", &inputs, &want, |remat| {
         let layer = scanned.remat(remat);
-        let (g, _) = program(&stacked, &x, |p, x| layer.forward(p, x));
-        let got = run(&g, &inputs);
-        assert_eq!(
-            got[0], want[0],
-            "{remat:?}: forward differs from the unrolled stack"
-        );
-        for (k, (a, b)) in got.iter().zip(&want).enumerate().skip(1) {
-            close(&format!("{remat:?} gradient {k}"), a, b, 1e-5);
-        }
-        if let Some(xla) = xla_or_skip("a_scanned_block_stack_is_the_unrolled_stack") {
-            let refs: Vec<&Array> = inputs.iter().collect();
-            let out = xla
-                .compile(&g, &emit::emit(&g))
-                .unwrap()
-                .run(&refs)
-                .unwrap();
-            for (k, (a, b)) in out.iter().zip(&want).enumerate() {
-                close(&format!("{remat:?} XLA output {k}"), a, b, 1e-5);
-            }
-        }
-    }
+        program(&stacked, &x, |p, x| layer.forward(p, x)).0
+    });
 }
 
 /// The LSTM's equations on the host, in f64: every step's hidden state `[batch, time, hidden]`.
@@ -183,29 +197,10 @@ fn an_lstm_over_time_is_its_unrolled_form_and_its_equations() {
     {
         assert!((*a as f64 - b).abs() < 1e-5, "h[{k}]: {a} vs {b}");
     }
-    for remat in [Remat::Save, Remat::Recompute] {
+    agrees_with_unrolled("the LSTM", &inputs, &want, |remat| {
         let layer = lstm.remat(remat);
-        let (g, _) = program(&p, &x, |v, x| layer.forward(v, x));
-        let got = run(&g, &inputs);
-        assert_eq!(
-            got[0], want[0],
-            "{remat:?}: forward differs from the unrolled LSTM"
-        );
-        for (k, (a, b)) in got.iter().zip(&want).enumerate().skip(1) {
-            close(&format!("{remat:?} gradient {k}"), a, b, 1e-5);
-        }
-        if let Some(xla) = xla_or_skip("an_lstm_over_time_is_its_unrolled_form") {
-            let refs: Vec<&Array> = inputs.iter().collect();
-            let out = xla
-                .compile(&g, &emit::emit(&g))
-                .unwrap()
-                .run(&refs)
-                .unwrap();
-            for (k, (a, b)) in out.iter().zip(&want).enumerate() {
-                close(&format!("{remat:?} XLA output {k}"), a, b, 1e-5);
-            }
-        }
-    }
+        program(&p, &x, |v, x| layer.forward(v, x)).0
+    });
 }
 
 /// A layer that is only dropout, at rate 1/2.

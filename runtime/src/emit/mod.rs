@@ -503,18 +503,11 @@ impl Emitter<'_, '_> {
             writeln!(out, " : {}", Ty(Some(ty)))?;
         }
         // The loop's values: counter, operands (carry, stacked inputs, invariants), outputs.
+        let (operand_names, operand_types) = self.operands(node);
         let mut inits: Vec<String> = vec![format!("{w}_i0")];
         let mut types: Vec<String> = vec![i32_ty.to_owned()];
-        for &i in &node.inputs {
-            inits.push(
-                self.names
-                    .get(i as usize)
-                    .copied()
-                    .unwrap_or(Ssa::Missing)
-                    .to_string(),
-            );
-            types.push(Ty(self.graph.nodes.get(i as usize).map(|n| &n.ty)).to_string());
-        }
+        inits.extend(operand_names);
+        types.extend(operand_types);
         for (j, ty) in ys.iter().enumerate() {
             inits.push(format!("{w}_y0_{j}"));
             types.push(Ty(Some(ty)).to_string());
@@ -676,6 +669,14 @@ impl Emitter<'_, '_> {
 }
 
 impl Emitter<'_, '_> {
+    /// The names and types of `node`'s operands, as text.
+    fn operands(&self, node: &Node) -> (Vec<String>, Vec<String>) {
+        node.inputs
+            .iter()
+            .map(|&i| (self.name(i).to_string(), self.ty(i).to_string()))
+            .unzip()
+    }
+
     /// `body` emitted once as a private function of the module; returns its name.
     fn body_function(&mut self, body: &Graph) -> Result<String, fmt::Error> {
         let k = self.bodies.len();
@@ -699,18 +700,7 @@ impl Emitter<'_, '_> {
         };
         let f = self.body_function(&op.body)?;
         let w = format!("%w{n}");
-        let mut inits = Vec::new();
-        let mut types = Vec::new();
-        for &i in &node.inputs {
-            inits.push(
-                self.names
-                    .get(i as usize)
-                    .copied()
-                    .unwrap_or(Ssa::Missing)
-                    .to_string(),
-            );
-            types.push(Ty(self.graph.nodes.get(i as usize).map(|n| &n.ty)).to_string());
-        }
+        let (inits, types) = self.operands(node);
         let outs: Vec<String> = op
             .body
             .output_types()

@@ -184,24 +184,7 @@ impl Scan {
                     );
                 }
             }
-            if carry.len() != init.len() {
-                return Err(format!(
-                    "the body returned {} carried values for a carry of {}; the new carry must \
-                     have the old one's parts",
-                    carry.len(),
-                    init.len()
-                ));
-            }
-            for (k, (&c, want)) in carry.iter().zip(&carry_types).enumerate() {
-                let got = r.graph.ty(c.node);
-                if got != want {
-                    return Err(format!(
-                        "the body's new carry {k} is {got} but the carry going in is {want}; a \
-                         carry keeps its type from one iteration to the next"
-                    ));
-                }
-            }
-            Ok(())
+            check_new_carry(&r.graph, &carry, &carry_types)
         });
         let params: Vec<NodeId> = args.iter().map(|a| a.node).collect();
         let outputs: Vec<NodeId> = carry.iter().chain(&ys).map(|t| t.node).collect();
@@ -335,23 +318,7 @@ pub fn while_loop(
                 "the condition is {pt}; it must be a bool scalar (e.g. `x.less(10.0)` on a scalar)"
             ));
         }
-        if next.len() != init.len() {
-            return Err(format!(
-                "the body returned {} carried values for a carry of {}",
-                next.len(),
-                init.len()
-            ));
-        }
-        for (k, (&c, want)) in next.iter().zip(&types).enumerate() {
-            let got = r.graph.ty(c.node);
-            if got != want {
-                return Err(format!(
-                    "the body's new carry {k} is {got} but the carry going in is {want}; a \
-                     carry keeps its type from one iteration to the next"
-                ));
-            }
-        }
-        Ok(())
+        check_new_carry(&r.graph, &next, &types)
     });
     let params: Vec<NodeId> = args.iter().map(|a| a.node).collect();
     let outputs: Vec<NodeId> = std::iter::once(&p).chain(&next).map(|t| t.node).collect();
@@ -433,6 +400,29 @@ pub(crate) fn check_while(op: &WhileOp, types: &[&LeafType]) -> Result<LeafType,
         return Err("its body does not give a bool condition and the carry's types".into());
     }
     Ok(body_in[0].clone())
+}
+
+/// `Ok` when a body's new carry has the parts and types of the carry that went in (`types`),
+/// or the message saying which part differs.
+fn check_new_carry(g: &Graph, carry: &[Tensor], types: &[LeafType]) -> Result<(), String> {
+    if carry.len() != types.len() {
+        return Err(format!(
+            "the body returned {} carried values for a carry of {}; the new carry must have the \
+             old one's parts",
+            carry.len(),
+            types.len()
+        ));
+    }
+    for (k, (&c, want)) in carry.iter().zip(types).enumerate() {
+        let got = g.ty(c.node);
+        if got != want {
+            return Err(format!(
+                "the body's new carry {k} is {got} but the carry going in is {want}; a carry \
+                 keeps its type from one iteration to the next"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Stand-ins for the results of a failed scan (the trace has already failed).
