@@ -70,19 +70,46 @@ fn schedule(path: &Path) -> Cosine {
     }
 }
 
+/// A handle on XLA with the golden's batch size and schedule, and the cache of its own it
+/// compiles into.
+fn golden_handle<E: Model, O: Optimizer>(
+    model: E,
+    optimizer: O,
+    batch: usize,
+    path: &Path,
+    xla: &'static dyn nitro::backend::Backend,
+) -> (Nitro<E, O>, &'static Cache) {
+    let config = Config::new()
+        .batch(batch)
+        .schedule(schedule(path))
+        .progress(false);
+    let cache: &'static Cache = Box::leak(Box::new(Cache::in_memory(8)));
+    let run = Nitro::with_backend(model, optimizer, config, xla, cache).unwrap();
+    (run, cache)
+}
+
+/// JAX's losses in the golden at `path`.
+fn golden_losses(path: &Path) -> Vec<f64> {
+    tensor(path, "twin.losses")
+        .as_slice::<f64>()
+        .unwrap()
+        .to_vec()
+}
+
 /// Steps `run` on each batch and holds its losses to the golden's, to 1e-4 relative.
 fn assert_losses<E: Model, O: Optimizer>(
     what: &str,
-    run: &mut Nitro<E, O>,
+    mut run: Nitro<E, O>,
     batches: Vec<(E::Batch, usize)>,
-    expected: &[f64],
+    path: &Path,
 ) {
+    let expected = golden_losses(path);
     assert_eq!(batches.len(), expected.len());
     let mut got = Vec::new();
     for (batch, real) in &batches {
         got.push(run.step(batch, *real).expect("step").loss);
     }
-    for (i, (g, e)) in got.iter().zip(expected).enumerate() {
+    for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
         assert!(
             (g - e).abs() <= 1e-4 * e.abs(),
             "{what}: step {i}: nitro {g} vs JAX {e}\nnitro: {got:?}\nJAX:   {expected:?}"
@@ -122,17 +149,8 @@ fn the_fashion_cnn_matches_its_jax_twin_for_ten_steps() {
             (Images::from_batch(b).unwrap(), real as usize)
         })
         .collect();
-    let config = Config::new()
-        .batch(batch)
-        .schedule(schedule(&path))
-        .progress(false);
-    let cache: &'static Cache = Box::leak(Box::new(Cache::in_memory(8)));
-    let mut run = Nitro::with_backend(model, fashion::optimizer(), config, xla, cache).unwrap();
-    let expected = tensor(&path, "twin.losses")
-        .as_slice::<f64>()
-        .unwrap()
-        .to_vec();
-    assert_losses("fashion", &mut run, batches, &expected);
+    let (run, _) = golden_handle(model, fashion::optimizer(), batch, &path, xla);
+    assert_losses("fashion", run, batches, &path);
 }
 
 /// The golden's windows of each step as batches.
@@ -191,17 +209,9 @@ fn the_character_gpt_matches_its_jax_twin_for_ten_steps() {
     let path = golden("chargpt_twin.safetensors");
     let model = golden_gpt(&path);
     let batches = window_batches(&path);
-    let config = Config::new()
-        .batch(batches[0].0.x.dims()[0])
-        .schedule(schedule(&path))
-        .progress(false);
-    let cache: &'static Cache = Box::leak(Box::new(Cache::in_memory(8)));
-    let mut run = Nitro::with_backend(model, chargpt::optimizer(), config, xla, cache).unwrap();
-    let expected = tensor(&path, "twin.losses")
-        .as_slice::<f64>()
-        .unwrap()
-        .to_vec();
-    assert_losses("chargpt", &mut run, batches, &expected);
+    let batch = batches[0].0.x.dims()[0];
+    let (run, _) = golden_handle(model, chargpt::optimizer(), batch, &path, xla);
+    assert_losses("chargpt", run, batches, &path);
 }
 
 fn tensor_dims(path: &Path, name: &str) -> Vec<usize> {
@@ -361,13 +371,9 @@ fn the_stacked_character_gpt_trains_as_the_unrolled_one_for_twenty_steps() {
     let stacked = golden_gpt(&path).stacked();
     assert!(stacked.blocks.is_empty() && stacked.stack.is_some());
     let batches = window_batches(&path);
+    let batch = batches[0].0.x.dims()[0];
     let losses = |model: CharGpt| {
-        let config = Config::new()
-            .batch(batches[0].0.x.dims()[0])
-            .schedule(schedule(&path))
-            .progress(false);
-        let cache: &'static Cache = Box::leak(Box::new(Cache::in_memory(8)));
-        let mut run = Nitro::with_backend(model, chargpt::optimizer(), config, xla, cache).unwrap();
+        let (mut run, cache) = golden_handle(model, chargpt::optimizer(), batch, &path, xla);
         // Twenty steps: the golden's ten batches, twice.
         let losses: Vec<f64> = batches
             .iter()
@@ -386,10 +392,7 @@ fn the_stacked_character_gpt_trains_as_the_unrolled_one_for_twenty_steps() {
     }
     assert!(got[19] < got[0] * 0.8, "{got:?}");
     // And the JAX twin's first ten losses (of the unrolled model: the same function).
-    let jax = tensor(&path, "twin.losses")
-        .as_slice::<f64>()
-        .unwrap()
-        .to_vec();
+    let jax = golden_losses(&path);
     for (i, (g, e)) in got.iter().zip(&jax).enumerate() {
         assert!(
             (g - e).abs() <= 1e-4 * e.abs(),

@@ -186,34 +186,10 @@ impl Scan {
             }
             check_new_carry(&r.graph, &carry, &carry_types)
         });
-        let params: Vec<NodeId> = args.iter().map(|a| a.node).collect();
         let outputs: Vec<NodeId> = carry.iter().chain(&ys).map(|t| t.node).collect();
-        let extracted = outcome.and_then(|()| region::extract(open.start, &params, &outputs));
-        region::close(open);
-        let body = match extracted {
-            Ok(body) => body,
-            Err(message) => {
-                if !message.is_empty() {
-                    with_recording(|r| {
-                        r.fail("scan", message, at, crate::ops::f32_scalar());
-                    });
-                }
-                return stand_ins(init.len(), ys.len());
-            }
-        };
-        if crate::trace::replicas() > 1 && body.graph.nodes.iter().any(|n| n.op == Op::AllReduce) {
-            with_recording(|r| {
-                r.fail(
-                    "scan",
-                    "`all_sum` inside a scan body of a replicated program is not supported; \
-                     sum over replicas before or after the scan"
-                        .into(),
-                    at,
-                    crate::ops::f32_scalar(),
-                )
-            });
+        let Some(body) = finish_body(open, &args, &outputs, outcome, ("scan", "scan"), at) else {
             return stand_ins(init.len(), ys.len());
-        }
+        };
         let consts: Vec<Tensor> = with_recording(|r| {
             body.captures
                 .iter()
@@ -320,56 +296,79 @@ pub fn while_loop(
         }
         check_new_carry(&r.graph, &next, &types)
     });
-    let params: Vec<NodeId> = args.iter().map(|a| a.node).collect();
     let outputs: Vec<NodeId> = std::iter::once(&p).chain(&next).map(|t| t.node).collect();
-    let extracted = outcome.and_then(|()| region::extract(open.start, &params, &outputs));
-    region::close(open);
-    let body = match extracted {
-        Ok(body) => body,
-        Err(message) => {
-            if !message.is_empty() {
-                with_recording(|r| {
-                    r.fail("while_loop", message, at, crate::ops::f32_scalar());
-                });
-            }
-            return stand_ins(init.len(), 0).0;
-        }
-    };
-    if crate::trace::replicas() > 1 && body.graph.nodes.iter().any(|n| n.op == Op::AllReduce) {
-        with_recording(|r| {
-            r.fail(
-                "while_loop",
-                "`all_sum` inside a loop body of a replicated program is not supported; sum \
-                 over replicas before or after the loop"
-                    .into(),
-                at,
-                crate::ops::f32_scalar(),
-            )
-        });
+    let Some(body) = finish_body(open, &args, &outputs, outcome, ("while_loop", "loop"), at) else {
         return stand_ins(init.len(), 0).0;
-    }
+    };
     let op = WhileOp {
         body: Arc::new(body.graph),
         carry: init.len(),
     };
     let types = op.result_types();
+    let mut inputs: Vec<NodeId> = init.iter().map(|t| t.node).collect();
+    inputs.extend(&body.captures);
+    push_loop(Op::While(Box::new(op)), types, inputs, "while_loop", at)
+}
+
+/// Ends a loop body's recording: copies the body out of its run (when the checks in `outcome`
+/// passed), closes the run, and refuses an `all_sum` inside it in a replicated program. The
+/// body, or `None` once the failure is recorded as op `name`'s (`kind` names the loop in the
+/// message). An empty message is a failure recorded already.
+fn finish_body(
+    open: region::Open,
+    args: &[Tensor],
+    outputs: &[NodeId],
+    outcome: Result<(), String>,
+    (name, kind): (&'static str, &str),
+    at: &Location<'_>,
+) -> Option<region::Extracted> {
+    let params: Vec<NodeId> = args.iter().map(|a| a.node).collect();
+    let extracted = outcome.and_then(|()| region::extract(open.start, &params, outputs));
+    region::close(open);
+    let message = match extracted {
+        Ok(body) => {
+            let replicated_sum = crate::trace::replicas() > 1
+                && body.graph.nodes.iter().any(|n| n.op == Op::AllReduce);
+            if !replicated_sum {
+                return Some(body);
+            }
+            format!(
+                "`all_sum` inside a {kind} body of a replicated program is not supported; sum \
+                 over replicas before or after the {kind}"
+            )
+        }
+        Err(message) => message,
+    };
+    if !message.is_empty() {
+        with_recording(|r| {
+            r.fail(name, message, at, crate::ops::f32_scalar());
+        });
+    }
+    None
+}
+
+/// Records a loop node `op` on `inputs` (its type that of its first result, of `types`) and a
+/// result node per result; returns the results.
+fn push_loop(
+    op: Op,
+    types: Vec<LeafType>,
+    inputs: Vec<NodeId>,
+    name: &'static str,
+    at: &Location<'_>,
+) -> Vec<Tensor> {
     with_recording(|r| {
-        let mut ids: Vec<NodeId> = init.iter().map(|t| t.node).collect();
-        ids.extend(&body.captures);
-        let node = r.push(
-            Op::While(Box::new(op)),
-            ids,
-            types[0].clone(),
-            "while_loop",
-            at,
-        );
-        if !matches!(r.graph.node(node.node).op, Op::While(_)) {
+        let Some(first) = types.first().cloned() else {
+            return Vec::new();
+        };
+        let node = r.push(op, inputs, first, name, at);
+        if matches!(r.graph.node(node.node).op, Op::Parameter { .. }) {
+            // Over the size limit: `push` recorded the error and gave a stand-in.
             return types.iter().map(|t| r.stand_in(t.clone())).collect();
         }
         types
             .into_iter()
             .enumerate()
-            .map(|(index, ty)| r.push(Op::Result { index }, vec![node.node], ty, "while_loop", at))
+            .map(|(index, ty)| r.push(Op::Result { index }, vec![node.node], ty, name, at))
             .collect()
     })
 }
@@ -451,22 +450,8 @@ fn zeros(ty: &LeafType) -> Tensor {
 /// Records a scan node on `inputs` and a result node per result; returns the results.
 fn push(op: ScanOp, inputs: &[Tensor], at: &Location<'_>) -> Vec<Tensor> {
     let types = op.result_types();
-    with_recording(|r| {
-        let Some(first) = types.first().cloned() else {
-            return Vec::new();
-        };
-        let ids = inputs.iter().map(|t| t.node).collect();
-        let scan = r.push(Op::Scan(Box::new(op)), ids, first, "scan", at);
-        if !r.sees(scan) || !matches!(r.graph.node(scan.node).op, Op::Scan(_)) {
-            // Over the size limit: `push` recorded the error.
-            return types.iter().map(|t| r.stand_in(t.clone())).collect();
-        }
-        types
-            .into_iter()
-            .enumerate()
-            .map(|(index, ty)| r.push(Op::Result { index }, vec![scan.node], ty, "scan", at))
-            .collect()
-    })
+    let ids = inputs.iter().map(|t| t.node).collect();
+    push_loop(Op::Scan(Box::new(op)), types, ids, "scan", at)
 }
 
 /// The reverse pass of scan node `s`, given the cotangents of its results (`None`, or missing
