@@ -33,7 +33,7 @@ pub(crate) fn run(args: &CacheArgs) -> Result<Report, Failure> {
     }
     if let (CacheCommand::Check { manifest }, true) = (&args.command, args.remote.is_some()) {
         let remote = remote_store(args, key)?;
-        return check(&Manifest::read(manifest)?, &remote, remote.url());
+        return check(&read_manifest(manifest)?, &remote, remote.url());
     }
     let dir = directory(args)?;
     let dir_text = dir.display().to_string();
@@ -43,18 +43,7 @@ pub(crate) fn run(args: &CacheArgs) -> Result<Report, Failure> {
         let store = DirStore::open(&dir, nitro::cache::store::DEFAULT_CAPACITY_BYTES, key)?;
         let mut queries = queries.clone();
         if let Some(path) = manifest {
-            let m = Manifest::read(path)?;
-            if m.programs.is_empty() {
-                return Err(Failure::fatal(
-                    "empty_manifest",
-                    format!(
-                        "the manifest {} lists no programs, so there is nothing to pull (pull \
-                         without --manifest copies everything)",
-                        path.display()
-                    ),
-                ));
-            }
-            queries.extend(m.keys());
+            queries.extend(read_manifest(path)?.keys());
         }
         let t = remote.pull_into(&store, &queries)?;
         let mut report = transfer("pulled", "from", remote.url(), "into", &dir_text, &t);
@@ -90,7 +79,7 @@ pub(crate) fn run(args: &CacheArgs) -> Result<Report, Failure> {
             ))
         }
         CacheCommand::Pull { .. } => unreachable!("handled above"),
-        CacheCommand::Check { manifest } => check(&Manifest::read(manifest)?, &store, &dir_text),
+        CacheCommand::Check { manifest } => check(&read_manifest(manifest)?, &store, &dir_text),
         CacheCommand::Gc { max_size } => Ok(gc(&store, &dir_text, *max_size)),
         CacheCommand::Clear => clear(&store, &dir_text),
         CacheCommand::Verify => Ok(verify(&store, &dir_text, key.is_some())),
@@ -456,7 +445,27 @@ fn transfer(
     }
 }
 
-/// `check --manifest`: which of the manifest's programs `store` (at `place`) lacks.
+/// The manifest at `path` for `pull` and `check`: one that lists no programs is refused by both
+/// (there is nothing to pull, and "0 of 0 present" would pass a check of nothing).
+fn read_manifest(path: &std::path::Path) -> Result<Manifest, Failure> {
+    let m = Manifest::read(path)?;
+    if m.programs.is_empty() {
+        return Err(Failure::fatal(
+            "empty_manifest",
+            format!(
+                "the manifest {} lists no programs, so there is nothing to pull or check (write \
+                 it after the run has prepared its programs; pull without --manifest copies \
+                 everything)",
+                path.display()
+            ),
+        ));
+    }
+    Ok(m)
+}
+
+/// `check --manifest`: which of the manifest's programs `store` (at `place`) lacks. The
+/// manifest is untrusted input: its names are printed escaped (no control characters reach the
+/// terminal).
 fn check(manifest: &Manifest, store: &dyn Store, place: &str) -> Result<Report, Failure> {
     let mut text = String::new();
     let mut missing = Vec::new();
@@ -476,8 +485,8 @@ fn check(manifest: &Manifest, store: &dyn Store, place: &str) -> Result<Report, 
             text,
             "{word}  {}  {}{edge}  {}",
             &p.key[..12],
-            p.role,
-            p.program
+            p.role.escape_debug(),
+            p.program.escape_debug()
         );
     }
     let _ = writeln!(

@@ -633,3 +633,60 @@ fn pull_and_check_an_inventory_manifest_through_a_shared_server() {
         run.stderr
     );
 }
+
+/// `check --manifest` of an empty manifest fails as `pull` does (it checked nothing), a
+/// manifest's names are printed escaped (it is untrusted input), and a FIFO named as the
+/// manifest is refused without blocking.
+#[test]
+fn check_refuses_an_empty_manifest_and_escapes_its_names() {
+    let tmp = TempDir::new("manifest-hostile");
+    let a = tmp.path().join("a");
+    fill(&a, Some(KEY_A));
+    let env = [("NITRO_CACHE_KEY", KEY_A)];
+    let empty = tmp.path().join("empty.json");
+    nitro::cache::Manifest::new().write(&empty).unwrap();
+    for json in [false, true] {
+        let mut args = vec!["check", "--manifest", empty.to_str().unwrap()];
+        if json {
+            args.push("--json");
+        }
+        let run = nitro(&in_dir(&args, &a), &env);
+        assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
+        if json {
+            assert_eq!(run.json()["error"]["kind"], "empty_manifest", "{}", run.stdout);
+        } else {
+            assert!(run.stderr.contains("lists no programs"), "{}", run.stderr);
+        }
+    }
+
+    let ls = ls_json(&a);
+    let e = &ls["entries"][0];
+    let mut manifest = nitro::cache::Manifest::new();
+    manifest.push(nitro::cache::ManifestEntry {
+        role: "grad\u{1b}[2J".into(),
+        edge: None,
+        program: "evil\u{1b}]0;title\u{7}\nfake line".into(),
+        fingerprint: e["meta"]["fingerprint"].as_str().unwrap().to_owned(),
+        key: e["key"].as_str().unwrap().to_owned(),
+    });
+    let file = tmp.path().join("evil.json");
+    manifest.write(&file).unwrap();
+    let run = nitro(&in_dir(&["check", "--manifest", file.to_str().unwrap()], &a), &env);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(!run.stdout.contains('\u{1b}') && !run.stdout.contains('\u{7}'), "{:?}", run.stdout);
+    assert!(run.stdout.contains("evil\\u{1b}]0;title\\u{7}\\nfake line"), "{:?}", run.stdout);
+    assert!(!run.stdout.contains("\nfake line"), "{:?}", run.stdout);
+
+    #[cfg(unix)]
+    {
+        let fifo = tmp.path().join("pipe.json");
+        assert!(std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success());
+        let run = nitro(&in_dir(&["check", "--manifest", fifo.to_str().unwrap()], &a), &env);
+        assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
+        assert!(run.stderr.contains("not a regular file"), "{}", run.stderr);
+    }
+}

@@ -41,7 +41,9 @@
 //!   (`opt/m/layers[0].w`: a training handle names them `<slot>/<leaf path>`);
 //! - an open gradient-accumulation window's sums are tensors named [`WINDOW_PREFIX`] + the
 //!   trainable leaf's path;
-//! - dtypes map to `F32`, `F64`, `I32`, `I64`, `U8` and `BOOL`; data is little-endian, row-major;
+//! - dtypes map to `F32`, `F64`, `I32`, `I64`, `U8`, `BOOL`, `U32`, `BF16` and `F16`; data is
+//!   little-endian, row-major; optimizer state of `bf16` and `f16` leaves is `F32` (their update
+//!   runs in `f32`: [`crate::optim::state_dtype`]);
 //! - the metadata (a string map) holds the keys listed under [`meta`]: the format version, the
 //!   experiment's type path and schema digest, the GraphConst digest and every GraphConst
 //!   field's digest and (where `Debug`) printed value, the Device signature (JSON), the
@@ -654,17 +656,9 @@ impl Checkpoint {
         if name == ".." || name == "." {
             return Err(no_name());
         }
-        let dir = match path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
-        // Only temporary files of checkpoints (same extension as this one) are touched.
-        let ext = path.extension().map(|e| e.to_owned());
-        files::remove_stale_temps(dir, |target| {
-            Path::new(target).extension().map(|e| e.to_owned()) == ext
-        });
+        // Only temporary files of checkpoints (same extension as this one) are swept.
         let bytes = self.to_bytes()?;
-        files::write_atomic(path, &bytes, true).map_err(|f| Error::CheckpointIo {
+        files::save_atomic(path, &bytes, true).map_err(|f| Error::CheckpointIo {
             path: path.to_path_buf(),
             what: match f.step {
                 "create" => "create a temporary file beside",

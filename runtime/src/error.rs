@@ -96,6 +96,20 @@ pub enum Error {
         what: String,
     },
 
+    /// A training loss was NaN or infinite and [`crate::train::Config::non_finite`] says to
+    /// stop ([`crate::train::NonFinite::Stop`]).
+    #[error("the training loss of epoch {epoch}, batch {batch} (optimizer step {step}) is {loss}: the parameters are likely non-finite now; lower the learning rate, check the data and the loss for NaN sources, or resume from an earlier checkpoint")]
+    NonFiniteLoss {
+        /// The epoch, from 1.
+        epoch: u64,
+        /// The batch of the epoch, from 1.
+        batch: usize,
+        /// The optimizer steps the handle had taken after that batch.
+        step: u64,
+        /// The loss.
+        loss: f64,
+    },
+
     /// A program was run with the wrong number of inputs.
     #[error("the program takes {expected} inputs but was given {got}")]
     InputCount {
@@ -695,8 +709,36 @@ impl Error {
         }
     }
 
-    /// The bytes of the data file at `path`, or [`Error::DataFile`] saying why not.
+    /// Writes a data file (weights, `.npy`, a manifest) atomically
+    /// ([`files::save_atomic`](crate::files::save_atomic): stale temporary files of killed
+    /// writes swept first), or [`Error::DataFile`] naming the step and the temporary file.
+    pub(crate) fn write_data_file(
+        path: &std::path::Path,
+        bytes: &[u8],
+        durable: bool,
+    ) -> Result<()> {
+        crate::files::save_atomic(path, bytes, durable).map_err(|f| {
+            Error::data_file(
+                path,
+                format!("cannot {} {}: {}", f.step, f.tmp.display(), f.source),
+            )
+        })
+    }
+
+    /// The bytes of the data file at `path`, or [`Error::DataFile`] saying why not: every file
+    /// nitro reads for the user (weights, `.npy`, idx, text, manifests) comes through here.
+    /// Only a regular file is read — a FIFO, socket, device or directory is refused without
+    /// blocking on it or reading from it — and its bytes are reserved fallibly, so a huge file
+    /// is an error, never an abort.
     pub(crate) fn read_data_file(path: &std::path::Path) -> Result<Vec<u8>> {
-        std::fs::read(path).map_err(|e| Error::data_file(path, format!("cannot read it: {e}")))
+        use crate::files::{self, Opened, Owner};
+        let cannot = |e: std::io::Error| Error::data_file(path, format!("cannot read it: {e}"));
+        match files::open_regular(path, u64::MAX, Owner::Anyone).map_err(cannot)? {
+            Opened::File(mut file, len) => files::read_exactly(&mut file, len).map_err(cannot),
+            Opened::Refused(r) => Err(Error::data_file(
+                path,
+                format!("it is {}; pass a regular file", r.why()),
+            )),
+        }
     }
 }

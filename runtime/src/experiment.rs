@@ -123,6 +123,16 @@ pub trait Experiment {
     #[doc(hidden)]
     fn program_address<M, O>(f: Self::ProgramFn<M, O>) -> usize;
 
+    /// The type's `TypeId`, where the type is `'static` without bounds to check (the macro
+    /// gives it for experiments without generic parameters): with [`Self::SCHEMA_DIGEST`] it
+    /// tells apart, in one process, two types that `std::any::type_name` names alike (two
+    /// block-local structs of one name, two versions of one crate). `None` for generic
+    /// experiments, whose `type_name` spells out their arguments.
+    #[doc(hidden)]
+    fn type_identity() -> Option<std::any::TypeId> {
+        None
+    }
+
     /// The content digest of each GraphConst field's value, in declaration order. Kept with
     /// compiled programs so that a miss can name the fields that moved.
     fn graph_const_field_digests(&self) -> Vec<(&'static str, Digest)>;

@@ -237,6 +237,28 @@ pub(crate) fn remove_stale_temps(dir: &Path, target: impl Fn(&str) -> bool) -> u
     removed
 }
 
+/// Writes a user's file (a checkpoint, weights, an array, a manifest) atomically with
+/// [`write_atomic`], first removing what killed writes of files of its kind left beside it:
+/// the stale temporary files ([`remove_stale_temps`]) whose target has the same extension as
+/// `path` (or, for a name without one, the same name). Another tool's files are never touched.
+pub(crate) fn save_atomic(
+    path: &Path,
+    bytes: &[u8],
+    durable: bool,
+) -> std::result::Result<(), WriteFailure> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let ext = path.extension().map(|e| e.to_owned());
+    let name = path.file_name().map(|n| n.to_owned());
+    remove_stale_temps(dir, |target| match &ext {
+        Some(ext) => Path::new(target).extension() == Some(ext.as_os_str()),
+        None => Some(std::ffi::OsStr::new(target)) == name.as_deref(),
+    });
+    write_atomic(path, bytes, durable)
+}
+
 /// Why [`check_private_dir`] refused a directory.
 #[derive(Debug)]
 pub(crate) enum Untrusted {

@@ -37,19 +37,15 @@ pub fn from_bytes(bytes: &[u8]) -> Result<Array> {
     parse(bytes, &PathBuf::from("<bytes>"))
 }
 
-/// Writes `array` to `path` as a `.npy` file (version 1.0, C order), atomically.
+/// Writes `array` to `path` as a `.npy` file (version 1.0, C order), atomically; temporary
+/// files that killed writes of files with its extension left beside it are removed first.
 pub fn write(path: impl AsRef<Path>, array: &Array) -> Result<()> {
     let path = path.as_ref();
     let bytes = to_bytes(array).map_err(|e| match e {
         Error::DataFile { why, .. } => Error::data_file(path, why),
         other => other,
     })?;
-    crate::files::write_atomic(path, &bytes, true).map_err(|f| {
-        Error::data_file(
-            path,
-            format!("cannot {} {}: {}", f.step, f.tmp.display(), f.source),
-        )
-    })
+    Error::write_data_file(path, &bytes, true)
 }
 
 /// The bytes of `array` as a `.npy` file (version 1.0, C order).

@@ -462,20 +462,24 @@ impl<O: Optimizer> Optimizer for ClipGlobalNorm<O> {
 /// The update program of `optimizer` for trainable leaves of types `leaves`.
 ///
 /// Inputs, in order: every parameter, every gradient, every state slot's arrays (slot by slot,
-/// leaf by leaf), the learning rate `f32[]`, the step number `f32[]` (both converted to the
-/// leaves' float type, which all leaves share). Outputs: the new
-/// parameters, then the new state in the same order. Parameters and state can be donated: each
-/// output has the type of the input it replaces.
+/// leaf by leaf; of the leaf's [`state_dtype`], so `f32` for an `f16` or `bf16` leaf), the
+/// learning rate `f32[]`, the step number `f32[]` (both converted to the leaves' float type,
+/// which all leaves share, or `f32` for half-precision leaves, whose update runs in `f32`).
+/// Outputs: the new parameters, then the new state in the same order. Parameters and state can
+/// be donated: each output has the type of the input it replaces.
 pub fn update_graph<O: Optimizer>(optimizer: &O, leaves: &[LeafType]) -> Result<Graph> {
     let slots = optimizer.slots();
     let mut inputs: Vec<(String, LeafType)> = Vec::new();
     for group in ["param", "grad"].iter().chain(slots) {
-        inputs.extend(
-            leaves
-                .iter()
-                .enumerate()
-                .map(|(i, t)| (format!("{group}[{i}]"), t.clone())),
-        );
+        let state = *group != "param" && *group != "grad";
+        inputs.extend(leaves.iter().enumerate().map(|(i, t)| {
+            let ty = if state {
+                LeafType::new(state_dtype(t.dtype), &t.dims)
+            } else {
+                t.clone()
+            };
+            (format!("{group}[{i}]"), ty)
+        }));
     }
     let scalar = LeafType::new(DType::F32, &[]);
     inputs.push(("lr".into(), scalar.clone()));
@@ -503,16 +507,46 @@ pub(crate) fn update_flat<O: Optimizer>(
     masks: &[Option<Tensor>],
 ) -> Vec<Tensor> {
     let n = params.len();
+    // Half-precision leaves are updated in f32 (mixed precision): the parameter and gradient
+    // are widened, the state is kept in f32, and only the new parameter is narrowed again.
+    let widen = |ts: &[Tensor]| -> Vec<Tensor> {
+        ts.iter()
+            .map(|&t| t.convert(state_dtype(t.dtype())))
+            .collect()
+    };
+    let (wide_params, wide_grads) = (widen(params), widen(grads));
     let state: Vec<Vec<Tensor>> = (0..optimizer.slots().len())
-        .map(|s| state[s * n..(s + 1) * n].to_vec())
+        .map(|s| widen(&state[s * n..(s + 1) * n]))
         .collect();
-    let dtype = params.first().map_or(DType::F32, |t| t.dtype());
-    let step = Step::new(lr.convert(dtype), number.convert(dtype)).with_masks(masks);
-    let (new_params, new_state) = optimizer.update(step, params, grads, &state);
+    let masks: Vec<Option<Tensor>> = masks
+        .iter()
+        .map(|m| m.map(|m| m.convert(state_dtype(m.dtype()))))
+        .collect();
+    let dtype = wide_params.first().map_or(DType::F32, |t| t.dtype());
+    let step = Step::new(lr.convert(dtype), number.convert(dtype)).with_masks(&masks);
+    let (new_params, new_state) = optimizer.update(step, &wide_params, &wide_grads, &state);
     new_params
         .into_iter()
+        .zip(params)
+        .map(|(new, old)| new.convert(old.dtype()))
         .chain(new_state.into_iter().flatten())
         .collect()
+}
+
+/// The dtype an optimizer's state and arithmetic use for a trainable leaf of `dtype`: `f32` for
+/// the half-precision `f16` and `bf16` (whose range and precision cannot hold Adam's `ε = 1e-8`
+/// or its bias correction `1 − β₂ᵗ`), the leaf's own dtype otherwise.
+///
+/// ```
+/// use nitro::{optim::state_dtype, DType};
+/// assert_eq!(state_dtype(DType::BF16), DType::F32);
+/// assert_eq!(state_dtype(DType::F64), DType::F64);
+/// ```
+pub fn state_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::F16 | DType::BF16 => DType::F32,
+        other => other,
+    }
 }
 
 /// A learning rate per step: written to the Device learning-rate scalar each step, so a

@@ -162,6 +162,19 @@ impl Packing {
     }
 
     /// Zero-filled flat arrays of this packing's types.
+    /// The layout of an optimizer's state for these leaves: the same groups and offsets, each
+    /// group of its [`crate::optim::state_dtype`] (`f32` for half-precision parameters).
+    pub(crate) fn for_state(&self) -> Packing {
+        Packing {
+            groups: self
+                .groups
+                .iter()
+                .map(|&(dtype, n)| (crate::optim::state_dtype(dtype), n))
+                .collect(),
+            leaves: self.leaves.clone(),
+        }
+    }
+
     pub(crate) fn zeros(&self) -> Vec<Array> {
         self.groups
             .iter()

@@ -198,6 +198,18 @@ impl ArrayData {
     }
 
     /// `parts` one after another; `None` when they are not all of `first`'s dtype.
+    /// Writes `src`'s elements over this data's, from element `offset` on; `None` (nothing
+    /// written) when the dtypes differ or `src` does not fit.
+    pub(crate) fn write_at(&mut self, offset: usize, src: &ArrayData) -> Option<()> {
+        fn write<T: Element>(dst: &mut [T], offset: usize, src: &ArrayData) -> Option<()> {
+            let src = T::unwrap(src)?;
+            dst.get_mut(offset..offset.checked_add(src.len())?)?
+                .copy_from_slice(src);
+            Some(())
+        }
+        each_data!(self, v => write(v, offset, src))
+    }
+
     pub(crate) fn concat(first: &ArrayData, parts: &[&ArrayData]) -> Option<ArrayData> {
         fn join<T: Element>(_: &[T], parts: &[&ArrayData]) -> Option<ArrayData> {
             let mut v = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
@@ -434,7 +446,7 @@ impl Array {
 
 /// The element count of `dtype` with `dims`, or [`Error::ShapeTooLarge`] when the type is over
 /// the size limit.
-fn checked_count(dtype: DType, dims: &[usize]) -> Result<usize> {
+pub(crate) fn checked_count(dtype: DType, dims: &[usize]) -> Result<usize> {
     LeafType::new(dtype, dims)
         .element_count()
         .ok_or_else(|| Error::ShapeTooLarge {

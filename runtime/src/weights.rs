@@ -8,7 +8,10 @@
 //! `[out, in]`: `permute("fc.w", &[1, 0])`; a PyTorch conv kernel OIHW becomes HWIO with
 //! `[2, 3, 1, 0]`). Loading checks everything before it changes anything, and refuses — naming
 //! each tensor, with both shapes and dtypes — a leaf the file lacks, a file tensor no leaf
-//! takes (unless [`Import::allow_extra`]), and a shape or dtype that does not match.
+//! takes (unless [`Import::allow_extra`]), a shape or dtype that does not match, and every
+//! instruction that names nothing: a `rename` whose tensor is not in the file or whose leaf is
+//! not in the experiment, a `permute` whose leaf is not in the experiment (a permute written
+//! with the file's name instead of the leaf's) or that no tensor maps to.
 //!
 //! ```no_run
 //! use nitro::weights::{self, Import};
@@ -107,7 +110,9 @@ pub fn load_into<E: Experiment + ?Sized>(
     // The file's tensors under the leaf names they map to.
     let mut by_leaf: BTreeMap<String, (String, Array)> = BTreeMap::new();
     let mut problems = Vec::new();
+    let mut file_names = std::collections::HashSet::new();
     for (name, view) in file.tensors() {
+        file_names.insert(name.clone());
         let leaf = import.leaf_of(&name);
         let array = match to_array(&view) {
             Ok(a) => a,
@@ -138,6 +143,43 @@ pub fn load_into<E: Experiment + ?Sized>(
             wanted.push((p.as_str().to_owned(), a.leaf_type()));
         }
     });
+    // An instruction that names nothing is a mistake (a permute written with the file's name
+    // instead of the leaf's would load the untransposed layout): every one is refused.
+    let leaves: std::collections::HashSet<&str> = wanted.iter().map(|(l, _)| l.as_str()).collect();
+    let names: std::collections::HashSet<&str> = file_names.iter().map(String::as_str).collect();
+    let mut renames: Vec<(&String, &String)> = import.renames.iter().collect();
+    renames.sort();
+    for (from, to) in renames {
+        if !names.contains(from.as_str()) {
+            problems.push(format!(
+                "rename(\"{from}\", \"{to}\") names no tensor of the file"
+            ));
+        } else if !leaves.contains(to.as_str()) {
+            problems.push(format!(
+                "rename(\"{from}\", \"{to}\") names no leaf of `{}`",
+                E::TYPE_PATH
+            ));
+        }
+    }
+    let mut permutes: Vec<(&String, &Vec<usize>)> = import.permutes.iter().collect();
+    permutes.sort();
+    for (leaf, perm) in permutes {
+        if !leaves.contains(leaf.as_str()) {
+            let hint = if names.contains(leaf.as_str()) {
+                " (it is a tensor's name in the file: permute takes the leaf's name)"
+            } else {
+                ""
+            };
+            problems.push(format!(
+                "permute(\"{leaf}\", {perm:?}) names no leaf of `{}`{hint}",
+                E::TYPE_PATH
+            ));
+        } else if !by_leaf.contains_key(leaf.as_str()) {
+            problems.push(format!(
+                "permute(\"{leaf}\", {perm:?}) names a leaf no tensor of the file maps to"
+            ));
+        }
+    }
     let mut loaded = Vec::new();
     for (leaf, ty) in &wanted {
         match by_leaf.get(leaf) {
@@ -149,7 +191,7 @@ pub fn load_into<E: Experiment + ?Sized>(
             Some(_) => loaded.push(leaf.clone()),
         }
     }
-    let taken: std::collections::HashSet<&str> = wanted.iter().map(|(l, _)| l.as_str()).collect();
+    let taken = &leaves;
     let ignored: Vec<String> = by_leaf
         .iter()
         .filter(|(leaf, _)| !taken.contains(leaf.as_str()))
@@ -211,7 +253,8 @@ fn permuted(a: &Array, perm: &[usize]) -> std::result::Result<Array, String> {
 }
 
 /// Writes `experiment`'s Device leaves to `path` as a plain `safetensors` file, one tensor per
-/// leaf named by its path, atomically.
+/// leaf named by its path, atomically (temporary files that killed writes of files with its
+/// extension left beside it are removed first).
 pub fn export<E: Experiment + ?Sized>(experiment: &E, path: impl AsRef<Path>) -> Result<()> {
     let path = path.as_ref();
     let mut tensors: Vec<(String, Raw)> = Vec::new();
@@ -222,10 +265,5 @@ pub fn export<E: Experiment + ?Sized>(experiment: &E, path: impl AsRef<Path>) ->
     });
     let bytes = safetensors::serialize(tensors, None)
         .map_err(|e| Error::data_file(path, format!("safetensors cannot encode it: {e}")))?;
-    crate::files::write_atomic(path, &bytes, true).map_err(|f| {
-        Error::data_file(
-            path,
-            format!("cannot {} {}: {}", f.step, f.tmp.display(), f.source),
-        )
-    })
+    Error::write_data_file(path, &bytes, true)
 }

@@ -1,6 +1,6 @@
 //! StableHLO emission: the exact text of a small program, determinism and fingerprints, the
-//! form of every op's line (as in the op catalog, `reference/stablehlo-ops/`), constants of
-//! every kind, donation and dead-node elimination.
+//! form of every op's line (as a StableHLO op catalog, kept outside this repository, ran
+//! them), constants of every kind, donation and dead-node elimination.
 #![allow(missing_docs)]
 
 use std::sync::Arc;

@@ -185,3 +185,84 @@ fn a_second_address_of_one_program_is_traced_once_and_never_compiled() {
     let stats = cache.stats();
     assert_eq!((stats.compiles, stats.entries), (2, 2), "{stats}");
 }
+
+// ---- issue 30, item 14: two types one `type_name`, one generic fn, one folded address ----
+
+/// A library program written once for every experiment: twice each trainable leaf. Its code
+/// never reads the experiment's type, so a release build may fold every instantiation to one
+/// address.
+fn doubled_trainable<E: Experiment + 'static>(_: &E::View<'_>, _: &()) -> Vec<Tensor> {
+    nitro::program::trainable_leaves()
+        .into_iter()
+        .map(|t| t * 2.0)
+        .collect()
+}
+
+fn doubled_program<E: Experiment + 'static>() -> Program<E, (), Vec<Tensor>> {
+    Program::generic("doubled_trainable", doubled_trainable::<E>)
+}
+
+/// Two block-local `Net`s share `std::any::type_name` and differ only in one Device leaf's role:
+/// the second lookup must compile its own program (two outputs, not the first's one), whether
+/// or not the compiler folded the two instantiations to one address (it does in release builds,
+/// where CI runs this file too).
+fn roles_split(backend: &dyn Backend) {
+    let cache = Cache::in_memory(16);
+    cache.set_verify(true);
+    let (name_a, addr_a, one) = {
+        #[experiment]
+        struct Net {
+            #[device(trainable)]
+            w: Array,
+            #[device]
+            b: Array,
+        }
+        let e = Net {
+            w: Array::full(&[2], 1.0f32),
+            b: Array::full(&[2], 1.0f32),
+        };
+        let p = doubled_program::<Net>();
+        let s = cache.get(backend, &p, &e, &()).unwrap();
+        let out = s.compiled.executable.run(&[&e.w, &e.b]).unwrap();
+        (std::any::type_name::<Net>(), p.code_address(), out.len())
+    };
+    let (name_b, addr_b, two, outcome) = {
+        #[experiment]
+        struct Net {
+            #[device(trainable)]
+            w: Array,
+            #[device(trainable)]
+            b: Array,
+        }
+        let e = Net {
+            w: Array::full(&[2], 1.0f32),
+            b: Array::full(&[2], 1.0f32),
+        };
+        let p = doubled_program::<Net>();
+        let s = cache.get(backend, &p, &e, &()).unwrap();
+        let out = s.compiled.executable.run(&[&e.w, &e.b]).unwrap();
+        (std::any::type_name::<Net>(), p.code_address(), out.len(), s.outcome)
+    };
+    println!("type names equal: {}, addresses equal: {}", name_a == name_b, addr_a == addr_b);
+    assert_eq!(name_a, name_b, "the case needs one type_name for both");
+    assert_eq!(one, 1, "one trainable leaf");
+    assert_eq!(two, 2, "two trainable leaves: the first type's program was served ({outcome})");
+    assert!(!outcome.is_hit(), "{outcome}");
+    assert_eq!(cache.stats().compiles, 2);
+}
+
+#[test]
+fn two_types_of_one_name_that_differ_in_a_role_never_share_a_program_on_the_interpreter() {
+    roles_split(backend::interpreter());
+}
+
+#[test]
+fn two_types_of_one_name_that_differ_in_a_role_never_share_a_program_on_xla() {
+    if let Ok(xla) = backend::xla() {
+        roles_split(xla);
+    } else {
+        let required = std::env::var("NITRO_REQUIRE_XLA").is_ok_and(|v| v.trim() == "1");
+        assert!(!required, "NITRO_REQUIRE_XLA=1 but XLA is unavailable");
+        println!("skip: two_types_of_one_name_on_xla: no XLA plugin");
+    }
+}

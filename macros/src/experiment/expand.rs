@@ -120,6 +120,17 @@ pub(crate) fn expand(input: &mut syn::DeriveInput, fields: &[Field]) -> TokenStr
     let build_full_view = build_view(|r| r != Role::Host);
     let build_frozen_view = build_view(|r| matches!(r, Role::GraphConst | Role::Frozen));
 
+    // A struct without generic parameters is 'static: its TypeId is there to take.
+    let type_identity = if input.generics.params.is_empty() {
+        quote! {
+            fn type_identity() -> ::core::option::Option<::core::any::TypeId> {
+                ::core::option::Option::Some(::core::any::TypeId::of::<Self>())
+            }
+        }
+    } else {
+        quote!()
+    };
+
     quote! {
         #struct_tokens
 
@@ -163,6 +174,8 @@ pub(crate) fn expand(input: &mut syn::DeriveInput, fields: &[Field]) -> TokenStr
                 fn program_address<__M, __O>(__f: Self::ProgramFn<__M, __O>) -> ::core::primitive::usize {
                     __f as ::core::primitive::usize
                 }
+
+                #type_identity
 
                 fn call_program<#lt, __M, __O>(
                     __f: Self::ProgramFn<__M, __O>,

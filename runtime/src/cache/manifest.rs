@@ -65,17 +65,13 @@ impl Manifest {
         self.programs.iter().map(|p| p.key.clone()).collect()
     }
 
-    /// Writes the manifest to `path` as JSON, atomically.
+    /// Writes the manifest to `path` as JSON, atomically; temporary files that killed writes of
+    /// files of its extension left beside it are removed first.
     pub fn write(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
         let bytes = serde_json::to_vec_pretty(self)
             .map_err(|e| Error::data_file(path, format!("cannot encode the manifest: {e}")))?;
-        crate::files::write_atomic(path, &bytes, false).map_err(|f| {
-            Error::data_file(
-                path,
-                format!("cannot {} {}: {}", f.step, f.tmp.display(), f.source),
-            )
-        })
+        Error::write_data_file(path, &bytes, false)
     }
 
     /// Reads a manifest; a file that is not one (or of another format, or whose keys are not
@@ -107,7 +103,7 @@ impl Manifest {
                 path,
                 format!(
                     "program `{}` has a key or fingerprint that is not 64 hex digits",
-                    bad.program
+                    bad.program.escape_debug()
                 ),
             ));
         }

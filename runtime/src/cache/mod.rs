@@ -1435,13 +1435,31 @@ fn key_components<E: Experiment, M, O: Outputs, I: Tree<Mirror<Tensor> = M>>(
     // The signature digest walks the structure and leaf types, never values: the cost is per
     // node, not per byte.
     let mut h = ContentHasher::new();
-    experiment.visit_device(&mut |_, path, node| walk_digest(&mut h, path.as_str(), node));
+    // Each Device leaf's role too: trainable or not changes the traced program (its
+    // gradients), so two experiments that differ only there never share a route.
+    experiment.visit_device(&mut |field, path, node| {
+        h.write_str(field.role.label());
+        walk_digest(&mut h, path.as_str(), node)
+    });
     inputs.visit(&mut LeafPath::root(""), &mut |path, node| {
         walk_digest(&mut h, crate::program::input_name(path.as_str()), node)
     });
     let signature = h.finish();
     let mut k = ContentHasher::new();
     k.write_str(std::any::type_name::<E>());
+    // `type_name` is not unique (two block-local `Net`s, two versions of one crate): the
+    // schema (every field's name, type and role) and, where the type has one to give, its
+    // `TypeId` (this process only: these components never leave memory) tell them apart.
+    k.write_digest(&E::SCHEMA_DIGEST);
+    if let Some(id) = E::type_identity() {
+        use std::hash::{Hash, Hasher};
+        let mut t = std::collections::hash_map::DefaultHasher::new();
+        id.hash(&mut t);
+        k.write_u8(1);
+        k.write_u64(t.finish());
+    } else {
+        k.write_u8(0);
+    }
     k.write_str(program.name());
     k.write_u8(program.layout_flags());
     k.write_digest(&parts.graph_const);

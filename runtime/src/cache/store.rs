@@ -1170,7 +1170,8 @@ impl Store for DirStore {
                         crate::settings::notice_once(
                             &format!("lock-stopped-{pid}"),
                             &format!(
-                                "process {pid} holds the compile lock of a program this process                                  needs but is stopped (Ctrl-Z?); compiling here instead of waiting"
+                                "process {pid} holds the compile lock of a program this process \
+                                 needs but is stopped (Ctrl-Z?); compiling here instead of waiting"
                             ),
                         );
                         return Ok(None);
@@ -1182,7 +1183,8 @@ impl Store for DirStore {
                             |p| format!("process {p}"),
                         );
                         eprintln!(
-                            "nitro: waiting for {who}, which is compiling a program this process                              needs (at most {} s more; then this process compiles it itself)",
+                            "nitro: waiting for {who}, which is compiling a program this process \
+                                 needs (at most {} s more; then this process compiles it itself)",
                             deadline.saturating_duration_since(Instant::now()).as_secs()
                         );
                     }

@@ -223,7 +223,17 @@ impl EdgePlan {
 /// The at most `k` edges that minimise the padded positions of rows of `lengths`, each row
 /// padded to the smallest edge that holds it — exactly, by dynamic programming over the
 /// distinct lengths (an optimal edge is always one of them, and the longest is always an edge).
-/// `O(k · m²)` for `m` distinct lengths.
+///
+/// **Cost.** With `m` distinct lengths: when `k ≥ m` every distinct length is an edge (no
+/// padding), at once. Otherwise each added edge is one layer of the program, computed by
+/// divide and conquer (the padding cost satisfies the quadrangle inequality, so the best split
+/// moves right as the range grows): `O(k · m · log m)` time and `4 · k · m` bytes, the planning
+/// stopping early once padding reaches 0. A plan of more than 2^24 cells (`k · m`, e.g. 4096
+/// buckets over 4096 distinct lengths) is refused with [`Error::InvalidDataArgument`]: round the
+/// lengths (to multiples of 8, say) or plan fewer buckets.
+///
+/// [`Error::InvalidDataArgument`] also when `k` is 0, `lengths` is empty, or a length is 0 (the
+/// error names the first such row: a row of no positions cannot be padded to an edge).
 pub fn plan_edges(lengths: &[usize], k: usize) -> Result<EdgePlan> {
     if k == 0 || lengths.is_empty() {
         return Err(Error::InvalidDataArgument {
@@ -231,6 +241,14 @@ pub fn plan_edges(lengths: &[usize], k: usize) -> Result<EdgePlan> {
                 "planning {k} bucket(s) over {} row(s): plan at least one bucket over at least \
                  one row",
                 lengths.len()
+            ),
+        });
+    }
+    if let Some(row) = lengths.iter().position(|&l| l == 0) {
+        return Err(Error::InvalidDataArgument {
+            what: format!(
+                "row {row} has length 0: a row of no positions has no edge to pad it to; drop \
+                 empty rows before planning buckets"
             ),
         });
     }
@@ -244,8 +262,27 @@ pub fn plan_edges(lengths: &[usize], k: usize) -> Result<EdgePlan> {
             _ => distinct.push((l as u64, 1)),
         }
     }
+    drop(sorted);
     let m = distinct.len();
-    let k = k.min(m);
+    let real: u64 = distinct.iter().map(|&(l, c)| l.saturating_mul(c)).sum();
+    if k >= m {
+        return Ok(EdgePlan {
+            edges: distinct.iter().map(|&(l, _)| l as usize).collect(),
+            padded: 0,
+            real,
+        });
+    }
+    const MAX_CELLS: usize = 1 << 24;
+    if k.saturating_mul(m) > MAX_CELLS {
+        return Err(Error::InvalidDataArgument {
+            what: format!(
+                "planning {k} buckets over {m} distinct lengths is {} cells of work, over the \
+                 planner's bound of 2^24; round the lengths (to multiples of 8, say) or plan \
+                 fewer buckets",
+                k.saturating_mul(m)
+            ),
+        });
+    }
     // Prefix sums of counts and of count × length: the cost of padding lengths i..=j to
     // length j is count(i..=j) · l_j − sum(i..=j).
     let mut count = vec![0u64; m + 1];
@@ -256,49 +293,64 @@ pub fn plan_edges(lengths: &[usize], k: usize) -> Result<EdgePlan> {
     }
     let cost =
         |i: usize, j: usize| (count[j + 1] - count[i]) * distinct[j].0 - (sum[j + 1] - sum[i]);
-    // best[b][j]: the least padding of lengths 0..=j with b + 1 edges, the last at j.
+    // layer[j]: the least padding of lengths 0..=j with b + 1 edges, the last at j; from[b][j]:
+    // where that last bucket starts.
     let inf = u64::MAX;
-    let mut best = vec![vec![inf; m]; k];
-    let mut from = vec![vec![0usize; m]; k];
-    for (j, b) in best[0].iter_mut().enumerate() {
-        *b = cost(0, j);
-    }
+    let mut layer: Vec<u64> = (0..m).map(|j| cost(0, j)).collect();
+    let mut from: Vec<Vec<u32>> = vec![vec![0; m]];
+    let (mut best_b, mut padded) = (0usize, layer[m - 1]);
     for b in 1..k {
-        for j in b..m {
-            for i in b..=j {
-                let prev = best[b - 1][i - 1];
+        if padded == 0 {
+            break;
+        }
+        let mut next = vec![inf; m];
+        let mut at = vec![0u32; m];
+        // Fill next[j] for j in lo..=hi, knowing its best start lies in opt_lo..=opt_hi.
+        let mut work = vec![(b, m - 1, b, m - 1)];
+        while let Some((lo, hi, opt_lo, opt_hi)) = work.pop() {
+            let j = lo + (hi - lo) / 2;
+            let (mut c_best, mut i_best) = (inf, opt_lo);
+            for i in opt_lo..=opt_hi.min(j) {
+                let prev = layer[i - 1];
                 if prev == inf {
                     continue;
                 }
                 let c = prev + cost(i, j);
-                if c < best[b][j] {
-                    best[b][j] = c;
-                    from[b][j] = i;
+                if c < c_best {
+                    (c_best, i_best) = (c, i);
                 }
             }
+            next[j] = c_best;
+            at[j] = i_best as u32;
+            if j > lo {
+                work.push((lo, j - 1, opt_lo, i_best));
+            }
+            if j < hi {
+                work.push((j + 1, hi, i_best, opt_hi));
+            }
+        }
+        layer = next;
+        from.push(at);
+        // More edges never pad more; keep the fewest edges that reach the least padding.
+        if layer[m - 1] < padded {
+            (best_b, padded) = (b, layer[m - 1]);
         }
     }
-    // More edges never pad more; take the best count of edges up to k.
-    let (b, padded) = (0..k)
-        .map(|b| (b, best[b][m - 1]))
-        .min_by_key(|&(b, c)| (c, b))
-        .unwrap_or((0, best[0][m - 1]));
-    let mut edges = Vec::with_capacity(b + 1);
-    let (mut b, mut j) = (b, m - 1);
+    let mut edges = Vec::with_capacity(best_b + 1);
+    let (mut b, mut j) = (best_b, m - 1);
     loop {
         edges.push(distinct[j].0 as usize);
         if b == 0 {
             break;
         }
-        let i = from[b][j];
-        j = i - 1;
+        j = from[b][j] as usize - 1;
         b -= 1;
     }
     edges.reverse();
     Ok(EdgePlan {
         edges,
         padded,
-        real: sum[m],
+        real,
     })
 }
 
@@ -332,7 +384,8 @@ pub struct Ragged {
 
 impl Ragged {
     /// A data set of `columns` (name, rows); every column has the same number of rows, and a
-    /// row's length is the same in every column.
+    /// row's length is the same in every column and at least 1 (an empty row is refused,
+    /// naming it).
     pub fn new(columns: Vec<(&str, Vec<Vec<i32>>)>) -> Result<Ragged> {
         let Some((_, first)) = columns.first() else {
             return Err(Error::InvalidDataArgument {
@@ -340,6 +393,15 @@ impl Ragged {
             });
         };
         let rows = first.len();
+        if let Some(r) = first.iter().position(Vec::is_empty) {
+            return Err(Error::InvalidDataArgument {
+                what: format!(
+                    "row {r} of ragged column `{}` is empty: a row of no positions has no bucket \
+                     and no weight in a token-averaged loss; drop empty rows",
+                    columns[0].0
+                ),
+            });
+        }
         let mut offsets = Vec::with_capacity(rows + 1);
         offsets.push(0);
         for r in first {
@@ -490,10 +552,10 @@ impl Ragged {
             });
         }
         let mut columns = Vec::with_capacity(self.names.len() + 1);
-        let mut valid = vec![0.0f32; batch_size * edge];
+        let mut valid = filled(batch_size, edge, 0.0f32)?;
         let mut weights = vec![0.0f32; batch_size];
         for (c, name) in self.names.iter().enumerate() {
-            let mut ids = vec![buckets.pad; batch_size * edge];
+            let mut ids = filled(batch_size, edge, buckets.pad)?;
             for i in 0..batch_size {
                 let r = rows[i % real];
                 let (s, e) = (self.offsets[r], self.offsets[r + 1]);
@@ -526,22 +588,39 @@ impl Ragged {
     /// A batch of this data set's columns of `batch_size` rows padded to `edge`, every
     /// position padding and every row real: the shape of a bucket's batches, for compiling its
     /// programs before any row of that length is met.
+    ///
+    /// A batch too large to hold (`batch_size × edge` past nitro's size limit, or more memory
+    /// than there is) is [`Error::ShapeTooLarge`] or [`Error::OutOfMemory`], never an abort; so
+    /// in [`gather`](Ragged::gather).
     pub fn blank(&self, edge: usize, batch_size: usize, buckets: &Buckets) -> Result<Batch> {
         let mut columns = Vec::with_capacity(self.names.len() + 1);
         for name in &self.names {
             columns.push((
                 name.clone(),
-                Array::from_vec(&[batch_size, edge], vec![buckets.pad; batch_size * edge])?,
+                Array::from_vec(&[batch_size, edge], filled(batch_size, edge, buckets.pad)?)?,
             ));
         }
         columns.push((
             VALID.to_owned(),
-            Array::from_vec(&[batch_size, edge], vec![0.0f32; batch_size * edge])?,
+            Array::from_vec(&[batch_size, edge], filled(batch_size, edge, 0.0f32)?)?,
         ));
         Ok(Batch {
             columns,
-            mask: Array::from_vec(&[batch_size], vec![1.0f32; batch_size])?,
+            mask: Array::try_full(&[batch_size], 1.0f32)?,
             real: batch_size,
         })
     }
+}
+
+/// A `[rows, edge]` column's elements, all `value`, reserved fallibly: a size past nitro's limit
+/// is [`Error::ShapeTooLarge`], memory that cannot be had is [`Error::OutOfMemory`].
+fn filled<T: crate::tree::Element>(rows: usize, edge: usize, value: T) -> Result<Vec<T>> {
+    let n = crate::tree::checked_count(T::DTYPE, &[rows, edge])?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(n).map_err(|_| Error::OutOfMemory {
+        what: format!("a batch column of {rows} rows padded to {edge}"),
+        bytes: (n as u64).saturating_mul(T::DTYPE.size_bytes() as u64),
+    })?;
+    v.resize(n, value);
+    Ok(v)
 }

@@ -31,11 +31,7 @@ pub fn from_bytes(bytes: &[u8]) -> Result<Array> {
 fn parse(raw: &[u8], path: &Path) -> Result<Array> {
     let unzipped;
     let bytes = if raw.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::new();
-        flate2::read::GzDecoder::new(raw)
-            .read_to_end(&mut out)
-            .map_err(|e| Error::data_file(path, format!("its gzip stream is broken: {e}")))?;
-        unzipped = out;
+        unzipped = inflate(raw, path)?;
         &unzipped[..]
     } else {
         raw
@@ -119,6 +115,63 @@ fn parse(raw: &[u8], path: &Path) -> Result<Array> {
     Array::from_data(&dims, data)
 }
 
+/// The bytes of a gzip-compressed idx file, every member of it (`cat a.gz b.gz` and bgzip
+/// files hold several), inflated no further than its header says the file holds: the header
+/// is inflated first, its dims give the size of the data, and one byte more than that is the
+/// most ever inflated — a small gzip of gigabytes of zeros is refused after its header, with
+/// memory bounded by what the header claims (itself reserved fallibly).
+fn inflate(raw: &[u8], path: &Path) -> Result<Vec<u8>> {
+    let broken = |e: std::io::Error| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            Error::data_file(path, "its gzip stream ends inside its idx header (truncated)")
+        } else {
+            Error::data_file(path, format!("its gzip stream is broken: {e}"))
+        }
+    };
+    let mut z = flate2::read::MultiGzDecoder::new(raw);
+    let mut out = vec![0u8; 4];
+    z.read_exact(&mut out).map_err(broken)?;
+    let rank = out[3] as usize;
+    out.resize(4 + 4 * rank, 0);
+    z.read_exact(&mut out[4..]).map_err(broken)?;
+    let size: u64 = match out[2] {
+        0x0C | 0x0D => 4,
+        0x0E => 8,
+        _ => 1,
+    };
+    // The most the data can hold by its header; a header that overflows is refused by the
+    // parser, so inflate nothing more and let it say so.
+    let want = out[4..]
+        .chunks_exact(4)
+        .try_fold(size, |n, c| {
+            n.checked_mul(u64::from(u32::from_be_bytes([c[0], c[1], c[2], c[3]])))
+        });
+    let Some(want) = want else {
+        return Ok(out);
+    };
+    if want > crate::MAX_TENSOR_BYTES {
+        return Err(Error::data_file(
+            path,
+            format!(
+                "its header claims {want} bytes of data, over nitro's size limit \
+                 (nitro::MAX_TENSOR_BYTES)"
+            ),
+        ));
+    }
+    let n = usize::try_from(want).unwrap_or(usize::MAX);
+    out.try_reserve_exact(n.saturating_add(1))
+        .map_err(|_| Error::OutOfMemory {
+            what: format!("the idx data of `{}`", path.display()),
+            bytes: want,
+        })?;
+    // One byte past the header's size is enough to tell "more data than the dims say".
+    (&mut z)
+        .take(want + 1)
+        .read_to_end(&mut out)
+        .map_err(broken)?;
+    Ok(out)
+}
+
 /// Where the Debian package `dataset-fashion-mnist` installs the data set.
 pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
 
@@ -137,7 +190,9 @@ pub struct FashionMnist {
 
 /// Fashion-MNIST from `dir` (the four `{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]`
 /// files), or from [`FASHION_MNIST_DIR`] when `dir` is `None`. A missing file is an
-/// [`Error::DataFile`] that names the Debian package to install.
+/// [`Error::DataFile`] that names the Debian package to install; so are images that are not
+/// `u8 [n, 28, 28]`, labels that are not `u8 [n]`, and counts that do not pair up (another
+/// data set under these names would otherwise train on mis-sliced pixels).
 pub fn fashion_mnist(dir: Option<&Path>) -> Result<FashionMnist> {
     let dir = dir.map_or_else(|| PathBuf::from(FASHION_MNIST_DIR), Path::to_path_buf);
     let load = |stem: &str| -> Result<Array> {
@@ -162,7 +217,23 @@ pub fn fashion_mnist(dir: Option<&Path>) -> Result<FashionMnist> {
         (&data.train_images, &data.train_labels, "training"),
         (&data.test_images, &data.test_labels, "test"),
     ] {
-        if images.dims().first() != labels.dims().first() || images.dims().len() != 3 {
+        let (images_ok, labels_ok) = (
+            images.dtype() == crate::tree::DType::U8 && images.dims().get(1..) == Some(&[28, 28]),
+            labels.dtype() == crate::tree::DType::U8 && labels.dims().len() == 1,
+        );
+        if !images_ok || !labels_ok {
+            return Err(Error::data_file(
+                &dir,
+                format!(
+                    "the {which} images are {} and the labels {}; Fashion-MNIST's are u8[n, 28, 28] \
+                     and u8[n] — this directory holds another data set (read it with \
+                     nitro::data::idx::read)",
+                    images.leaf_type(),
+                    labels.leaf_type()
+                ),
+            ));
+        }
+        if images.dims().first() != labels.dims().first() {
             return Err(Error::data_file(
                 &dir,
                 format!(

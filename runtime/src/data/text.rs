@@ -55,8 +55,7 @@ pub fn fortune_records(dir: Option<&Path>) -> Result<Vec<String>> {
     files.sort();
     let mut records = Vec::new();
     for f in &files {
-        let bytes =
-            std::fs::read(f).map_err(|e| Error::data_file(f, format!("cannot read it: {e}")))?;
+        let bytes = Error::read_data_file(f)?;
         let mut record = String::new();
         for line in String::from_utf8_lossy(&bytes).lines() {
             if line == "%" {
@@ -144,26 +143,56 @@ impl Vocab {
 
 /// Windows of `window + 1` consecutive tokens, one every `stride` tokens, as a data set: `x`
 /// (`i32 [n, window]`, the inputs) and `y` (`i32 [n, window]`, each position's next token).
+///
+/// [`Error::InvalidDataArgument`] when `window` or `stride` is 0, when there are not
+/// `window + 1` tokens, or when the two columns would be over nitro's size limit
+/// ([`MAX_TENSOR_BYTES`](crate::MAX_TENSOR_BYTES)); [`Error::OutOfMemory`] when their memory
+/// cannot be reserved. Never an abort.
 pub fn windows(tokens: &[i32], window: usize, stride: usize) -> Result<Dataset> {
-    if window == 0 || stride == 0 || tokens.len() < window + 1 {
+    if window == 0 || stride == 0 || tokens.len() <= window {
         return Err(Error::InvalidDataArgument {
             what: format!(
-                "windows of {window} tokens every {stride} need at least {} tokens and both at least 1, got {} tokens",
-                window + 1,
+                "windows of {window} tokens every {stride} need at least {} tokens and both at \
+                 least 1, got {} tokens",
+                window.saturating_add(1),
                 tokens.len()
             ),
         });
     }
-    let starts: Vec<usize> = (0..=tokens.len() - window - 1).step_by(stride).collect();
-    let mut x = Vec::with_capacity(starts.len() * window);
-    let mut y = Vec::with_capacity(starts.len() * window);
-    for &s in &starts {
+    let count = (tokens.len() - window - 1) / stride + 1;
+    // Two columns of `count × window` i32s: checked against nitro's size limit and reserved
+    // fallibly (overlapping windows of a large corpus multiply it by `window / stride`).
+    let elems = count.checked_mul(window);
+    let bytes = elems.and_then(|n| (n as u64).checked_mul(8));
+    let too_large = || Error::InvalidDataArgument {
+        what: format!(
+            "{count} windows of {window} tokens (inputs and targets, i32) are over nitro's size \
+             limit (nitro::MAX_TENSOR_BYTES); use a larger stride, a shorter window or less text"
+        ),
+    };
+    let (Some(elems), Some(bytes)) = (elems, bytes) else {
+        return Err(too_large());
+    };
+    if bytes > crate::MAX_TENSOR_BYTES {
+        return Err(too_large());
+    }
+    let reserve = || -> Result<Vec<i32>> {
+        let mut v = Vec::new();
+        v.try_reserve_exact(elems).map_err(|_| Error::OutOfMemory {
+            what: format!("{count} windows of {window} tokens"),
+            bytes,
+        })?;
+        Ok(v)
+    };
+    let (mut x, mut y) = (reserve()?, reserve()?);
+    let starts = (0..count).map(|i| i * stride);
+    for s in starts {
         x.extend_from_slice(&tokens[s..s + window]);
         y.extend_from_slice(&tokens[s + 1..s + window + 1]);
     }
     Dataset::new([
-        ("x", Array::from_vec(&[starts.len(), window], x)?),
-        ("y", Array::from_vec(&[starts.len(), window], y)?),
+        ("x", Array::from_vec(&[count, window], x)?),
+        ("y", Array::from_vec(&[count, window], y)?),
     ])
 }
 

@@ -1,8 +1,10 @@
 //! StableHLO emission: a [`Graph`] as deterministic MLIR text.
 //!
 //! The text is what XLA compiles (PJRT program format `"mlir"`), and its blake3 digest is the
-//! program's [`fingerprint`]. Every form used here is one the op catalog
-//! (`reference/stablehlo-ops/`) saw compile and compute the right values on the XLA CPU plugins.
+//! program's [`fingerprint`]. Every form used here is one that a StableHLO op catalog (each op's
+//! exact text, run on three XLA CPU plugins against known outputs; kept outside this
+//! repository) saw compile and compute the right values; `runtime/tests/emit.rs` pins the
+//! forms.
 //!
 //! ```
 //! use nitro::trace::trace;

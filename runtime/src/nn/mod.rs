@@ -498,9 +498,28 @@ pub const NO_DECAY: &str = "*.b|*.bias|*.gain";
 
 // ---- attention and the transformer block -----------------------------------------------------
 
-/// What masked attention scores are set to: large and negative, but finite, so a row whose
-/// every key is masked stays finite (its softmax is uniform) instead of turning into NaN.
+/// What masked attention scores of `f32`, `f64` and `bf16` are set to: large and negative, but
+/// finite, so a row whose every key is masked stays finite (its softmax is uniform) instead of
+/// turning into NaN. `f16` cannot hold it (it would be −∞): [`masked_score`] gives each dtype's
+/// value, and attention uses that.
 pub const MASKED: f64 = -1e9;
+
+/// What a masked attention score of `dtype` is set to: [`MASKED`], or for a dtype whose finite
+/// range ends before it (`f16`, whose largest is 65504) half its most negative finite value, so
+/// that subtracting a row's maximum in the softmax stays finite too.
+///
+/// ```
+/// use nitro::{nn, DType};
+/// assert_eq!(nn::masked_score(DType::F32), nn::MASKED);
+/// assert!(nn::masked_score(DType::F16) >= -65504.0 / 2.0);
+/// assert!(nitro::f16::from_f64(nn::masked_score(DType::F16)).is_finite());
+/// ```
+pub fn masked_score(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => -f64::from(half::f16::MAX) / 2.0,
+        _ => MASKED,
+    }
+}
 
 /// Multi-head self-attention on `[batch, time, dim]`.
 #[derive(crate::ContentHash, Clone, Copy, Debug, PartialEq, Eq)]
@@ -567,7 +586,7 @@ impl MultiHeadAttention {
             });
         }
         let scores = match allowed {
-            Some(a) => Tensor::select(a, scores, MASKED),
+            Some(a) => Tensor::select(a, scores, masked_score(scores.dtype())),
             None => scores,
         };
         let attn = softmax(scores, 3);

@@ -283,12 +283,19 @@ thread_local! {
 }
 
 /// Runs `f` with `state` as what [`step_key`] sees (the training handle's programs do this
-/// around `Model::loss`), restoring the previous state after.
+/// around `Model::loss`), restoring the previous state after — on every exit, a panic in `f`
+/// included (a panicking model's key never leaks into the thread's later traces).
 pub fn with_step_key<R>(state: StepKey, f: impl FnOnce() -> R) -> R {
-    let before = STEP_KEY.with(|k| k.replace((state, 0)));
-    let out = f();
-    STEP_KEY.with(|k| k.set(before));
-    out
+    /// Puts the state it holds back when dropped, on return and on unwind alike.
+    struct Restore((StepKey, u32));
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let before = self.0;
+            STEP_KEY.with(|k| k.set(before));
+        }
+    }
+    let _restore = Restore(STEP_KEY.with(|k| k.replace((state, 0))));
+    f()
 }
 
 /// What [`step_key`] sees now.

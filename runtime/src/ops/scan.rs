@@ -155,6 +155,19 @@ impl Scan {
                 );
                 return Err(());
             };
+            if i32::try_from(length).is_err() {
+                r.fail(
+                    "scan",
+                    format!(
+                        "the trip count {length} is past 2^31 − 1, the most the emitted loop's \
+                         i32 counter holds; nest two scans (an outer loop over blocks of an inner \
+                         one) to run more iterations"
+                    ),
+                    at,
+                    crate::ops::f32_scalar(),
+                );
+                return Err(());
+            }
             let carry: Vec<LeafType> = init.iter().map(|&c| r.graph.ty(c.node).clone()).collect();
             let slices: Vec<LeafType> = stacked
                 .iter()
@@ -764,6 +777,12 @@ pub(crate) fn check(op: &ScanOp, types: &[&LeafType]) -> Result<LeafType, String
     }
     if op.length == 0 {
         return Err("its trip count is 0".into());
+    }
+    if i32::try_from(op.length).is_err() {
+        return Err(format!(
+            "its trip count {} is past 2^31 − 1, the most its i32 counter holds",
+            op.length
+        ));
     }
     for (k, (t, b)) in types.iter().zip(&body).enumerate() {
         let want = if (op.carry..op.carry + op.xs).contains(&k) {

@@ -48,6 +48,21 @@ pub struct Config {
     /// and metric programs, over every bucket). Getting one more is an error
     /// ([`Error::ProgramBudget`]) before it compiles, never a silent new program.
     pub max_programs: Option<usize>,
+    /// What [`Nitro::fit`] and [`Nitro::fit_ragged`] do when a training loss is NaN or
+    /// infinite (checked when an epoch's losses are read): warn naming the step (the default),
+    /// or stop with [`Error::NonFiniteLoss`].
+    pub non_finite: NonFinite,
+}
+
+/// What an epoch does on a NaN or infinite training loss ([`Config::non_finite`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NonFinite {
+    /// Log a warning (`tracing`, target `nitro::train`) naming the epoch, the batch and the
+    /// step of the first non-finite loss, and train on.
+    #[default]
+    Warn,
+    /// Return [`Error::NonFiniteLoss`] naming them; the handle keeps the state it reached.
+    Stop,
 }
 
 impl Default for Config {
@@ -64,6 +79,7 @@ impl Default for Config {
             concurrent_compiles: true,
             buckets: None,
             max_programs: None,
+            non_finite: NonFinite::Warn,
         }
     }
 }
@@ -125,6 +141,12 @@ impl Config {
     /// A recompile budget (see [`Config::max_programs`]).
     pub fn max_programs(mut self, programs: usize) -> Config {
         self.max_programs = Some(programs);
+        self
+    }
+
+    /// What to do on a NaN or infinite training loss (see [`Config::non_finite`]).
+    pub fn non_finite(mut self, policy: NonFinite) -> Config {
+        self.non_finite = policy;
         self
     }
 

@@ -172,6 +172,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let order = plan.epoch(epoch);
         let count = order.len();
         let mut rows = Vec::with_capacity(count);
+        let mut steps = Vec::with_capacity(count);
         self.timings = EpochTimings::default();
         let every = count.div_ceil(WAITED_SAMPLES).max(1);
         let bar = progress_bar(self.config.progress, count as u64, number);
@@ -195,6 +196,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 self.timings.waited.push(step_started.elapsed());
             }
             self.epoch_batches += 1;
+            steps.push(self.step);
             rows.push(real);
             bar.inc(1);
         }
@@ -204,9 +206,47 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         bar.finish_and_clear();
         self.epoch = epoch + 1;
         self.epoch_batches = 0;
+        self.check_losses(number, skip, &losses, &steps)?;
         let total: usize = rows.iter().sum();
         let sum: f64 = losses.iter().zip(&rows).map(|(l, &r)| l * r as f64).sum();
         Ok(if total == 0 { 0.0 } else { sum / total as f64 })
+    }
+
+    /// Warns about (or, under [`NonFinite::Stop`], refuses) the first NaN or infinite loss of
+    /// an epoch's `losses`, batch `skip + i` of epoch `epoch` (from 1), the handle at
+    /// `steps[i]` optimizer steps after it.
+    pub(super) fn check_losses(
+        &self,
+        epoch: u64,
+        skip: usize,
+        losses: &[f64],
+        steps: &[u64],
+    ) -> Result<()> {
+        let Some(i) = losses.iter().position(|l| !l.is_finite()) else {
+            return Ok(());
+        };
+        let (batch, step, loss) = (skip + i + 1, steps.get(i).copied().unwrap_or(0), losses[i]);
+        if self.config.non_finite == NonFinite::Stop {
+            return Err(Error::NonFiniteLoss {
+                epoch,
+                batch,
+                step,
+                loss,
+            });
+        }
+        let later = losses[i..].iter().filter(|l| !l.is_finite()).count();
+        tracing::warn!(
+            target: "nitro::train",
+            epoch,
+            batch,
+            step,
+            loss,
+            non_finite_batches = later,
+            "the training loss is {loss} from epoch {epoch}, batch {batch} (optimizer step \
+             {step}) on ({later} such batch(es) this epoch): lower the learning rate or check \
+             the data; Config::non_finite(NonFinite::Stop) stops instead"
+        );
+        Ok(())
     }
 
     /// Refuses training data without rows, or fewer rows than one batch.
@@ -491,6 +531,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             let every = plan.len().div_ceil(WAITED_SAMPLES).max(1);
             self.timings = EpochTimings::default();
             let mut weights = Vec::with_capacity(plan.len());
+            let mut steps = Vec::with_capacity(plan.len());
             let bar = progress_bar(self.config.progress, plan.len() as u64, epoch + 1);
             for (i, (b, rows)) in plan.iter().enumerate() {
                 let edge = buckets.edges()[*b];
@@ -509,10 +550,12 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                     self.timings.waited.push(step_started.elapsed());
                 }
                 weights.push(w.iter().map(|&x| f64::from(x)).sum::<f64>());
+                steps.push(self.step);
                 bar.inc(1);
             }
             let losses = self.take_losses()?;
             self.timings.wall = started.elapsed();
+            self.check_losses(epoch + 1, 0, &losses, &steps)?;
             bar.finish_and_clear();
             let total: f64 = weights.iter().sum();
             let train_loss = losses.iter().zip(&weights).map(|(l, w)| l * w).sum::<f64>()

@@ -49,7 +49,7 @@ mod resume;
 mod staged;
 mod values;
 
-pub use config::Config;
+pub use config::{Config, NonFinite};
 use epochs::*;
 pub use epochs::{EpochRecord, History};
 use inventory::*;
@@ -820,10 +820,12 @@ fn device_leaves<E: Experiment>(experiment: &E) -> Result<DeviceLeaves> {
     Ok((packing, paths, packed, frozen))
 }
 
-/// Zeroed optimizer state for the packed trainable leaves: each slot, one array per group.
+/// Zeroed optimizer state for the packed trainable leaves: each slot, one array per group (in
+/// `f32` for half-precision groups).
 fn zero_state<O: Optimizer>(optimizer: &O, packing: &Packing) -> Vec<Array> {
+    let state = packing.for_state();
     (0..optimizer.slots().len())
-        .flat_map(|_| packing.zeros())
+        .flat_map(|_| state.zeros())
         .collect()
 }
 

@@ -64,8 +64,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let packed = to_host(&self.state)?;
         let groups = self.packing.groups.len();
         let mut state = Vec::new();
+        let state_packing = self.packing.for_state();
         for slot in packed.chunks(groups.max(1)) {
-            state.extend(self.packing.unpack(slot)?);
+            state.extend(state_packing.unpack(slot)?);
         }
         let paths = &self.trainable_paths;
         let names: Vec<String> = self
@@ -139,12 +140,13 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             why,
             retunable: false,
         };
-        let types: Vec<LeafType> = handle
-            .packing
+        // Optimizer state is of each leaf's state dtype (f32 for half-precision leaves).
+        let state_packing = handle.packing.for_state();
+        let types: Vec<LeafType> = state_packing
             .leaves
             .iter()
             .map(|(g, _, dims)| LeafType {
-                dtype: handle.packing.groups[*g].0,
+                dtype: state_packing.groups[*g].0,
                 dims: dims.clone(),
             })
             .collect();
@@ -163,14 +165,14 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 })?;
                 if &array.leaf_type() != ty {
                     return Err(refuse(format!(
-                        "optimizer state `{name}` is {} in the checkpoint, and trainable leaf \
-                         `{path}` is {ty}",
+                        "optimizer state `{name}` is {} in the checkpoint, and the state of \
+                         trainable leaf `{path}` is {ty}",
                         array.leaf_type()
                     )));
                 }
                 leaves.push(array);
             }
-            packed.extend(handle.packing.pack(&leaves)?);
+            packed.extend(state_packing.pack(&leaves)?);
         }
         if let Some(extra) = by_name.keys().min() {
             return Err(refuse(format!(

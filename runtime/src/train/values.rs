@@ -67,11 +67,21 @@ impl Value {
             Value::Host(a) => std::borrow::Cow::Borrowed(a),
             v => std::borrow::Cow::Owned(v.to_host()?),
         };
-        Ok(match a.dtype() {
-            crate::DType::F32 => f64::from(a.as_slice::<f32>()?.first().copied().unwrap_or(0.0)),
-            crate::DType::F64 => a.as_slice::<f64>()?.first().copied().unwrap_or(0.0),
-            _ => 0.0,
-        })
+        fn first<T: crate::tree::Element>(a: &Array, f: impl Fn(T) -> f64) -> Result<f64> {
+            Ok(a.as_slice::<T>()?.first().copied().map_or(0.0, f))
+        }
+        use crate::DType as D;
+        match a.dtype() {
+            D::F32 => first(&a, |x: f32| f64::from(x)),
+            D::F64 => first(&a, |x: f64| x),
+            D::BF16 => first(&a, |x: half::bf16| x.to_f64()),
+            D::F16 => first(&a, |x: half::f16| x.to_f64()),
+            D::I32 => first(&a, |x: i32| f64::from(x)),
+            D::I64 => first(&a, |x: i64| x as f64),
+            D::U32 => first(&a, |x: u32| f64::from(x)),
+            D::U8 => first(&a, |x: u8| f64::from(x)),
+            D::Bool => first(&a, |x: bool| if x { 1.0 } else { 0.0 }),
+        }
     }
 }
 

@@ -3,8 +3,8 @@
 //! It has two jobs:
 //!
 //! - **The semantic oracle.** Each op does what StableHLO specifies and XLA's CPU backend does
-//!   (the catalog in `reference/stablehlo-ops/` gives concrete cases), written as plainly as
-//!   possible, so tests can compare the XLA backend, the emitter and autodiff against it.
+//!   (a StableHLO op catalog kept outside this repository gave concrete cases), written as
+//!   plainly as possible, so tests can compare the XLA backend, the emitter and autodiff against it.
 //! - **The fallback backend.** When no PJRT plugin is installed, programs run here: slower than
 //!   XLA, but the same results (up to float rounding order) with no native dependency.
 //!
@@ -279,8 +279,17 @@ fn run_scan(
         carry.push(copy(a).map_err(|f| scan_fault(f, "a carry"))?);
     }
     let (xs, consts) = operands[nc..].split_at(nx);
-    let mut rows: Vec<Vec<Option<ArrayData>>> =
-        (nc..types.len()).map(|_| vec![None; length]).collect();
+    // The stacked outputs, allocated whole before the first iteration (fallibly: a trip count
+    // too large for the memory at hand is Error::OutOfMemory, never an abort), each iteration
+    // writing its row.
+    let mut stacked: Vec<(Vec<usize>, ArrayData)> = Vec::with_capacity(types.len() - nc);
+    for ty in &types[nc..] {
+        let a = Array::try_zeros(ty.dtype, &ty.dims).map_err(|e| match e {
+            Error::OutOfMemory { bytes, .. } => scan_fault(Fault::Alloc { bytes }, "the outputs"),
+            other => other,
+        })?;
+        stacked.push(a.into_parts());
+    }
     for step in 0..length {
         let t = if op.reverse { length - 1 - step } else { step };
         let mut slices = Vec::with_capacity(nx);
@@ -305,26 +314,20 @@ fn run_scan(
         let mut outs = run_refs(&op.body, &refs)?;
         let ys = outs.split_off(nc);
         carry = outs;
-        for (slot, y) in rows.iter_mut().zip(ys) {
-            slot[t] = Some(y.into_parts().1);
+        for ((_, out), y) in stacked.iter_mut().zip(ys) {
+            let row = y.len();
+            out.write_at(t * row, y.data()).ok_or_else(|| {
+                scan_fault(
+                    Fault::Invalid("an iteration's output does not fit its row".into()),
+                    "an output",
+                )
+            })?;
         }
     }
     let mut results = carry;
-    for (ty, row) in types[nc..].iter().zip(rows) {
-        let parts: Vec<ArrayData> = row.into_iter().flatten().collect();
-        let refs: Vec<&ArrayData> = parts.iter().collect();
-        let data = match refs.first() {
-            Some(first) => ArrayData::concat(first, &refs),
-            None => None,
-        }
-        .ok_or_else(|| {
-            scan_fault(
-                Fault::Invalid("an iteration gave no output".into()),
-                "an output",
-            )
-        })?;
+    for (dims, data) in stacked {
         results.push(
-            Array::from_data(&ty.dims, data)
+            Array::from_data(&dims, data)
                 .map_err(|e| scan_fault(Fault::Invalid(e.to_string()), "an output"))?,
         );
     }
