@@ -653,7 +653,12 @@ fn check_refuses_an_empty_manifest_and_escapes_its_names() {
         let run = nitro(&in_dir(&args, &a), &env);
         assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
         if json {
-            assert_eq!(run.json()["error"]["kind"], "empty_manifest", "{}", run.stdout);
+            assert_eq!(
+                run.json()["error"]["kind"],
+                "empty_manifest",
+                "{}",
+                run.stdout
+            );
         } else {
             assert!(run.stderr.contains("lists no programs"), "{}", run.stderr);
         }
@@ -671,10 +676,21 @@ fn check_refuses_an_empty_manifest_and_escapes_its_names() {
     });
     let file = tmp.path().join("evil.json");
     manifest.write(&file).unwrap();
-    let run = nitro(&in_dir(&["check", "--manifest", file.to_str().unwrap()], &a), &env);
+    let run = nitro(
+        &in_dir(&["check", "--manifest", file.to_str().unwrap()], &a),
+        &env,
+    );
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
-    assert!(!run.stdout.contains('\u{1b}') && !run.stdout.contains('\u{7}'), "{:?}", run.stdout);
-    assert!(run.stdout.contains("evil\\u{1b}]0;title\\u{7}\\nfake line"), "{:?}", run.stdout);
+    assert!(
+        !run.stdout.contains('\u{1b}') && !run.stdout.contains('\u{7}'),
+        "{:?}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("evil\\u{1b}]0;title\\u{7}\\nfake line"),
+        "{:?}",
+        run.stdout
+    );
     assert!(!run.stdout.contains("\nfake line"), "{:?}", run.stdout);
 
     #[cfg(unix)]
@@ -685,7 +701,10 @@ fn check_refuses_an_empty_manifest_and_escapes_its_names() {
             .status()
             .unwrap()
             .success());
-        let run = nitro(&in_dir(&["check", "--manifest", fifo.to_str().unwrap()], &a), &env);
+        let run = nitro(
+            &in_dir(&["check", "--manifest", fifo.to_str().unwrap()], &a),
+            &env,
+        );
         assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
         assert!(run.stderr.contains("not a regular file"), "{}", run.stderr);
     }

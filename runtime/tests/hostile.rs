@@ -22,7 +22,7 @@ use nitro::optim::{Adam, AdamW};
 use nitro::prelude::*;
 use nitro::trace::nn;
 use nitro::trace::{trace, Scan, Tensor};
-use nitro::train::{Config, Model, NonFinite, Nitro};
+use nitro::train::{Config, Model, Nitro, NonFinite};
 use nitro::weights::{self, Import};
 use nitro::{bf16, f16, Error, LeafType};
 
@@ -112,7 +112,8 @@ fn every_reader_refuses_a_fifo_and_a_device_promptly() {
             let shown = path.display().to_string();
             let err = within_a_minute(move || read(path)).unwrap_err();
             assert!(
-                matches!(err, Error::DataFile { .. }) && err.to_string().contains("not a regular file"),
+                matches!(err, Error::DataFile { .. })
+                    && err.to_string().contains("not a regular file"),
                 "{what} of {shown}: {err}"
             );
         }
@@ -164,7 +165,8 @@ fn a_gzip_bomb_is_refused_after_its_header_and_multi_member_files_read_whole() {
     drop(bomb);
     let err = idx::from_bytes(&z).unwrap_err();
     assert!(
-        err.to_string().contains("need 4 bytes of data, but it holds 5"),
+        err.to_string()
+            .contains("need 4 bytes of data, but it holds 5"),
         "{err}"
     );
     // A header claiming more than the limit is refused before inflating the data.
@@ -248,7 +250,9 @@ fn a_huge_bucket_edge_is_an_error_never_an_abort() {
     let buckets = Buckets::new([4]).unwrap();
     let err = data.blank(usize::MAX / 2, 8, &buckets).unwrap_err();
     assert!(matches!(err, Error::ShapeTooLarge { .. }), "{err}");
-    let err = data.gather(&[0, 1], usize::MAX / 4, 2, &buckets).unwrap_err();
+    let err = data
+        .gather(&[0, 1], usize::MAX / 4, 2, &buckets)
+        .unwrap_err();
     assert!(matches!(err, Error::ShapeTooLarge { .. }), "{err}");
     if !is_child(TEST) {
         return passes_in_limited_child(TEST, 1024);
@@ -306,9 +310,9 @@ fn the_planner_answers_many_lengths_at_once_and_bounds_the_rest() {
 #[test]
 fn a_scan_past_the_i32_counter_fails_the_trace() {
     let err = trace(&[("c".into(), LeafType::new(DType::F32, &[]))], |t| {
-        let (carry, _) = Scan::new().length(1 << 31).run(&[t[0]], &[], |c, _| {
-            (vec![c[0] + 1.0], vec![])
-        });
+        let (carry, _) = Scan::new()
+            .length(1 << 31)
+            .run(&[t[0]], &[], |c, _| (vec![c[0] + 1.0], vec![]));
         carry
     })
     .unwrap_err();
@@ -482,12 +486,18 @@ impl Model for HalfNet {
 fn half_net(dtype: DType) -> HalfNet {
     let w = nitro::init::glorot_uniform(4, 3, nitro::init::Seed(3));
     let w: Vec<f32> = w.as_slice::<f32>().unwrap().to_vec();
-    let cast = |v: Vec<f32>, dims: &[usize]| match dtype {
-        DType::BF16 => Array::from_vec(dims, v.into_iter().map(bf16::from_f32).collect::<Vec<_>>()),
-        DType::F16 => Array::from_vec(dims, v.into_iter().map(f16::from_f32).collect::<Vec<_>>()),
-        _ => Array::from_vec(dims, v),
-    }
-    .unwrap();
+    let cast = |v: Vec<f32>, dims: &[usize]| {
+        match dtype {
+            DType::BF16 => {
+                Array::from_vec(dims, v.into_iter().map(bf16::from_f32).collect::<Vec<_>>())
+            }
+            DType::F16 => {
+                Array::from_vec(dims, v.into_iter().map(f16::from_f32).collect::<Vec<_>>())
+            }
+            _ => Array::from_vec(dims, v),
+        }
+        .unwrap()
+    };
     HalfNet {
         w: cast(w, &[4, 3]),
         b: cast(vec![0.0; 3], &[3]),

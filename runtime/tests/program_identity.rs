@@ -241,12 +241,24 @@ fn roles_split(backend: &dyn Backend) {
         let p = doubled_program::<Net>();
         let s = cache.get(backend, &p, &e, &()).unwrap();
         let out = s.compiled.executable.run(&[&e.w, &e.b]).unwrap();
-        (std::any::type_name::<Net>(), p.code_address(), out.len(), s.outcome)
+        (
+            std::any::type_name::<Net>(),
+            p.code_address(),
+            out.len(),
+            s.outcome,
+        )
     };
-    println!("type names equal: {}, addresses equal: {}", name_a == name_b, addr_a == addr_b);
+    println!(
+        "type names equal: {}, addresses equal: {}",
+        name_a == name_b,
+        addr_a == addr_b
+    );
     assert_eq!(name_a, name_b, "the case needs one type_name for both");
     assert_eq!(one, 1, "one trainable leaf");
-    assert_eq!(two, 2, "two trainable leaves: the first type's program was served ({outcome})");
+    assert_eq!(
+        two, 2,
+        "two trainable leaves: the first type's program was served ({outcome})"
+    );
     assert!(!outcome.is_hit(), "{outcome}");
     assert_eq!(cache.stats().compiles, 2);
 }

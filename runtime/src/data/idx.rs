@@ -123,7 +123,10 @@ fn parse(raw: &[u8], path: &Path) -> Result<Array> {
 fn inflate(raw: &[u8], path: &Path) -> Result<Vec<u8>> {
     let broken = |e: std::io::Error| {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            Error::data_file(path, "its gzip stream ends inside its idx header (truncated)")
+            Error::data_file(
+                path,
+                "its gzip stream ends inside its idx header (truncated)",
+            )
         } else {
             Error::data_file(path, format!("its gzip stream is broken: {e}"))
         }
@@ -141,11 +144,9 @@ fn inflate(raw: &[u8], path: &Path) -> Result<Vec<u8>> {
     };
     // The most the data can hold by its header; a header that overflows is refused by the
     // parser, so inflate nothing more and let it say so.
-    let want = out[4..]
-        .chunks_exact(4)
-        .try_fold(size, |n, c| {
-            n.checked_mul(u64::from(u32::from_be_bytes([c[0], c[1], c[2], c[3]])))
-        });
+    let want = out[4..].chunks_exact(4).try_fold(size, |n, c| {
+        n.checked_mul(u64::from(u32::from_be_bytes([c[0], c[1], c[2], c[3]])))
+    });
     let Some(want) = want else {
         return Ok(out);
     };

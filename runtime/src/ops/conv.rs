@@ -220,15 +220,11 @@ pub(crate) fn conv_type(x: &LeafType, k: &LeafType, c: &Conv) -> Result<LeafType
     let result = c.preferred_element_type.unwrap_or(x.dtype);
     if !crate::ops::linalg::product_dtype_ok(x.dtype, result) {
         return Err(format!(
-            "a convolution of {x} cannot give {result} elements: it gives its operands' dtype,              or f32 for bf16/f16 operands (accumulated in f32)"
+            "a convolution of {x} cannot give {result} elements: it gives its operands' dtype, \
+             or f32 for bf16/f16 operands (accumulated in f32)"
         ));
     }
     let rank = n + 2;
-    let perm_ok = |dims: &[usize]| {
-        let mut v = dims.to_vec();
-        v.sort_unstable();
-        v == (0..rank).collect::<Vec<_>>()
-    };
     let lhs_all: Vec<usize> = [d.input_batch, d.input_feature]
         .into_iter()
         .chain(d.input_spatial.iter().copied())
@@ -245,13 +241,24 @@ pub(crate) fn conv_type(x: &LeafType, k: &LeafType, c: &Conv) -> Result<LeafType
         || k.dims.len() != rank
         || d.kernel_spatial.len() != n
         || d.output_spatial.len() != n
-        || !perm_ok(&lhs_all)
-        || !perm_ok(&rhs_all)
-        || !perm_ok(&out_all)
     {
         return Err(format!(
             "the dimension numbers {d:?} do not fit the input {x} and the kernel {k} (both need rank {rank}: batch, feature and {n} spatial dims)"
         ));
+    }
+    // Each list names every dim once: one role per dim.
+    let roles = [
+        ("input", "batch, feature", &lhs_all),
+        ("kernel", "input feature, output feature", &rhs_all),
+        ("output", "batch, feature", &out_all),
+    ];
+    for (what, first, all) in roles {
+        if all.len() != rank || !super::distinct_in_range(all, rank) {
+            return Err(format!(
+                "the {what} dimension numbers {all:?} ({first}, then the spatial dims) must \
+                 name each of the {rank} dims once (dimension numbers {d:?})"
+            ));
+        }
     }
     if c.strides.len() != n
         || c.padding.len() != n
@@ -274,55 +281,76 @@ pub(crate) fn conv_type(x: &LeafType, k: &LeafType, c: &Conv) -> Result<LeafType
             c.strides, c.lhs_dilation, c.rhs_dilation
         ));
     }
+    let spatial = "spatial dim";
+    super::within_limit("strides", spatial, &c.strides)?;
+    super::within_limit("lhs_dilation", spatial, &c.lhs_dilation)?;
+    super::within_limit("rhs_dilation", spatial, &c.rhs_dilation)?;
+    super::padding_within_limit("padding", spatial, &c.padding)?;
     let (g, bg) = (c.feature_groups, c.batch_groups);
     if g == 0 || bg == 0 || (g > 1 && bg > 1) {
         return Err(format!(
             "feature_groups ({g}) and batch_groups ({bg}) must be at least 1, and not both above 1"
         ));
     }
+    for (name, count) in [("feature_groups", g), ("batch_groups", bg)] {
+        if count as u64 > super::SIZE_LIMIT {
+            return Err(format!(
+                "{name} {count} is over {}; use fewer groups",
+                super::LIMIT_WORDS
+            ));
+        }
+    }
     let (batch, feat) = (x.dims[d.input_batch], x.dims[d.input_feature]);
     let (k_in, k_out) = (k.dims[d.kernel_input], k.dims[d.kernel_output]);
-    if feat != k_in * g {
+    let wanted = k_in.checked_mul(g);
+    if wanted != Some(feat) {
+        let wanted = wanted.map_or_else(|| "more than 2^64".to_owned(), |w| w.to_string());
         return Err(format!(
             "the input {x} has {feat} channels (dim {}) but the kernel {k} takes {k_in} (dim {}){}",
             d.input_feature,
             d.kernel_input,
             if g > 1 {
-                format!(" per group × {g} feature groups = {}", k_in * g)
+                format!(
+                    " per group × feature_groups {g} = {wanted}; the input's channels must be \
+                     feature_groups times the kernel's input features"
+                )
             } else {
                 String::new()
             }
         ));
     }
-    if k_out % g != 0 || k_out % bg != 0 {
-        return Err(format!(
-            "the kernel's {k_out} output features (dim {}) do not split into {} groups",
-            d.kernel_output,
-            g.max(bg)
-        ));
+    for (name, count) in [("feature_groups", g), ("batch_groups", bg)] {
+        if k_out % count != 0 {
+            return Err(format!(
+                "the kernel's {k_out} output features (dim {}) do not split into {count} groups \
+                 ({name} {count})",
+                d.kernel_output
+            ));
+        }
     }
     if batch % bg != 0 {
         return Err(format!(
-            "the input's batch of {batch} does not split into {bg} batch groups"
+            "the input's batch of {batch} does not split into {bg} batch groups (batch_groups {bg})"
         ));
     }
     let mut out = vec![0; rank];
     out[d.output_batch] = batch / bg;
     out[d.output_feature] = k_out;
     for s in 0..n {
+        let at = (spatial, s);
         let size = x.dims[d.input_spatial[s]];
-        let padded = dilate(size, c.lhs_dilation[s]) as i128
-            + c.padding[s].0 as i128
-            + c.padding[s].1 as i128;
+        let lhs = super::dilated("the input", size, "lhs_dilation", c.lhs_dilation[s], at)?;
+        let padded = super::padded("the dilated input", lhs, "padding", c.padding[s], at)?;
         let taps = k.dims[d.kernel_spatial[s]];
-        let eff = dilate(taps, c.rhs_dilation[s]) as i128;
-        if padded < eff || taps == 0 {
+        let eff = super::dilated("the kernel", taps, "rhs_dilation", c.rhs_dilation[s], at)?;
+        if padded < eff as i128 || taps == 0 {
             return Err(format!(
                 "spatial dim {s}: the kernel ({taps} taps, spanning {eff} with dilation {}) is larger than the padded input ({padded} elements: {size} with dilation {} and padding {:?})",
                 c.rhs_dilation[s], c.lhs_dilation[s], c.padding[s]
             ));
         }
-        out[d.output_spatial[s]] = ((padded - eff) / c.strides[s] as i128 + 1) as usize;
+        // At most `padded`, which is within the limit.
+        out[d.output_spatial[s]] = ((padded - eff as i128) / c.strides[s] as i128 + 1) as usize;
     }
     Ok(with_dims(result, out))
 }
@@ -381,20 +409,84 @@ pub(crate) fn vjp(c: &Conv, x: Tensor, k: Tensor, g: Tensor) -> Vec<Option<Tenso
         );
         return vec![Some(x.zeros_like()), Some(k.zeros_like())];
     }
+    // Checked, as a backstop: the gradients' paddings are sums of several of the forward's
+    // sizes and padding amounts, which fit when the forward's partial sums do (its type rule
+    // checks those).
+    let paddings =
+        input_grad_padding(c, x, k, g).and_then(|i| Ok((i, kernel_grad_padding(c, x, k, g)?)));
+    let (input_padding, kernel_padding) = match paddings {
+        Ok(p) => p,
+        Err(msg) => {
+            crate::trace::refuse(
+                "conv",
+                format!("the gradient of this convolution is not defined: {msg}"),
+            );
+            return vec![Some(x.zeros_like()), Some(k.zeros_like())];
+        }
+    };
     // Mixed precision: the cotangent is rounded to the operands' dtype, the gradient
     // convolutions accumulate in the forward's result dtype, and round back.
     let (xt, kt) = (x.dtype(), k.dtype());
     let g = g.convert(xt);
     vec![
-        Some(input_grad(c, x, k, g).convert(xt)),
-        Some(kernel_grad(c, x, k, g).convert(kt)),
+        Some(input_grad(c, k, g, input_padding).convert(xt)),
+        Some(kernel_grad(c, x, g, kernel_padding).convert(kt)),
     ]
 }
 
-fn input_grad(c: &Conv, x: Tensor, k: Tensor, g: Tensor) -> Tensor {
+/// The padding of the input gradient's convolution ([`transposed_padding`]), or what is wrong.
+fn input_grad_padding(
+    c: &Conv,
+    x: Tensor,
+    k: Tensor,
+    g: Tensor,
+) -> Result<Vec<(i64, i64)>, String> {
+    let d = &c.dims;
+    let (xd, kd, gd) = (x.dims(), k.dims(), g.dims());
+    let in_spatial: Vec<usize> = d.input_spatial.iter().map(|&s| xd[s]).collect();
+    let taps: Vec<usize> = d.kernel_spatial.iter().map(|&s| kd[s]).collect();
+    let out_spatial: Vec<usize> = d.output_spatial.iter().map(|&s| gd[s]).collect();
+    transposed_padding(
+        &in_spatial,
+        &taps,
+        &c.strides,
+        &out_spatial,
+        &c.padding,
+        &c.lhs_dilation,
+        &c.rhs_dilation,
+    )
+}
+
+/// The padding of the kernel gradient's convolution: `(low, out − lhs + rhs − low − 1)` per
+/// spatial dim with the dilated sizes, or what is wrong when one is past the signed 64-bit
+/// range.
+fn kernel_grad_padding(
+    c: &Conv,
+    x: Tensor,
+    k: Tensor,
+    g: Tensor,
+) -> Result<Vec<(i64, i64)>, String> {
+    let d = &c.dims;
+    let (xd, kd, gd) = (x.dims(), k.dims(), g.dims());
+    (0..d.input_spatial.len())
+        .map(|s| {
+            // Within the limit: the forward's type rule checked them.
+            let lhs = dilate(xd[d.input_spatial[s]], c.lhs_dilation[s]) as i128;
+            let rhs = dilate(kd[d.kernel_spatial[s]], c.rhs_dilation[s]) as i128;
+            let out = dilate(gd[d.output_spatial[s]], c.strides[s]) as i128;
+            let lo = c.padding[s].0;
+            let hi = out - lhs + rhs - lo as i128 - 1;
+            super::padding_amount(hi, "the kernel gradient's high padding", s).map(|hi| (lo, hi))
+        })
+        .collect()
+}
+
+/// The input's gradient: the cotangent convolved with the flipped kernel, padded by `padding`
+/// ([`input_grad_padding`]).
+fn input_grad(c: &Conv, k: Tensor, g: Tensor, padding: Vec<(i64, i64)>) -> Tensor {
     let d = &c.dims;
     let n = d.input_spatial.len();
-    let (xd, kd, gd) = (x.dims(), k.dims(), g.dims());
+    let kd = k.dims();
     let groups = c.feature_groups;
     // The kernel laid out `[spatial…, I, O]`, reversed in space.
     let perm: Vec<usize> = d
@@ -428,17 +520,6 @@ fn input_grad(c: &Conv, x: Tensor, k: Tensor, g: Tensor) -> Tensor {
         (regrouped, n, n + 1)
     };
     let reversed = flipped.reverse(&(0..n).collect::<Vec<_>>());
-    let in_spatial: Vec<usize> = d.input_spatial.iter().map(|&s| xd[s]).collect();
-    let out_spatial: Vec<usize> = d.output_spatial.iter().map(|&s| gd[s]).collect();
-    let padding = transposed_padding(
-        &in_spatial,
-        &spatial,
-        &c.strides,
-        &out_spatial,
-        &c.padding,
-        &c.lhs_dilation,
-        &c.rhs_dilation,
-    );
     let back = Conv {
         dims: ConvDims {
             input_batch: d.output_batch,
@@ -462,19 +543,10 @@ fn input_grad(c: &Conv, x: Tensor, k: Tensor, g: Tensor) -> Tensor {
     g.conv(reversed, &back)
 }
 
-fn kernel_grad(c: &Conv, x: Tensor, k: Tensor, g: Tensor) -> Tensor {
+/// The kernel's gradient: the input convolved with the cotangent, padded by `padding`
+/// ([`kernel_grad_padding`]).
+fn kernel_grad(c: &Conv, x: Tensor, g: Tensor, padding: Vec<(i64, i64)>) -> Tensor {
     let d = &c.dims;
-    let n = d.input_spatial.len();
-    let (xd, kd, gd) = (x.dims(), k.dims(), g.dims());
-    let padding = (0..n)
-        .map(|s| {
-            let lhs = dilate(xd[d.input_spatial[s]], c.lhs_dilation[s]) as i64;
-            let rhs = dilate(kd[d.kernel_spatial[s]], c.rhs_dilation[s]) as i64;
-            let out = dilate(gd[d.output_spatial[s]], c.strides[s]) as i64;
-            let lo = c.padding[s].0;
-            (lo, out - lhs + rhs - lo - 1)
-        })
-        .collect();
     let back = Conv {
         dims: ConvDims {
             input_batch: d.input_feature,
@@ -578,11 +650,13 @@ fn conv_f64(
                 let mut k_off = f * ks[d.kernel_output];
                 let mut inside = true;
                 for s in 0..n {
+                    // In i128: a position within the padded input (within the limit) minus a
+                    // low padding of up to 2^63 − 1.
                     let p = (o[d.output_spatial[s]] * c.strides[s] + t[s] * c.rhs_dilation[s])
-                        as i64
-                        - c.padding[s].0;
-                    let ld = c.lhs_dilation[s] as i64;
-                    if p < 0 || p % ld != 0 || p / ld >= xd[d.input_spatial[s]] as i64 {
+                        as i128
+                        - c.padding[s].0 as i128;
+                    let ld = c.lhs_dilation[s] as i128;
+                    if p < 0 || p % ld != 0 || p / ld >= xd[d.input_spatial[s]] as i128 {
                         inside = false;
                         break;
                     }

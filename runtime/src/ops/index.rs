@@ -78,6 +78,13 @@ pub(crate) fn gather_type(
             g.start_index_map
         ));
     }
+    if let Some(d) = super::repeated(&g.start_index_map) {
+        return Err(format!(
+            "start_index_map {:?} repeats operand dim {d}: each index component starts its own \
+             dim",
+            g.start_index_map
+        ));
+    }
     if !sorted_distinct(&g.collapsed_slice_dims, rank)
         || g.collapsed_slice_dims
             .iter()
@@ -146,6 +153,13 @@ pub(crate) fn scatter_type(
     {
         return Err(format!(
             "scatter_dims_to_operand_dims {:?} must name one operand dim for each of the {len} index components",
+            s.scatter_dims_to_operand_dims
+        ));
+    }
+    if let Some(d) = super::repeated(&s.scatter_dims_to_operand_dims) {
+        return Err(format!(
+            "scatter_dims_to_operand_dims {:?} repeats operand dim {d}: each index component \
+             starts its own dim",
             s.scatter_dims_to_operand_dims
         ));
     }

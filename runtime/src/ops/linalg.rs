@@ -14,7 +14,6 @@ use std::borrow::Cow;
 use std::fmt::{self, Write as _};
 use std::panic::Location;
 
-use super::distinct_in_range;
 use crate::backend::interp::alloc::filled;
 use crate::backend::interp::layout;
 use crate::backend::interp::Fault;
@@ -39,15 +38,11 @@ pub(crate) fn dot_type(l: &LeafType, r: &LeafType, d: &DotDims) -> Result<LeafTy
     if l.dtype == DType::Bool {
         return Err("it is not defined for bool".into());
     }
+    if let Some(msg) = dims_error(l, r, d) {
+        return Err(msg);
+    }
     let lhs_all: Vec<usize> = d.lhs_batch.iter().chain(&d.lhs_contract).copied().collect();
     let rhs_all: Vec<usize> = d.rhs_batch.iter().chain(&d.rhs_contract).copied().collect();
-    if !distinct_in_range(&lhs_all, l.dims.len())
-        || !distinct_in_range(&rhs_all, r.dims.len())
-        || d.lhs_batch.len() != d.rhs_batch.len()
-        || d.lhs_contract.len() != d.rhs_contract.len()
-    {
-        return Err(format!("dimension numbers {d:?} do not fit {l} and {r}"));
-    }
     let pairs = d
         .lhs_batch
         .iter()
@@ -73,6 +68,39 @@ pub(crate) fn dot_type(l: &LeafType, r: &LeafType, d: &DotDims) -> Result<LeafTy
         dtype: l.dtype,
         dims,
     })
+}
+
+/// What is wrong with the dimension numbers `d` of a product of `l` and `r`, if anything: each
+/// side's batch and contracting dims must be distinct dims of that side (one role each), and the
+/// two sides must pair up (StableHLO's `dot_general` C1–C8). The paired sizes are checked apart.
+fn dims_error(l: &LeafType, r: &LeafType, d: &DotDims) -> Option<String> {
+    let sides = [
+        ("lhs", l, &d.lhs_batch, &d.lhs_contract),
+        ("rhs", r, &d.rhs_batch, &d.rhs_contract),
+    ];
+    for (side, t, batch, contract) in sides {
+        let all: Vec<usize> = batch.iter().chain(contract).copied().collect();
+        if let Err(msg) = check_axes(t.dims.len(), &all) {
+            return Some(format!(
+                "the {side} batch dims {batch:?} and contracting dims {contract:?} of {t}: \
+                 {msg}; each dim of an operand is a batch dim, a contracting dim or neither \
+                 (dimension numbers {d:?})"
+            ));
+        }
+    }
+    let pairs = [
+        ("batch", &d.lhs_batch, &d.rhs_batch),
+        ("contracting", &d.lhs_contract, &d.rhs_contract),
+    ];
+    for (what, a, b) in pairs {
+        if a.len() != b.len() {
+            return Some(format!(
+                "the lhs {what} dims {a:?} and the rhs {what} dims {b:?} must pair up, one for \
+                 one ({l} and {r})"
+            ));
+        }
+    }
+    None
 }
 
 fn same_dtype(a: &LeafType, b: &LeafType) -> Result<(), String> {
@@ -104,7 +132,8 @@ impl Recording {
             return self.fail(
                 op,
                 format!(
-                    "a product of {ta} and {tb} cannot give {result} elements: products give their                      operands' dtype, or f32 for bf16/f16 operands (accumulated in f32)"
+                    "a product of {ta} and {tb} cannot give {result} elements: products give \
+                     their operands' dtype, or f32 for bf16/f16 operands (accumulated in f32)"
                 ),
                 at,
                 guess,
@@ -127,20 +156,11 @@ impl Recording {
             );
         }
         let (ra, rb) = (ta.dims.len(), tb.dims.len());
+        if let Some(msg) = dims_error(&ta, &tb, &d) {
+            return self.fail(op, msg, at, guess);
+        }
         let lhs_all: Vec<usize> = d.lhs_batch.iter().chain(&d.lhs_contract).copied().collect();
         let rhs_all: Vec<usize> = d.rhs_batch.iter().chain(&d.rhs_contract).copied().collect();
-        if check_axes(ra, &lhs_all).is_err()
-            || check_axes(rb, &rhs_all).is_err()
-            || d.lhs_batch.len() != d.rhs_batch.len()
-            || d.lhs_contract.len() != d.rhs_contract.len()
-        {
-            return self.fail(
-                op,
-                format!("invalid dimension numbers {d:?} for {ta} and {tb}"),
-                at,
-                guess,
-            );
-        }
         for (&l, &r) in d.lhs_batch.iter().zip(&d.rhs_batch) {
             if ta.dims[l] != tb.dims[r] {
                 return self.fail(

@@ -26,8 +26,17 @@
 //! | convolution | `conv.rs` | `convolution` |
 //! | indexing | `index.rs` | `gather`, `scatter` (add, replace), `dynamic_slice`, `dynamic_update_slice`, and `take`, `take_along_axis` on top |
 //! | random | `random.rs` | Threefry-2x32, `bits`, `split`, `fold_in`, `uniform`, `normal`, `bernoulli` (built from `u32` ops) |
+//! | loops | `scan.rs` | `scan` (a static trip count; its VJP is a reverse `scan`, saving or recomputing the residuals), `while_loop` (a traced condition; no derivative), and the `result` nodes that read a loop's results |
 //!
 //! `docs/tracing.md` has the same table op by op, with each VJP rule and its tests.
+//!
+//! The loops hold sub-graphs, so the drivers handle them with `scan.rs`'s functions; every other
+//! op goes through the dispatch at the end of this file, which names every `Op` variant (no
+//! default arm), so an op added to the IR without its type rule, VJP, emission and kernel does
+//! not compile. Every size a rule computes from attributes (dilated, padded and strided sizes,
+//! group products) is checked arithmetic bounded by nitro's size limit
+//! ([`crate::MAX_TENSOR_BYTES`], 2^63 − 1): past it, tracing fails naming the op, the
+//! attribute and its value.
 
 pub mod conv;
 pub mod elementwise;
@@ -89,13 +98,143 @@ pub(crate) fn f32_scalar() -> crate::tree::LeafType {
     }
 }
 
-/// `(n − 1)·d + 1`: a size after dilation by `d` (0 stays 0).
+/// `(n − 1)·d + 1`: a size after dilation by `d` (0 stays 0). Only for sizes a checked type
+/// bounds (the trace-time rules use [`dilated`]).
 pub(crate) fn dilate(n: usize, d: usize) -> usize {
     if n == 0 {
         0
     } else {
         (n - 1) * d + 1
     }
+}
+
+// ---- sizes computed from attributes ----------------------------------------------------------
+//
+// StableHLO holds every size, stride, dilation, padding amount and group count as a signed
+// 64-bit integer, and XLA computes dilated and padded sizes in that type: a value past it is
+// emitted wrapped (XLA then fails, blaming the plugin) or overflows inside XLA (which aborts
+// the process). So every size the rules below compute from attributes is checked arithmetic,
+// bounded by nitro's size limit (2^63 − 1, [`crate::MAX_TENSOR_BYTES`]), and a value past it is
+// a trace-time error saying which attribute and value — never a wrong result type.
+
+/// nitro's size limit as a bound on sizes, strides, dilations and padding amounts: 2^63 − 1.
+pub(crate) const SIZE_LIMIT: u64 = crate::MAX_TENSOR_BYTES;
+
+/// How [`SIZE_LIMIT`] reads in messages.
+pub(crate) const LIMIT_WORDS: &str =
+    "nitro's size limit of 2^63 − 1 (nitro::MAX_TENSOR_BYTES; StableHLO's sizes are signed 64-bit)";
+
+/// `Ok` when every value of attribute `name` (one per dim; `role` names them, as "dim" or
+/// "spatial dim") is within nitro's size limit, or what is wrong.
+pub(crate) fn within_limit(name: &str, role: &str, values: &[usize]) -> Result<(), String> {
+    match values.iter().position(|&v| v as u64 > SIZE_LIMIT) {
+        None => Ok(()),
+        Some(d) => Err(format!(
+            "{name} {values:?}: {} ({role} {d}) is over {LIMIT_WORDS}; use a smaller value",
+            values[d]
+        )),
+    }
+}
+
+/// `Ok` when every padding amount of attribute `name` (`(low, high)` per dim) is within
+/// ±(2^63 − 1) — so that its negation, which a gradient pads with, exists — or what is wrong.
+pub(crate) fn padding_within_limit(
+    name: &str,
+    role: &str,
+    padding: &[(i64, i64)],
+) -> Result<(), String> {
+    match padding
+        .iter()
+        .position(|&(lo, hi)| lo == i64::MIN || hi == i64::MIN)
+    {
+        None => Ok(()),
+        Some(d) => Err(format!(
+            "{name} {:?} ({role} {d}) holds {}: padding amounts must be within ±(2^63 − 1) \
+             (nitro::MAX_TENSOR_BYTES), so that a gradient can pad by their negation; use a \
+             smaller amount",
+            padding[d],
+            i64::MIN
+        )),
+    }
+}
+
+/// `(n − 1)·d + 1` (0 for `n = 0`): the `n` elements of `what` spread by attribute `name` = `d`
+/// in `role` `dim`, or what is wrong when that is over nitro's size limit.
+pub(crate) fn dilated(
+    what: &str,
+    n: usize,
+    name: &str,
+    d: usize,
+    (role, dim): (&str, usize),
+) -> Result<u64, String> {
+    let size = if n == 0 {
+        0
+    } else {
+        (n as u128 - 1) * d as u128 + 1
+    };
+    if size > SIZE_LIMIT as u128 {
+        return Err(format!(
+            "{role} {dim}: {name} {d} spreads the {n} elements of {what} over ({n} − 1)·{d} + 1 \
+             = {size} positions, over {LIMIT_WORDS}; use a smaller {name}"
+        ));
+    }
+    Ok(size as u64)
+}
+
+/// `low + n + high`: `n` positions of `what` padded by attribute `name` = `(low, high)` in
+/// `role` `dim`, or what is wrong when the sum is over nitro's size limit or a partial sum
+/// (XLA adds them in some order, in 64 bits) leaves the signed 64-bit range. The sum may be
+/// negative (the callers say what that means).
+pub(crate) fn padded(
+    what: &str,
+    n: u64,
+    name: &str,
+    (low, high): (i64, i64),
+    (role, dim): (&str, usize),
+) -> Result<i128, String> {
+    let (lo, n128, hi) = (low as i128, n as i128, high as i128);
+    let sum = lo + n128 + hi;
+    let place = format!("{role} {dim}: {name} ({low}, {high}) around the {n} positions of {what}");
+    if sum > SIZE_LIMIT as i128 {
+        return Err(format!(
+            "{place} gives {sum} positions, over {LIMIT_WORDS}; use less padding"
+        ));
+    }
+    let range = i64::MIN as i128..=SIZE_LIMIT as i128;
+    let partials = [
+        ("low + size", lo + n128),
+        ("size + high", n128 + hi),
+        ("low + high", lo + hi),
+    ];
+    match partials.into_iter().find(|(_, p)| !range.contains(p)) {
+        None => Ok(sum),
+        Some((which, p)) => Err(format!(
+            "{place} gives {sum} positions, but its partial sum {which} = {p} is past the \
+             signed 64-bit range XLA adds them in (nitro's size limit, 2^63 − 1, \
+             nitro::MAX_TENSOR_BYTES); use less padding"
+        )),
+    }
+}
+
+/// A padding amount computed from sizes and other amounts (a gradient's), as an `i64` within
+/// ±(2^63 − 1), or what is wrong: `what` names it, in `dim`.
+pub(crate) fn padding_amount(p: i128, what: &str, dim: usize) -> Result<i64, String> {
+    if p.unsigned_abs() > SIZE_LIMIT as u128 {
+        Err(format!(
+            "dim {dim}: {what} would be {p}, past ±(2^63 − 1) (nitro::MAX_TENSOR_BYTES); use \
+             smaller padding or sizes"
+        ))
+    } else {
+        Ok(p as i64)
+    }
+}
+
+/// The first dim `axes` repeats, if any.
+pub(crate) fn repeated(axes: &[usize]) -> Option<usize> {
+    axes.iter()
+        .enumerate()
+        .find(|&(i, a)| axes[..i].contains(a))
+        .map(|(_, &a)| a)
 }
 
 /// Row-major multi-index of flat position `i` in `dims`, into `idx`.
@@ -150,22 +289,85 @@ macro_rules! family_op {
 }
 pub(crate) use family_op;
 
-/// The first shape ops (`shape::core_*` handles them).
-macro_rules! shape_core {
+/// The ops the drivers handle themselves — parameters, constants, replication (`all_reduce`)
+/// and the loops with their results — never sent to the functions below, which name them only
+/// so that their matches have no default arm.
+macro_rules! driver_op {
     () => {
-        Op::Iota { .. }
-            | Op::BroadcastInDim { .. }
-            | Op::Reshape
-            | Op::Transpose { .. }
-            | Op::Slice { .. }
-            | Op::Concatenate { .. }
+        Op::Parameter { .. }
+            | Op::Constant(_)
+            | Op::AllReduce
+            | Op::Scan(_)
+            | Op::While(_)
+            | Op::Result { .. }
     };
 }
 
-/// The first element-wise ops (`elementwise::core_*` handles them).
-macro_rules! elementwise_core {
-    () => {
-        Op::Unary(_) | Op::Binary(_) | Op::Compare(_) | Op::Select | Op::Convert | Op::StopGradient
+/// A match on `$op` (an `&Op`) naming every op: the first element-wise and shape ops bind their
+/// view ([`elementwise::Core`], [`shape::Core`]) to `$e` / `$s` and give `$on_e` / `$on_s`;
+/// `$arms` must name every other op. There is no default arm: an `Op` variant added without
+/// its rule here, or a view variant without its rule in the family, does not compile.
+macro_rules! dispatch {
+    ($op:expr; $e:ident => $on_e:expr; $s:ident => $on_s:expr; $($arms:tt)*) => {
+        match $op {
+            Op::Unary(u) => {
+                let $e = elementwise::Core::Unary(*u);
+                $on_e
+            }
+            Op::Binary(b) => {
+                let $e = elementwise::Core::Binary(*b);
+                $on_e
+            }
+            Op::Compare(c) => {
+                let $e = elementwise::Core::Compare(*c);
+                $on_e
+            }
+            Op::Select => {
+                let $e = elementwise::Core::Select;
+                $on_e
+            }
+            Op::Convert => {
+                let $e = elementwise::Core::Convert;
+                $on_e
+            }
+            Op::StopGradient => {
+                let $e = elementwise::Core::StopGradient;
+                $on_e
+            }
+            Op::Iota { axis } => {
+                let $s = shape::Core::Iota { axis: *axis };
+                $on_s
+            }
+            Op::BroadcastInDim { dims } => {
+                let $s = shape::Core::BroadcastInDim { dims };
+                $on_s
+            }
+            Op::Reshape => {
+                let $s = shape::Core::Reshape;
+                $on_s
+            }
+            Op::Transpose { perm } => {
+                let $s = shape::Core::Transpose { perm };
+                $on_s
+            }
+            Op::Slice {
+                start,
+                limit,
+                strides,
+            } => {
+                let $s = shape::Core::Slice {
+                    start,
+                    limit,
+                    strides,
+                };
+                $on_s
+            }
+            Op::Concatenate { axis } => {
+                let $s = shape::Core::Concatenate { axis: *axis };
+                $on_s
+            }
+            $($arms)*
+        }
     };
 }
 
@@ -173,7 +375,9 @@ macro_rules! elementwise_core {
 /// interpreter's check of a hand-built graph; traced graphs pass by construction).
 pub(crate) fn result_type(node: &Node, types: &[&LeafType]) -> Result<LeafType, String> {
     let want = |n: usize| arity(n, types.len());
-    match &node.op {
+    dispatch! { &node.op;
+        e => elementwise::core_type(e, &node.ty, types);
+        s => shape::core_type(s, &node.ty, types);
         Op::Clamp => {
             want(3)?;
             if types[0] != types[1] || types[2] != types[1] {
@@ -185,8 +389,6 @@ pub(crate) fn result_type(node: &Node, types: &[&LeafType]) -> Result<LeafType, 
             want(1)?;
             elementwise::bitcast_type(types[0], node.ty.dtype)
         }
-        elementwise_core!() => elementwise::core_type(node, types),
-        shape_core!() => shape::core_type(node, types),
         Op::Reduce { axes, .. } => {
             want(1)?;
             reduce::reduce_type(types[0], axes)
@@ -242,17 +444,18 @@ pub(crate) fn result_type(node: &Node, types: &[&LeafType]) -> Result<LeafType, 
             let starts: Vec<LeafType> = types.iter().skip(2).map(|t| (*t).clone()).collect();
             index::dynamic_update_slice_type(types[0], types[1], &starts)
         }
-        other => Err(format!("`{}` is not an op of crate::ops", other.name())),
+        driver_op!() => Err(format!("`{}` is not an op of crate::ops", node.op.name())),
     }
 }
 
 /// The VJP of a family op: the cotangent `g` of `node` (value `y`, inputs `x`) for each input.
 pub(crate) fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor) -> Vec<Option<Tensor>> {
-    match &node.op {
+    dispatch! { &node.op;
+        e => elementwise::core_vjp(e, y, x, g);
+        s => shape::core_vjp(s, &node.ty, x, g);
         Op::Reduce { kind, axes } => reduce::vjp(*kind, axes, node.ty.dtype, y, x, g),
-        shape_core!() => shape::core_vjp(node, x, g),
-        elementwise_core!() => elementwise::core_vjp(node, y, x, g),
         Op::Clamp => elementwise::clamp_vjp(x[0], x[1], x[2], g),
+        // The bits of a float as an integer (or back): no gradient, as in JAX.
         Op::BitcastConvert => vec![None],
         Op::DotGeneral(d) => linalg::vjp(d, node.ty.dtype, x, g),
         Op::Pad {
@@ -274,20 +477,21 @@ pub(crate) fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor) -> Vec<Option
         Op::Scatter { dims, kind } => index::scatter_vjp(dims, *kind, x[0], x[1], x[2], g),
         Op::DynamicSlice { .. } => index::dynamic_slice_vjp(x[0], &x[1..], g),
         Op::DynamicUpdateSlice => index::dynamic_update_slice_vjp(x[1], &x[2..], g),
-        _ => vec![None; x.len()],
+        // Never sent here: the reverse pass gives these their own rules.
+        driver_op!() => vec![None; x.len()],
     }
 }
 
 /// Writes a family op's StableHLO.
 pub(crate) fn emit(node: &Node, l: Line<'_>) -> fmt::Result {
     let dtype = node.ty.dtype;
-    match &node.op {
+    dispatch! { &node.op;
+        e => elementwise::core_emit(e, &node.ty, l);
+        s => shape::core_emit(s, l);
         Op::Clamp => elementwise::emit_clamp(l),
         Op::BitcastConvert => elementwise::emit_bitcast(l),
         Op::DotGeneral(d) => linalg::emit(l, d),
         Op::Reduce { kind, axes } => reduce::emit(l, *kind, axes, dtype),
-        shape_core!() => shape::core_emit(node, l),
-        elementwise_core!() => elementwise::core_emit(node, l),
         Op::Pad {
             low,
             high,
@@ -303,20 +507,21 @@ pub(crate) fn emit(node: &Node, l: Line<'_>) -> fmt::Result {
         Op::Scatter { dims, kind } => index::emit_scatter(l, dims, *kind, dtype),
         Op::DynamicSlice { sizes } => index::emit_dynamic_slice(l, sizes),
         Op::DynamicUpdateSlice => index::emit_dynamic_update_slice(l),
-        _ => Ok(()),
+        // Never sent here: the emitter writes these itself.
+        driver_op!() => Ok(()),
     }
 }
 
 /// Evaluates a family op on the host.
 pub(crate) fn eval(node: &Node, a: &[&Array]) -> Result<ArrayData, Fault> {
     let out = &node.ty;
-    match &node.op {
+    dispatch! { &node.op;
+        e => elementwise::core_eval(e, out, a);
+        s => shape::core_eval(s, out, a);
         Op::Clamp => elementwise::eval_clamp(a[0], a[1], a[2]),
         Op::BitcastConvert => elementwise::eval_bitcast(a[0], out.dtype),
         Op::DotGeneral(d) => linalg::eval(d, a),
         Op::Reduce { kind, axes } => reduce::eval_reduce(*kind, a[0].data(), a[0].dims(), axes),
-        shape_core!() => shape::core_eval(node, a),
-        elementwise_core!() => elementwise::core_eval(node, a),
         Op::Pad { low, interior, .. } => shape::eval_pad(a[0], a[1], out, low, interior),
         Op::Reverse { axes } => shape::eval_reverse(a[0], axes),
         Op::Convolution(c) => conv::eval(a[0], a[1], out, c),
@@ -328,9 +533,10 @@ pub(crate) fn eval(node: &Node, a: &[&Array]) -> Result<ArrayData, Fault> {
         Op::Scatter { dims, kind } => index::eval_scatter(a[0], a[1], a[2], dims, *kind),
         Op::DynamicSlice { sizes } => index::eval_dynamic_slice(a[0], &a[1..], sizes),
         Op::DynamicUpdateSlice => index::eval_dynamic_update_slice(a[0], a[1], &a[2..]),
-        other => Err(Fault::Invalid(format!(
+        // Never sent here: the run loop evaluates these itself.
+        driver_op!() => Err(Fault::Invalid(format!(
             "`{}` is not an op of crate::ops",
-            other.name()
+            node.op.name()
         ))),
     }
 }

@@ -16,7 +16,7 @@ use crate::backend::interp::layout::{gather, map_data, strides};
 use crate::backend::interp::Fault;
 use crate::emit::Line;
 use crate::ops::elementwise::tracing::{broadcast_dims, scalar_ty};
-use crate::trace::ir::{with_dims, Node, Op};
+use crate::trace::ir::{with_dims, Op};
 use crate::trace::{with_recording, Operand, Recording, Tensor};
 use crate::tree::{dims_product, Array, ArrayData, DType, Element, LeafType};
 
@@ -44,18 +44,33 @@ pub(crate) fn pad_type(
             x.dtype
         ));
     }
+    super::within_limit("interior", "dim", interior)?;
+    let edges: Vec<(i64, i64)> = low.iter().copied().zip(high.iter().copied()).collect();
+    super::padding_within_limit("low/high", "dim", &edges)?;
     let mut dims = Vec::with_capacity(r);
     for d in 0..r {
-        let n = x.dims[d] as i128;
-        let inner = if n == 0 {
-            0
-        } else {
-            n + (n - 1) * interior[d] as i128
-        };
-        let size = inner + low[d] as i128 + high[d] as i128;
-        if size < 0 || size > i64::MAX as i128 {
+        // No overflow: `interior` is within the limit (2^63 − 1) and `n` below 2^64.
+        let (n, i) = (x.dims[d] as u128, interior[d] as u128);
+        let inner = if n == 0 { 0 } else { n + (n - 1) * i };
+        if inner > super::SIZE_LIMIT as u128 {
             return Err(format!(
-                "dim {d} of {x} padded by low {}, high {} and interior {} would have {size} elements",
+                "dim {d}: interior {i} spreads the {n} elements of {x} over {n} + ({n} − 1)·{i} \
+                 = {inner} positions, over {}; use a smaller interior",
+                super::LIMIT_WORDS
+            ));
+        }
+        let what = format!("{x} with its interior padding");
+        let size = super::padded(
+            &what,
+            inner as u64,
+            "low, high",
+            (low[d], high[d]),
+            ("dim", d),
+        )?;
+        if size < 0 {
+            return Err(format!(
+                "dim {d} of {x} padded by low {}, high {} and interior {} would have {size} \
+                 elements; negative padding can remove at most the elements there are",
                 low[d], high[d], interior[d]
             ));
         }
@@ -393,20 +408,10 @@ impl Recording {
         at: &Location<'_>,
     ) -> Tensor {
         let ty = self.ty_of(a);
-        let r = ty.dims.len();
-        let bad = start.len() != r
-            || limit.len() != r
-            || strides.len() != r
-            || (0..r).any(|i| start[i] > limit[i] || limit[i] > ty.dims[i] || strides[i] == 0);
-        if bad {
-            return self.fail(
-                "slice",
-                format!("invalid slice [{start:?}..{limit:?} step {strides:?}] of {ty}: need start ≤ limit ≤ dim and step ≥ 1 for each of the {r} dims"),
-                at,
-                ty,
-            );
+        if let Some(msg) = slice_error(&ty, start, limit, strides) {
+            return self.fail("slice", msg, at, ty);
         }
-        let dims = (0..r)
+        let dims = (0..ty.dims.len())
             .map(|i| (limit[i] - start[i]).div_ceil(strides[i]))
             .collect();
         self.push(
@@ -594,18 +599,80 @@ impl Tensor {
     }
 }
 
-/// The result type of one of the first shape ops, or what is wrong.
-pub(crate) fn core_type(node: &Node, ins: &[&LeafType]) -> Result<LeafType, String> {
-    let out = &node.ty;
-    Ok(match &node.op {
-        Op::Iota { axis } => {
+/// The first shape ops with their attributes, as their rules below take them: `crate::ops`'s
+/// dispatch builds one from each such [`Op`] (naming every `Op` variant), and each rule names
+/// every variant here, so an op added to either without its rule does not compile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Core<'a> {
+    /// [`Op::Iota`].
+    Iota {
+        /// The dim that counts.
+        axis: usize,
+    },
+    /// [`Op::BroadcastInDim`].
+    BroadcastInDim {
+        /// Result dim of each operand dim.
+        dims: &'a [usize],
+    },
+    /// [`Op::Reshape`].
+    Reshape,
+    /// [`Op::Transpose`].
+    Transpose {
+        /// The permutation.
+        perm: &'a [usize],
+    },
+    /// [`Op::Slice`].
+    Slice {
+        /// First index per dim.
+        start: &'a [usize],
+        /// One past the last index per dim.
+        limit: &'a [usize],
+        /// Step per dim.
+        strides: &'a [usize],
+    },
+    /// [`Op::Concatenate`].
+    Concatenate {
+        /// The joined dim.
+        axis: usize,
+    },
+}
+
+/// What is wrong with a slice `start..limit` step `strides` of `ty`, if anything.
+fn slice_error(
+    ty: &LeafType,
+    start: &[usize],
+    limit: &[usize],
+    strides: &[usize],
+) -> Option<String> {
+    let r = ty.dims.len();
+    let bad = start.len() != r
+        || limit.len() != r
+        || strides.len() != r
+        || (0..r).any(|i| start[i] > limit[i] || limit[i] > ty.dims[i] || strides[i] == 0);
+    if bad {
+        return Some(format!(
+            "invalid slice [{start:?}..{limit:?} step {strides:?}] of {ty}: need start ≤ limit \
+             ≤ dim and step ≥ 1 for each of the {r} dims"
+        ));
+    }
+    super::within_limit("strides", "dim", strides).err()
+}
+
+/// The result type of one of the first shape ops whose node declares `out`, or what is wrong.
+pub(crate) fn core_type(
+    op: Core<'_>,
+    out: &LeafType,
+    ins: &[&LeafType],
+) -> Result<LeafType, String> {
+    Ok(match op {
+        Core::Iota { axis } => {
             arity(0, ins.len())?;
-            if *axis >= out.dims.len() || out.dtype == DType::Bool {
+            if axis >= out.dims.len() || out.dtype == DType::Bool {
                 return Err(format!("iota along axis {axis} of {out} is not defined"));
             }
             out.clone()
         }
-        Op::BroadcastInDim { dims } => {
+        Core::BroadcastInDim { dims } => {
             arity(1, ins.len())?;
             let t = ins[0];
             let fits = dims.len() == t.dims.len()
@@ -624,7 +691,7 @@ pub(crate) fn core_type(node: &Node, ins: &[&LeafType]) -> Result<LeafType, Stri
                 dims: out.dims.clone(),
             }
         }
-        Op::Reshape => {
+        Core::Reshape => {
             arity(1, ins.len())?;
             let t = ins[0];
             if dims_product(&t.dims) != dims_product(&out.dims) {
@@ -635,7 +702,7 @@ pub(crate) fn core_type(node: &Node, ins: &[&LeafType]) -> Result<LeafType, Stri
                 dims: out.dims.clone(),
             }
         }
-        Op::Transpose { perm } => {
+        Core::Transpose { perm } => {
             arity(1, ins.len())?;
             let t = ins[0];
             if perm.len() != t.dims.len() || !distinct_in_range(perm, t.dims.len()) {
@@ -646,24 +713,17 @@ pub(crate) fn core_type(node: &Node, ins: &[&LeafType]) -> Result<LeafType, Stri
                 dims: perm.iter().map(|&p| t.dims[p]).collect(),
             }
         }
-        Op::Slice {
+        Core::Slice {
             start,
             limit,
             strides,
         } => {
             arity(1, ins.len())?;
             let t = ins[0];
-            let r = t.dims.len();
-            let bad = start.len() != r
-                || limit.len() != r
-                || strides.len() != r
-                || (0..r).any(|i| start[i] > limit[i] || limit[i] > t.dims[i] || strides[i] == 0);
-            if bad {
-                return Err(format!(
-                    "the window {start:?}..{limit:?} step {strides:?} does not fit {t}"
-                ));
+            if let Some(msg) = slice_error(t, start, limit, strides) {
+                return Err(msg);
             }
-            let dims = (0..r)
+            let dims = (0..t.dims.len())
                 .map(|i| (limit[i] - start[i]).div_ceil(strides[i]))
                 .collect();
             LeafType {
@@ -671,11 +731,10 @@ pub(crate) fn core_type(node: &Node, ins: &[&LeafType]) -> Result<LeafType, Stri
                 dims,
             }
         }
-        Op::Concatenate { axis } => {
+        Core::Concatenate { axis } => {
             let Some(first) = ins.first() else {
                 return Err("it has no operands".into());
             };
-            let axis = *axis;
             let fits = axis < first.dims.len()
                 && ins.iter().all(|t| {
                     t.dtype == first.dtype
@@ -689,23 +748,38 @@ pub(crate) fn core_type(node: &Node, ins: &[&LeafType]) -> Result<LeafType, Stri
                     shown.join(", ")
                 ));
             }
+            let total = ins
+                .iter()
+                .try_fold(0usize, |n, t| n.checked_add(t.dims[axis]));
+            let Some(total) = total else {
+                return Err(format!(
+                    "the joined dim {axis} of {} operands overflows",
+                    ins.len()
+                ));
+            };
             let mut dims = first.dims.clone();
-            dims[axis] = ins.iter().map(|t| t.dims[axis]).sum();
+            dims[axis] = total;
             LeafType {
                 dtype: first.dtype,
                 dims,
             }
         }
-        other => return Err(format!("`{}` is not a shape op", other.name())),
     })
 }
 
-/// The VJP of one of the first shape ops.
-pub(crate) fn core_vjp(node: &Node, x: &[Tensor], g: Tensor) -> Vec<Option<Tensor>> {
-    match &node.op {
-        Op::BroadcastInDim { dims } => {
+/// The VJP of one of the first shape ops, whose result has type `out`.
+pub(crate) fn core_vjp(
+    op: Core<'_>,
+    out: &LeafType,
+    x: &[Tensor],
+    g: Tensor,
+) -> Vec<Option<Tensor>> {
+    match op {
+        // Indices: no operands, no gradient.
+        Core::Iota { .. } => vec![None; x.len()],
+        Core::BroadcastInDim { dims } => {
             let from = x[0].ty().dims;
-            let to = &node.ty.dims;
+            let to = &out.dims;
             let mut axes: Vec<usize> = (0..to.len()).filter(|a| !dims.contains(a)).collect();
             axes.extend(
                 dims.iter()
@@ -729,35 +803,34 @@ pub(crate) fn core_vjp(node: &Node, x: &[Tensor], g: Tensor) -> Vec<Option<Tenso
             };
             vec![Some(ordered.reshape(&from))]
         }
-        Op::Reshape => vec![Some(g.reshape(&x[0].ty().dims))],
-        Op::Transpose { perm } => {
+        Core::Reshape => vec![Some(g.reshape(&x[0].ty().dims))],
+        Core::Transpose { perm } => {
             let mut inv = vec![0; perm.len()];
             for (i, &p) in perm.iter().enumerate() {
                 inv[p] = i;
             }
             vec![Some(g.transpose(&inv))]
         }
-        Op::Slice {
+        Core::Slice {
             start,
             limit,
             strides,
         } => vec![Some(unslice(g, &x[0].ty().dims, start, limit, strides))],
-        Op::Concatenate { axis } => {
-            let out = &node.ty.dims;
+        Core::Concatenate { axis } => {
+            let out = &out.dims;
             let mut offset = 0;
             x.iter()
                 .map(|&part| {
-                    let n = part.ty().dims[*axis];
+                    let n = part.ty().dims[axis];
                     let mut start = vec![0; out.len()];
                     let mut limit = out.clone();
-                    start[*axis] = offset;
-                    limit[*axis] = offset + n;
+                    start[axis] = offset;
+                    limit[axis] = offset + n;
                     offset += n;
                     Some(g.slice(&start, &limit))
                 })
                 .collect()
         }
-        _ => vec![None; x.len()],
     }
 }
 
@@ -813,31 +886,31 @@ fn unslice(
 }
 
 /// The StableHLO of one of the first shape ops.
-pub(crate) fn core_emit(node: &Node, l: Line<'_>) -> fmt::Result {
+pub(crate) fn core_emit(op: Core<'_>, l: Line<'_>) -> fmt::Result {
     use fmt::Write as _;
     let (me, ty) = (&l.me, &l.ty);
-    match &node.op {
-        Op::Iota { axis } => writeln!(l.out, "    {me} = stablehlo.iota dim = {axis} : {ty}"),
-        Op::BroadcastInDim { dims } => writeln!(
+    match op {
+        Core::Iota { axis } => writeln!(l.out, "    {me} = stablehlo.iota dim = {axis} : {ty}"),
+        Core::BroadcastInDim { dims } => writeln!(
             l.out,
             "    {me} = stablehlo.broadcast_in_dim {}, dims = {} : ({}) -> {ty}",
             l.args[0],
             crate::emit::list(dims),
             l.arg_tys[0]
         ),
-        Op::Reshape => writeln!(
+        Core::Reshape => writeln!(
             l.out,
             "    {me} = stablehlo.reshape {} : ({}) -> {ty}",
             l.args[0], l.arg_tys[0]
         ),
-        Op::Transpose { perm } => writeln!(
+        Core::Transpose { perm } => writeln!(
             l.out,
             "    {me} = stablehlo.transpose {}, dims = {} : ({}) -> {ty}",
             l.args[0],
             crate::emit::list(perm),
             l.arg_tys[0]
         ),
-        Op::Slice {
+        Core::Slice {
             start,
             limit,
             strides,
@@ -855,42 +928,41 @@ pub(crate) fn core_emit(node: &Node, l: Line<'_>) -> fmt::Result {
             }
             writeln!(l.out, "] : ({}) -> {ty}", l.arg_tys[0])
         }
-        Op::Concatenate { axis } => {
+        Core::Concatenate { axis } => {
             write!(l.out, "    {me} = stablehlo.concatenate ")?;
             for a in &l.args {
                 write!(l.out, "{a}, ")?;
             }
             writeln!(l.out, "dim = {axis} : ({}) -> {ty}", l.arg_tys.join(", "))
         }
-        _ => Ok(()),
     }
 }
 
-/// One of the first shape ops on the host.
-pub(crate) fn core_eval(node: &Node, operands: &[&Array]) -> Result<ArrayData, Fault> {
-    let out_dims = node.ty.dims.as_slice();
+/// One of the first shape ops, with result type `out`, on the host.
+pub(crate) fn core_eval(
+    op: Core<'_>,
+    out: &LeafType,
+    operands: &[&Array],
+) -> Result<ArrayData, Fault> {
+    let out_dims = out.dims.as_slice();
     let a = operands.first().copied();
     let one = || a.ok_or_else(|| Fault::Invalid("it has no operand".into()));
-    match &node.op {
-        Op::Iota { axis } => iota(node.ty.dtype, out_dims, *axis),
-        Op::BroadcastInDim { dims } => {
+    match op {
+        Core::Iota { axis } => iota(out.dtype, out_dims, axis),
+        Core::BroadcastInDim { dims } => {
             let a = one()?;
             broadcast(a.data(), a.dims(), out_dims, dims)
         }
-        Op::Reshape => crate::backend::interp::copy_data(one()?.data()),
-        Op::Transpose { perm } => {
+        Core::Reshape => crate::backend::interp::copy_data(one()?.data()),
+        Core::Transpose { perm } => {
             let a = one()?;
             crate::backend::interp::layout::transpose(a.data(), a.dims(), perm)
         }
-        Op::Slice { start, strides, .. } => {
+        Core::Slice { start, strides, .. } => {
             let a = one()?;
             slice(a.data(), a.dims(), start, strides, out_dims)
         }
-        Op::Concatenate { axis } => concatenate(operands, *axis, node.ty.dtype),
-        other => Err(Fault::Invalid(format!(
-            "`{}` is not a shape op",
-            other.name()
-        ))),
+        Core::Concatenate { axis } => concatenate(operands, axis, out.dtype),
     }
 }
 

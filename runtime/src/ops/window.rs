@@ -81,7 +81,8 @@ impl Window {
 
 /// "SAME" padding: for each dim, the `(low, high)` that gives `ceil(n / stride)` windows of
 /// `window` taps `dilation` apart, split evenly with the odd element after. Lists shorter than
-/// `input` count as stride 1 and dilation 1.
+/// `input` count as stride 1 and dilation 1. Sizes past nitro's limit give the largest
+/// padding (the op then refuses the window, naming the attribute).
 pub fn same_padding(
     input: &[usize],
     window: &[usize],
@@ -92,12 +93,27 @@ pub fn same_padding(
         .iter()
         .enumerate()
         .map(|(d, &n)| {
-            let s = strides.get(d).copied().unwrap_or(1).max(1);
-            let w = window.get(d).copied().unwrap_or(1);
-            let eff = dilate(w, dilation.get(d).copied().unwrap_or(1).max(1)) as i64;
-            let out = n.div_ceil(s) as i64;
-            let total = ((out - 1) * s as i64 + eff - n as i64).max(0);
-            (total / 2, total - total / 2)
+            // In i128, saturating where sizes past the limit could overflow even that.
+            let s = strides.get(d).copied().unwrap_or(1).max(1) as i128;
+            let w = window.get(d).copied().unwrap_or(1) as i128;
+            let dil = dilation.get(d).copied().unwrap_or(1).max(1) as i128;
+            let eff = if w == 0 {
+                0
+            } else {
+                (w - 1).saturating_mul(dil).saturating_add(1)
+            };
+            let n = n as i128;
+            let out = (n + s - 1) / s;
+            // `(out − 1)·s` is below `n + s`: no overflow.
+            let total = ((out - 1) * s)
+                .saturating_add(eff)
+                .saturating_sub(n)
+                .clamp(0, 2 * i64::MAX as i128);
+            let (lo, hi) = (total / 2, total - total / 2);
+            (
+                lo.min(i64::MAX as i128) as i64,
+                hi.min(i64::MAX as i128) as i64,
+            )
         })
         .collect()
 }
@@ -129,16 +145,36 @@ pub(crate) fn window_dims(dims: &[usize], w: &Window) -> Result<Vec<usize>, Stri
                 "dim {d}: window size, stride and dilations must be at least 1 (window {w:?})"
             ));
         }
-        let padded = dilate(dims[d], w.base_dilation[d]) as i128
-            + w.padding[d].0 as i128
-            + w.padding[d].1 as i128;
-        let eff = dilate(w.dims[d], w.window_dilation[d]) as i128;
+    }
+    super::within_limit("window", "dim", &w.dims)?;
+    super::within_limit("strides", "dim", &w.strides)?;
+    super::within_limit("base_dilation", "dim", &w.base_dilation)?;
+    super::within_limit("window_dilation", "dim", &w.window_dilation)?;
+    super::padding_within_limit("padding", "dim", &w.padding)?;
+    for d in 0..r {
+        let at = ("dim", d);
+        let base = super::dilated(
+            "the operand",
+            dims[d],
+            "base_dilation",
+            w.base_dilation[d],
+            at,
+        )?;
+        let padded = super::padded("the dilated operand", base, "padding", w.padding[d], at)?;
+        let eff = super::dilated(
+            "the window",
+            w.dims[d],
+            "window_dilation",
+            w.window_dilation[d],
+            at,
+        )? as i128;
         if padded < eff {
             return Err(format!(
                 "dim {d}: the window ({} taps spanning {eff}) is larger than the padded operand ({padded} elements from {} with padding {:?})",
                 w.dims[d], dims[d], w.padding[d]
             ));
         }
+        // At most `padded`, which is within the limit.
         out.push(((padded - eff) / w.strides[d] as i128 + 1) as usize);
     }
     Ok(out)
@@ -283,7 +319,9 @@ fn select_and_scatter(x: Tensor, source: Tensor, kind: ReduceOp, w: &Window) -> 
 
 /// The transposed padding of a strided, dilated window (JAX's
 /// `_conv_general_vjp_lhs_padding`): `(low, high)` per dim of a cotangent of `out` elements
-/// such that windows over it give back `input` elements.
+/// such that windows over it give back `input` elements; or what is wrong when an amount is
+/// past ±(2^63 − 1). (A backstop: these are sums of several of the forward's sizes and padding
+/// amounts, which fit when the forward's partial sums do, as its type rule checks.)
 pub(crate) fn transposed_padding(
     input: &[usize],
     window: &[usize],
@@ -292,15 +330,19 @@ pub(crate) fn transposed_padding(
     padding: &[(i64, i64)],
     base_dilation: &[usize],
     window_dilation: &[usize],
-) -> Vec<(i64, i64)> {
+) -> Result<Vec<(i64, i64)>, String> {
     (0..input.len())
         .map(|d| {
-            let lhs = dilate(input[d], base_dilation[d]) as i64;
-            let rhs = dilate(window[d], window_dilation[d]) as i64;
-            let out = dilate(out[d], strides[d]) as i64;
-            let before = rhs - padding[d].0 - 1;
+            // Within the limit: the forward's type rule checked them.
+            let lhs = dilate(input[d], base_dilation[d]) as i128;
+            let rhs = dilate(window[d], window_dilation[d]) as i128;
+            let out = dilate(out[d], strides[d]) as i128;
+            let before = rhs - padding[d].0 as i128 - 1;
             let after = lhs + rhs - 1 - out - before;
-            (before, after)
+            Ok((
+                super::padding_amount(before, "the gradient's low padding", d)?,
+                super::padding_amount(after, "the gradient's high padding", d)?,
+            ))
         })
         .collect()
 }
@@ -321,6 +363,16 @@ pub(crate) fn vjp(kind: ReduceOp, w: &Window, x: Tensor, g: Tensor) -> Vec<Optio
                 &w.base_dilation,
                 &w.window_dilation,
             );
+            let pads = match pads {
+                Ok(p) => p,
+                Err(msg) => {
+                    crate::trace::refuse(
+                        "window_sum",
+                        format!("the gradient of this window sum is not defined: {msg}"),
+                    );
+                    return vec![Some(x.zeros_like())];
+                }
+            };
             let interior: Vec<usize> = w.strides.iter().map(|&s| s - 1).collect();
             let lo: Vec<i64> = pads.iter().map(|p| p.0).collect();
             let hi: Vec<i64> = pads.iter().map(|p| p.1).collect();
@@ -475,9 +527,11 @@ pub(crate) fn emit_select_and_scatter(
 /// The operand position window tap `k` of window `o` reads in dim `d`, or `None` for padding
 /// and holes.
 fn tap(w: &Window, d: usize, n: usize, o: usize, k: usize) -> Option<usize> {
-    let p = (o * w.strides[d] + k * w.window_dilation[d]) as i64 - w.padding[d].0;
-    let bd = w.base_dilation[d] as i64;
-    if p < 0 || p % bd != 0 || p / bd >= n as i64 {
+    // In i128: a position within the padded operand (within the limit) minus a low padding of
+    // up to 2^63 − 1.
+    let p = (o * w.strides[d] + k * w.window_dilation[d]) as i128 - w.padding[d].0 as i128;
+    let bd = w.base_dilation[d] as i128;
+    if p < 0 || p % bd != 0 || p / bd >= n as i128 {
         None
     } else {
         Some((p / bd) as usize)

@@ -30,8 +30,7 @@ use super::arity;
 use crate::backend::interp::alloc::collect;
 use crate::backend::interp::Fault;
 use crate::emit::Line;
-use crate::trace::ir::{BinaryOp, Op, UnaryOp};
-use crate::trace::ir::{CmpOp, Node};
+use crate::trace::ir::{BinaryOp, CmpOp, Op, UnaryOp};
 use crate::trace::{with_recording, Operand, Tensor};
 use crate::tree::{Array, ArrayData, DType, LeafType};
 
@@ -341,24 +340,42 @@ fn same(a: &LeafType, b: &LeafType) -> Result<(), String> {
     }
 }
 
+/// The first element-wise ops, as their rules below take them: `crate::ops`'s dispatch builds
+/// one from each such [`Op`] (naming every `Op` variant), and each rule names every variant
+/// here, so an op added to either without its rule does not compile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Core {
+    /// [`Op::Unary`].
+    Unary(UnaryOp),
+    /// [`Op::Binary`].
+    Binary(BinaryOp),
+    /// [`Op::Compare`].
+    Compare(CmpOp),
+    /// [`Op::Select`].
+    Select,
+    /// [`Op::Convert`].
+    Convert,
+    /// [`Op::StopGradient`].
+    StopGradient,
+}
+
 /// The result type of an element-wise op (unary, binary, compare, select, convert,
-/// stop_gradient), or what is wrong.
-pub(crate) fn core_type(node: &Node, ins: &[&LeafType]) -> Result<LeafType, String> {
-    let out = &node.ty;
-    Ok(match &node.op {
-        Op::Unary(u) => {
+/// stop_gradient) whose node declares `out`, or what is wrong.
+pub(crate) fn core_type(op: Core, out: &LeafType, ins: &[&LeafType]) -> Result<LeafType, String> {
+    Ok(match op {
+        Core::Unary(u) => {
             arity(1, ins.len())?;
             let t = ins[0];
-            unary_defined(*u, t)?;
+            unary_defined(u, t)?;
             t.clone()
         }
-        Op::Binary(b) => {
+        Core::Binary(b) => {
             arity(2, ins.len())?;
             same(ins[0], ins[1])?;
-            binary_defined(*b, ins[0])?;
+            binary_defined(b, ins[0])?;
             ins[0].clone()
         }
-        Op::Compare(_) => {
+        Core::Compare(_) => {
             arity(2, ins.len())?;
             same(ins[0], ins[1])?;
             LeafType {
@@ -366,7 +383,7 @@ pub(crate) fn core_type(node: &Node, ins: &[&LeafType]) -> Result<LeafType, Stri
                 dims: ins[0].dims.clone(),
             }
         }
-        Op::Select => {
+        Core::Select => {
             arity(3, ins.len())?;
             same(ins[1], ins[2])?;
             let p = ins[0];
@@ -377,25 +394,24 @@ pub(crate) fn core_type(node: &Node, ins: &[&LeafType]) -> Result<LeafType, Stri
             }
             ins[1].clone()
         }
-        Op::StopGradient => {
+        Core::StopGradient => {
             arity(1, ins.len())?;
             ins[0].clone()
         }
-        Op::Convert => {
+        Core::Convert => {
             arity(1, ins.len())?;
             LeafType {
                 dtype: out.dtype,
                 dims: ins[0].dims.clone(),
             }
         }
-        other => return Err(format!("`{}` is not an element-wise op", other.name())),
     })
 }
 
 /// The VJP of an element-wise op whose value is `y`.
-pub(crate) fn core_vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor) -> Vec<Option<Tensor>> {
-    match &node.op {
-        Op::Unary(u) => {
+pub(crate) fn core_vjp(op: Core, y: Tensor, x: &[Tensor], g: Tensor) -> Vec<Option<Tensor>> {
+    match op {
+        Core::Unary(u) => {
             let a = x[0];
             let d = match u {
                 UnaryOp::Neg => -g,
@@ -424,7 +440,7 @@ pub(crate) fn core_vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor) -> Vec<O
             };
             vec![Some(d)]
         }
-        Op::Binary(b) => {
+        Core::Binary(b) => {
             let (a, c) = (x[0], x[1]);
             let (da, dc) = match b {
                 BinaryOp::Add => (g, g),
@@ -438,7 +454,7 @@ pub(crate) fn core_vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor) -> Vec<O
                     (da, dc)
                 }
                 BinaryOp::Max | BinaryOp::Min => {
-                    let (wins, loses) = if *b == BinaryOp::Max {
+                    let (wins, loses) = if b == BinaryOp::Max {
                         (a.greater(c), c.greater(a))
                     } else {
                         (a.less(c), c.less(a))
@@ -467,7 +483,7 @@ pub(crate) fn core_vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor) -> Vec<O
             };
             vec![Some(da), Some(dc)]
         }
-        Op::Select => {
+        Core::Select => {
             let p = x[0];
             vec![
                 None,
@@ -475,26 +491,27 @@ pub(crate) fn core_vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor) -> Vec<O
                 Some(Tensor::select(p, 0.0, g)),
             ]
         }
-        Op::Convert => vec![Some(g.convert(x[0].ty().dtype))],
-        // Comparisons and the identity without a gradient.
-        _ => vec![None; x.len()],
+        Core::Convert => vec![Some(g.convert(x[0].ty().dtype))],
+        // A comparison's result is piecewise constant (and bool).
+        Core::Compare(_) => vec![None; x.len()],
+        // The identity through which no gradient flows.
+        Core::StopGradient => vec![None; x.len()],
     }
 }
 
-/// The StableHLO of an element-wise op.
-pub(crate) fn core_emit(node: &Node, l: Line<'_>) -> fmt::Result {
+/// The StableHLO of an element-wise op whose node has type `out`.
+pub(crate) fn core_emit(op: Core, out: &LeafType, l: Line<'_>) -> fmt::Result {
     let (me, ty) = (&l.me, &l.ty);
     let an = &l.args[0];
     let at = &l.arg_tys[0];
-    match &node.op {
-        Op::Unary(u) if u.dialect() == "chlo" => {
+    match op {
+        Core::Unary(u) if u.dialect() == "chlo" => {
             writeln!(l.out, "    {me} = chlo.{} {an} : {ty} -> {ty}", u.name())
         }
-        Op::Unary(u) => writeln!(l.out, "    {me} = stablehlo.{} {an} : {ty}", u.name()),
-        Op::Binary(b) => {
+        Core::Unary(u) => writeln!(l.out, "    {me} = stablehlo.{} {an} : {ty}", u.name()),
+        Core::Binary(b) => {
             let bn = &l.args[1];
-            let float_extremum =
-                matches!(b, BinaryOp::Max | BinaryOp::Min) && node.ty.dtype.is_float();
+            let float_extremum = matches!(b, BinaryOp::Max | BinaryOp::Min) && out.dtype.is_float();
             if !float_extremum {
                 return writeln!(l.out, "    {me} = stablehlo.{} {an}, {bn} : {ty}", b.name());
             }
@@ -502,7 +519,7 @@ pub(crate) fn core_emit(node: &Node, l: Line<'_>) -> fmt::Result {
             // `maximum`/`minimum` (it can return the other operand), so NaN propagation is
             // spelled out: `a` if it is NaN, else `b` if it is NaN, else the op.
             let n = &l.n;
-            let pred = crate::emit::bool_type(&node.ty.dims);
+            let pred = crate::emit::bool_type(&out.dims);
             writeln!(
                 l.out,
                 "    %raw{n} = stablehlo.{} {an}, {bn} : {ty}",
@@ -525,22 +542,22 @@ pub(crate) fn core_emit(node: &Node, l: Line<'_>) -> fmt::Result {
                 "    {me} = stablehlo.select %nan_a{n}, {an}, %pick{n} : {pred}, {ty}"
             )
         }
-        Op::Compare(c) => {
+        Core::Compare(c) => {
             let (bn, bt) = (&l.args[1], &l.arg_tys[1]);
             let kind = l
                 .arg_types
                 .first()
                 .map_or("FLOAT", |t| crate::emit::compare_type(t.dtype));
-            let dir = CmpOp::direction(*c);
+            let dir = CmpOp::direction(c);
             writeln!(
                 l.out,
                 "    {me} = stablehlo.compare {dir}, {an}, {bn}, {kind} : ({at}, {bt}) -> {ty}"
             )
         }
-        Op::Select => {
+        Core::Select => {
             let (tn, tt, fname, ft) = (&l.args[1], &l.arg_tys[1], &l.args[2], &l.arg_tys[2]);
             write!(l.out, "    {me} = stablehlo.select {an}, {tn}, {fname} : ")?;
-            if l.arg_types.first().map(|p| &p.dims) == Some(&node.ty.dims) {
+            if l.arg_types.first().map(|p| &p.dims) == Some(&out.dims) {
                 writeln!(l.out, "{at}, {ty}")
             } else {
                 // A predicate of another shape (a scalar choosing whole tensors) needs the
@@ -548,34 +565,22 @@ pub(crate) fn core_emit(node: &Node, l: Line<'_>) -> fmt::Result {
                 writeln!(l.out, "({at}, {tt}, {ft}) -> {ty}")
             }
         }
-        Op::Convert => writeln!(l.out, "    {me} = stablehlo.convert {an} : ({at}) -> {ty}"),
+        Core::Convert => writeln!(l.out, "    {me} = stablehlo.convert {an} : ({at}) -> {ty}"),
         // The value itself, as a same-type reshape, which XLA's simplifier removes.
-        Op::StopGradient => writeln!(l.out, "    {me} = stablehlo.reshape {an} : ({at}) -> {ty}"),
-        _ => Ok(()),
+        Core::StopGradient => {
+            writeln!(l.out, "    {me} = stablehlo.reshape {an} : ({at}) -> {ty}")
+        }
     }
 }
 
-/// An element-wise op on the host.
-pub(crate) fn core_eval(node: &Node, operands: &[&Array]) -> Result<ArrayData, Fault> {
-    let owned = |d: ArrayData| -> Result<ArrayData, Fault> { Ok(d) };
-    match &node.op {
-        Op::Unary(u) => owned(kernels::unary(*u, operands[0].data())?),
-        Op::Binary(b) => owned(kernels::binary(*b, operands[0].data(), operands[1].data())?),
-        Op::Compare(c) => owned(kernels::compare(
-            *c,
-            operands[0].data(),
-            operands[1].data(),
-        )?),
-        Op::Select => owned(kernels::select(
-            operands[0].data(),
-            operands[1].data(),
-            operands[2].data(),
-        )?),
-        Op::Convert => owned(kernels::convert(operands[0].data(), node.ty.dtype)?),
-        Op::StopGradient => owned(crate::backend::interp::copy_data(operands[0].data())?),
-        other => Err(Fault::Invalid(format!(
-            "`{}` is not an element-wise op",
-            other.name()
-        ))),
+/// An element-wise op with result type `out` on the host.
+pub(crate) fn core_eval(op: Core, out: &LeafType, operands: &[&Array]) -> Result<ArrayData, Fault> {
+    match op {
+        Core::Unary(u) => kernels::unary(u, operands[0].data()),
+        Core::Binary(b) => kernels::binary(b, operands[0].data(), operands[1].data()),
+        Core::Compare(c) => kernels::compare(c, operands[0].data(), operands[1].data()),
+        Core::Select => kernels::select(operands[0].data(), operands[1].data(), operands[2].data()),
+        Core::Convert => kernels::convert(operands[0].data(), out.dtype),
+        Core::StopGradient => crate::backend::interp::copy_data(operands[0].data()),
     }
 }
