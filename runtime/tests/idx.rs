@@ -82,7 +82,7 @@ fn fashion_mnist_loads_a_directory_and_names_the_package_when_absent() {
     let write = |name: &str, bytes: Vec<u8>| std::fs::write(dir.path().join(name), bytes).unwrap();
     write(
         "train-images-idx3-ubyte.gz",
-        gz(&idx_bytes(0x08, &[3, 2, 2], &[7; 12])),
+        gz(&idx_bytes(0x08, &[3, 28, 28], &[7; 3 * 28 * 28])),
     );
     write(
         "train-labels-idx1-ubyte.gz",
@@ -90,11 +90,11 @@ fn fashion_mnist_loads_a_directory_and_names_the_package_when_absent() {
     );
     write(
         "t10k-images-idx3-ubyte",
-        idx_bytes(0x08, &[1, 2, 2], &[1; 4]),
+        idx_bytes(0x08, &[1, 28, 28], &[1; 28 * 28]),
     );
     write("t10k-labels-idx1-ubyte", idx_bytes(0x08, &[1], &[4]));
     let d = idx::fashion_mnist(Some(dir.path())).unwrap();
-    assert_eq!(d.train_images.dims(), &[3, 2, 2]);
+    assert_eq!(d.train_images.dims(), &[3, 28, 28]);
     assert_eq!(d.test_labels.as_slice::<u8>().unwrap(), &[4]);
     // Labels that do not pair with the images are refused.
     write("t10k-labels-idx1-ubyte", idx_bytes(0x08, &[2], &[4, 4]));
