@@ -17,93 +17,25 @@
 //! time of one whatever N; without `--scan` they are unrolled. `--remat` (with `--scan`)
 //! recomputes each block in the reverse pass instead of saving its intermediates.
 //!
+//! Every flag is checked before anything compiles (`nitro_examples::chargpt::Args`): a setting
+//! that cannot train, an output path that cannot be written, a `--context` beyond the corpus or
+//! a `--steps` beyond memory is one sentence naming the flag, and exit status 1. `--check`
+//! prints the preflight and exits (`--json`: as one JSON line).
+//!
 //! `cargo run --release -p nitro-examples --example chargpt [-- --steps N --layers N --scan --sample N --json]`
-
-use std::path::PathBuf;
 
 use clap::Parser;
 use nitro::cache;
 use nitro::checkpoint::Checkpoint;
 use nitro::data::buckets::{padding_waste, plan_edges, Buckets, Overflow, Ragged};
-use nitro::data::text;
+use nitro::data::{text, Dataset};
 use nitro::optim::AdamW;
 use nitro::prelude::*;
 use nitro::train::{Config, FromBatch, Nitro};
-use nitro_examples::chargpt::{self, CharGpt, GptShape, Windows};
-use nitro_examples::report::{exit_status, install_log, Summary};
-use nitro_examples::{twin, HandleFlags};
+use nitro_examples::chargpt::{self, Args, CharGpt, Windows};
+use nitro_examples::report::{available_memory, exit_status, install_log, Summary};
+use nitro_examples::twin;
 use serde_json::json;
-
-/// Trains a small character-level GPT on the fortunes and reports held-out bits per character.
-#[derive(Parser, Debug)]
-#[command(name = "chargpt")]
-struct Args {
-    /// Training steps.
-    #[arg(long, default_value_t = 1000)]
-    steps: usize,
-    /// Transformer blocks.
-    #[arg(long, default_value_t = 4)]
-    layers: usize,
-    /// Run the blocks as one scan over stacked parameters (`nitro::nn::Repeated`): the
-    /// gradient program holds one block however many there are. Without it they are unrolled.
-    #[arg(long)]
-    scan: bool,
-    /// With `--scan`: recompute each block's forward pass in the reverse pass instead of
-    /// saving its intermediates (less memory, about one more forward pass of compute).
-    #[arg(long)]
-    remat: bool,
-    /// Model width.
-    #[arg(long, default_value_t = 128)]
-    width: usize,
-    /// Attention heads.
-    #[arg(long, default_value_t = 4)]
-    heads: usize,
-    /// Context length.
-    #[arg(long, default_value_t = 128)]
-    context: usize,
-    /// Windows per step.
-    #[arg(long, default_value_t = 16)]
-    batch: usize,
-    /// Peak learning rate.
-    #[arg(long, default_value_t = 3e-3)]
-    lr: f64,
-    /// Dropout while training.
-    #[arg(long, default_value_t = 0.1)]
-    dropout: f64,
-    /// The seed of the weights, the windows and the dropout stream.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// Characters to generate after training.
-    #[arg(long, default_value_t = 0)]
-    sample: usize,
-    /// The text generation starts from.
-    #[arg(long, default_value = "The ")]
-    prompt: String,
-    /// Sampling temperature.
-    #[arg(long, default_value_t = 0.8)]
-    temperature: f64,
-    /// Sample among the k likeliest characters only (0: all).
-    #[arg(long, default_value_t = 20)]
-    top_k: usize,
-    /// Save a checkpoint here after training.
-    #[arg(long)]
-    checkpoint: Option<PathBuf>,
-    /// Continue the run saved here.
-    #[arg(long)]
-    resume: Option<PathBuf>,
-    /// The directory of the fortune files (default: the Debian package's).
-    #[arg(long)]
-    data: Option<PathBuf>,
-    /// The flags of every handle example (`--json`, `--check`, `--serial-compiles`,
-    /// `--manifest`, `--twin`: with `--buckets`, the twin bundle holds the documents).
-    #[command(flatten)]
-    run: HandleFlags,
-    /// Train on whole documents (the fortunes, one each) of varying length instead of fixed
-    /// windows, padded to K shape buckets the planner picks over their lengths (capped at
-    /// --context): the inventory is the programs × K, all compiled before the first step.
-    #[arg(long, default_value_t = 0)]
-    buckets: usize,
-}
 
 /// Whole documents under shape buckets (`--buckets K`).
 struct Documents {
@@ -148,9 +80,28 @@ fn documents(
         out
     };
     let order = nitro::data::permutation(docs.len(), args.seed);
-    let train = Ragged::next_token(&take(&docs, &order, args.steps * args.batch * t))?;
+    let budget = args.steps.saturating_mul(args.batch).saturating_mul(t);
+    let train = Ragged::next_token(&take(&docs, &order, budget))?;
     let val_order: Vec<usize> = (0..held.len()).collect();
-    let val = Ragged::next_token(&take(&held, &val_order, 4 * args.batch * t))?;
+    let val = Ragged::next_token(&take(
+        &held,
+        &val_order,
+        args.batch.saturating_mul(4).saturating_mul(t),
+    ))?;
+    if train.rows() == 0 || val.rows() == 0 {
+        return Err(format!(
+            "--buckets {}: the corpus has no fortune of 2 or more characters in its {} (of {} \
+             fortunes, the last tenth held out); pass a larger corpus (--data DIR)",
+            args.buckets,
+            if train.rows() == 0 {
+                "training part"
+            } else {
+                "held-out last tenth"
+            },
+            records.len()
+        )
+        .into());
+    }
     let capped: Vec<usize> = train.lengths().iter().map(|&l| l.min(t)).collect();
     let edges = plan_edges(&capped, args.buckets)?.edges;
     let buckets = Buckets::new(edges.iter().copied())?
@@ -174,16 +125,27 @@ fn documents(
     })
 }
 
-impl Args {
-    fn shape(&self) -> GptShape {
-        GptShape {
-            layers: self.layers,
-            width: self.width,
-            heads: self.heads,
-            context: self.context,
-            dropout: self.dropout,
-            seed: self.seed,
-            scan: self.scan,
+/// Random windows of the fortunes (without `--buckets`): `--steps × --batch` for training from
+/// the first nine tenths, `4 × --batch` held out from the last tenth, and their starts.
+struct Drawn {
+    train: Dataset,
+    val: Dataset,
+    train_starts: Vec<usize>,
+    val_starts: Vec<usize>,
+}
+
+/// What the run trains on: random windows, or whole documents under shape buckets.
+enum Data {
+    Windows(Drawn),
+    Documents(Documents),
+}
+
+impl Data {
+    /// The documents of a `--buckets` run.
+    fn documents(&self) -> Option<&Documents> {
+        match self {
+            Data::Documents(d) => Some(d),
+            Data::Windows(_) => None,
         }
     }
 }
@@ -205,15 +167,9 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     let started = std::time::Instant::now();
     install_log();
     let args = Args::parse();
-    if args.steps == 0 || args.batch == 0 || args.context == 0 || args.layers == 0 {
-        return Err("--steps, --batch, --context and --layers must be at least 1".into());
-    }
-    if args.remat && !args.scan {
-        return Err("--remat applies to the scanned blocks: add --scan".into());
-    }
-    if args.heads == 0 || args.width % args.heads != 0 {
-        return Err("--width must be a multiple of --heads".into());
-    }
+    // Everything that can be refused is refused here, before the corpus is read or anything
+    // compiles: a run must not be lost at its end to a flag that could never work.
+    args.validate()?;
     let say = |line: String| {
         if !args.run.json {
             println!("{line}");
@@ -225,11 +181,10 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     // The last tenth is held out, as one contiguous piece.
     let cut = ids.len() * 9 / 10;
     let (train_ids, held) = ids.split_at(cut);
+    args.check_corpus(train_ids.len(), held.len())?;
+    args.check_prompt(&vocab)?;
+    args.check_memory(available_memory())?;
     let unigram = text::unigram_bits(train_ids);
-    let (train, train_starts) =
-        chargpt::random_windows(train_ids, args.context, args.steps * args.batch, args.seed)?;
-    let (val, val_starts) =
-        chargpt::random_windows(held, args.context, 4 * args.batch, args.seed + 1)?;
     let backend = nitro::backend::current()?;
     say(format!(
         "data     fortunes: {} characters, vocabulary {}, unigram {unigram:.3} bits/char",
@@ -253,7 +208,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .seed(args.seed)
         .concurrent_compiles(!args.run.serial_compiles)
         .progress(!args.run.json);
-    let docs = if args.buckets > 0 {
+    let data = if args.buckets > 0 {
         let d = documents(&args, &vocab, config.device_count()?)?;
         say(format!(
             "buckets  {:?} over {} documents (lengths capped at {}): {:.1}% padding, against {:.1}% with one program at {}",
@@ -265,11 +220,28 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
             args.context
         ));
         config = config.buckets(d.buckets.clone());
-        Some(d)
+        Data::Documents(d)
     } else {
-        None
+        let (train, train_starts) = chargpt::random_windows(
+            train_ids,
+            args.context,
+            args.steps.saturating_mul(args.batch),
+            args.seed,
+        )?;
+        let (val, val_starts) = chargpt::random_windows(
+            held,
+            args.context,
+            args.batch.saturating_mul(4),
+            args.seed.wrapping_add(1),
+        )?;
+        Data::Windows(Drawn {
+            train,
+            val,
+            train_starts,
+            val_starts,
+        })
     };
-    let steps = docs.as_ref().map_or(args.steps, |d| d.steps) as u64;
+    let steps = data.documents().map_or(args.steps, |d| d.steps) as u64;
     let config = config.schedule(chargpt::schedule(args.lr, steps));
     let mut experiment = CharGpt::new(&args.shape(), vocab.len());
     if args.remat {
@@ -282,7 +254,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(dir) = &args.run.twin {
         let schedule = chargpt::schedule(args.lr, steps);
         let adam = optimizer.adam;
-        let run = json!({
+        let mut run = json!({
             "model": "chargpt",
             "steps": steps,
             "batch": args.batch,
@@ -301,38 +273,41 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
             "vocab": vocab.len(),
             "ln_eps": experiment.arch.norm.eps,
         });
-        if let Some(d) = &docs {
-            let mut run = run;
-            let rows_for = |e| d.buckets.rows_for(e, args.batch, 1);
-            let plan = d.train.epoch_batches(&d.buckets, rows_for, args.seed, 0)?;
-            let bucket_rows: serde_json::Map<String, serde_json::Value> = d
-                .buckets
-                .edges()
-                .iter()
-                .map(|&e| (e.to_string(), json!(rows_for(e))))
-                .collect();
-            run["buckets"] = json!(d.buckets.edges());
-            run["bucket_rows"] = json!(bucket_rows);
-            twin::write_ragged(
-                dir,
-                &experiment,
-                &run,
-                [("train", &d.train), ("val", &d.val)],
-                &plan,
-                d.buckets.edges(),
-            )?;
-        } else {
-            let rows = twin::step_rows(&train, args.batch, args.seed, 1)?;
-            let windows = window_array(train_ids, &train_starts, args.context)?;
-            let held_windows = window_array(held, &val_starts, args.context)?;
-            twin::write(
-                dir,
-                &experiment,
-                &run,
-                &rows,
-                &[("train", &windows), ("val", &held_windows)],
-            )?;
-        }
+        let written = match &data {
+            Data::Documents(d) => {
+                let rows_for = |e| d.buckets.rows_for(e, args.batch, 1);
+                let plan = d.train.epoch_batches(&d.buckets, rows_for, args.seed, 0)?;
+                let bucket_rows: serde_json::Map<String, serde_json::Value> = d
+                    .buckets
+                    .edges()
+                    .iter()
+                    .map(|&e| (e.to_string(), json!(rows_for(e))))
+                    .collect();
+                run["buckets"] = json!(d.buckets.edges());
+                run["bucket_rows"] = json!(bucket_rows);
+                twin::write_ragged(
+                    dir,
+                    &experiment,
+                    &run,
+                    [("train", &d.train), ("val", &d.val)],
+                    &plan,
+                    d.buckets.edges(),
+                )
+            }
+            Data::Windows(w) => {
+                let rows = twin::step_rows(&w.train, args.batch, args.seed, 1)?;
+                let windows = window_array(train_ids, &w.train_starts, args.context)?;
+                let held_windows = window_array(held, &w.val_starts, args.context)?;
+                twin::write(
+                    dir,
+                    &experiment,
+                    &run,
+                    &rows,
+                    &[("train", &windows), ("val", &held_windows)],
+                )
+            }
+        };
+        written.map_err(|e| format!("--twin {}: cannot write the bundle: {e}", dir.display()))?;
         say(format!(
             "twin     bundle for bench/twin_chargpt.py in {}",
             dir.display()
@@ -348,33 +323,39 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         None => Nitro::new(experiment, optimizer, config)?,
     };
     if args.run.check {
-        let plan = match &docs {
-            Some(d) => run.plan_buckets(&d.train, true)?,
-            None => {
+        let plan = match &data {
+            Data::Documents(d) => run.plan_buckets(&d.train, true)?,
+            Data::Windows(w) => {
                 let rows: Vec<usize> = (0..args.batch).collect();
                 run.plan(
-                    &Windows::from_batch(train.gather(&rows, args.batch)?)?,
+                    &Windows::from_batch(w.train.gather(&rows, args.batch)?)?,
                     true,
                 )?
             }
         };
-        println!("{plan}");
+        args.run.print_plan("chargpt", &plan);
         return Ok(());
     }
     let fit_started = std::time::Instant::now();
-    let history = match &docs {
-        Some(d) => run.fit_ragged(&d.train, Some(&d.val))?,
-        None => run.fit(&train, Some(&val))?,
+    let history = match &data {
+        Data::Documents(d) => run.fit_ragged(&d.train, Some(&d.val))?,
+        Data::Windows(w) => run.fit(&w.train, Some(&w.val))?,
     };
     let fit_s = fit_started.elapsed().as_secs_f64();
+    // The run is saved first: nothing after training may lose it.
+    if let Some(path) = &args.checkpoint {
+        run.checkpoint()?
+            .save(path)
+            .map_err(|e| format!("--checkpoint {}: cannot save the run: {e}", path.display()))?;
+    }
     // The real positions trained: every document's (capped at the largest edge), or every
     // window's.
-    let real_positions: usize = match &docs {
-        Some(d) => {
+    let real_positions: usize = match &data {
+        Data::Documents(d) => {
             let largest = d.buckets.largest();
             d.train.lengths().iter().map(|&l| l.min(largest)).sum()
         }
-        None => train.rows() * args.context,
+        Data::Windows(w) => w.train.rows() * args.context,
     };
     say(history.to_string());
     let stats = cache::cache_stats();
@@ -382,7 +363,9 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     cache::assert_no_recompile_after_warmup()?;
     say("no recompile after warm-up: ok".into());
     if let Some(path) = &args.run.manifest {
-        run.manifest().write(path)?;
+        run.manifest()
+            .write(path)
+            .map_err(|e| format!("--manifest {}: cannot write it: {e}", path.display()))?;
         say(format!("manifest {}", path.display()));
     }
     let last = history.epochs.last().ok_or("no epoch ran")?;
@@ -391,13 +374,13 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         "held out {val_bits:.3} bits/char (unigram {unigram:.3})"
     ));
     if let Some(path) = &args.checkpoint {
-        run.checkpoint()?.save(path)?;
         say(format!("saved    {}", path.display()));
     }
     if args.sample > 0 {
-        let text = sample(&mut run, &vocab, &args, docs.is_some())?;
+        let text = sample(&mut run, &vocab, &args, data.documents().is_some())?;
         say(format!("sample   {text:?}"));
     }
+    let docs = data.documents();
     let summary = Summary::new("chargpt", backend)
         .history(&history)
         .cache(&stats)
@@ -409,18 +392,15 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .field("unigram_bits_per_char", unigram)
         .handle(last, run.program_times())
         .field("inventory", run.declared_inventory(true))
-        .field("padding_waste", docs.as_ref().map_or(0.0, |d| d.waste))
-        .field(
-            "padding_waste_one_program",
-            docs.as_ref().map(|d| d.waste_one),
-        )
+        .field("padding_waste", docs.map_or(0.0, |d| d.waste))
+        .field("padding_waste_one_program", docs.map(|d| d.waste_one))
         .field("real_positions", real_positions)
         .field("tokens_per_s", real_positions as f64 / fit_s)
         .field(
             "tokens_per_s_steady",
             real_positions as f64 / (last.step_us_pipelined * last.steps as f64 / 1e6),
         )
-        .field("buckets", docs.as_ref().map(|d| d.buckets.edges().to_vec()))
+        .field("buckets", docs.map(|d| d.buckets.edges().to_vec()))
         .field("fit_s", fit_s)
         .field("process_s", started.elapsed().as_secs_f64());
     println!("{summary}");
@@ -437,7 +417,7 @@ fn sample(
 ) -> Result<String, Box<dyn std::error::Error>> {
     let (t, b) = (args.context, args.batch);
     let mut ids = vocab.encode(&args.prompt)?;
-    let mut rng = nitro::init::Rng::new(nitro::init::Seed(args.seed + 7));
+    let mut rng = nitro::init::Rng::new(nitro::init::Seed(args.seed.wrapping_add(7)));
     let pad = ids.first().copied().unwrap_or(0);
     for _ in 0..args.sample {
         let tail: Vec<i32> = ids.iter().rev().take(t).rev().copied().collect();

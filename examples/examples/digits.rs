@@ -166,7 +166,11 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
             OptimizerKind::Sgd => run::plan(&data, &split, &settings, Sgd),
             OptimizerKind::Momentum => run::plan(&data, &split, &settings, Momentum::default()),
         }?;
-        println!("{plan}");
+        if args.json {
+            println!("{}", nitro_examples::report::plan_json("digits", &plan));
+        } else {
+            println!("{plan}");
+        }
         return Ok(());
     }
     let trained = match args.optimizer {

@@ -124,7 +124,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     if args.run.check {
         let rows: Vec<usize> = (0..args.batch.min(train.rows())).collect();
         let sample = Images::from_batch(train.gather(&rows, args.batch)?)?;
-        println!("{}", run.plan(&sample, true)?);
+        args.run.print_plan("fashion", &run.plan(&sample, true)?);
         return Ok(());
     }
     let fit_started = std::time::Instant::now();

@@ -11,7 +11,14 @@ use nitro::optim::{AdamW, Cosine};
 use nitro::prelude::*;
 use nitro::train::{FromBatch, Model};
 
-use crate::column;
+use std::path::PathBuf;
+
+use nitro::data::text::Vocab;
+
+use crate::{
+    at_least_one, below_one, check_input_file, check_output_file, column, finite_above_zero,
+    FlagError, HandleFlags,
+};
 
 /// The model's shape (a GraphConst).
 #[derive(ContentHash, Clone, Debug)]
@@ -159,24 +166,27 @@ impl CharGpt {
             arch,
         };
         if shape.scan {
+            // Fresh blocks of one shape: stacking them cannot fail.
             gpt.stacked()
+                .unwrap_or_else(|e| panic!("CharGpt::new: {e}"))
         } else {
             gpt
         }
     }
 
     /// The same model and weights with its blocks as one scan over stacked parameters: block
-    /// `i`'s leaves become row `i` of `stack`'s (unchanged when already stacked).
-    pub fn stacked(mut self) -> CharGpt {
+    /// `i`'s leaves become row `i` of `stack`'s (unchanged when already stacked). An error when
+    /// the blocks' weights do not stack (as many as the blocks, each of one shape).
+    pub fn stacked(mut self) -> nitro::Result<CharGpt> {
         let Some(&block) = self.arch.blocks.first() else {
-            return self;
+            return Ok(self);
         };
         let blocks = Repeated::new(block, self.arch.blocks.len());
-        self.stack = Some(blocks.stack_params(&self.blocks));
+        self.stack = Some(blocks.stack_params(&self.blocks)?);
         self.arch.stack = Some(blocks);
         self.arch.blocks.clear();
         self.blocks.clear();
-        self
+        Ok(self)
     }
 }
 
@@ -198,6 +208,9 @@ pub fn schedule(lr: f64, steps: u64) -> Cosine {
 
 /// `count` windows of `t + 1` characters of `ids` at seeded random starts, as a data set of
 /// columns `x` (the first `t`) and `y` (the last `t`); also the starts, in row order.
+///
+/// Errors ([`nitro::Error::InvalidDataArgument`]): `ids` shorter than one window, or windows
+/// too many to hold in memory (the allocation is checked, never an abort).
 pub fn random_windows(
     ids: &[i32],
     t: usize,
@@ -205,10 +218,19 @@ pub fn random_windows(
     seed: u64,
 ) -> nitro::Result<(Dataset, Vec<usize>)> {
     let mut rng = nitro::init::Rng::new(nitro::init::Seed(seed));
-    let span = ids.len() - t - 1;
-    let mut x = Vec::with_capacity(count * t);
-    let mut y = Vec::with_capacity(count * t);
-    let mut starts = Vec::with_capacity(count);
+    let Some(span) = ids.len().checked_sub(t + 1) else {
+        return Err(nitro::Error::InvalidDataArgument {
+            what: format!(
+                "windows of {} characters (a context of {t} and the next one) do not fit in a \
+                 text of {} characters; use a shorter context or a longer text",
+                t + 1,
+                ids.len()
+            ),
+        });
+    };
+    let mut x = reserve::<i32>(count.checked_mul(t), "window inputs")?;
+    let mut y = reserve::<i32>(count.checked_mul(t), "window targets")?;
+    let mut starts = reserve::<usize>(Some(count), "window starts")?;
     for _ in 0..count {
         let s = (rng.next_f64() * span as f64) as usize;
         x.extend_from_slice(&ids[s..s + t]);
@@ -220,4 +242,278 @@ pub fn random_windows(
         ("y", Array::from_vec(&[count, t], y)?),
     ])?;
     Ok((data, starts))
+}
+
+/// An empty vector with room for `len` items (`None`: a length that overflowed), or an error
+/// naming `what` when the memory cannot be had: an allocation failure is an error, not an abort.
+fn reserve<T>(len: Option<usize>, what: &str) -> nitro::Result<Vec<T>> {
+    let too_many = || nitro::Error::InvalidDataArgument {
+        what: format!(
+            "{} of {what} do not fit in memory; use fewer or shorter windows",
+            len.map_or_else(|| "more than 2^64".to_owned(), |n| n.to_string())
+        ),
+    };
+    let len = len.ok_or_else(too_many)?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| too_many())?;
+    Ok(v)
+}
+
+/// The command line of `--example chargpt`: trains a small character-level GPT on the fortunes
+/// and reports held-out bits per character.
+///
+/// [`Args::validate`] refuses, before anything is loaded, every setting that cannot train (each
+/// error names the flag and its value); [`Args::check_memory`], [`Args::check_corpus`] and
+/// [`Args::check_prompt`] refuse what the machine or the corpus cannot hold, still before
+/// anything compiles.
+///
+/// ```
+/// use clap::Parser;
+/// use nitro_examples::chargpt::Args;
+///
+/// let args = Args::try_parse_from(["chargpt", "--lr", "NaN"]).unwrap();
+/// let err = args.validate().unwrap_err().to_string();
+/// assert!(err.starts_with("--lr NaN: "), "{err}");
+/// ```
+#[derive(clap::Parser, Clone, Debug)]
+#[command(name = "chargpt")]
+pub struct Args {
+    /// Training steps.
+    #[arg(long, default_value_t = 1000)]
+    pub steps: usize,
+    /// Transformer blocks.
+    #[arg(long, default_value_t = 4)]
+    pub layers: usize,
+    /// Run the blocks as one scan over stacked parameters (`nitro::nn::Repeated`): the
+    /// gradient program holds one block however many there are. Without it they are unrolled.
+    #[arg(long)]
+    pub scan: bool,
+    /// With `--scan`: recompute each block's forward pass in the reverse pass instead of
+    /// saving its intermediates (less memory, about one more forward pass of compute).
+    #[arg(long)]
+    pub remat: bool,
+    /// Model width (a multiple of --heads).
+    #[arg(long, default_value_t = 128)]
+    pub width: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = 4)]
+    pub heads: usize,
+    /// Context length.
+    #[arg(long, default_value_t = 128)]
+    pub context: usize,
+    /// Windows per step.
+    #[arg(long, default_value_t = 16)]
+    pub batch: usize,
+    /// Peak learning rate (a finite number above 0).
+    #[arg(long, default_value_t = 3e-3)]
+    pub lr: f64,
+    /// Dropout while training (at least 0, below 1).
+    #[arg(long, default_value_t = 0.1)]
+    pub dropout: f64,
+    /// The seed of the weights, the windows and the dropout stream.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Characters to generate after training.
+    #[arg(long, default_value_t = 0)]
+    pub sample: usize,
+    /// The text generation starts from (in the corpus's characters).
+    #[arg(long, default_value = "The ")]
+    pub prompt: String,
+    /// Sampling temperature (a finite number above 0).
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f64,
+    /// Sample among the k likeliest characters only (0: all).
+    #[arg(long, default_value_t = 20)]
+    pub top_k: usize,
+    /// Save a checkpoint here after training (a file in an existing directory).
+    #[arg(long)]
+    pub checkpoint: Option<PathBuf>,
+    /// Continue the run saved here.
+    #[arg(long)]
+    pub resume: Option<PathBuf>,
+    /// The directory of the fortune files (default: the Debian package's).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// The flags of every handle example (`--json`, `--check`, `--serial-compiles`,
+    /// `--manifest`, `--twin`: with `--buckets`, the twin bundle holds the documents).
+    #[command(flatten)]
+    pub run: HandleFlags,
+    /// Train on whole documents (the fortunes, one each) of varying length instead of fixed
+    /// windows, padded to K shape buckets the planner picks over their lengths (capped at
+    /// --context): the inventory is the programs × K, all compiled before the first step.
+    #[arg(long, default_value_t = 0)]
+    pub buckets: usize,
+}
+
+impl Args {
+    /// Refuses, before anything is loaded or compiled, every setting that cannot train: a count
+    /// of 0 (`--steps`, `--layers`, `--width`, `--heads`, `--context`, `--batch`), a width that
+    /// is not a multiple of the heads, a learning rate or temperature that is not a finite
+    /// number above 0, a dropout outside `[0, 1)`, `--remat` without `--scan`, and output paths
+    /// that cannot be written (`--checkpoint`, `--manifest`: a file in an existing directory;
+    /// `--twin`: a directory that exists or can be created) or a `--resume` file that is not
+    /// there. The error is one sentence naming the flag and its value.
+    pub fn validate(&self) -> Result<(), FlagError> {
+        at_least_one("--steps", self.steps, "the training steps")?;
+        at_least_one("--layers", self.layers, "the transformer blocks")?;
+        at_least_one("--width", self.width, "the model width")?;
+        at_least_one("--heads", self.heads, "the attention heads")?;
+        at_least_one("--context", self.context, "the context length")?;
+        at_least_one("--batch", self.batch, "the windows per step")?;
+        if !self.width.is_multiple_of(self.heads) {
+            return Err(FlagError::new(
+                "--width",
+                self.width,
+                format!(
+                    "the width must be a multiple of --heads {} (each head takes width / heads \
+                     dimensions), like {}",
+                    self.heads,
+                    self.width.div_ceil(self.heads) * self.heads
+                ),
+            ));
+        }
+        finite_above_zero("--lr", self.lr, "the peak learning rate", 3e-3)?;
+        below_one("--dropout", self.dropout, "the dropout rate")?;
+        finite_above_zero(
+            "--temperature",
+            self.temperature,
+            "the sampling temperature",
+            0.8,
+        )?;
+        if self.remat && !self.scan {
+            return Err(FlagError::new(
+                "--remat",
+                "",
+                "it applies to the scanned blocks: add --scan",
+            ));
+        }
+        if let Some(path) = &self.checkpoint {
+            check_output_file("--checkpoint", path)?;
+        }
+        if let Some(path) = &self.resume {
+            check_input_file("--resume", path)?;
+        }
+        self.run.check_paths()
+    }
+
+    /// The model shape these flags ask for.
+    pub fn shape(&self) -> GptShape {
+        GptShape {
+            layers: self.layers,
+            width: self.width,
+            heads: self.heads,
+            context: self.context,
+            dropout: self.dropout,
+            seed: self.seed,
+            scan: self.scan,
+        }
+    }
+
+    /// About how many bytes the training windows of a run without `--buckets` take: every
+    /// step's `--batch` windows (inputs and targets, `i32` each), their starts, the epoch's
+    /// order of them, and with `--twin` their copy in the bundle. As a float: it may exceed
+    /// any integer.
+    pub fn window_bytes(&self) -> f64 {
+        let t = self.context as f64;
+        let mut per_window = 8.0 * t + 16.0;
+        if self.run.twin.is_some() {
+            per_window += 4.0 * (t + 1.0) + 12.0;
+        }
+        self.steps as f64 * self.batch as f64 * per_window
+    }
+
+    /// Refuses a run whose training windows ([`Args::window_bytes`]: `--steps` × `--batch`
+    /// windows, all drawn up front) would not fit in the `available` bytes of memory (`None`:
+    /// unknown, then only what no address space holds), with the largest `--steps` that fits.
+    /// A `--buckets` run holds the corpus's documents instead, so nothing here bounds it.
+    pub fn check_memory(&self, available: Option<u64>) -> Result<(), FlagError> {
+        if self.buckets > 0 {
+            return Ok(());
+        }
+        let need = self.window_bytes();
+        let limit = available.map_or(usize::MAX as f64, |a| a as f64);
+        if need <= limit {
+            return Ok(());
+        }
+        let per_step = need / self.steps as f64;
+        let most = (limit / per_step).floor();
+        let what_fits = if most >= 1.0 {
+            format!("use at most --steps {most:.0}")
+        } else {
+            "not even one step fits: use a smaller --batch or --context".to_owned()
+        };
+        let of = match available {
+            Some(a) => format!("more than the {} available", gigabytes(a as f64)),
+            None => "more than memory can address".to_owned(),
+        };
+        Err(FlagError::new(
+            "--steps",
+            self.steps,
+            format!(
+                "{} steps of {} windows (--batch) of {} characters (--context {}) drawn up \
+                 front need about {} of memory, {of}; {what_fits}",
+                self.steps,
+                self.batch,
+                self.context.saturating_add(1),
+                self.context,
+                gigabytes(need)
+            ),
+        ))
+    }
+
+    /// Refuses a `--context` whose windows (`--context` + 1 characters) do not fit in the
+    /// corpus's training part (`train` characters) or its held-out last tenth (`held`), saying
+    /// the largest context that fits. A `--buckets` run trains on whole documents instead
+    /// (their lengths capped at the context), so nothing here bounds it.
+    pub fn check_corpus(&self, train: usize, held: usize) -> Result<(), FlagError> {
+        let shortest = train.min(held);
+        if self.buckets > 0 || shortest > self.context {
+            return Ok(());
+        }
+        let fix = if shortest >= 2 {
+            format!(
+                "use at most --context {}, or a larger corpus (--data DIR)",
+                shortest - 1
+            )
+        } else {
+            "it is too small for any window: pass a larger corpus (--data DIR)".to_owned()
+        };
+        Err(FlagError::new(
+            "--context",
+            self.context,
+            format!(
+                "windows of {} characters do not fit in the corpus, whose training part holds \
+                 {train} character(s) and its held-out last tenth {held}; {fix}",
+                self.context.saturating_add(1)
+            ),
+        ))
+    }
+
+    /// Refuses, when `--sample` asks for text, a `--prompt` with a character outside the
+    /// corpus's vocabulary (found before training, not after it).
+    pub fn check_prompt(&self, vocab: &Vocab) -> Result<(), FlagError> {
+        if self.sample == 0 {
+            return Ok(());
+        }
+        match self
+            .prompt
+            .chars()
+            .find(|c| vocab.encode(c.encode_utf8(&mut [0; 4])).is_err())
+        {
+            None => Ok(()),
+            Some(c) => Err(FlagError::new(
+                "--prompt",
+                format!("{:?}", self.prompt),
+                format!(
+                    "the character {c:?} is not in the corpus's vocabulary; write the prompt in \
+                     the corpus's characters"
+                ),
+            )),
+        }
+    }
+}
+
+/// `bytes` in gigabytes (10^9), one decimal: `1.7 GB`.
+fn gigabytes(bytes: f64) -> String {
+    format!("{:.1} GB", bytes / 1e9)
 }

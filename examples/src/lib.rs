@@ -267,6 +267,215 @@ pub struct HandleFlags {
     pub twin: Option<std::path::PathBuf>,
 }
 
+impl HandleFlags {
+    /// Checks, before anything is loaded or compiled, that the outputs these flags name can be
+    /// written: `--manifest` a file in an existing directory ([`check_output_file`]), `--twin`
+    /// a directory that exists or can be created ([`check_output_dir`]). The error names the
+    /// flag and the path.
+    pub fn check_paths(&self) -> Result<(), FlagError> {
+        if let Some(path) = &self.manifest {
+            check_output_file("--manifest", path)?;
+        }
+        if let Some(dir) = &self.twin {
+            check_output_dir("--twin", dir)?;
+        }
+        Ok(())
+    }
+
+    /// Prints the preflight `plan` of `example` (`--check`): as one JSON line with `--json`
+    /// ([`report::plan_json`]), else as the plan's table.
+    pub fn print_plan(&self, example: &str, plan: &nitro::train::Plan) {
+        if self.json {
+            println!("{}", report::plan_json(example, plan));
+        } else {
+            println!("{plan}");
+        }
+    }
+}
+
+/// A command-line flag whose value cannot run, found before any work is done. It reads as one
+/// sentence naming the flag, its value, what is wrong and what to do instead:
+/// `--lr NaN: the peak learning rate must be a finite number above 0, like 3e-3`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlagError {
+    /// The flag, with its dashes (`--lr`).
+    pub flag: String,
+    /// Its value as given (empty for a switch).
+    pub value: String,
+    /// What is wrong with the value and what to do instead.
+    pub problem: String,
+}
+
+impl FlagError {
+    /// The error of `flag` given `value`: `problem` says what is wrong and what to do.
+    pub fn new(flag: &str, value: impl std::fmt::Display, problem: impl Into<String>) -> FlagError {
+        FlagError {
+            flag: flag.to_owned(),
+            value: value.to_string(),
+            problem: problem.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for FlagError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.value.is_empty() {
+            write!(f, "{}: {}", self.flag, self.problem)
+        } else {
+            write!(f, "{} {}: {}", self.flag, self.value, self.problem)
+        }
+    }
+}
+
+impl std::error::Error for FlagError {}
+
+/// Refuses a count flag of 0: `what` names the quantity (`"the training steps"`).
+pub fn at_least_one(flag: &str, value: usize, what: &str) -> Result<(), FlagError> {
+    if value == 0 {
+        return Err(FlagError::new(
+            flag,
+            value,
+            format!("{what} must be at least 1"),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a real-valued flag that is not a finite number above 0 (`NaN`, `inf`, 0, negative):
+/// `what` names the quantity, `like` is a sensible value to suggest.
+pub fn finite_above_zero(flag: &str, value: f64, what: &str, like: f64) -> Result<(), FlagError> {
+    if !(value.is_finite() && value > 0.0) {
+        return Err(FlagError::new(
+            flag,
+            value,
+            format!("{what} must be a finite number above 0, like {like}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a rate flag outside `[0, 1)` (or not a number): `what` names the quantity.
+pub fn below_one(flag: &str, value: f64, what: &str) -> Result<(), FlagError> {
+    if !(0.0..1.0).contains(&value) {
+        return Err(FlagError::new(
+            flag,
+            value,
+            format!("{what} must be at least 0 and below 1 (0: none)"),
+        ));
+    }
+    Ok(())
+}
+
+/// The nearest ancestor of `path` that exists (`.` for a relative path none of whose
+/// ancestors does), and whether it is a directory.
+fn existing_ancestor(path: &std::path::Path) -> (std::path::PathBuf, bool) {
+    let mut at = path.parent();
+    while let Some(p) = at {
+        let p = if p.as_os_str().is_empty() {
+            std::path::Path::new(".")
+        } else {
+            p
+        };
+        if let Ok(meta) = std::fs::metadata(p) {
+            return (p.to_path_buf(), meta.is_dir());
+        }
+        // A path through a regular file reads as absent (ENOTDIR): look further up.
+        at = p.parent();
+    }
+    (std::path::PathBuf::from("."), true)
+}
+
+/// Checks, before any work is done, that the output file `path` of `flag` can be created: it
+/// is not a directory, and its parent is an existing directory (nothing is created). The
+/// error names the flag and the path, and says what to do.
+pub fn check_output_file(flag: &str, path: &std::path::Path) -> Result<(), FlagError> {
+    let shown = path.display();
+    if path.as_os_str().is_empty() {
+        return Err(FlagError::new(flag, "\"\"", "name a file to write"));
+    }
+    if path.is_dir() {
+        return Err(FlagError::new(
+            flag,
+            &shown,
+            "it is a directory; name a file in it instead",
+        ));
+    }
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    if parent.is_dir() {
+        return Ok(());
+    }
+    let (ancestor, is_dir) = existing_ancestor(path);
+    let problem = if is_dir {
+        format!(
+            "the directory `{}` does not exist (it is not created); create it first or name a \
+             file in an existing directory",
+            parent.display()
+        )
+    } else {
+        format!(
+            "`{}` is a file, not a directory; name a file in an existing directory",
+            ancestor.display()
+        )
+    };
+    Err(FlagError::new(flag, &shown, problem))
+}
+
+/// Checks, before any work is done, that the output directory `dir` of `flag` exists as a
+/// directory or can be created (its nearest existing ancestor is a directory). Nothing is
+/// created. The error names the flag and the path, and says what to do.
+pub fn check_output_dir(flag: &str, dir: &std::path::Path) -> Result<(), FlagError> {
+    let shown = dir.display();
+    if dir.as_os_str().is_empty() {
+        return Err(FlagError::new(flag, "\"\"", "name a directory to write"));
+    }
+    match std::fs::metadata(dir) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => Err(FlagError::new(
+            flag,
+            &shown,
+            "it is a file, not a directory; name a directory (it is created if absent)",
+        )),
+        Err(_) => match existing_ancestor(dir) {
+            (_, true) => Ok(()),
+            (ancestor, false) => Err(FlagError::new(
+                flag,
+                &shown,
+                format!(
+                    "`{}` is a file, not a directory, so the directory cannot be created; name \
+                     a directory elsewhere",
+                    ancestor.display()
+                ),
+            )),
+        },
+    }
+}
+
+/// Checks, before any work is done, that the input file `path` of `flag` exists and is not a
+/// directory. The error names the flag and the path.
+pub fn check_input_file(flag: &str, path: &std::path::Path) -> Result<(), FlagError> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => Err(FlagError::new(
+            flag,
+            path.display(),
+            "it is a directory; name the file to read",
+        )),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(FlagError::new(
+            flag,
+            path.display(),
+            "there is no such file; name an existing file",
+        )),
+        Err(e) => Err(FlagError::new(
+            flag,
+            path.display(),
+            format!("cannot read it ({e}); name a file you can read"),
+        )),
+    }
+}
+
 /// The column `name` of a batch (a copy), or an error naming the missing column.
 pub fn column(batch: &nitro::data::Batch, name: &str) -> nitro::Result<nitro::Array> {
     batch

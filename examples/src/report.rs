@@ -266,6 +266,77 @@ pub fn ms_by_program(times: &[nitro::train::ProgramTime], trace: bool) -> Value 
     )
 }
 
+/// The preflight `plan` of `example` (`--check --json`) as one JSON object: `example`,
+/// `check` (`true`), `programs` — per program (× bucket), in lookup order, its `role` (`grad`,
+/// `update`, `eval`, a metric's name), `edge` (its bucket's, or `null`), `program` (its
+/// identity), `outcome` (`hit`, `load`, `fetch` or `compile`), `reason` (why memory cannot
+/// serve it, as the table says it; `null` for a hit), the recorded `compile_ms` and `load_ms`
+/// (`null` without a record), `expected_ms` and `fingerprint` — then the counts `hit`, `load`,
+/// `fetch`, `compile`, the total `expected_ms` of the programs that are not hits and how many
+/// of those have no record (`without_record`).
+///
+/// ```
+/// use nitro::train::Plan;
+/// use nitro_examples::report::plan_json;
+///
+/// let v = plan_json("demo", &Plan::default());
+/// assert_eq!(v["programs"].as_array().map(Vec::len), Some(0));
+/// assert_eq!(v["compile"], 0);
+/// ```
+pub fn plan_json(example: &str, plan: &nitro::train::Plan) -> Value {
+    use nitro::cache::Will;
+    let programs: Vec<Value> = plan
+        .entries
+        .iter()
+        .map(|e| {
+            let p = &e.probe;
+            json!({
+                "role": e.role,
+                "edge": e.edge,
+                "program": p.program,
+                "outcome": will_name(p.will),
+                "reason": p.reason.as_ref().map(ToString::to_string),
+                "compile_ms": p.compile_ms,
+                "load_ms": p.load_ms,
+                "expected_ms": p.expected_ms(),
+                "fingerprint": p.fingerprint.to_string(),
+            })
+        })
+        .collect();
+    let (expected_ms, without_record) = plan.expected_ms();
+    json!({
+        "example": example,
+        "check": true,
+        "programs": programs,
+        "hit": plan.count(Will::Hit),
+        "load": plan.count(Will::Load),
+        "fetch": plan.count(Will::Fetch),
+        "compile": plan.count(Will::Compile),
+        "expected_ms": expected_ms,
+        "without_record": without_record,
+    })
+}
+
+/// The one-word name of what a lookup would do, as [`plan_json`] writes it.
+fn will_name(will: nitro::cache::Will) -> &'static str {
+    use nitro::cache::Will;
+    match will {
+        Will::Hit => "hit",
+        Will::Load => "load",
+        Will::Fetch => "fetch",
+        Will::Compile => "compile",
+    }
+}
+
+/// The memory the system can give this process without swapping, in bytes (`MemAvailable` of
+/// `/proc/meminfo`); `None` where the system does not say.
+pub fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
 /// This process's peak resident memory in MiB (`VmHWM` of `/proc/self/status`); `None` where
 /// the system does not say.
 pub fn peak_rss_mb() -> Option<f64> {

@@ -634,3 +634,34 @@ fn a_panic_under_a_step_key_leaves_the_thread_clean() {
     });
     assert!(later.is_ok(), "{:?}", later.err());
 }
+
+// ---- while in these files: `Repeated::stack_params` of another depth -------------------------
+
+#[test]
+fn stack_params_refuses_a_stack_of_another_depth_or_shape() {
+    use nitro::nn::{Layer, Linear, Repeated};
+    let stack = Repeated::new(Linear::new(3, 3), 2);
+    let err = stack.stack_params(&[]).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("0 layers' parameters given for a stack of depth 2"),
+        "{err}"
+    );
+    let one = Linear::new(3, 3).init(nitro::init::Seed(1));
+    let err = stack.stack_params(std::slice::from_ref(&one)).unwrap_err();
+    assert!(err.to_string().contains("1 layers'"), "{err}");
+    let wider = Linear::new(3, 4).init(nitro::init::Seed(2));
+    let err = stack.stack_params(&[one.clone(), wider]).unwrap_err();
+    assert!(
+        err.to_string().contains("layer 1's leaf `w` is f32[3,4]"),
+        "{err}"
+    );
+    let two = stack
+        .stack_params(&[one.clone(), Linear::new(3, 3).init(nitro::init::Seed(3))])
+        .unwrap();
+    assert_eq!(two.w.dims(), [2, 3, 3]);
+    assert_eq!(
+        &two.w.as_slice::<f32>().unwrap()[..9],
+        one.w.as_slice::<f32>().unwrap()
+    );
+}

@@ -120,6 +120,7 @@ fn a_scanned_block_stack_is_the_unrolled_stack_and_the_per_layer_stack() {
     assert_eq!(
         scanned
             .stack_params(&per_layer)
+            .unwrap()
             .fc1
             .w
             .as_slice::<f32>()

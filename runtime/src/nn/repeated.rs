@@ -3,6 +3,7 @@
 use crate::init::Seed;
 use crate::ops::random::{self, StepKey};
 use crate::trace::{Remat, Scan, Tensor};
+use crate::error::{Error, Result};
 use crate::tree::{Array, ArrayData, DType, Tree};
 
 use super::{init_stack, Layer};
@@ -63,34 +64,83 @@ impl<L: Layer> Repeated<L> {
     }
 
     /// Per-layer parameters (as [`init_stack`] makes them) stacked into this layer's
-    /// parameters: row `i` of every leaf is `layers[i]`'s (the first `depth` of them).
-    pub fn stack_params(&self, layers: &[L::Params]) -> L::Params
+    /// parameters: row `i` of every leaf is `layers[i]`'s.
+    ///
+    /// [`Error::InvalidDataArgument`] unless there are exactly `depth` layers whose leaves have
+    /// one structure, dtype and shape (naming the first leaf that differs): a stack of another
+    /// depth, or none, would not be this layer's parameters.
+    pub fn stack_params(&self, layers: &[L::Params]) -> Result<L::Params>
     where
         L::Params: Clone,
     {
+        let wrong = |what: String| Error::InvalidDataArgument {
+            what: format!("Repeated::stack_params: {what}"),
+        };
+        if layers.len() != self.depth {
+            return Err(wrong(format!(
+                "{} layers' parameters given for a stack of depth {}; give one per layer",
+                layers.len(),
+                self.depth
+            )));
+        }
         let mut columns: Vec<Vec<Array>> = Vec::new();
-        for p in layers.iter().take(self.depth) {
+        let mut paths: Vec<String> = Vec::new();
+        for (i, p) in layers.iter().enumerate() {
             let mut k = 0;
-            p.for_each_leaf("", &mut |_, a| {
-                if columns.len() <= k {
+            let mut bad = None;
+            p.for_each_leaf("", &mut |path, a| {
+                let path = path.as_str();
+                if i == 0 {
                     columns.push(Vec::new());
+                    paths.push(path.to_owned());
                 }
-                columns[k].push(a.clone());
+                match columns.get(k).and_then(|c| c.first()) {
+                    Some(first) if first.leaf_type() != a.leaf_type() || paths[k] != path => {
+                        bad.get_or_insert(format!(
+                            "layer {i}'s leaf `{path}` is {} and layer 0's `{}` is {}",
+                            a.leaf_type(),
+                            paths[k],
+                            first.leaf_type()
+                        ));
+                    }
+                    _ => {}
+                }
+                if let Some(c) = columns.get_mut(k) {
+                    c.push(a.clone());
+                }
                 k += 1;
             });
+            if k != columns.len() {
+                bad.get_or_insert(format!(
+                    "layer {i} has {k} leaves and layer 0 has {}",
+                    columns.len()
+                ));
+            }
+            if let Some(bad) = bad {
+                return Err(wrong(bad));
+            }
         }
         let Some(first) = layers.first() else {
-            return self.layer.init(Seed(0));
+            return Err(wrong("no layers given".into()));
         };
         let mut stacked = first.clone();
         let mut k = 0;
+        let mut failed = None;
         stacked.visit_mut(&mut crate::tree::LeafPath::root(""), &mut |_, a| {
             if let Some(column) = columns.get(k) {
-                *a = stack(a, column);
+                match stack(a, column) {
+                    Ok(s) => *a = s,
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                    }
+                }
             }
             k += 1;
         });
-        stacked
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(stacked),
+        }
     }
 
     /// Layer `i`'s parameters out of a stacked view (slices of every leaf).
@@ -130,11 +180,17 @@ where
             // No rows: the leaves of one layer's types with a leading 0.
             let mut p = layers[0].clone();
             p.visit_mut(&mut crate::tree::LeafPath::root(""), &mut |_, a| {
-                *a = stack(a, &[]);
+                if let Ok(empty) = stack(a, &[]) {
+                    *a = empty;
+                }
             });
             return p;
         }
+        // `depth` inits of one layer share their structure and types: stacking cannot fail
+        // but for the size limit, which `Layer::init` (infallible, like `Array::zeros`) reports
+        // as a panic.
         self.stack_params(&layers)
+            .unwrap_or_else(|e| panic!("Repeated::init: {e}"))
     }
 
     #[track_caller]
@@ -194,11 +250,13 @@ impl<L: Layer> Layer for LayerRef<'_, L> {
 }
 
 /// Arrays of `template`'s type stacked along a new leading axis (none: zero rows).
-fn stack(template: &Array, parts: &[Array]) -> Array {
+fn stack(template: &Array, parts: &[Array]) -> Result<Array> {
     let mut dims = vec![parts.len()];
     dims.extend(template.dims());
     let datas: Vec<&ArrayData> = parts.iter().map(|a| a.data()).collect();
     let data =
-        ArrayData::concat(template.data(), &datas).expect("the layers' leaves share a dtype");
-    Array::from_data(&dims, data).expect("stacked dims hold the layers' elements")
+        ArrayData::concat(template.data(), &datas).ok_or_else(|| Error::InvalidDataArgument {
+            what: "Repeated::stack_params: the layers' leaves differ in dtype".into(),
+        })?;
+    Array::from_data(&dims, data)
 }
