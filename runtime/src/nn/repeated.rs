@@ -1,9 +1,9 @@
 //! A stack of identical layers with stacked parameters, run as one [`Scan`] over depth.
 
+use crate::error::{Error, Result};
 use crate::init::Seed;
 use crate::ops::random::{self, StepKey};
 use crate::trace::{Remat, Scan, Tensor};
-use crate::error::{Error, Result};
 use crate::tree::{Array, ArrayData, DType, Tree};
 
 use super::{init_stack, Layer};
