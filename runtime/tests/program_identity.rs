@@ -204,8 +204,10 @@ fn doubled_program<E: Experiment + 'static>() -> Program<E, (), Vec<Tensor>> {
 
 /// Two block-local `Net`s share `std::any::type_name` and differ only in one Device leaf's role:
 /// the second lookup must compile its own program (two outputs, not the first's one), whether
-/// or not the compiler folded the two instantiations to one address (it does in release builds,
-/// where CI runs this file too).
+/// or not the compiler or linker folded the two instantiations to one address (which the
+/// stale case needed; CI runs this file in a release build too, and the test prints whether
+/// they were folded). The unit test `a_leaf_role_and_the_type_itself_are_in_the_key_components`
+/// holds the key components apart whatever the build.
 fn roles_split(backend: &dyn Backend) {
     let cache = Cache::in_memory(16);
     cache.set_verify(true);

@@ -1577,3 +1577,87 @@ pub struct Probe {
     /// The traced program's fingerprint (what a manifest lists).
     pub fingerprint: Digest,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::Array;
+
+    fn doubled<E: Experiment + 'static>(_: &E::View<'_>, _: &()) -> Vec<Tensor> {
+        crate::program::trainable_leaves()
+            .into_iter()
+            .map(|t| t * 2.0)
+            .collect()
+    }
+
+    fn doubled_program<E: Experiment + 'static>() -> Program<E, (), Vec<Tensor>> {
+        Program::generic("doubled", doubled::<E>)
+    }
+
+    /// The route of a held program is its key components and its code address. Two
+    /// block-local types of one `type_name` that differ only in a Device leaf's role must not
+    /// share components: when a release build folds their programs to one address, equal
+    /// components would serve the first type's program to the second (issue 30, item 14).
+    #[test]
+    fn a_leaf_role_and_the_type_itself_are_in_the_key_components() {
+        let backend = crate::backend::interpreter();
+        let parts = KeyParts {
+            graph_const: Digest::default(),
+            graph_const_fields: &[],
+            settings: Digest::default(),
+        };
+        let w = || Array::full(&[2], 1.0f32);
+        let (name_a, a) = {
+            #[crate::experiment]
+            struct Net {
+                #[device(trainable)]
+                w: Array,
+                #[device]
+                b: Array,
+            }
+            let p = doubled_program::<Net>();
+            let e = Net { w: w(), b: w() };
+            (
+                std::any::type_name::<Net>(),
+                key_components(backend, &p, &e, &(), &parts),
+            )
+        };
+        let (name_b, b) = {
+            #[crate::experiment]
+            struct Net {
+                #[device(trainable)]
+                w: Array,
+                #[device(trainable)]
+                b: Array,
+            }
+            let p = doubled_program::<Net>();
+            let e = Net { w: w(), b: w() };
+            (
+                std::any::type_name::<Net>(),
+                key_components(backend, &p, &e, &(), &parts),
+            )
+        };
+        // Same schema, another type: the TypeId alone tells them apart.
+        let (name_c, c) = {
+            #[crate::experiment]
+            struct Net {
+                #[device(trainable)]
+                w: Array,
+                #[device]
+                b: Array,
+            }
+            let p = doubled_program::<Net>();
+            let e = Net { w: w(), b: w() };
+            (
+                std::any::type_name::<Net>(),
+                key_components(backend, &p, &e, &(), &parts),
+            )
+        };
+        assert!(
+            name_a == name_b && name_b == name_c,
+            "{name_a} {name_b} {name_c}"
+        );
+        assert_ne!(a, b, "a role change must move the components");
+        assert_ne!(a, c, "another type of one name and schema must move them");
+    }
+}
