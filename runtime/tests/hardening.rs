@@ -557,12 +557,7 @@ fn only_regular_files_are_read_and_only_as_far_as_their_header_says() {
 #[test]
 fn a_save_removes_what_killed_saves_left_and_names_the_path_given() {
     let dir = TempDir::new("temps");
-    let dead = {
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id();
-        child.wait().unwrap();
-        pid
-    };
+    let dead = common::dead_pid();
     let me = std::process::id();
     let left = [
         format!("step-10.safetensors.tmp.{dead}.0"),

@@ -424,12 +424,7 @@ fn import_instructions_that_name_nothing_are_refused_and_change_nothing() {
 fn exports_arrays_and_manifests_sweep_stale_temporary_files() {
     let dir = TempDir::new("sweep");
     std::fs::create_dir_all(dir.path()).unwrap();
-    let dead = {
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id();
-        child.wait().unwrap();
-        pid
-    };
+    let dead = common::dead_pid();
     let me = std::process::id();
     let left = [
         format!("old.safetensors.tmp.{dead}.0"),

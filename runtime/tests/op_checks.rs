@@ -37,11 +37,7 @@ fn f32s(dims: &[usize]) -> LeafType {
 /// The trace error of `body` over `inputs`; fails the test when the trace succeeds or fails
 /// any other way (a panic while tracing is [`Error::TracePanic`]).
 fn trace_error(inputs: &[LeafType], body: impl FnOnce(&[Tensor]) -> Vec<Tensor>) -> TraceError {
-    let named: Vec<(String, LeafType)> = inputs
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (format!("x{i}"), t.clone()))
-        .collect();
+    let named = common::named_inputs(inputs);
     match trace::trace(&named, body) {
         Err(Error::Trace(e)) => *e,
         Err(other) => panic!("expected a trace error, got another error: {other}"),

@@ -736,11 +736,7 @@ fn rounding_sign_and_bit_ops() {
 // ---- trace-time errors -------------------------------------------------------------------------
 
 fn trace_error(inputs: &[LeafType], body: impl FnOnce(&[Tensor]) -> Vec<Tensor>) -> String {
-    let named: Vec<(String, LeafType)> = inputs
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (format!("x{i}"), t.clone()))
-        .collect();
+    let named = common::named_inputs(inputs);
     match trace::trace(&named, body) {
         Err(e @ Error::Trace(_)) => e.to_string(),
         other => panic!("expected a trace error, got {other:?}"),

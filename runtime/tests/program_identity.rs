@@ -123,15 +123,21 @@ fn one_program_compiles_once_from_every_module_on_the_interpreter() {
     check(backend::interpreter());
 }
 
-#[test]
-fn one_program_compiles_once_from_every_module_on_xla() {
+/// Runs `case` on XLA, or prints `skip:` without a plugin (a failure under
+/// `NITRO_REQUIRE_XLA=1`).
+fn on_xla(test: &str, case: fn(&dyn Backend)) {
     if let Ok(xla) = backend::xla() {
-        check(xla);
+        case(xla);
     } else {
         let required = std::env::var("NITRO_REQUIRE_XLA").is_ok_and(|v| v.trim() == "1");
         assert!(!required, "NITRO_REQUIRE_XLA=1 but XLA is unavailable");
-        println!("skip: one_program_compiles_once_from_every_module_on_xla: no XLA plugin");
+        println!("skip: {test}: no XLA plugin");
     }
+}
+
+#[test]
+fn one_program_compiles_once_from_every_module_on_xla() {
+    on_xla("one_program_compiles_once_from_every_module_on_xla", check);
 }
 
 /// A second `fn` with the same body under the same name: a second code address for one
@@ -272,11 +278,5 @@ fn two_types_of_one_name_that_differ_in_a_role_never_share_a_program_on_the_inte
 
 #[test]
 fn two_types_of_one_name_that_differ_in_a_role_never_share_a_program_on_xla() {
-    if let Ok(xla) = backend::xla() {
-        roles_split(xla);
-    } else {
-        let required = std::env::var("NITRO_REQUIRE_XLA").is_ok_and(|v| v.trim() == "1");
-        assert!(!required, "NITRO_REQUIRE_XLA=1 but XLA is unavailable");
-        println!("skip: two_types_of_one_name_on_xla: no XLA plugin");
-    }
+    on_xla("two_types_of_one_name_on_xla", roles_split);
 }

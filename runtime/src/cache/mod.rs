@@ -1606,53 +1606,30 @@ mod tests {
             graph_const_fields: &[],
             settings: Digest::default(),
         };
-        let w = || Array::full(&[2], 1.0f32);
-        let (name_a, a) = {
-            #[crate::experiment]
-            struct Net {
-                #[device(trainable)]
-                w: Array,
-                #[device]
-                b: Array,
-            }
-            let p = doubled_program::<Net>();
-            let e = Net { w: w(), b: w() };
-            (
-                std::any::type_name::<Net>(),
-                key_components(backend, &p, &e, &(), &parts),
-            )
-        };
-        let (name_b, b) = {
-            #[crate::experiment]
-            struct Net {
-                #[device(trainable)]
-                w: Array,
-                #[device(trainable)]
-                b: Array,
-            }
-            let p = doubled_program::<Net>();
-            let e = Net { w: w(), b: w() };
-            (
-                std::any::type_name::<Net>(),
-                key_components(backend, &p, &e, &(), &parts),
-            )
-        };
+        // A block-local `Net` (every one of them has one `type_name`) whose `b` takes the
+        // role given, and its type name and key components.
+        macro_rules! local_net {
+            ($($role:tt)*) => {{
+                #[crate::experiment]
+                struct Net {
+                    #[device(trainable)]
+                    w: Array,
+                    $($role)*
+                    b: Array,
+                }
+                let w = || Array::full(&[2], 1.0f32);
+                let e = Net { w: w(), b: w() };
+                let p = doubled_program::<Net>();
+                (
+                    std::any::type_name::<Net>(),
+                    key_components(backend, &p, &e, &(), &parts),
+                )
+            }};
+        }
+        let (name_a, a) = local_net!(#[device]);
+        let (name_b, b) = local_net!(#[device(trainable)]);
         // Same schema, another type: the TypeId alone tells them apart.
-        let (name_c, c) = {
-            #[crate::experiment]
-            struct Net {
-                #[device(trainable)]
-                w: Array,
-                #[device]
-                b: Array,
-            }
-            let p = doubled_program::<Net>();
-            let e = Net { w: w(), b: w() };
-            (
-                std::any::type_name::<Net>(),
-                key_components(backend, &p, &e, &(), &parts),
-            )
-        };
+        let (name_c, c) = local_net!(#[device]);
         assert!(
             name_a == name_b && name_b == name_c,
             "{name_a} {name_b} {name_c}"

@@ -122,3 +122,21 @@ pub fn namespace(tag: &str) -> String {
         .as_nanos();
     format!("nitro-test-{tag}-{}-{nanos}", std::process::id())
 }
+
+/// The id of a process that has exited: what a writer killed mid-write leaves in the names of
+/// its temporary files.
+pub fn dead_pid() -> u32 {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    child.wait().unwrap();
+    pid
+}
+
+/// Trace inputs named `x0`, `x1`, … of `types`.
+pub fn named_inputs(types: &[nitro::LeafType]) -> Vec<(String, nitro::LeafType)> {
+    types
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (format!("x{i}"), t.clone()))
+        .collect()
+}
