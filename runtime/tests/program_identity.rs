@@ -217,45 +217,29 @@ fn doubled_program<E: Experiment + 'static>() -> Program<E, (), Vec<Tensor>> {
 fn roles_split(backend: &dyn Backend) {
     let cache = Cache::in_memory(16);
     cache.set_verify(true);
-    let (name_a, addr_a, one) = {
-        #[experiment]
-        struct Net {
-            #[device(trainable)]
-            w: Array,
-            #[device]
-            b: Array,
-        }
-        let e = Net {
-            w: Array::full(&[2], 1.0f32),
-            b: Array::full(&[2], 1.0f32),
-        };
-        let p = doubled_program::<Net>();
-        let s = cache.get(backend, &p, &e, &()).unwrap();
-        let out = s.compiled.executable.run(&[&e.w, &e.b]).unwrap();
-        (std::any::type_name::<Net>(), p.code_address(), out.len())
-    };
-    let (name_b, addr_b, two, outcome) = {
-        #[experiment]
-        struct Net {
-            #[device(trainable)]
-            w: Array,
-            #[device(trainable)]
-            b: Array,
-        }
-        let e = Net {
-            w: Array::full(&[2], 1.0f32),
-            b: Array::full(&[2], 1.0f32),
-        };
-        let p = doubled_program::<Net>();
-        let s = cache.get(backend, &p, &e, &()).unwrap();
-        let out = s.compiled.executable.run(&[&e.w, &e.b]).unwrap();
-        (
-            std::any::type_name::<Net>(),
-            p.code_address(),
-            out.len(),
-            s.outcome,
-        )
-    };
+    // A block-local `Net` whose `b` takes the role given, looked up and run: its type name,
+    // its program's address, how many outputs it gave, and what the lookup did.
+    macro_rules! local_net {
+        ($($role:tt)*) => {{
+            #[experiment]
+            struct Net {
+                #[device(trainable)]
+                w: Array,
+                $($role)*
+                b: Array,
+            }
+            let e = Net {
+                w: Array::full(&[2], 1.0f32),
+                b: Array::full(&[2], 1.0f32),
+            };
+            let p = doubled_program::<Net>();
+            let s = cache.get(backend, &p, &e, &()).unwrap();
+            let out = s.compiled.executable.run(&[&e.w, &e.b]).unwrap();
+            (std::any::type_name::<Net>(), p.code_address(), out.len(), s.outcome)
+        }};
+    }
+    let (name_a, addr_a, one, _) = local_net!(#[device]);
+    let (name_b, addr_b, two, outcome) = local_net!(#[device(trainable)]);
     println!(
         "type names equal: {}, addresses equal: {}",
         name_a == name_b,
