@@ -273,3 +273,73 @@ fn replicas_draw_their_own_masks_reproducibly() {
         "replica r draws fold_in(key, r), not the one-device mask"
     );
 }
+
+// ---- Threefry as JAX lowers it on CPU (issue 31, item 2) ---------------------------------------
+
+/// Every draw of one shape calls one Threefry function (a rolled loop of 5 × 4 rounds), however
+/// many draws the program makes; another shape adds one more. The bits are the host block
+/// function's, on the interpreter and on XLA.
+#[test]
+fn threefry_is_one_rolled_function_per_shape_with_the_same_bits() {
+    let key = LeafType::new(DType::U32, &[2]);
+    let draws = |n: usize, shapes: &'static [&'static [usize]]| {
+        trace::trace(&[("key".into(), key.clone())], move |t| {
+            let mut out = Vec::new();
+            for i in 0..n {
+                let k = random::fold_in(t[0], Tensor::constant(Array::scalar(i as u32)));
+                for dims in shapes {
+                    out.push(random::bits(k, dims));
+                }
+            }
+            out
+        })
+        .unwrap()
+    };
+    let functions = |g: &trace::Graph| {
+        let text = nitro::emit::emit(g);
+        (
+            text.matches("func.func private").count(),
+            text.matches("stablehlo.while").count(),
+            text.matches("stablehlo.xor").count(),
+        )
+    };
+    let (one, _, _) = functions(&draws(1, &[&[4, 8]]));
+    let (eight, whiles, xors) = functions(&draws(8, &[&[4, 8]]));
+    // fold_in draws u32[1] counters, bits u32[4, 8]: two shapes, two functions, however many.
+    assert_eq!((one, eight), (2, 2));
+    assert_eq!(
+        whiles, 16,
+        "one loop per draw, each calling its shape's function"
+    );
+    // The 20 rounds' xors are written once per function (4 in each loop body), not per draw:
+    // unrolled, 16 draws held 16 × 20 of them.
+    assert!(xors < 16 * 20 / 4, "{xors} xors");
+    let (three_shapes, _, _) = functions(&draws(3, &[&[4, 8], &[5]]));
+    assert_eq!(three_shapes, 3);
+
+    // The bits: element i of bits(k, dims) is y0 ^ y1 of the host block on (0, i).
+    let g = draws(2, &[&[3, 5]]);
+    let k = random::key(7);
+    let host = |i: u32| {
+        let kw = k.as_slice::<u32>().unwrap();
+        let f = random::threefry2x32_host([kw[0], kw[1]], [0, i]);
+        let folded = [f[0], f[1]];
+        (0..15u32)
+            .map(|j| {
+                let y = random::threefry2x32_host(folded, [0, j]);
+                y[0] ^ y[1]
+            })
+            .collect::<Vec<u32>>()
+    };
+    let mut backends: Vec<&'static dyn Backend> = vec![backend::interpreter()];
+    if let Some(xla) = xla_or_skip("threefry bits on xla") {
+        backends.push(xla);
+    }
+    for b in backends {
+        let exe = b.compile(&g, &nitro::emit::emit(&g)).unwrap();
+        let out = exe.run(&[&k]).unwrap();
+        for (i, o) in out.iter().enumerate() {
+            assert_eq!(o.as_slice::<u32>().unwrap(), host(i as u32), "draw {i}");
+        }
+    }
+}

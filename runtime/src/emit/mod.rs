@@ -99,12 +99,12 @@ pub fn emit_with(graph: &Graph, options: &EmitOptions) -> String {
     } else {
         out.push_str("module @nitro {\n");
     }
-    let mut bodies = Vec::new();
+    let mut bodies = Bodies::default();
     let mut e = Emitter::new(graph, &mut bodies);
     // Writing into a `String` cannot fail; the `fmt::Result` plumbing only serves `write!`.
     let _ = e.function("public @main", options);
     out.push_str(&e.out);
-    for body in &bodies {
+    for body in &bodies.texts {
         out.push_str(body);
     }
     out.push_str("}\n");
@@ -280,12 +280,22 @@ struct Emitter<'g, 'b> {
     live: Vec<bool>,
     names: Vec<Ssa>,
     out: String,
-    /// The module's private functions (scan bodies), in the order they were first needed.
-    bodies: &'b mut Vec<String>,
+    /// The module's private functions (loop bodies), in the order they were first needed.
+    bodies: &'b mut Bodies,
+}
+
+/// The private functions of a module: their texts, and which text each distinct body has, so
+/// that identical bodies (every Threefry draw of one shape, say) are one function.
+#[derive(Default)]
+struct Bodies {
+    /// The functions' texts, `@scanN` at place `N`.
+    texts: Vec<String>,
+    /// Each distinct body's text with its own name left out, and its number.
+    seen: std::collections::HashMap<String, usize>,
 }
 
 impl<'g, 'b> Emitter<'g, 'b> {
-    fn new(graph: &'g Graph, bodies: &'b mut Vec<String>) -> Self {
+    fn new(graph: &'g Graph, bodies: &'b mut Bodies) -> Self {
         let live = graph.live();
         let mut next = 0;
         let mut names: Vec<Ssa> = Vec::with_capacity(graph.nodes.len());
@@ -679,17 +689,29 @@ impl Emitter<'_, '_> {
             .unzip()
     }
 
-    /// `body` emitted once as a private function of the module; returns its name.
+    /// `body` as a private function of the module; returns its name. A body identical to one
+    /// emitted before (the same text but for its name, nested bodies deduplicated first) is
+    /// that function: nothing new is emitted.
     fn body_function(&mut self, body: &Graph) -> Result<String, fmt::Error> {
-        let k = self.bodies.len();
-        self.bodies.push(String::new());
+        let k = self.bodies.texts.len();
+        self.bodies.texts.push(String::new());
+        let name = format!("@scan{k}");
         let text = {
             let mut e = Emitter::new(body, self.bodies);
-            e.function(&format!("private @scan{k}"), &EmitOptions::default())?;
+            e.function(&format!("private {name}"), &EmitOptions::default())?;
             e.out
         };
-        self.bodies[k] = text;
-        Ok(format!("@scan{k}"))
+        // The text without its own name: the `func.func private @scanK(` of its first line.
+        let anonymous = text.replacen(&format!("{name}("), "(", 1);
+        if let Some(&first) = self.bodies.seen.get(&anonymous) {
+            // Its nested bodies were deduplicated to earlier functions, so nothing after `k`
+            // is new.
+            self.bodies.texts.truncate(k);
+            return Ok(format!("@scan{first}"));
+        }
+        self.bodies.seen.insert(anonymous, k);
+        self.bodies.texts[k] = text;
+        Ok(name)
     }
 
     /// A while loop: it threads the carry and the invariants; the condition region calls the
