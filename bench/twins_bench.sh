@@ -20,12 +20,16 @@
 #           --layers 1) instead of the benchmark's (fashion --epochs 1 --train-rows 12800;
 #           chargpt --steps 200, its default shape)
 #   MODELS  which models, in order ("fashion chargpt")
+#   BASE_BIN  a directory of other nitro example binaries (an older build: before/after in one
+#           run); when set, each round also runs them cold and warm, as side "base", between
+#           nitro's runs and JAX's, and the table adds their column and ratios
+#   EXTRA   extra arguments for both nitro sides (e.g. "--layers 8")
 #
 # Writes under $OUT: bundle-MODEL/ (the twin bundle), raw/MODEL-rR-SIDE-CACHE.{json,out,err}
 # (each run's JSON line, its whole stdout and its stderr), runs.jsonl (one line per run: the
 # JSON line with the externally measured wall time and peak RSS), table.md (what is printed),
-# and the compile caches nitro-cache-MODEL-R/ and jax-cache-MODEL-R/ (emptied at each round's
-# start). Only those paths are removed, never $OUT itself.
+# and the compile caches nitro-cache-MODEL-R/, base-cache-MODEL-R/ and jax-cache-MODEL-R/ (emptied
+# at each round's start). Only those paths are removed, never $OUT itself.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-3}
@@ -33,6 +37,8 @@ PY=${PY:-python3}
 OUT=${OUT:-target/twins-bench}
 SHORT=${SHORT:-0}
 MODELS=${MODELS:-"fashion chargpt"}
+BASE_BIN=${BASE_BIN:-}
+read -r -a EXTRA_ARGS <<<"${EXTRA:-}"
 
 die() { echo "twins_bench: error: $*" >&2; exit 1; }
 say() { echo "twins_bench: $*" >&2; }
@@ -49,6 +55,7 @@ for model in $MODELS; do
     esac
     [[ -x "$NITRO_BIN/$model" ]] || die "$NITRO_BIN/$model is missing: build the examples first with
     cargo build --release -p nitro-examples --examples"
+    [[ -z "$BASE_BIN" || -x "$BASE_BIN/$model" ]] || die "BASE_BIN=$BASE_BIN has no $model binary"
 done
 
 command -v "$PY" >/dev/null 2>&1 || die "PY='$PY' is not a Python found on PATH"
@@ -74,6 +81,8 @@ else
     FASHION_ARGS=(--epochs 1 --train-rows 12800 --json --serial-compiles)
     CHARGPT_ARGS=(--steps 200 --json --serial-compiles)
 fi
+FASHION_ARGS+=("${EXTRA_ARGS[@]}")
+CHARGPT_ARGS+=("${EXTRA_ARGS[@]}")
 
 mkdir -p "$OUT/raw"
 rm -f "$OUT"/raw/* "$OUT/runs.jsonl" "$OUT/table.md"
@@ -138,9 +147,14 @@ for model in $MODELS; do
     for ((r = 1; r <= ROUNDS; r++)); do
         ncache="$OUT/nitro-cache-$model-$r"
         jcache="$OUT/jax-cache-$model-$r"
-        rm -rf "$ncache" "$jcache"
+        bcache="$OUT/base-cache-$model-$r"
+        rm -rf "$ncache" "$jcache" "$bcache"
         run_one "$model" "$r" nitro cold env NITRO_CACHE_DIR="$ncache" "$NITRO_BIN/$model" "${args[@]}"
         run_one "$model" "$r" nitro warm env NITRO_CACHE_DIR="$ncache" "$NITRO_BIN/$model" "${args[@]}"
+        if [[ -n "$BASE_BIN" ]]; then
+            run_one "$model" "$r" base cold env NITRO_CACHE_DIR="$bcache" "$BASE_BIN/$model" "${args[@]}"
+            run_one "$model" "$r" base warm env NITRO_CACHE_DIR="$bcache" "$BASE_BIN/$model" "${args[@]}"
+        fi
         run_one "$model" "$r" jax cold "$PY" "bench/twin_$model.py" "$bundle" --json --cache "$jcache"
         run_one "$model" "$r" jax warm "$PY" "bench/twin_$model.py" "$bundle" --json --cache "$jcache"
     done

@@ -1,5 +1,5 @@
 """The markdown tables of bench/twins_bench.sh: reads its runs.jsonl (one line per run: model,
-round, side nitro|jax, cache cold|warm, the externally measured wall_s and max_rss_kb, and the
+round, side nitro|base|jax (base: an older nitro build, when the bench ran one), cache cold|warm, the externally measured wall_s and max_rss_kb, and the
 run's own JSON line as `result`) and prints, per model, the median over the rounds of each figure
 on both sides (with the range when there is more than one round) and the ratio of the medians,
 nitro / JAX. Standard library only.
@@ -133,9 +133,14 @@ def backend_line(runs):
 
 def table(model, runs):
     rounds = sorted({run["round"] for run in runs})
+    base = any(run["side"] == "base" for run in runs)
     out = [f"## {model} ({len(rounds)} round{'s' if len(rounds) != 1 else ''})", "",
-           backend_line(runs), "",
-           "| measure | nitro | JAX | nitro / JAX |", "| --- | --- | --- | --- |"]
+           backend_line(runs), ""]
+    if base:
+        out += ["| measure | nitro | base | JAX | nitro / JAX | base / JAX | nitro / base |",
+                "| --- | --- | --- | --- | --- | --- | --- |"]
+    else:
+        out += ["| measure | nitro | JAX | nitro / JAX |", "| --- | --- | --- | --- |"]
     for label, cache, dec, nitro_f, jax_f in rows(model):
         def pick(side, f):
             vals = []
@@ -147,10 +152,17 @@ def table(model, runs):
                         vals.append(None)
             return vals
 
+        def ratio(a, b):
+            return f"{a / b:.2f}×" if a is not None and b else "—"
+
         n_text, n_med = cell(pick("nitro", nitro_f), dec)
         j_text, j_med = cell(pick("jax", jax_f), dec)
-        ratio = f"{n_med / j_med:.2f}×" if n_med is not None and j_med else "—"
-        out.append(f"| {label} | {n_text} | {j_text} | {ratio} |")
+        if base:
+            b_text, b_med = cell(pick("base", nitro_f), dec)
+            out.append(f"| {label} | {n_text} | {b_text} | {j_text} | {ratio(n_med, j_med)} | "
+                       f"{ratio(b_med, j_med)} | {ratio(n_med, b_med)} |")
+        else:
+            out.append(f"| {label} | {n_text} | {j_text} | {ratio(n_med, j_med)} |")
     return "\n".join(out)
 
 

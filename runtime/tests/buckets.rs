@@ -552,3 +552,52 @@ fn plan_says_what_will_compile_and_never_compiles() {
     );
     assert_eq!(plan.expected_ms().1, 0);
 }
+
+/// `prepare_buckets` looks up every edge's programs at once, bounded by
+/// `Config::compile_threads`: one thread or four, the same programs compile, each once, each
+/// recorded with its edge; and a budget the inventory exceeds is refused before any compile.
+#[test]
+fn bucket_programs_compile_together_bounded_and_within_the_budget() {
+    let train = Ragged::next_token(&docs(40, 7, 40)).unwrap();
+    let buckets = Buckets::new([8, 16, 24, 40]).unwrap();
+    let backend = backend::interpreter();
+    let mut seen = Vec::new();
+    for threads in [1, 4] {
+        let cache: &'static Cache = Box::leak(Box::new(Cache::in_memory(64)));
+        let config = Config::new()
+            .batch(4)
+            .seed(3)
+            .buckets(buckets.clone())
+            .compile_threads(threads)
+            .progress(false);
+        let mut run = Nitro::with_backend(tiny(), Adam::default(), config, backend, cache).unwrap();
+        run.prepare_buckets(&train, true).unwrap();
+        let stats = cache.stats();
+        assert_eq!((stats.compiles, stats.misses), (9, 9), "{threads}: {stats}");
+        let mut roles: Vec<(String, Option<usize>)> = run
+            .program_times()
+            .iter()
+            .map(|t| (t.role.clone(), t.edge))
+            .collect();
+        roles.sort();
+        seen.push(roles);
+        assert_eq!(run.programs_held(), 9);
+    }
+    assert_eq!(seen[0], seen[1]);
+    assert_eq!(seen[0].iter().filter(|(r, _)| r == "grad").count(), 4);
+
+    // Eight programs allowed, nine declared: refused before anything compiles.
+    let cache: &'static Cache = Box::leak(Box::new(Cache::in_memory(64)));
+    let config = Config::new()
+        .batch(4)
+        .buckets(buckets)
+        .max_programs(8)
+        .progress(false);
+    let mut run = Nitro::with_backend(tiny(), Adam::default(), config, backend, cache).unwrap();
+    let err = run.prepare_buckets(&train, true).unwrap_err();
+    assert!(
+        matches!(err, nitro::Error::ProgramBudget { needed: 9, .. }),
+        "{err}"
+    );
+    assert_eq!(cache.stats().compiles, 0);
+}

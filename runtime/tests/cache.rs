@@ -1527,3 +1527,57 @@ fn the_lint_names_a_graph_const_that_keeps_recompiling_and_a_program_with_many_v
     let text = lints[0].to_string();
     assert!(text.contains("`k`") && text.contains("#[device]"), "{text}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Compiles that say they are running (issue 31, item 5)
+// ---------------------------------------------------------------------------------------------
+
+/// The child of [`a_compile_says_it_runs_unless_quiet`]: compiles announced at once, one
+/// compile on a quiet thread.
+#[test]
+#[ignore = "run as a child process by a_compile_says_it_runs_unless_quiet"]
+fn announce_child() {
+    let cache = Cache::in_memory(8);
+    cache.set_announce_after(Duration::ZERO);
+    let b = backend::interpreter();
+    cache.get(b, &SCALE, &keyed(2), &()).unwrap();
+    cache::quietly(true, || cache.get(b, &ADD, &keyed(2), &()).unwrap());
+    // A hit compiles nothing, so says nothing.
+    cache.get(b, &SCALE, &keyed(2), &()).unwrap();
+}
+
+#[test]
+fn a_compile_says_it_runs_unless_quiet() {
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(exe)
+        .args([
+            "--exact",
+            "announce_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("nitro: compil"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{stderr}");
+    assert!(
+        lines[0].starts_with("nitro: compiling ")
+            && lines[0].contains("Keyed::scale")
+            && lines[0].contains("no earlier compile recorded here"),
+        "{stderr}"
+    );
+    assert!(
+        lines[1].starts_with("nitro: compiled ") && lines[1].contains("Keyed::scale"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("Keyed::add"),
+        "the quiet compile said nothing: {stderr}"
+    );
+}

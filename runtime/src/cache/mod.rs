@@ -33,6 +33,7 @@
 //! ```
 
 pub mod manifest;
+mod progress;
 mod reason;
 pub mod remote;
 mod stats;
@@ -44,6 +45,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 pub use manifest::{store_key, Manifest, ManifestEntry};
+pub use progress::{quietly, ANNOUNCE_AFTER};
 pub use reason::MissReason;
 pub use remote::{LayeredStore, RedisStore, RemoteConfig, RemoteMode, Transfer};
 pub use stats::{CacheStats, RemoteStats};
@@ -447,6 +449,8 @@ pub struct Cache {
     misconfigured: Option<String>,
     /// The lint warns past this many variants of one program.
     variant_warning: AtomicUsize,
+    /// How long a compile runs before it says so on stderr, in milliseconds.
+    announce_after_ms: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Cache {
@@ -623,6 +627,7 @@ impl Cache {
             verify: AtomicBool::new(false),
             misconfigured: None,
             variant_warning: AtomicUsize::new(DEFAULT_VARIANT_WARNING),
+            announce_after_ms: std::sync::atomic::AtomicU64::new(ANNOUNCE_AFTER.as_millis() as u64),
         }
     }
 
@@ -1014,7 +1019,16 @@ impl Cache {
         let loaded = executable.is_some();
         let executable = match executable {
             Some(exe) => exe,
-            None => backend.compile(&traced.graph, &traced.text)?,
+            None => {
+                // A compile of more than a second says so, with what it cost here last time.
+                let last_ms = store
+                    .and_then(|s| s.program_record(&program_key))
+                    .and_then(|bytes| serde_json::from_slice::<ProgramTimes>(&bytes).ok())
+                    .and_then(|t| t.compile_ms);
+                let after = Duration::from_millis(self.announce_after_ms.load(Ordering::Relaxed));
+                let _watch = progress::Watch::start(&program_id, last_ms, after);
+                backend.compile(&traced.graph, &traced.text)?
+            }
         };
         let build_time = started.elapsed();
         let ms = build_time.as_secs_f64() * 1e3;
@@ -1231,6 +1245,16 @@ impl Cache {
     /// [`set_variant_warning`](Cache::set_variant_warning)).
     pub fn variant_warning(&self) -> usize {
         self.variant_warning.load(Ordering::Relaxed)
+    }
+
+    /// How long a compile runs before it says so on stderr: the program, how long so far and
+    /// how long its last compile took here (default [`ANNOUNCE_AFTER`], a second; zero
+    /// announces every compile at once). Threads inside [`quietly`] never say.
+    pub fn set_announce_after(&self, after: Duration) {
+        self.announce_after_ms.store(
+            u64::try_from(after.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
     }
 
     /// Warn when one program has compiled more than `variants` variants (default 8).

@@ -19,7 +19,10 @@ pub struct Config {
     /// ignored). Its rates are written to a traced scalar: a schedule never recompiles.
     pub schedule: Option<Arc<dyn Schedule>>,
     /// Whether [`Nitro::fit`] draws a progress bar per epoch on stderr (only ever when stderr
-    /// is a terminal).
+    /// is a terminal), and whether the handle's compiles that run past a second say so on
+    /// stderr (the program, how long so far, how long its last compile took here:
+    /// [`crate::cache::quietly`]). Off, the handle writes nothing to stderr (the examples turn
+    /// it off under `--json`).
     pub progress: bool,
     /// Micro-batches per optimizer step (gradient accumulation): each of
     /// [`step_deferred`](Nitro::step_deferred)'s batches adds its gradient to a sum on the
@@ -39,6 +42,11 @@ pub struct Config {
     /// sum), or one after another — slower to start on a busy machine, but each program's
     /// compile time in [`Nitro::program_times`] is then its own, not contended by the others.
     pub concurrent_compiles: bool,
+    /// With [`concurrent_compiles`](Config::concurrent_compiles), the most programs compiled
+    /// (or loaded) at once — across every bucket edge when [`Nitro::prepare_buckets`] gets the
+    /// whole inventory — the next starting as one ends, the gradient programs first. `None`
+    /// (the default): the machine's available parallelism, at least 2.
+    pub compile_threads: Option<usize>,
     /// Shape buckets for variable-length data ([`crate::data::buckets`]): the declared edges of
     /// the batches' variable dimension. With them the handle's inventory is its programs × the
     /// edges, compiled before the first step of [`Nitro::fit_ragged`]; a batch of any other
@@ -77,6 +85,7 @@ impl Default for Config {
             accum: 1,
             devices: None,
             concurrent_compiles: true,
+            compile_threads: None,
             buckets: None,
             max_programs: None,
             non_finite: NonFinite::Warn,
@@ -148,6 +157,22 @@ impl Config {
     pub fn non_finite(mut self, policy: NonFinite) -> Config {
         self.non_finite = policy;
         self
+    }
+
+    /// The most programs compiled at once (see [`Config::compile_threads`]); 0 is taken as 1.
+    pub fn compile_threads(mut self, threads: usize) -> Config {
+        self.compile_threads = Some(threads.max(1));
+        self
+    }
+
+    /// The compile threads in force: [`Config::compile_threads`], else the machine's available
+    /// parallelism (at least 2).
+    pub fn compile_thread_count(&self) -> usize {
+        self.compile_threads.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map_or(2, |n| n.get())
+                .max(2)
+        })
     }
 
     /// Whether programs compile concurrently (see [`Config::concurrent_compiles`]).

@@ -481,13 +481,13 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         } else {
             Inventory::Train
         };
-        let mut outcomes = Vec::new();
+        let mut samples = Vec::new();
         for &edge in buckets.edges() {
             let rows = buckets.rows_for(edge, self.config.batch, self.backend.replicas());
-            let sample = E::Batch::from_batch(data.blank(edge, rows, &buckets)?)?;
-            outcomes.extend(self.prepare_programs(&sample, inventory)?);
+            samples.push(E::Batch::from_batch(data.blank(edge, rows, &buckets)?)?);
         }
-        Ok(outcomes)
+        // Every edge's programs at once, at most `Config::compile_threads` compiling together.
+        self.prepare_shapes(&samples, inventory)
     }
 
     /// Trains [`Config::epochs`] epochs on variable-length rows under the declared

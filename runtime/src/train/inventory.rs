@@ -542,42 +542,6 @@ pub(super) fn update_inputs_shape<O: Optimizer>(opt: &OptimizerStep<O>) -> (Vec<
     )
 }
 
-/// A program lookup started by [`Nitro::prepare`]: on a thread of its own, or done already.
-pub(super) enum Task<'s, T> {
-    Running(std::thread::ScopedJoinHandle<'s, Result<T>>),
-    Done(Result<T>),
-}
-
-impl<'s, T: Send + 's> Task<'s, T> {
-    /// Runs `f` on a thread of scope `s` when `concurrent`, else now.
-    fn start<'e>(
-        s: &'s std::thread::Scope<'s, 'e>,
-        concurrent: bool,
-        f: impl FnOnce() -> Result<T> + Send + 's,
-    ) -> Task<'s, T> {
-        if concurrent {
-            Task::Running(s.spawn(f))
-        } else {
-            Task::Done(f())
-        }
-    }
-
-    fn finish(self) -> Result<T> {
-        match self {
-            Task::Running(h) => join(h),
-            Task::Done(r) => r,
-        }
-    }
-}
-
-pub(super) fn join<T>(h: std::thread::ScopedJoinHandle<'_, Result<T>>) -> Result<T> {
-    h.join().unwrap_or_else(|_| {
-        Err(Error::Misconfigured {
-            message: "a compiling thread panicked".into(),
-        })
-    })
-}
-
 impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// Gets (or compiles) the training programs — gradient and update — for batches like
     /// `sample`, concurrently, and returns what each lookup did. Called by the first step; call
@@ -611,165 +575,302 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         if training_ready && evaluation_ready {
             return Ok(Vec::new());
         }
-        // Another batch shape (another bucket) whose programs the handle holds: swap them in,
-        // no lookup.
-        if !training_ready {
-            if let Some(i) = self
-                .held
+        self.prepare_shapes(std::slice::from_ref(sample), inventory)
+    }
+
+    /// Gets (or compiles) what `inventory` names for batches like each of `samples` that the
+    /// handle does not hold: every lookup of every
+    /// shape at once, at most [`Config::compile_threads`] at a time, checked against the
+    /// program budget before any compiles; then each shape's programs are installed in order
+    /// (the last shape's are current).
+    pub(super) fn prepare_shapes(
+        &mut self,
+        samples: &[E::Batch],
+        inventory: Inventory,
+    ) -> Result<Vec<Outcome>> {
+        let started = Instant::now();
+        let replicas = self.backend.replicas();
+        // What each shape needs, its rows checked; the new programs counted for the budget.
+        let mut jobs = Vec::new();
+        let mut new = 0;
+        let mut nothing_held = self.programs.is_none() && self.held.is_empty();
+        for (i, sample) in samples.iter().enumerate() {
+            let wants = self.wants(sample, inventory);
+            let rows = batch_rows(sample)?;
+            let expected_rows = self.expected_rows(sample)?;
+            if rows != expected_rows {
+                let why = match &self.config.buckets {
+                    Some(_) => "rows for this bucket (Buckets::rows_for)",
+                    None => "rows (Config::batch)",
+                };
+                return Err(Error::InvalidSetting {
+                    variable: "batch",
+                    value: rows.to_string(),
+                    expected: format!("batches of {expected_rows} {why}"),
+                });
+            }
+            new += wants.new_programs(nothing_held, self.device_metrics.len());
+            nothing_held &= !wants.grad;
+            jobs.push((i, wants, rows));
+        }
+        self.check_budget(&samples[jobs.first().map_or(0, |j| j.0)], new)?;
+        // Tracing reads the experiment's leaf types only, which steps never change: no sync.
+        let shaped: Vec<(Shaped<'_, E::Batch>, ProgramInputs<O>)> = jobs
+            .iter()
+            .map(|&(i, _, rows)| {
+                Ok((
+                    Shaped::new(&samples[i], replicas)?,
+                    self.program_inputs(rows),
+                ))
+            })
+            .collect::<Result<_>>()?;
+        let found = {
+            let lookups: Vec<(usize, Lookup<'_>)> = jobs
                 .iter()
-                .position(|p| has_types(sample, &p.batch_types))
-            {
-                let found = self.held.swap_remove(i);
-                if let Some(current) = self.programs.replace(found) {
-                    self.held.push(current);
-                }
+                .zip(&shaped)
+                .enumerate()
+                .flat_map(|(j, ((i, wants, _), (sample, inputs)))| {
+                    self.lookups(sample, inputs, wants, self.bucket_edge(&samples[*i]))
+                        .into_iter()
+                        .map(move |l| (j, l))
+                })
+                .collect();
+            let threads = if self.config.concurrent_compiles {
+                self.config.compile_thread_count()
+            } else {
+                1
+            };
+            get_all(lookups, threads, !self.config.progress)
+        };
+        drop(shaped);
+        let mut by_job: Vec<Vec<(Slot, &'static str, Result<Served>)>> =
+            jobs.iter().map(|_| Vec::new()).collect();
+        for (j, slot, role, result) in found {
+            by_job[j].push((slot, role, result));
+        }
+        let mut outcomes = Vec::new();
+        for ((i, _, _), found) in jobs.iter().zip(by_job) {
+            let sample = &samples[*i];
+            outcomes.extend(self.install(sample, found, self.bucket_edge(sample))?);
+        }
+        self.compile_time += started.elapsed();
+        Ok(outcomes)
+    }
+
+    /// What the handle must look up for batches like `sample` to run `inventory`.
+    fn wants(&self, sample: &E::Batch, inventory: Inventory) -> Wants {
+        let want_eval = inventory != Inventory::Train;
+        let want_metrics = inventory == Inventory::Validate;
+        let current = self
+            .programs
+            .as_ref()
+            .filter(|p| has_types(sample, &p.batch_types));
+        let held = current.or_else(|| self.held.iter().find(|p| has_types(sample, &p.batch_types)));
+        match held {
+            None => Wants {
+                grad: true,
+                update: true,
+                eval: want_eval,
+                metrics: vec![want_metrics; self.device_metrics.len()],
+            },
+            Some(p) => Wants {
+                grad: false,
+                update: false,
+                eval: want_eval && p.eval.is_none(),
+                // A metric's program is kept for the current shape only.
+                metrics: self
+                    .device_metrics
+                    .iter()
+                    .map(|m| want_metrics && !(current.is_some() && m.compiled.is_some()))
+                    .collect(),
+            },
+        }
+    }
+
+    /// The inventory's lookups for one batch shape: what `prepare` gets and `plan` probes, one
+    /// list for both, in the plan's order (update, gradient, evaluation, metrics).
+    fn lookups<'a>(
+        &'a self,
+        sample: &'a Shaped<'a, E::Batch>,
+        inputs: &'a ProgramInputs<O>,
+        wants: &Wants,
+        edge: Option<usize>,
+    ) -> Vec<Lookup<'a>> {
+        let (backend, cache, experiment) = (self.backend, self.cache, &self.experiment);
+        let mut out = Vec::new();
+        if wants.update {
+            out.push(Lookup::new(Slot::Update, "update", None, move |mode| {
+                let program = update_program::<O>();
+                found(
+                    mode,
+                    cache,
+                    backend,
+                    &program,
+                    &inputs.opt,
+                    &inputs.update_inputs,
+                )
+            }));
+        }
+        if wants.grad {
+            if self.config.accum > 1 {
+                out.push(Lookup::new(
+                    Slot::Grad,
+                    "grad_accumulate",
+                    edge,
+                    move |mode| {
+                        let batch = BatchRef(sample, &inputs.mask, &inputs.sums);
+                        found(
+                            mode,
+                            cache,
+                            backend,
+                            &grad_accum_program::<E>(),
+                            experiment,
+                            &batch,
+                        )
+                    },
+                ));
+            } else {
+                out.push(Lookup::new(Slot::Grad, "grad", edge, move |mode| {
+                    let batch = BatchRef(sample, &inputs.mask, &inputs.key_sample);
+                    found(
+                        mode,
+                        cache,
+                        backend,
+                        &grad_program::<E>(),
+                        experiment,
+                        &batch,
+                    )
+                }));
+            }
+        }
+        if wants.eval {
+            out.push(Lookup::new(Slot::Eval, "eval", edge, move |mode| {
+                let batch = BatchRef(sample, &inputs.mask, &());
+                found(
+                    mode,
+                    cache,
+                    backend,
+                    &eval_program::<E>(),
+                    experiment,
+                    &batch,
+                )
+            }));
+        }
+        for (i, m) in self.device_metrics.iter().enumerate() {
+            if !wants.metrics.get(i).copied().unwrap_or(false) {
+                continue;
+            }
+            let slot = m.slot.as_ref();
+            out.push(Lookup::new(
+                Slot::Metric(i),
+                slot.name(),
+                edge,
+                move |mode| {
+                    Ok(match mode {
+                        Mode::Get => Found::Served(slot.get(
+                            cache,
+                            backend,
+                            experiment,
+                            sample,
+                            &inputs.mask,
+                        )?),
+                        Mode::Probe => Found::Probe(slot.probe(
+                            cache,
+                            backend,
+                            experiment,
+                            sample,
+                            &inputs.mask,
+                        )?),
+                    })
+                },
+            ));
+        }
+        out
+    }
+
+    /// Installs the programs found for batches like `sample` (making them the current ones)
+    /// and records what each lookup did and spent.
+    fn install(
+        &mut self,
+        sample: &E::Batch,
+        found: Vec<(Slot, &'static str, Result<Served>)>,
+        edge: Option<usize>,
+    ) -> Result<Vec<Outcome>> {
+        let batch_types = leaf_types(sample);
+        let mut got: Vec<(Slot, &'static str, Served)> = Vec::with_capacity(found.len());
+        for (slot, role, result) in found {
+            got.push((slot, role, result?));
+        }
+        let take = |got: &mut Vec<(Slot, &'static str, Served)>, slot: Slot| {
+            got.iter()
+                .position(|(s, _, _)| *s == slot)
+                .map(|i| got.remove(i))
+        };
+        let mut outcomes = Vec::new();
+        let b = self.backend;
+        match (take(&mut got, Slot::Grad), take(&mut got, Slot::Update)) {
+            (Some((_, role, grad)), Some((_, _, update))) => {
+                outcomes.extend([grad.outcome.clone(), update.outcome.clone()]);
+                self.program_times
+                    .push(ProgramTime::of(role, &grad, b, edge));
+                self.program_times
+                    .push(ProgramTime::of("update", &update, b, None));
                 for m in &mut self.device_metrics {
                     m.compiled = None;
                 }
-                return self.prepare_programs(sample, inventory);
-            }
-        }
-        let rows = batch_rows(sample)?;
-        let expected_rows = self.expected_rows(sample)?;
-        if rows != expected_rows {
-            let why = match &self.config.buckets {
-                Some(_) => "rows for this bucket (Buckets::rows_for)",
-                None => "rows (Config::batch)",
-            };
-            return Err(Error::InvalidSetting {
-                variable: "batch",
-                value: rows.to_string(),
-                expected: format!("batches of {expected_rows} {why}"),
-            });
-        }
-        self.check_budget(sample, training_ready, want_eval, want_metrics)?;
-        let batch_types = leaf_types(sample);
-        let edge = self.bucket_edge(sample);
-        // Tracing reads the experiment's leaf types only, which steps never change: no sync.
-        let started = Instant::now();
-        // Each replica's programs see its share of the rows.
-        let sample = &Shaped::new(sample, self.backend.replicas())?;
-        let ProgramInputs {
-            mask,
-            opt,
-            update_inputs,
-            key_sample,
-            sums,
-        } = self.program_inputs(rows);
-        let (backend, cache, experiment) = (self.backend, self.cache, &self.experiment);
-        let accumulating = self.config.accum > 1;
-        let held_eval = match &self.programs {
-            Some(p) if training_ready => p.eval.clone(),
-            _ => None,
-        };
-        let metrics: Vec<(&dyn MetricSlot<E>, Option<Arc<Compiled>>)> = self
-            .device_metrics
-            .iter()
-            .map(|m| {
-                let held = if training_ready {
-                    m.compiled.clone()
-                } else {
-                    None
-                };
-                (m.slot.as_ref(), held)
-            })
-            .collect();
-        // Compile the inventory concurrently: the first step waits for the slowest program,
-        // not their sum (one after another when the configuration says so).
-        let concurrent = self.config.concurrent_compiles;
-        let (training, eval, metrics) = std::thread::scope(|s| {
-            let update = (!training_ready).then(|| {
-                Task::start(s, concurrent, || {
-                    cache.get(backend, &update_program::<O>(), &opt, &update_inputs)
-                })
-            });
-            let eval = (want_eval && held_eval.is_none()).then(|| {
-                Task::start(s, concurrent, || {
-                    let inputs = BatchRef(sample, &mask, &());
-                    cache.get(backend, &eval_program::<E>(), experiment, &inputs)
-                })
-            });
-            let metric_threads: Vec<_> = metrics
-                .iter()
-                .map(|(slot, held)| {
-                    (want_metrics && held.is_none()).then(|| {
-                        Task::start(s, concurrent, || {
-                            slot.get(cache, backend, experiment, sample, &mask)
-                        })
-                    })
-                })
-                .collect();
-            let grad = (!training_ready).then(|| {
-                if accumulating {
-                    let inputs = BatchRef(sample, &mask, &sums);
-                    cache.get(backend, &grad_accum_program::<E>(), experiment, &inputs)
-                } else {
-                    let inputs = BatchRef(sample, &mask, &key_sample);
-                    cache.get(backend, &grad_program::<E>(), experiment, &inputs)
+                if let Some(old) = self.programs.take() {
+                    if old.batch_types != batch_types {
+                        self.held.push(old);
+                    }
                 }
-            });
-            let training = match (grad, update) {
-                (Some(grad), Some(update)) => Some((grad, update.finish())),
-                _ => None,
-            };
-            let metrics: Vec<Option<Result<Served>>> = metric_threads
-                .into_iter()
-                .map(|t| t.map(Task::finish))
-                .collect();
-            (training, eval.map(Task::finish), metrics)
-        });
-        let mut outcomes = Vec::new();
-        if let Some((grad, update)) = training {
-            let (grad, update): (Served, Served) = (grad?, update?);
-            outcomes.extend([grad.outcome.clone(), update.outcome.clone()]);
-            let role = if accumulating {
-                "grad_accumulate"
-            } else {
-                "grad"
-            };
-            let b = self.backend;
-            self.program_times
-                .push(ProgramTime::of(role, &grad, b, edge));
-            self.program_times
-                .push(ProgramTime::of("update", &update, b, None));
-            for m in &mut self.device_metrics {
-                m.compiled = None;
+                self.programs = Some(Programs {
+                    grad: grad.compiled,
+                    update: update.compiled,
+                    eval: None,
+                    batch_types,
+                });
             }
-            if let Some(old) = self.programs.take() {
-                if old.batch_types != batch_types {
-                    self.held.push(old);
+            _ => {
+                // Held programs for another shape than the current one: swap them in.
+                let current = self
+                    .programs
+                    .as_ref()
+                    .is_some_and(|p| has_types(sample, &p.batch_types));
+                if !current {
+                    if let Some(i) = self
+                        .held
+                        .iter()
+                        .position(|p| has_types(sample, &p.batch_types))
+                    {
+                        let found = self.held.swap_remove(i);
+                        if let Some(old) = self.programs.replace(found) {
+                            self.held.push(old);
+                        }
+                        for m in &mut self.device_metrics {
+                            m.compiled = None;
+                        }
+                    }
                 }
             }
-            self.programs = Some(Programs {
-                grad: grad.compiled,
-                update: update.compiled,
-                eval: None,
-                batch_types,
-            });
         }
-        if let Some(eval) = eval {
-            let eval = eval?;
-            outcomes.push(eval.outcome.clone());
+        for (slot, role, served) in got {
+            outcomes.push(served.outcome.clone());
             self.program_times
-                .push(ProgramTime::of("eval", &eval, self.backend, edge));
-            if let Some(p) = &mut self.programs {
-                p.eval = Some(eval.compiled);
+                .push(ProgramTime::of(role, &served, b, edge));
+            match slot {
+                Slot::Eval => {
+                    if let Some(p) = &mut self.programs {
+                        p.eval = Some(served.compiled);
+                    }
+                }
+                Slot::Metric(i) => {
+                    if let Some(m) = self.device_metrics.get_mut(i) {
+                        m.compiled = Some(served.compiled);
+                    }
+                }
+                Slot::Grad | Slot::Update => {}
             }
         }
-        for (state, served) in self.device_metrics.iter_mut().zip(metrics) {
-            if let Some(served) = served {
-                let served = served?;
-                outcomes.push(served.outcome.clone());
-                self.program_times.push(ProgramTime::of(
-                    state.slot.name(),
-                    &served,
-                    self.backend,
-                    edge,
-                ));
-                state.compiled = Some(served.compiled);
-            }
-        }
-        self.compile_time += started.elapsed();
         Ok(outcomes)
     }
 
@@ -873,29 +974,12 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         shapes + usize::from(self.programs.is_some())
     }
 
-    /// Refuses, before anything compiles, to get more programs than [`Config::max_programs`].
-    fn check_budget(
-        &self,
-        sample: &E::Batch,
-        training_ready: bool,
-        want_eval: bool,
-        want_metrics: bool,
-    ) -> Result<()> {
+    /// Refuses, before anything compiles, to get `new` more programs (for batches like
+    /// `sample`) than [`Config::max_programs`] allows.
+    fn check_budget(&self, sample: &E::Batch, new: usize) -> Result<()> {
         let Some(budget) = self.config.max_programs else {
             return Ok(());
         };
-        let current = self.programs.as_ref().filter(|_| training_ready);
-        let mut new = 0;
-        if !training_ready {
-            new += 1 + usize::from(self.programs.is_none() && self.held.is_empty());
-        }
-        if want_eval && current.is_none_or(|p| p.eval.is_none()) {
-            new += 1 + if want_metrics {
-                self.device_metrics.len()
-            } else {
-                0
-            };
-        }
         let needed = self.programs_held() + new;
         if new > 0 && needed > budget {
             let shape: Vec<String> = leaves(sample)
@@ -1001,54 +1085,169 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         }
         let sample = &Shaped::new(sample, self.backend.replicas())?;
         let inputs = self.program_inputs(rows);
-        let (backend, cache, experiment) = (self.backend, self.cache, &self.experiment);
-        let has_update = plan.entries.iter().any(|e| e.role == "update");
-        let mut add = |role: &str, probe: Probe, edge: Option<usize>| {
-            plan.entries.push(PlanEntry {
-                role: role.to_owned(),
-                edge,
-                probe,
-            })
+        let wants = Wants {
+            grad: true,
+            update: !plan.entries.iter().any(|e| e.role == "update"),
+            eval: validating,
+            metrics: vec![validating; self.device_metrics.len()],
         };
-        if !has_update {
-            let probe = cache.probe(
-                backend,
-                &update_program::<O>(),
-                &inputs.opt,
-                &inputs.update_inputs,
-            )?;
-            add("update", probe, None);
-        }
-        if self.config.accum > 1 {
-            let batch = BatchRef(sample, &inputs.mask, &inputs.sums);
-            add(
-                "grad_accumulate",
-                cache.probe(backend, &grad_accum_program::<E>(), experiment, &batch)?,
-                edge,
-            );
-        } else {
-            let batch = BatchRef(sample, &inputs.mask, &inputs.key_sample);
-            add(
-                "grad",
-                cache.probe(backend, &grad_program::<E>(), experiment, &batch)?,
-                edge,
-            );
-        }
-        if validating {
-            let batch = BatchRef(sample, &inputs.mask, &());
-            add(
-                "eval",
-                cache.probe(backend, &eval_program::<E>(), experiment, &batch)?,
-                edge,
-            );
-            for m in &self.device_metrics {
-                let probe = m
-                    .slot
-                    .probe(cache, backend, experiment, sample, &inputs.mask)?;
-                add(m.slot.name(), probe, edge);
-            }
+        for lookup in self.lookups(sample, &inputs, &wants, edge) {
+            let Found::Probe(probe) = (lookup.run)(Mode::Probe)? else {
+                continue;
+            };
+            plan.entries.push(PlanEntry {
+                role: lookup.role.to_owned(),
+                edge: lookup.edge,
+                probe,
+            });
         }
         Ok(())
+    }
+}
+
+/// Which program of the inventory a lookup is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Slot {
+    Grad,
+    Update,
+    Eval,
+    Metric(usize),
+}
+
+/// What a lookup does: get the program (compiling it if need be), or say what getting it
+/// would do ([`Cache::probe`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Mode {
+    Get,
+    Probe,
+}
+
+/// What a lookup found.
+pub(super) enum Found {
+    Served(Served),
+    Probe(Probe),
+}
+
+/// One program of the inventory for one batch shape: its role, its edge, and how to get or
+/// probe it.
+pub(super) struct Lookup<'a> {
+    slot: Slot,
+    role: &'static str,
+    edge: Option<usize>,
+    run: Box<dyn Fn(Mode) -> Result<Found> + Send + Sync + 'a>,
+}
+
+impl<'a> Lookup<'a> {
+    fn new(
+        slot: Slot,
+        role: &'static str,
+        edge: Option<usize>,
+        run: impl Fn(Mode) -> Result<Found> + Send + Sync + 'a,
+    ) -> Lookup<'a> {
+        Lookup {
+            slot,
+            role,
+            edge,
+            run: Box::new(run),
+        }
+    }
+}
+
+/// [`Cache::get`] or [`Cache::probe`] of one program.
+fn found<X: Experiment, M, Out: crate::program::Outputs, I: Tree<Mirror<Tensor> = M>>(
+    mode: Mode,
+    cache: &Cache,
+    backend: &'static dyn Backend,
+    program: &Program<X, M, Out>,
+    experiment: &X,
+    inputs: &I,
+) -> Result<Found> {
+    Ok(match mode {
+        Mode::Get => Found::Served(cache.get(backend, program, experiment, inputs)?),
+        Mode::Probe => Found::Probe(cache.probe(backend, program, experiment, inputs)?),
+    })
+}
+
+/// Gets every lookup's program, at most `threads` at a time (this thread one of them), the
+/// gradient programs first and then the rest in the list's order, the next starting as one
+/// ends; with `quiet`, compiles print no progress.
+/// Each result is returned with its job number, slot and role, in the lookups' order.
+fn get_all(
+    lookups: Vec<(usize, Lookup<'_>)>,
+    threads: usize,
+    quiet: bool,
+) -> Vec<(usize, Slot, &'static str, Result<Served>)> {
+    let n = lookups.len();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<std::sync::Mutex<Option<Result<Served>>>> =
+        (0..n).map(|_| std::sync::Mutex::new(None)).collect();
+    // The gradient programs first: the slowest to compile, and what the first step waits for.
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&i| lookups[i].1.slot != Slot::Grad);
+    let work = || {
+        crate::cache::quietly(quiet, || loop {
+            let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some(&i) = order.get(k) else {
+                break;
+            };
+            let (_, lookup) = &lookups[i];
+            let result = (lookup.run)(Mode::Get).and_then(|f| match f {
+                Found::Served(s) => Ok(s),
+                Found::Probe(_) => Err(no_output()),
+            });
+            *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
+        })
+    };
+    std::thread::scope(|s| {
+        let helpers: Vec<_> = (1..threads.min(n).max(1)).map(|_| s.spawn(work)).collect();
+        work();
+        // A helper that panicked leaves its lookup without a result: an error below.
+        for h in helpers {
+            let _ = h.join();
+        }
+    });
+    lookups
+        .iter()
+        .zip(results)
+        .map(|((job, lookup), result)| {
+            let result = result
+                .into_inner()
+                .unwrap_or_else(|p| p.into_inner())
+                .unwrap_or_else(|| {
+                    Err(Error::Misconfigured {
+                        message: "a compiling thread panicked".into(),
+                    })
+                });
+            (*job, lookup.slot, lookup.role, result)
+        })
+        .collect()
+}
+
+/// Which programs of the inventory one batch shape needs looked up.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Wants {
+    grad: bool,
+    update: bool,
+    eval: bool,
+    metrics: Vec<bool>,
+}
+
+impl Wants {
+    /// How many programs these lookups add to what the handle holds (`nothing_held`: no
+    /// update program is held yet); device metrics count with a new evaluation program.
+    fn new_programs(&self, nothing_held: bool, metrics: usize) -> usize {
+        let mut new = 0;
+        if self.grad {
+            new += 1 + usize::from(nothing_held);
+        }
+        if self.eval {
+            new += 1 + if self.metrics.iter().any(|&m| m) {
+                metrics
+            } else {
+                0
+            };
+        }
+        new
     }
 }
 
