@@ -276,11 +276,12 @@ fn replicas_draw_their_own_masks_reproducibly() {
 
 // ---- Threefry as JAX lowers it on CPU (issue 31, item 2) ---------------------------------------
 
-/// Every draw of one shape calls one Threefry function (a rolled loop of 5 × 4 rounds), however
-/// many draws the program makes; another shape adds one more. The bits are the host block
-/// function's, on the interpreter and on XLA.
+/// Every small draw of one shape calls one Threefry function (a rolled loop of 5 × 4 rounds),
+/// however many draws the program makes; another shape adds one more; a draw past
+/// `ROLLED_UP_TO` elements is unrolled (no loop, 20 rounds inline). The bits are the host block
+/// function's in both forms, on the interpreter and on XLA.
 #[test]
-fn threefry_is_one_rolled_function_per_shape_with_the_same_bits() {
+fn threefry_is_one_rolled_function_per_small_shape_with_the_same_bits() {
     let key = LeafType::new(DType::U32, &[2]);
     let draws = |n: usize, shapes: &'static [&'static [usize]]| {
         trace::trace(&[("key".into(), key.clone())], move |t| {
@@ -316,15 +317,19 @@ fn threefry_is_one_rolled_function_per_shape_with_the_same_bits() {
     assert!(xors < 16 * 20 / 4, "{xors} xors");
     let (three_shapes, _, _) = functions(&draws(3, &[&[4, 8], &[5]]));
     assert_eq!(three_shapes, 3);
+    // Past ROLLED_UP_TO elements: the fold_in's loop only, the draw's 20 rounds inline.
+    const BIG: usize = random::ROLLED_UP_TO + 1;
+    let (fns, whiles, xors) = functions(&draws(1, &[&[BIG]]));
+    assert_eq!((fns, whiles), (1, 1));
+    assert!(xors >= 20, "{xors} xors");
 
     // The bits: element i of bits(k, dims) is y0 ^ y1 of the host block on (0, i).
-    let g = draws(2, &[&[3, 5]]);
     let k = random::key(7);
-    let host = |i: u32| {
+    let host = |i: u32, n: u32| {
         let kw = k.as_slice::<u32>().unwrap();
         let f = random::threefry2x32_host([kw[0], kw[1]], [0, i]);
         let folded = [f[0], f[1]];
-        (0..15u32)
+        (0..n)
             .map(|j| {
                 let y = random::threefry2x32_host(folded, [0, j]);
                 y[0] ^ y[1]
@@ -335,11 +340,20 @@ fn threefry_is_one_rolled_function_per_shape_with_the_same_bits() {
     if let Some(xla) = xla_or_skip("threefry bits on xla") {
         backends.push(xla);
     }
-    for b in backends {
-        let exe = b.compile(&g, &nitro::emit::emit(&g)).unwrap();
-        let out = exe.run(&[&k]).unwrap();
-        for (i, o) in out.iter().enumerate() {
-            assert_eq!(o.as_slice::<u32>().unwrap(), host(i as u32), "draw {i}");
+    for (g, n) in [
+        (draws(2, &[&[3, 5]]), 15),
+        (draws(2, &[&[BIG]]), BIG as u32),
+    ] {
+        for b in &backends {
+            let exe = b.compile(&g, &nitro::emit::emit(&g)).unwrap();
+            let out = exe.run(&[&k]).unwrap();
+            for (i, o) in out.iter().enumerate() {
+                assert_eq!(
+                    o.as_slice::<u32>().unwrap(),
+                    host(i as u32, n),
+                    "draw {i} of {n}"
+                );
+            }
         }
     }
 }
