@@ -274,7 +274,7 @@ fn parse(bytes: &[u8], path: &Path) -> Result<Array> {
     // Column-major: the data is the row-major array of the reversed dims, transposed back.
     let reversed: Vec<usize> = dims.iter().rev().copied().collect();
     let perm: Vec<usize> = (0..dims.len()).rev().collect();
-    let moved = crate::backend::interp::layout::transpose(&data, &reversed, &perm)
+    let moved = crate::ops::host::layout::transpose(&data, &reversed, &perm)
         .map_err(|_| Error::data_file(path, "cannot reorder its Fortran-order data"))?;
     Array::from_data(&dims, moved)
 }

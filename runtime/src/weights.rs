@@ -247,7 +247,7 @@ fn permuted(a: &Array, perm: &[usize]) -> std::result::Result<Array, String> {
         ));
     }
     let dims: Vec<usize> = perm.iter().map(|&p| a.dims()[p]).collect();
-    let data = crate::backend::interp::layout::transpose(a.data(), a.dims(), perm)
+    let data = crate::ops::host::layout::transpose(a.data(), a.dims(), perm)
         .map_err(|_| "cannot permute it (out of memory)".to_owned())?;
     Array::from_data(&dims, data).map_err(|e| e.to_string())
 }

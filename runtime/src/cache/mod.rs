@@ -966,6 +966,9 @@ impl Cache {
         })
     }
 
+    /// A lookup that missed in memory: the program loaded from the persistent store or
+    /// compiled ([`Cache::load_or_compile`]), written back to the store with its record
+    /// ([`Cache::write_back`]), and admitted to memory ([`Cache::admit`]).
     fn miss(
         &self,
         backend: &dyn Backend,
@@ -974,7 +977,6 @@ impl Cache {
         parts: &KeyParts<'_>,
         (components, key, address): (Digest, Digest, usize),
     ) -> Result<Served> {
-        let identity = backend.identity();
         let details = key_details(backend, &program_id, &traced, parts);
         let l2_key = l2_key(backend, &traced.fingerprint);
         let program_key = Digest::of(program_id.as_str());
@@ -982,17 +984,64 @@ impl Cache {
         // What moved in this process is known before the persistent level is asked; what moved
         // since another process used this program is asked of the store's record of it.
         let known = self.reason_here(&key, &program_key, &details);
-        let store = self.store.as_ref().filter(|_| backend.persistent());
+        let store = self.store.as_deref().filter(|_| backend.persistent());
         let _lock = match store {
             Some(s) => s.lock(&l2_key, COMPILE_LEASE).unwrap_or(None),
             None => None,
         };
+        let built =
+            self.load_or_compile(backend, store, &l2_key, &traced, &program_id, &program_key)?;
+        let reason = match known {
+            Some(r) => r,
+            None => self.reason_stored(&program_key, &details),
+        };
+        // A program that was stored but could not be used is not `empty`: name the fault.
+        let reason = match (reason, &built.rejected) {
+            (MissReason::Empty | MissReason::Evicted, Some(why)) => MissReason::StoreRejected {
+                why: why.kind.name().to_owned(),
+            },
+            (reason, _) => reason,
+        };
+        let write_failed = match store {
+            Some(store) => self.write_back(backend, store, &built, &traced, &program_id, &details),
+            None => false,
+        };
+        let ms = built.build_time.as_secs_f64() * 1e3;
+        if built.loaded {
+            let from = store.map_or_else(String::new, |s| s.describe());
+            tracing::info!(program = %program_id, reason = %reason, ms, from = %from, "nitro: not in memory; loaded from the store (no compile)");
+        } else {
+            tracing::info!(program = %program_id, reason = %reason, ms, "nitro: compile-cache miss; compiled");
+        }
+        let admission = Admission {
+            program_id,
+            program_key,
+            details,
+            reason,
+            write_failed,
+            trace_time,
+            route: (components, key, address),
+        };
+        Ok(self.admit(traced, built, admission))
+    }
+
+    /// The executable of `traced`: loaded from `store` when it holds the program (and the
+    /// entry is sound), else compiled — a compile past a second saying so on stderr.
+    fn load_or_compile(
+        &self,
+        backend: &dyn Backend,
+        store: Option<&dyn Store>,
+        l2_key: &Digest,
+        traced: &Traced,
+        program_id: &str,
+        program_key: &Digest,
+    ) -> Result<Built> {
         let started = Instant::now();
         let mut executable = None;
         let mut rejected = None;
         let mut stored_compile_ms = None;
         if let Some(store) = store {
-            match store.get(&l2_key) {
+            match store.get(l2_key) {
                 Ok(Lookup::Hit(entry)) if entry.meta.fingerprint != traced.fingerprint => {
                     rejected = Some(Rejection::new(
                         RejectKind::Foreign,
@@ -1022,38 +1071,50 @@ impl Cache {
             None => {
                 // A compile of more than a second says so, with what it cost here last time.
                 let last_ms = store
-                    .and_then(|s| s.program_record(&program_key))
+                    .and_then(|s| s.program_record(program_key))
                     .and_then(|bytes| serde_json::from_slice::<ProgramTimes>(&bytes).ok())
                     .and_then(|t| t.compile_ms);
                 let after = Duration::from_millis(self.announce_after_ms.load(Ordering::Relaxed));
-                let _watch = progress::Watch::start(&program_id, last_ms, after);
+                let _watch = progress::Watch::start(program_id, last_ms, after);
                 backend.compile(&traced.graph, &traced.text)?
             }
         };
-        let build_time = started.elapsed();
-        let ms = build_time.as_secs_f64() * 1e3;
-        let reason = match known {
-            Some(r) => r,
-            None => self.reason_stored(&program_key, &details),
-        };
-        // A program that was stored but could not be used is not `empty`: name the fault.
-        let reason = match (reason, &rejected) {
-            (MissReason::Empty | MissReason::Evicted, Some(why)) => MissReason::StoreRejected {
-                why: why.kind.name().to_owned(),
-            },
-            (reason, _) => reason,
-        };
-        let keep_stored = rejected
+        Ok(Built {
+            executable,
+            loaded,
+            rejected,
+            stored_compile_ms,
+            build_time: started.elapsed(),
+        })
+    }
+
+    /// Writes a compiled program back to `store` (not one it loaded, and not over an entry
+    /// signed with a key this process lacks), then the program's record: what its key was made
+    /// of (for the next miss's reason) and what it last cost to compile and to load (for a
+    /// preflight's estimate). Whether the write failed.
+    fn write_back(
+        &self,
+        backend: &dyn Backend,
+        store: &dyn Store,
+        built: &Built,
+        traced: &Traced,
+        program_id: &str,
+        details: &KeyDetails,
+    ) -> bool {
+        let identity = backend.identity();
+        let ms = built.build_time.as_secs_f64() * 1e3;
+        let keep_stored = built
+            .rejected
             .as_ref()
             .is_some_and(|r| r.kind == RejectKind::SignedNoKey);
         let mut write_failed = false;
-        if let (Some(store), false, false) = (store, loaded, keep_stored) {
-            match executable.serialize() {
+        if !built.loaded && !keep_stored {
+            match built.executable.serialize() {
                 Ok(payload) => {
                     let entry = Entry {
                         meta: EntryMeta {
-                            key: l2_key,
-                            program: program_id.clone(),
+                            key: l2_key(backend, &traced.fingerprint),
+                            program: program_id.to_owned(),
                             fingerprint: traced.fingerprint,
                             backend: identity.digest,
                             backend_description: identity.description.clone(),
@@ -1066,45 +1127,63 @@ impl Cache {
                     if let Err(e) = store.put(&entry) {
                         write_failed = true;
                         tracing::warn!(program = %program_id, "nitro: could not store a compiled program: {e}");
-                        say_store_write_failed(&program_id, &e, false);
+                        say_store_write_failed(program_id, &e, false);
                     }
                 }
                 Err(e) => {
                     write_failed = true;
                     tracing::warn!(program = %program_id, "nitro: could not serialize a compiled program: {e}");
-                    say_store_write_failed(&program_id, &e, true);
+                    say_store_write_failed(program_id, &e, true);
                 }
             }
         }
-        if let Some(store) = store {
-            // The record names what the key was made of (for the next miss's reason) and what
-            // this program last cost to compile and to load (for a preflight's estimate).
-            let before = store
-                .program_record(&program_key)
-                .and_then(|bytes| serde_json::from_slice::<ProgramTimes>(&bytes).ok())
-                .unwrap_or_default();
-            let record = ProgramRecord {
-                details: &details,
-                times: ProgramTimes {
-                    compile_ms: if loaded {
-                        before.compile_ms.or(stored_compile_ms)
-                    } else {
-                        Some(ms)
-                    },
-                    load_ms: if loaded { Some(ms) } else { before.load_ms },
+        let program_key = Digest::of(program_id);
+        let before = store
+            .program_record(&program_key)
+            .and_then(|bytes| serde_json::from_slice::<ProgramTimes>(&bytes).ok())
+            .unwrap_or_default();
+        let record = ProgramRecord {
+            details,
+            times: ProgramTimes {
+                compile_ms: if built.loaded {
+                    before.compile_ms.or(built.stored_compile_ms)
+                } else {
+                    Some(ms)
                 },
-            };
-            if let Ok(record) = serde_json::to_vec(&record) {
-                let _ = store.record_program(&program_key, &record);
-            }
+                load_ms: if built.loaded {
+                    Some(ms)
+                } else {
+                    before.load_ms
+                },
+            },
+        };
+        if let Ok(record) = serde_json::to_vec(&record) {
+            let _ = store.record_program(&program_key, &record);
         }
-        if loaded {
-            let from = store.map_or_else(String::new, |s| s.describe());
-            tracing::info!(program = %program_id, reason = %reason, ms, from = %from, "nitro: not in memory; loaded from the store (no compile)");
-        } else {
-            tracing::info!(program = %program_id, reason = %reason, ms, "nitro: compile-cache miss; compiled");
-        }
+        write_failed
+    }
 
+    /// Admits a built program to memory: the statistics, the recent misses, the lint, the
+    /// program's last key, the LRU slots (evicting the least recently used past capacity) and
+    /// the route of its code address. What the lookup serves.
+    fn admit(&self, traced: Traced, built: Built, a: Admission) -> Served {
+        let Admission {
+            program_id,
+            program_key,
+            details,
+            reason,
+            write_failed,
+            trace_time,
+            route: (components, key, address),
+        } = a;
+        let Built {
+            executable,
+            loaded,
+            rejected,
+            stored_compile_ms,
+            build_time,
+        } = built;
+        let ms = build_time.as_secs_f64() * 1e3;
         let compiled = Arc::new(Compiled {
             program: program_id.clone(),
             fingerprint: traced.fingerprint,
@@ -1186,7 +1265,7 @@ impl Cache {
         } else {
             Outcome::Compiled { reason }
         };
-        Ok(Served {
+        Served {
             compiled,
             outcome,
             timing: Timing {
@@ -1199,7 +1278,7 @@ impl Cache {
                     _ => Duration::ZERO,
                 },
             },
-        })
+        }
     }
 
     /// The lint: a GraphConst field whose changes keep recompiling one program is named once,
@@ -1545,6 +1624,31 @@ struct ProgramTimes {
     compile_ms: Option<f64>,
     #[serde(default)]
     load_ms: Option<f64>,
+}
+
+/// A program a miss loaded or compiled ([`Cache::load_or_compile`]).
+struct Built {
+    executable: Box<dyn Executable>,
+    /// Loaded from the persistent store (not compiled).
+    loaded: bool,
+    /// Why a stored program was not used, when one was found.
+    rejected: Option<Rejection>,
+    /// The stored program's compile time, when it was loaded.
+    stored_compile_ms: Option<f64>,
+    /// Loading or compiling it.
+    build_time: Duration,
+}
+
+/// What [`Cache::admit`] files a built program under.
+struct Admission {
+    program_id: String,
+    program_key: Digest,
+    details: KeyDetails,
+    reason: MissReason,
+    write_failed: bool,
+    trace_time: Duration,
+    /// The key's components, the full key and the code address.
+    route: (Digest, Digest, usize),
 }
 
 /// What a lookup would do ([`Cache::probe`]).

@@ -25,10 +25,10 @@
 use std::fmt::{self, Write as _};
 use std::panic::Location;
 
-use crate::backend::interp::alloc::collect;
-use crate::backend::interp::layout::strides;
-use crate::backend::interp::Fault;
-use crate::emit::Line;
+use crate::emit::line::Line;
+use crate::ops::host::alloc::collect;
+use crate::ops::host::layout::strides;
+use crate::ops::host::Fault;
 use crate::trace::ir::{with_dims, Conv, ConvDims, Op};
 use crate::trace::{with_recording, Tensor};
 use crate::tree::{Array, ArrayData, DType, LeafType};
@@ -601,10 +601,10 @@ pub(crate) fn emit(l: Line<'_>, c: &Conv) -> fmt::Result {
         layout(rank, (d.input_batch, 'b'), (d.input_feature, 'f'), &d.input_spatial),
         layout(rank, (d.kernel_input, 'i'), (d.kernel_output, 'o'), &d.kernel_spatial),
         layout(rank, (d.output_batch, 'b'), (d.output_feature, 'f'), &d.output_spatial),
-        crate::emit::list(&c.strides),
+        crate::emit::line::list(&c.strides),
         pads.join(", "),
-        crate::emit::list(&c.lhs_dilation),
-        crate::emit::list(&c.rhs_dilation),
+        crate::emit::line::list(&c.lhs_dilation),
+        crate::emit::line::list(&c.rhs_dilation),
         c.batch_groups,
         c.feature_groups,
         l.arg_tys[0],

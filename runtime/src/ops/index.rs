@@ -19,10 +19,10 @@
 use std::fmt::{self, Write as _};
 use std::panic::Location;
 
-use crate::backend::interp::alloc::collect;
-use crate::backend::interp::layout::strides;
-use crate::backend::interp::Fault;
-use crate::emit::{self, Line};
+use crate::emit::line::{self as emit, Line};
+use crate::ops::host::alloc::collect;
+use crate::ops::host::layout::strides;
+use crate::ops::host::Fault;
 use crate::trace::ir::{with_dims, GatherDims, Op, ScatterDims, ScatterKind};
 use crate::trace::{with_recording, Tensor};
 use crate::tree::{Array, ArrayData, DType, LeafType};
@@ -913,9 +913,7 @@ pub(crate) fn eval_dynamic_slice(
     let start = clamped_starts(starts, x.dims(), sizes)?;
     let s = strides(x.dims());
     let base: usize = start.iter().zip(&s).map(|(a, b)| a * b).sum();
-    Ok(
-        super::same_dtype!(x.data(), v => crate::backend::interp::layout::gather(v, sizes, &s, base)),
-    )
+    Ok(super::same_dtype!(x.data(), v => crate::ops::host::layout::gather(v, sizes, &s, base)))
 }
 
 /// A dynamic update slice on the host.

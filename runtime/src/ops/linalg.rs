@@ -14,12 +14,12 @@ use std::borrow::Cow;
 use std::fmt::{self, Write as _};
 use std::panic::Location;
 
-use crate::backend::interp::alloc::filled;
-use crate::backend::interp::layout;
-use crate::backend::interp::Fault;
-use crate::emit::{self, Line};
+use crate::emit::line::{self as emit, Line};
 use crate::ops::elementwise::kernels::{mismatch, Float, Int};
 use crate::ops::elementwise::tracing::check_axes;
+use crate::ops::host::alloc::filled;
+use crate::ops::host::layout;
+use crate::ops::host::Fault;
 use crate::trace::ir::{with_dims, DotDims, Op};
 use crate::trace::{with_recording, Recording, Tensor};
 use crate::tree::{Array, ArrayData, DType, LeafType};

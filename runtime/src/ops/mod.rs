@@ -40,6 +40,7 @@
 
 pub mod conv;
 pub mod elementwise;
+pub(crate) mod host;
 pub mod index;
 pub mod linalg;
 pub mod random;
@@ -48,23 +49,19 @@ pub mod scan;
 pub mod shape;
 pub mod window;
 
-use crate::backend::interp::Fault;
+use crate::ops::host::Fault;
 use crate::tree::ArrayData;
 
-pub(crate) use crate::backend::interp::layout::map_data as same_dtype;
+pub(crate) use crate::ops::host::layout::map_data as same_dtype;
 
 /// Integer storage as `i64`s (index operands), or a fault for floats and bools.
 pub(crate) fn index_values(data: &ArrayData) -> Result<Vec<i64>, Fault> {
     let n = data.len();
     Ok(match data {
-        ArrayData::I32(v) => {
-            crate::backend::interp::alloc::collect(n, v.iter().map(|&x| x as i64))?
-        }
-        ArrayData::I64(v) => crate::backend::interp::alloc::collect(n, v.iter().copied())?,
-        ArrayData::U8(v) => crate::backend::interp::alloc::collect(n, v.iter().map(|&x| x as i64))?,
-        ArrayData::U32(v) => {
-            crate::backend::interp::alloc::collect(n, v.iter().map(|&x| x as i64))?
-        }
+        ArrayData::I32(v) => crate::ops::host::alloc::collect(n, v.iter().map(|&x| x as i64))?,
+        ArrayData::I64(v) => crate::ops::host::alloc::collect(n, v.iter().copied())?,
+        ArrayData::U8(v) => crate::ops::host::alloc::collect(n, v.iter().map(|&x| x as i64))?,
+        ArrayData::U32(v) => crate::ops::host::alloc::collect(n, v.iter().map(|&x| x as i64))?,
         other => {
             return Err(Fault::Invalid(format!(
                 "indices must be integers, not {}",
@@ -251,7 +248,7 @@ pub(crate) fn unflatten(mut i: usize, dims: &[usize], idx: &mut [usize]) {
 
 use std::fmt;
 
-use crate::emit::Line;
+use crate::emit::line::Line;
 use crate::trace::ir::{Node, Op};
 use crate::trace::Tensor;
 use crate::tree::{Array, LeafType};

@@ -10,12 +10,12 @@
 use std::fmt::{self, Write as _};
 use std::panic::Location;
 
-use crate::backend::interp::alloc::{collect, filled};
-use crate::backend::interp::layout::transpose_vec;
-use crate::backend::interp::Fault;
-use crate::emit::{self, Line};
+use crate::emit::line::{self as emit, Line};
 use crate::ops::elementwise::kernels::{half_in_kernel, Float, Int};
 use crate::ops::elementwise::tracing::check_axes;
+use crate::ops::host::alloc::{collect, filled};
+use crate::ops::host::layout::transpose_vec;
+use crate::ops::host::Fault;
 use crate::trace::ir::{is_float, reduced_dims, with_dims, BinaryOp, Op, ReduceOp};
 use crate::trace::{with_recording, Recording, Tensor};
 use crate::tree::{dims_product, ArrayData, DType, LeafType};

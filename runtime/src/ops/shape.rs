@@ -11,11 +11,11 @@
 use std::fmt;
 use std::panic::Location;
 
-use crate::backend::interp::alloc::{collect, filled, with_capacity};
-use crate::backend::interp::layout::{gather, map_data, strides};
-use crate::backend::interp::Fault;
-use crate::emit::Line;
+use crate::emit::line::Line;
 use crate::ops::elementwise::tracing::{broadcast_dims, scalar_ty};
+use crate::ops::host::alloc::{collect, filled, with_capacity};
+use crate::ops::host::layout::{gather, map_data, strides};
+use crate::ops::host::Fault;
 use crate::trace::ir::{with_dims, Op};
 use crate::trace::{with_recording, Operand, Recording, Tensor};
 use crate::tree::{dims_product, Array, ArrayData, DType, Element, LeafType};
@@ -205,9 +205,9 @@ pub(crate) fn emit_pad(l: Line<'_>, low: &[i64], high: &[i64], interior: &[usize
         l.me,
         l.args[0],
         l.args[1],
-        crate::emit::signed_list(low),
-        crate::emit::signed_list(high),
-        crate::emit::signed_list(&interior),
+        crate::emit::line::signed_list(low),
+        crate::emit::line::signed_list(high),
+        crate::emit::line::signed_list(&interior),
         l.arg_tys[0],
         l.arg_tys[1],
         l.ty
@@ -222,7 +222,7 @@ pub(crate) fn emit_reverse(l: Line<'_>, axes: &[usize]) -> fmt::Result {
         "    {} = stablehlo.reverse {}, dims = {} : {}",
         l.me,
         l.args[0],
-        crate::emit::list(axes),
+        crate::emit::line::list(axes),
         l.ty
     )
 }
@@ -292,7 +292,7 @@ pub(crate) fn eval_pad(
 fn reverse_vec<T: Copy>(v: &[T], dims: &[usize], axes: &[usize]) -> Result<Vec<T>, Fault> {
     let s = strides(dims);
     let mut idx = vec![0; dims.len()];
-    crate::backend::interp::alloc::collect(
+    crate::ops::host::alloc::collect(
         v.len(),
         (0..v.len()).map(|i| {
             unflatten(i, dims, &mut idx);
@@ -895,7 +895,7 @@ pub(crate) fn core_emit(op: Core<'_>, l: Line<'_>) -> fmt::Result {
             l.out,
             "    {me} = stablehlo.broadcast_in_dim {}, dims = {} : ({}) -> {ty}",
             l.args[0],
-            crate::emit::list(dims),
+            crate::emit::line::list(dims),
             l.arg_tys[0]
         ),
         Core::Reshape => writeln!(
@@ -907,7 +907,7 @@ pub(crate) fn core_emit(op: Core<'_>, l: Line<'_>) -> fmt::Result {
             l.out,
             "    {me} = stablehlo.transpose {}, dims = {} : ({}) -> {ty}",
             l.args[0],
-            crate::emit::list(perm),
+            crate::emit::line::list(perm),
             l.arg_tys[0]
         ),
         Core::Slice {
@@ -953,10 +953,10 @@ pub(crate) fn core_eval(
             let a = one()?;
             broadcast(a.data(), a.dims(), out_dims, dims)
         }
-        Core::Reshape => crate::backend::interp::copy_data(one()?.data()),
+        Core::Reshape => crate::ops::host::copy_data(one()?.data()),
         Core::Transpose { perm } => {
             let a = one()?;
-            crate::backend::interp::layout::transpose(a.data(), a.dims(), perm)
+            crate::ops::host::layout::transpose(a.data(), a.dims(), perm)
         }
         Core::Slice { start, strides, .. } => {
             let a = one()?;

@@ -20,10 +20,10 @@
 use std::fmt::{self, Write as _};
 use std::panic::Location;
 
-use crate::backend::interp::alloc::{collect, filled};
-use crate::backend::interp::layout::strides;
-use crate::backend::interp::Fault;
-use crate::emit::{self, Line};
+use crate::emit::line::{self as emit, Line};
+use crate::ops::host::alloc::{collect, filled};
+use crate::ops::host::layout::strides;
+use crate::ops::host::Fault;
 use crate::trace::ir::{with_dims, Op, ReduceOp, Window};
 use crate::trace::{with_recording, Tensor};
 use crate::tree::{Array, ArrayData, DType, LeafType};

@@ -45,15 +45,14 @@
 //! # Ok::<(), nitro::Error>(())
 //! ```
 
-pub(crate) mod alloc;
 mod check;
-pub(crate) mod layout;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 
 use crate::error::{Error, Result};
 use crate::ops::elementwise::kernels;
+use crate::ops::host::{copy_data, Fault};
 use crate::trace::ir::{Graph, Node, NodeId, Op, ScanOp, WhileOp};
 use crate::tree::{Array, ArrayData, DType};
 
@@ -443,39 +442,6 @@ fn outputs(graph: &Graph, mut values: Vec<Option<Cow<'_, Array>>>) -> Result<Vec
         outputs.push(array);
     }
     Ok(outputs)
-}
-
-/// Why a node could not be evaluated.
-#[derive(Debug)]
-pub(crate) enum Fault {
-    /// The node is malformed (the message says how).
-    Invalid(String),
-    /// A buffer of `bytes` bytes could not be allocated.
-    Alloc {
-        /// The size asked for.
-        bytes: u64,
-    },
-}
-
-impl From<String> for Fault {
-    fn from(message: String) -> Fault {
-        Fault::Invalid(message)
-    }
-}
-
-/// A copy of typed storage, allocated fallibly.
-pub(crate) fn copy_data(data: &ArrayData) -> std::result::Result<ArrayData, Fault> {
-    Ok(match data {
-        ArrayData::F32(v) => ArrayData::F32(alloc::collect(v.len(), v.iter().copied())?),
-        ArrayData::F64(v) => ArrayData::F64(alloc::collect(v.len(), v.iter().copied())?),
-        ArrayData::I32(v) => ArrayData::I32(alloc::collect(v.len(), v.iter().copied())?),
-        ArrayData::I64(v) => ArrayData::I64(alloc::collect(v.len(), v.iter().copied())?),
-        ArrayData::U8(v) => ArrayData::U8(alloc::collect(v.len(), v.iter().copied())?),
-        ArrayData::Bool(v) => ArrayData::Bool(alloc::collect(v.len(), v.iter().copied())?),
-        ArrayData::U32(v) => ArrayData::U32(alloc::collect(v.len(), v.iter().copied())?),
-        ArrayData::BF16(v) => ArrayData::BF16(alloc::collect(v.len(), v.iter().copied())?),
-        ArrayData::F16(v) => ArrayData::F16(alloc::collect(v.len(), v.iter().copied())?),
-    })
 }
 
 /// A copy of an array, allocated fallibly.

@@ -8,8 +8,8 @@
 use crate::trace::ir::{BinaryOp, CmpOp, UnaryOp};
 use crate::tree::{ArrayData, DType};
 
-use crate::backend::interp::alloc::{collect, with_capacity};
-use crate::backend::interp::Fault;
+use crate::ops::host::alloc::{collect, with_capacity};
+use crate::ops::host::Fault;
 
 /// Floating-point element types.
 pub(crate) trait Float: Copy + PartialOrd + std::fmt::Debug {

@@ -27,9 +27,9 @@ use std::fmt::{self, Write as _};
 use std::panic::Location;
 
 use super::arity;
-use crate::backend::interp::alloc::collect;
-use crate::backend::interp::Fault;
-use crate::emit::Line;
+use crate::emit::line::Line;
+use crate::ops::host::alloc::collect;
+use crate::ops::host::Fault;
 use crate::trace::ir::{BinaryOp, CmpOp, Op, UnaryOp};
 use crate::trace::{with_recording, Operand, Tensor};
 use crate::tree::{Array, ArrayData, DType, LeafType};
@@ -519,7 +519,7 @@ pub(crate) fn core_emit(op: Core, out: &LeafType, l: Line<'_>) -> fmt::Result {
             // `maximum`/`minimum` (it can return the other operand), so NaN propagation is
             // spelled out: `a` if it is NaN, else `b` if it is NaN, else the op.
             let n = &l.n;
-            let pred = crate::emit::bool_type(&out.dims);
+            let pred = crate::emit::line::bool_type(&out.dims);
             writeln!(
                 l.out,
                 "    %raw{n} = stablehlo.{} {an}, {bn} : {ty}",
@@ -547,7 +547,7 @@ pub(crate) fn core_emit(op: Core, out: &LeafType, l: Line<'_>) -> fmt::Result {
             let kind = l
                 .arg_types
                 .first()
-                .map_or("FLOAT", |t| crate::emit::compare_type(t.dtype));
+                .map_or("FLOAT", |t| crate::emit::line::compare_type(t.dtype));
             let dir = CmpOp::direction(c);
             writeln!(
                 l.out,
@@ -581,6 +581,6 @@ pub(crate) fn core_eval(op: Core, out: &LeafType, operands: &[&Array]) -> Result
         Core::Compare(c) => kernels::compare(c, operands[0].data(), operands[1].data()),
         Core::Select => kernels::select(operands[0].data(), operands[1].data(), operands[2].data()),
         Core::Convert => kernels::convert(operands[0].data(), out.dtype),
-        Core::StopGradient => crate::backend::interp::copy_data(operands[0].data()),
+        Core::StopGradient => crate::ops::host::copy_data(operands[0].data()),
     }
 }

@@ -1,7 +1,8 @@
 //! Data movement: strided gathers (transpose, broadcast, slice), concatenation and iota.
 //!
 //! Every function here is generic over the element type and assumes its arguments were checked
-//! by [`super::check`]: dims, permutations and windows fit the operand.
+//! by the interpreter's check of a graph (`backend/interp/check.rs`): dims, permutations and
+//! windows fit the operand.
 
 use crate::tree::{dims_product, ArrayData};
 
