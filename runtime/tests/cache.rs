@@ -1581,3 +1581,55 @@ fn a_compile_says_it_runs_unless_quiet() {
         "the quiet compile said nothing: {stderr}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// A compile preset is part of the key (issue 31, item 3)
+// ---------------------------------------------------------------------------------------------
+
+/// A process under another compile preset (`XLA_FLAGS`, which nitro keys as part of the
+/// backend's identity) shares the store but loads nothing compiled under the first: it misses
+/// naming `XLA_FLAGS`, and compiles its own; the first setting then loads its own again.
+#[test]
+fn a_compile_preset_misses_naming_xla_flags_and_loads_nothing_stale() {
+    if xla_or_skip("a_compile_preset_misses_naming_xla_flags").is_none() {
+        return;
+    }
+    let tmp = TempDir::new("preset");
+    let plain = [("NITRO_TEST_BACKEND", "xla"), ("XLA_FLAGS", "")];
+    let preset = [
+        ("NITRO_TEST_BACKEND", "xla"),
+        ("XLA_FLAGS", "--xla_cpu_opt_preset=FAST_COMPILE"),
+    ];
+    let first = run_child(tmp.path(), &plain);
+    assert_eq!(
+        (first.stats.compiles, first.stats.l2_hits),
+        (2, 0),
+        "{}",
+        first.stats
+    );
+    let other = run_child(tmp.path(), &preset);
+    assert_eq!(
+        (other.stats.compiles, other.stats.l2_hits),
+        (2, 0),
+        "{}",
+        other.stats
+    );
+    for (program, reason, loaded) in reasons_of(&other) {
+        assert!(!loaded, "{program} loaded a program of another preset");
+        match reason {
+            MissReason::BackendChanged { component, to, .. } => {
+                assert_eq!(component, "XLA_FLAGS", "{program}: {reason}");
+                assert!(to.contains("FAST_COMPILE"), "{program}: {reason}");
+            }
+            other => panic!("{program}: {other}"),
+        }
+    }
+    let again = run_child(tmp.path(), &plain);
+    assert_eq!(
+        (again.stats.compiles, again.stats.l2_hits),
+        (0, 2),
+        "{}",
+        again.stats
+    );
+    assert_eq!(again.forward, first.forward);
+}
