@@ -234,6 +234,18 @@ pub(super) enum Inventory {
     Validate,
 }
 
+impl Inventory {
+    /// Whether it holds the evaluation program.
+    fn evaluates(self) -> bool {
+        self != Inventory::Train
+    }
+
+    /// Whether it holds the device metrics' programs.
+    fn measures(self) -> bool {
+        self == Inventory::Validate
+    }
+}
+
 /// A registered device metric and its program, once compiled.
 pub(super) struct DeviceMetricState<E: Model> {
     pub(super) slot: Box<dyn MetricSlot<E>>,
@@ -561,8 +573,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         sample: &E::Batch,
         inventory: Inventory,
     ) -> Result<Vec<Outcome>> {
-        let want_eval = inventory != Inventory::Train;
-        let want_metrics = inventory == Inventory::Validate;
+        let (want_eval, want_metrics) = (inventory.evaluates(), inventory.measures());
         // Every step comes here: the common case (programs held for these batch types) is
         // answered without allocating.
         let training_ready = self
@@ -659,8 +670,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
 
     /// What the handle must look up for batches like `sample` to run `inventory`.
     fn wants(&self, sample: &E::Batch, inventory: Inventory) -> Wants {
-        let want_eval = inventory != Inventory::Train;
-        let want_metrics = inventory == Inventory::Validate;
+        let (want_eval, want_metrics) = (inventory.evaluates(), inventory.measures());
         let current = self
             .programs
             .as_ref()
