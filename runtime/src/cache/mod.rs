@@ -876,10 +876,7 @@ impl Cache {
         let reason = self
             .reason_here(&key, &program_key, &details)
             .unwrap_or_else(|| self.reason_stored(&program_key, &details));
-        let record = store
-            .and_then(|s| s.program_record(&program_key))
-            .and_then(|bytes| serde_json::from_slice::<ProgramTimes>(&bytes).ok())
-            .unwrap_or_default();
+        let record = recorded_times(store.map(|s| &**s), &program_key);
         let will = match located {
             Some(Location::Local) => Will::Load,
             Some(Location::Remote) => Will::Fetch,
@@ -989,8 +986,16 @@ impl Cache {
             Some(s) => s.lock(&l2_key, COMPILE_LEASE).unwrap_or(None),
             None => None,
         };
-        let built =
-            self.load_or_compile(backend, store, &l2_key, &traced, &program_id, &program_key)?;
+        // What this program last cost here: shown by a long compile, kept by the write-back.
+        let before = recorded_times(store, &program_key);
+        let built = self.load_or_compile(
+            backend,
+            store,
+            &l2_key,
+            &traced,
+            &program_id,
+            before.compile_ms,
+        )?;
         let reason = match known {
             Some(r) => r,
             None => self.reason_stored(&program_key, &details),
@@ -1003,7 +1008,14 @@ impl Cache {
             (reason, _) => reason,
         };
         let write_failed = match store {
-            Some(store) => self.write_back(backend, store, &built, &traced, &program_id, &details),
+            Some(store) => self.write_back(
+                backend,
+                store,
+                &built,
+                &traced,
+                (&program_id, &program_key),
+                (&details, &before),
+            ),
             None => false,
         };
         let ms = built.build_time.as_secs_f64() * 1e3;
@@ -1026,7 +1038,8 @@ impl Cache {
     }
 
     /// The executable of `traced`: loaded from `store` when it holds the program (and the
-    /// entry is sound), else compiled — a compile past a second saying so on stderr.
+    /// entry is sound), else compiled — a compile past a second saying so on stderr, with
+    /// `last_ms`, what its last compile here took.
     fn load_or_compile(
         &self,
         backend: &dyn Backend,
@@ -1034,7 +1047,7 @@ impl Cache {
         l2_key: &Digest,
         traced: &Traced,
         program_id: &str,
-        program_key: &Digest,
+        last_ms: Option<f64>,
     ) -> Result<Built> {
         let started = Instant::now();
         let mut executable = None;
@@ -1070,10 +1083,6 @@ impl Cache {
             Some(exe) => exe,
             None => {
                 // A compile of more than a second says so, with what it cost here last time.
-                let last_ms = store
-                    .and_then(|s| s.program_record(program_key))
-                    .and_then(|bytes| serde_json::from_slice::<ProgramTimes>(&bytes).ok())
-                    .and_then(|t| t.compile_ms);
                 let after = Duration::from_millis(self.announce_after_ms.load(Ordering::Relaxed));
                 let _watch = progress::Watch::start(program_id, last_ms, after);
                 backend.compile(&traced.graph, &traced.text)?
@@ -1091,15 +1100,16 @@ impl Cache {
     /// Writes a compiled program back to `store` (not one it loaded, and not over an entry
     /// signed with a key this process lacks), then the program's record: what its key was made
     /// of (for the next miss's reason) and what it last cost to compile and to load (for a
-    /// preflight's estimate). Whether the write failed.
+    /// preflight's estimate; `before`, the record as it was, keeps what this lookup did not
+    /// measure). Whether the write failed.
     fn write_back(
         &self,
         backend: &dyn Backend,
         store: &dyn Store,
         built: &Built,
         traced: &Traced,
-        program_id: &str,
-        details: &KeyDetails,
+        (program_id, program_key): (&str, &Digest),
+        (details, before): (&KeyDetails, &ProgramTimes),
     ) -> bool {
         let identity = backend.identity();
         let ms = built.build_time.as_secs_f64() * 1e3;
@@ -1137,11 +1147,6 @@ impl Cache {
                 }
             }
         }
-        let program_key = Digest::of(program_id);
-        let before = store
-            .program_record(&program_key)
-            .and_then(|bytes| serde_json::from_slice::<ProgramTimes>(&bytes).ok())
-            .unwrap_or_default();
         let record = ProgramRecord {
             details,
             times: ProgramTimes {
@@ -1158,7 +1163,7 @@ impl Cache {
             },
         };
         if let Ok(record) = serde_json::to_vec(&record) {
-            let _ = store.record_program(&program_key, &record);
+            let _ = store.record_program(program_key, &record);
         }
         write_failed
     }
@@ -1624,6 +1629,15 @@ struct ProgramTimes {
     compile_ms: Option<f64>,
     #[serde(default)]
     load_ms: Option<f64>,
+}
+
+/// What `store` recorded of what the program `program_key` last cost here (nothing when there
+/// is no store or no readable record).
+fn recorded_times(store: Option<&dyn Store>, program_key: &Digest) -> ProgramTimes {
+    store
+        .and_then(|s| s.program_record(program_key))
+        .and_then(|bytes| serde_json::from_slice::<ProgramTimes>(&bytes).ok())
+        .unwrap_or_default()
 }
 
 /// A program a miss loaded or compiled ([`Cache::load_or_compile`]).

@@ -597,12 +597,12 @@ impl Ragged {
         for name in &self.names {
             columns.push((
                 name.clone(),
-                Array::from_vec(&[batch_size, edge], filled(batch_size, edge, buckets.pad)?)?,
+                Array::try_full(&[batch_size, edge], buckets.pad)?,
             ));
         }
         columns.push((
             VALID.to_owned(),
-            Array::from_vec(&[batch_size, edge], filled(batch_size, edge, 0.0f32)?)?,
+            Array::try_full(&[batch_size, edge], 0.0f32)?,
         ));
         Ok(Batch {
             columns,
