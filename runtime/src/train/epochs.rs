@@ -555,8 +555,11 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             }
             let losses = self.take_losses()?;
             self.timings.wall = started.elapsed();
-            self.check_losses(epoch + 1, 0, &losses, &steps)?;
             bar.finish_and_clear();
+            // The epoch is trained, as in `train_epoch`, before a non-finite loss may stop it.
+            self.epoch = epoch + 1;
+            self.epoch_batches = 0;
+            self.check_losses(epoch + 1, 0, &losses, &steps)?;
             let total: f64 = weights.iter().sum();
             let train_loss = losses.iter().zip(&weights).map(|(l, w)| l * w).sum::<f64>()
                 / total.max(f64::MIN_POSITIVE);
@@ -564,8 +567,6 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 Some(val) => Some(self.validate_ragged(val, &buckets)?),
                 None => None,
             };
-            self.epoch = epoch + 1;
-            self.epoch_batches = 0;
             let record = EpochRecord {
                 epoch: usize::try_from(epoch + 1).unwrap_or(usize::MAX),
                 train_loss,
