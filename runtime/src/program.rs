@@ -95,6 +95,16 @@ impl<A: Outputs, B: Outputs, C: Outputs> Outputs for (A, B, C) {
     }
 }
 
+/// The byte boundary every trainable leaf starts at in its packed array ([`Packing`]): the
+/// alignment XLA's CPU runtime gives its own buffers, so a view of a leaf is as aligned as any
+/// buffer PJRT allocates.
+pub(crate) const LEAF_ALIGN: usize = 64;
+
+/// [`LEAF_ALIGN`] in elements of `dtype`.
+fn leaf_align_elements(dtype: crate::tree::DType) -> usize {
+    (LEAF_ALIGN / dtype.size_bytes()).max(1)
+}
+
 thread_local! {
     /// The trainable Device leaves of the experiment whose program is being traced.
     static TRAINABLE: std::cell::RefCell<Vec<Tensor>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -104,9 +114,15 @@ thread_local! {
 }
 
 /// How the trainable Device leaves of an experiment are packed into one flat array per dtype
-/// (in order of first appearance in walk order): the layout of a packed program's trainable
-/// inputs (see [`Program::packing_trainable`]). A step then passes one buffer per dtype instead
-/// of one per leaf, and an elementwise optimizer runs as one loop over all parameters.
+/// (in order of first appearance in walk order): how the training handle stores parameters,
+/// the layout of the gradients a per-batch program returns (see
+/// [`Program::packing_trainable`]) and of the update program's inputs. An elementwise
+/// optimizer runs as one loop over all parameters.
+///
+/// Each leaf starts at a [`LEAF_ALIGN`]-byte boundary of its flat array (zeros fill the gaps,
+/// and stay zero through every optimizer: a zero parameter with a zero gradient and zero state
+/// is never moved), so that a per-batch program can read each leaf as a view of the flat
+/// array's memory with no copy.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Packing {
     /// One entry per flat array: its dtype and length.
@@ -144,19 +160,20 @@ impl Packing {
                 }
             };
             let n: usize = t.dims.iter().product();
-            p.leaves.push((g, p.groups[g].1, t.dims.clone()));
-            p.groups[g].1 += n;
+            let offset = p.groups[g].1.next_multiple_of(leaf_align_elements(t.dtype));
+            p.leaves.push((g, offset, t.dims.clone()));
+            p.groups[g].1 = offset + n;
         }
         p
     }
 
-    /// The flat arrays' types.
-    pub(crate) fn group_types(&self) -> Vec<LeafType> {
-        self.groups
+    /// The leaves' types, in walk order.
+    pub(crate) fn leaf_types(&self) -> Vec<LeafType> {
+        self.leaves
             .iter()
-            .map(|&(dtype, n)| LeafType {
-                dtype,
-                dims: vec![n],
+            .map(|(g, _, dims)| LeafType {
+                dtype: self.groups[*g].0,
+                dims: dims.clone(),
             })
             .collect()
     }
@@ -190,13 +207,20 @@ impl Packing {
                 got: leaves.len(),
             });
         }
-        let mut parts: Vec<Vec<&crate::tree::ArrayData>> = vec![Vec::new(); self.groups.len()];
-        for (index, (a, (g, _, dims))) in leaves.iter().zip(&self.leaves).enumerate() {
+        let mut flat = self
+            .groups
+            .iter()
+            .map(|&(dtype, n)| Array::try_zeros(dtype, &[n]).map(Array::into_parts))
+            .collect::<Result<Vec<_>>>()?;
+        for (index, (a, (g, offset, dims))) in leaves.iter().zip(&self.leaves).enumerate() {
             let expected = LeafType {
                 dtype: self.groups[*g].0,
                 dims: dims.clone(),
             };
-            if a.leaf_type() != expected {
+            let written = (a.leaf_type() == expected)
+                .then(|| flat[*g].1.write_at(*offset, a.data()))
+                .flatten();
+            if written.is_none() {
                 return Err(crate::Error::InputType {
                     index,
                     name: "trainable leaf".into(),
@@ -204,21 +228,9 @@ impl Packing {
                     got: a.leaf_type(),
                 });
             }
-            parts[*g].push(a.data());
         }
-        self.groups
-            .iter()
-            .zip(parts)
-            .map(|(&(dtype, n), parts)| {
-                let data = match parts.first() {
-                    Some(first) => crate::tree::ArrayData::concat(first, &parts),
-                    None => None,
-                };
-                match data {
-                    Some(data) => Array::from_data(&[n], data),
-                    None => Ok(Array::zeros(dtype, &[n])),
-                }
-            })
+        flat.into_iter()
+            .map(|(dims, data)| Array::from_data(&dims, data))
             .collect()
     }
 
@@ -249,13 +261,22 @@ pub(crate) fn pack_like_trainable(grads: Vec<Tensor>) -> Vec<Tensor> {
         None => grads,
         Some(packing) => (0..packing.groups.len())
             .map(|g| {
-                let parts: Vec<Tensor> = packing
+                let dtype = packing.groups[g].0;
+                let mut parts = Vec::new();
+                let mut end = 0;
+                for ((_, offset, dims), t) in packing
                     .leaves
                     .iter()
                     .zip(&grads)
                     .filter(|((lg, _, _), _)| *lg == g)
-                    .map(|((_, _, dims), t)| t.reshape(&[dims.iter().product()]))
-                    .collect();
+                {
+                    if *offset > end {
+                        parts.push(Tensor::full(&[offset - end], 0.0, dtype));
+                    }
+                    let n: usize = dims.iter().product();
+                    parts.push(t.reshape(&[n]));
+                    end = offset + n;
+                }
                 Tensor::concatenate(&parts, 0)
             })
             .collect(),
@@ -390,11 +411,15 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
         self.donates_device
     }
 
-    /// This program with the trainable Device leaves packed: its first inputs are one flat
-    /// array per dtype holding every trainable leaf ([`Packing`]), then the other Device leaves
-    /// in walk order, then the inputs. The view sees each trainable leaf as a slice of its flat
-    /// array, reshaped. Part of the program's key. For the training handle, which keeps
-    /// parameters packed on the device.
+    /// This program as the training handle runs it over packed parameters: its first inputs
+    /// are the trainable Device leaves, one per leaf in walk order (each a view of the packed
+    /// storage, [`Packing`]), then the other Device leaves in walk order, then the inputs; the
+    /// gradients it returns through [`pack_like_trainable`] are packed, one flat array per
+    /// dtype. Part of the program's key.
+    ///
+    /// A leaf per input, not a slice of one flat input: XLA's CPU compiler copies a fusible
+    /// slice into every fusion that reads it, which made the gradient program compile about
+    /// 1.5× as long for the same kernels.
     pub(crate) const fn packing_trainable(mut self) -> Self {
         self.packs_trainable = true;
         self
@@ -515,28 +540,24 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
         let packing = self.packs_trainable.then(|| Packing::of(experiment));
         let graph = trace::trace_replicated(replicas, || {
             let mut trainable = Vec::new();
-            // Packed: the flat arrays come first, and each trainable leaf is a slice of one.
-            let flats: Vec<Tensor> = packing
-                .iter()
-                .flat_map(|p| p.group_types())
-                .enumerate()
-                .map(|(g, ty)| {
-                    let name = format!("trainable[{g}]");
-                    names.entries.push(SignatureEntry {
-                        path: name.clone(),
-                        kind: crate::tree::EntryKind::Leaf(ty.clone()),
-                    });
-                    trace::input(&name, ty)
-                })
-                .collect();
-            let mut packed_leaves = packing.iter().flat_map(|p| p.leaves.iter());
+            // Packed gradients: the trainable leaves come first, one input each.
+            let mut first = Vec::new();
+            if packing.is_some() {
+                experiment.visit_device(&mut |field, path, node| {
+                    let is_trainable =
+                        field.role == (crate::experiment::Role::Device { trainable: true });
+                    if let (true, crate::tree::Node::Leaf(a)) = (is_trainable, node) {
+                        names.entries.push(SignatureEntry::from_node(path, node));
+                        first.push(trace::input(path.as_str(), a.leaf_type()));
+                    }
+                });
+            }
+            let mut first = first.into_iter();
             let view = experiment.view(&mut |field, path, leaf| {
                 let is_trainable =
                     field.role == (crate::experiment::Role::Device { trainable: true });
                 if is_trainable {
-                    if let Some((g, offset, dims)) = packed_leaves.next() {
-                        let n: usize = dims.iter().product();
-                        let t = flats[*g].slice(&[*offset], &[offset + n]).reshape(dims);
+                    if let Some(t) = first.next() {
                         trainable.push(t);
                         return t;
                     }

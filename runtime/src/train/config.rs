@@ -60,6 +60,12 @@ pub struct Config {
     /// infinite (checked when an epoch's losses are read): warn naming the step (the default),
     /// or stop with [`Error::NonFiniteLoss`].
     pub non_finite: NonFinite,
+    /// Whether the per-batch programs (gradient, evaluation, metrics) read the trainable
+    /// leaves as zero-copy views of the packed parameters (the default; on XLA, through PJRT's
+    /// `CreateViewOfDeviceBuffer`), or as copies made after every update, through the host.
+    /// Copies are the fallback for a plugin that refuses views, and slower; the handle says
+    /// which it uses ([`Nitro::leaf_inputs`]). The programs are the same either way.
+    pub leaf_views: bool,
 }
 
 /// What an epoch does on a NaN or infinite training loss ([`Config::non_finite`]).
@@ -89,6 +95,7 @@ impl Default for Config {
             buckets: None,
             max_programs: None,
             non_finite: NonFinite::Warn,
+            leaf_views: true,
         }
     }
 }
@@ -156,6 +163,13 @@ impl Config {
     /// What to do on a NaN or infinite training loss (see [`Config::non_finite`]).
     pub fn non_finite(mut self, policy: NonFinite) -> Config {
         self.non_finite = policy;
+        self
+    }
+
+    /// Whether the per-batch programs read the trainable leaves as views (see
+    /// [`Config::leaf_views`]).
+    pub fn leaf_views(mut self, on: bool) -> Config {
+        self.leaf_views = on;
         self
     }
 

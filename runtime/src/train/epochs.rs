@@ -301,9 +301,12 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 self.run_eval(&batch, RowMask::Real(real), want_predictions, Some(span))?;
             for (i, sum) in sums.iter_mut().enumerate() {
                 let compiled = self.metric_program(i, &batch)?;
-                let mut args = batch_args(&self.trainable, &self.frozen, &batch, In::Rows(&mask));
+                self.make_leaves()?;
+                let leaves = self.leaves.values().ok_or_else(no_output)?;
+                let mut args = batch_args(leaves, &self.frozen, &batch, In::Rows(&mask));
                 args.push(In::Give(sum.take().ok_or_else(no_output)?));
-                let (out, _) = exec(&compiled, args)?;
+                let (out, done) = exec(&compiled, args)?;
+                self.leaves.read_by(done);
                 *sum = out.into_iter().next();
             }
             for m in &mut self.host_metrics {

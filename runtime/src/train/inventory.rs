@@ -299,14 +299,7 @@ pub(super) fn mask_runs<O: Optimizer>(
     paths: &[String],
     packing: &Packing,
 ) -> Result<MaskRuns> {
-    let types: Vec<LeafType> = packing
-        .leaves
-        .iter()
-        .map(|(g, _, dims)| LeafType {
-            dtype: packing.groups[*g].0,
-            dims: dims.clone(),
-        })
-        .collect();
+    let types = packing.leaf_types();
     let leaves: Vec<(&str, &LeafType)> = paths.iter().map(String::as_str).zip(&types).collect();
     let Some(mask) = optimizer.leaf_mask(&leaves)? else {
         return Ok(Vec::new());
@@ -318,8 +311,15 @@ pub(super) fn mask_runs<O: Optimizer>(
         });
     }
     let mut runs: MaskRuns = vec![Vec::new(); packing.groups.len()];
-    for ((g, _, dims), on) in packing.leaves.iter().zip(mask) {
+    let mut ends = vec![0usize; packing.groups.len()];
+    for ((g, offset, dims), on) in packing.leaves.iter().zip(mask) {
         let n: usize = dims.iter().product();
+        // The alignment gap before a leaf joins the run before it: its zeros stay zero
+        // whether the optimizer runs over them or not.
+        if let Some((len, _)) = runs[*g].last_mut() {
+            *len += offset - ends[*g];
+        }
+        ends[*g] = offset + n;
         match runs[*g].last_mut() {
             Some((len, last)) if *last == on => *len += n,
             _ => runs[*g].push((n, on)),

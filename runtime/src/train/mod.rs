@@ -54,7 +54,8 @@ use epochs::*;
 pub use epochs::{EpochRecord, History};
 use inventory::*;
 pub use inventory::{MaskRuns, OptimizerStep, OptimizerStepView, Plan, PlanEntry, ProgramTime};
-use values::{exec, place, place_rows, to_host, In, Value};
+pub use values::LeafInputs;
+use values::{exec, place, place_rows, to_host, In, LeafViews, Value};
 
 /// A model the training handle can train: an experiment with a batch type and a per-example
 /// loss over its compile view.
@@ -177,7 +178,12 @@ pub struct Nitro<E: Model, O: Optimizer> {
     masks: MaskRuns,
     /// The trainable leaves' paths, in walk order (how checkpoints name their optimizer state).
     trainable_paths: Vec<String>,
-    /// The trainable leaves, packed.
+    /// The trainable leaves one per value, as the per-batch programs take them: views of
+    /// `trainable`'s memory (or copies). Declared before `trainable`, so that on drop it waits
+    /// for the runs reading the views before `trainable`'s memory goes.
+    leaves: LeafViews,
+    /// The trainable leaves, packed: their storage between steps, what the update program
+    /// takes and replaces.
     trainable: Vec<Value>,
     /// The other Device leaves, in walk order.
     frozen: Vec<Value>,
@@ -321,6 +327,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             packing,
             masks,
             trainable_paths,
+            leaves: LeafViews::default(),
             trainable,
             frozen,
             state,
@@ -487,9 +494,10 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let rows = batch_rows(batch)?;
         let real = mask.real(rows)?;
         if let Some(p) = &self.programs {
-            let before = self.trainable.len() + self.frozen.len();
+            let before = self.packing.leaves.len() + self.frozen.len();
             check_class_inputs(&p.grad, before, batch, real, rows_of)?;
         }
+        self.make_leaves()?;
         if self.full_mask.as_ref().is_none_or(|(n, _)| *n != rows) {
             self.full_mask = Some((rows, place_rows(self.backend, mask_of(rows, rows)?)?));
         }
@@ -508,11 +516,13 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         } else {
             None
         };
-        let (Some(programs), Some((_, full))) = (&self.programs, &self.full_mask) else {
+        let (Some(programs), Some((_, full)), Some(leaves)) =
+            (&self.programs, &self.full_mask, self.leaves.values())
+        else {
             return Err(no_output());
         };
         let mut args = batch_args(
-            &self.trainable,
+            leaves,
             &self.frozen,
             batch,
             In::Keep(ragged.as_ref().unwrap_or(full)),
@@ -541,7 +551,8 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         if let Some(keys) = &keys {
             args.push(In::Rows(keys));
         }
-        let (out, _) = exec(&programs.grad, args)?;
+        let (out, done) = exec(&programs.grad, args)?;
+        self.leaves.read_by(done);
         if E::RANDOM {
             self.random.draws += 1;
         }
@@ -574,6 +585,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             let lr = self.place_one(Array::scalar(self.config.lr as f32))?;
             self.lr_value = Some((self.config.lr, lr));
         }
+        self.release_leaves()?;
         let (Some(programs), Some((_, lr))) = (&self.programs, &self.lr_value) else {
             return Err(no_output());
         };
@@ -669,10 +681,13 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let rows = batch_rows(batch)?;
         let real = row_mask.real(rows)?;
         let mask = row_mask.array(rows)?;
-        let before = self.trainable.len() + self.frozen.len();
+        let before = self.packing.leaves.len() + self.frozen.len();
         check_class_inputs(&eval, before, batch, real, rows_of)?;
-        let args = batch_args(&self.trainable, &self.frozen, batch, In::Rows(&mask));
-        let (out, _) = exec(&eval, args)?;
+        self.make_leaves()?;
+        let leaves = self.leaves.values().ok_or_else(no_output)?;
+        let args = batch_args(leaves, &self.frozen, batch, In::Rows(&mask));
+        let (out, done) = exec(&eval, args)?;
+        self.leaves.read_by(done);
         // Outputs: the loss sum, then the correct count (a scalar) when the model has
         // `correct`, then the predictions (`[batch, ...]`) when it predicts.
         let has_correct = eval.outputs.get(1).is_some_and(|t| t.dims.is_empty());
@@ -711,6 +726,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         if packing != self.packing {
             self.state = place(self.backend, zero_state(&self.optimizer, &packing))?;
         }
+        self.release_leaves()?;
         self.packing = packing;
         self.trainable = place(self.backend, trainable)?;
         self.frozen = place(self.backend, frozen)?;
@@ -750,6 +766,37 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             done.wait()?;
         }
         Ok(())
+    }
+
+    /// How the per-batch programs got the trainable leaves at the last step or evaluation:
+    /// views of the packed parameters, or copies ([`LeafInputs`]); `None` before the first.
+    pub fn leaf_inputs(&self) -> Option<LeafInputs> {
+        self.leaves.how()
+    }
+
+    /// The trainable leaves one per value, as the per-batch programs take them, made from the
+    /// packed storage once the last update has finished (a view has no order of its own with
+    /// the update writing its memory), then kept until the storage changes.
+    #[allow(unsafe_code)]
+    fn make_leaves(&mut self) -> Result<()> {
+        if self.leaves.values().is_none() {
+            self.wait()?;
+        }
+        // SAFETY: the update that defines `trainable` has finished (waited just above; the
+        // first values are uploads, complete when placed); every site that donates or replaces
+        // `trainable` calls `release_leaves` first, and a drop of the handle drops `leaves`
+        // (waiting for its readers) before `trainable`.
+        unsafe {
+            self.leaves
+                .make(&self.trainable, &self.packing, self.config.leaf_views)
+        }
+        .map(drop)
+    }
+
+    /// Drops the per-leaf views before the packed storage is donated or replaced, once every
+    /// run that read them has finished.
+    fn release_leaves(&mut self) -> Result<()> {
+        self.leaves.release()
     }
 
     /// The experiment, with its trainable leaves as of the last step (copied from the device).
@@ -863,7 +910,7 @@ fn batch_rows<B: Tree>(batch: &B) -> Result<usize> {
     })
 }
 
-/// The arguments of a per-batch program: the packed trainable leaves, the other Device leaves,
+/// The arguments of a per-batch program: the trainable leaves, the other Device leaves,
 /// the batch's leaves and its mask (the caller appends what else the program takes).
 fn batch_args<'a, B: Tree>(
     trainable: &'a [Value],

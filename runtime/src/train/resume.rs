@@ -142,14 +142,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         };
         // Optimizer state is of each leaf's state dtype (f32 for half-precision leaves).
         let state_packing = handle.packing.for_state();
-        let types: Vec<LeafType> = state_packing
-            .leaves
-            .iter()
-            .map(|(g, _, dims)| LeafType {
-                dtype: state_packing.groups[*g].0,
-                dims: dims.clone(),
-            })
-            .collect();
+        let types = state_packing.leaf_types();
         let mut by_name: std::collections::HashMap<String, Array> =
             restored.optimizer.into_iter().collect();
         let mut packed = Vec::new();

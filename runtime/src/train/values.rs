@@ -7,6 +7,7 @@ use crate::backend::pjrt::{Arg, Completion, DeviceBuffer};
 use crate::backend::Backend;
 use crate::cache::Compiled;
 use crate::error::{Error, Result};
+use crate::program::Packing;
 use crate::tree::{Array, ArrayData, LeafType};
 
 /// One value kept between runs.
@@ -322,6 +323,182 @@ fn exec_replicas(
             ))
         }
     }
+}
+
+/// How the per-batch programs receive the trainable leaves, which the handle keeps packed
+/// ([`Nitro::leaf_inputs`](super::Nitro::leaf_inputs)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeafInputs {
+    /// Each leaf is a view of its packed buffer's memory: no copy (XLA, where the plugin makes
+    /// views).
+    Views,
+    /// Each leaf is a copy made once per update: on the interpreter (a host slice), or on XLA
+    /// when views are turned off ([`Config::leaf_views`](super::Config::leaf_views)) or the
+    /// plugin refuses them (a round trip through the host: slower, measured in `bench/`).
+    Copies,
+}
+
+/// The trainable leaves one value per leaf, as the per-batch programs take them, made from the
+/// packed storage ([`leaf_values`]), with the ends of the runs that read them. Dropping it
+/// waits for those runs, so a value holding it before the packed storage keeps the views'
+/// memory alive until no run reads it.
+#[derive(Default)]
+pub(crate) struct LeafViews {
+    values: Option<Vec<Value>>,
+    how: Option<LeafInputs>,
+    readers: Vec<Completion>,
+}
+
+impl LeafViews {
+    /// The leaves, when made since the last [`release`](LeafViews::release).
+    pub(crate) fn values(&self) -> Option<&[Value]> {
+        self.values.as_deref()
+    }
+
+    /// How they were last made.
+    pub(crate) fn how(&self) -> Option<LeafInputs> {
+        self.how
+    }
+
+    /// The leaves, made from `packed` unless already made.
+    ///
+    /// # Safety
+    /// As [`leaf_values`]: `packed` is defined (its computations finished), and
+    /// [`release`](LeafViews::release) is called before `packed` is dropped or donated (or
+    /// this value is dropped first).
+    #[allow(unsafe_code)]
+    pub(crate) unsafe fn make(
+        &mut self,
+        packed: &[Value],
+        packing: &Packing,
+        views: bool,
+    ) -> Result<&[Value]> {
+        if self.values.is_none() {
+            // SAFETY: forwarded from this function's contract.
+            let (values, how) = unsafe { leaf_values(packed, packing, views) }?;
+            self.values = Some(values);
+            self.how = Some(how);
+        }
+        self.values.as_deref().ok_or_else(mixed)
+    }
+
+    /// Records the ends of a run that read the leaves.
+    pub(crate) fn read_by(&mut self, done: Vec<Completion>) {
+        self.readers.extend(done);
+    }
+
+    /// Waits for every run that read the leaves, then drops them: after this the packed
+    /// storage may be donated or replaced.
+    pub(crate) fn release(&mut self) -> Result<()> {
+        let mut first_error = None;
+        for done in std::mem::take(&mut self.readers) {
+            if let Err(e) = done.wait() {
+                first_error.get_or_insert(e);
+            }
+        }
+        self.values = None;
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+impl Drop for LeafViews {
+    fn drop(&mut self) {
+        if let Err(e) = self.release() {
+            tracing::debug!("a run reading the trainable leaves failed: {e}");
+        }
+    }
+}
+
+/// The trainable leaves, one value per leaf in walk order, from their packed storage `packed`
+/// laid out as `packing`: views of the device buffers when `views` allows and the plugin makes
+/// them, copies otherwise; and which of the two they are.
+///
+/// # Safety
+/// A view reads memory it does not own ([`DeviceBuffer::view`]): the computations that define
+/// `packed` must have finished, and the views must be dropped — after every execution that
+/// read them — before `packed` is dropped or donated.
+#[allow(unsafe_code)]
+unsafe fn leaf_values(
+    packed: &[Value],
+    packing: &Packing,
+    views: bool,
+) -> Result<(Vec<Value>, LeafInputs)> {
+    let refs: Vec<&Value> = packed.iter().collect();
+    fn on_device(v: &Value) -> bool {
+        match v {
+            Value::Host(_) => false,
+            Value::Device(_) => true,
+            Value::Replicas(r) => r.first().is_some_and(on_device),
+        }
+    }
+    let on_device = packed.first().is_some_and(on_device);
+    if views && on_device {
+        // SAFETY: forwarded from this function's contract.
+        match unsafe { leaves_of(&refs, packing, true) } {
+            Ok(values) => return Ok((values, LeafInputs::Views)),
+            Err(e) => crate::settings::notice_once(
+                "leaf views",
+                &format!(
+                    "the plugin made no view of the packed parameters ({e}); the per-batch \
+                     programs get copies of the leaves, made through the host after every update"
+                ),
+            ),
+        }
+    }
+    // SAFETY: copies only: no view is made.
+    let values = unsafe { leaves_of(&refs, packing, false) }?;
+    Ok((values, LeafInputs::Copies))
+}
+
+/// [`leaf_values`] over one packed value per group (each possibly replicated).
+///
+/// # Safety
+/// As [`leaf_values`] when `views`.
+#[allow(unsafe_code)]
+unsafe fn leaves_of(packed: &[&Value], packing: &Packing, views: bool) -> Result<Vec<Value>> {
+    if let Some(Value::Replicas(first)) = packed.first() {
+        let mut per_leaf: Vec<Vec<Value>> = packing.leaves.iter().map(|_| Vec::new()).collect();
+        for r in 0..first.len() {
+            let parts = packed
+                .iter()
+                .map(|v| match v {
+                    Value::Replicas(rs) => rs.get(r).ok_or_else(mixed),
+                    _ => Err(mixed()),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            // SAFETY: forwarded: replica `r`'s buffers are among `packed`'s.
+            let leaves = unsafe { leaves_of(&parts, packing, views) }?;
+            for (slot, v) in per_leaf.iter_mut().zip(leaves) {
+                slot.push(v);
+            }
+        }
+        return Ok(per_leaf.into_iter().map(Value::Replicas).collect());
+    }
+    let mut hosts: Vec<Option<Array>> = vec![None; packed.len()];
+    let types = packing.leaf_types();
+    let mut out = Vec::with_capacity(types.len());
+    for ((g, offset, _), ty) in packing.leaves.iter().zip(types) {
+        let group = packed.get(*g).ok_or_else(mixed)?;
+        let n = ty.element_count().ok_or_else(mixed)?;
+        let copy = |host: &Array| -> Result<Array> {
+            let data = host.data().range(*offset, offset + n).ok_or_else(mixed)?;
+            Array::from_data(&ty.dims, data)
+        };
+        out.push(match group {
+            Value::Host(a) => Value::Host(copy(a)?),
+            // SAFETY: forwarded from this function's contract.
+            Value::Device(b) if views => Value::Device(unsafe { b.view(*offset, ty.clone()) }?),
+            Value::Device(b) => {
+                if hosts[*g].is_none() {
+                    hosts[*g] = Some(b.to_host()?);
+                }
+                let host = hosts[*g].as_ref().ok_or_else(mixed)?;
+                Value::Device(DeviceBuffer::upload(&b.client, &copy(host)?, b.device)?)
+            }
+            Value::Replicas(_) => return Err(mixed()),
+        });
+    }
+    Ok(out)
 }
 
 /// `a` cut along its first dim into `parts` equal runs of rows, in order.

@@ -245,6 +245,88 @@ impl DeviceBuffer {
         Ok(dst)
     }
 
+    /// A buffer of type `ty` over this buffer's memory from element `offset` on, owning none of
+    /// it: PJRT's `CreateViewOfDeviceBuffer` on the device pointer. No data moves. An error
+    /// when the plugin lacks either call or refuses the view (a pointer not aligned as it
+    /// requires, say): callers fall back to a copy.
+    ///
+    /// # Safety
+    /// The view reads memory it does not own, and PJRT orders nothing between it and this
+    /// buffer. The caller must (1) have waited for the computation that defines this buffer
+    /// before any program reads the view, (2) drop the view before this buffer is dropped or
+    /// donated to an execute, and (3) have waited for every execute that read the view before
+    /// this buffer's memory is reused (donated). `offset` plus `ty`'s elements must lie within
+    /// this buffer, of its dtype (checked).
+    pub(crate) unsafe fn view(&self, offset: usize, ty: LeafType) -> Result<DeviceBuffer> {
+        let plugin = self.client.plugin;
+        let inside = ty.dtype == self.ty.dtype
+            && match (ty.element_count(), self.ty.element_count()) {
+                (Some(n), Some(len)) => offset.checked_add(n).is_some_and(|end| end <= len),
+                _ => false,
+            };
+        if !inside {
+            return Err(Error::ProgramSignature {
+                what: format!(
+                    "a view of {} at element {offset} does not fit in a buffer of {}",
+                    ty, self.ty
+                ),
+            });
+        }
+        let pointer = plugin.func(
+            plugin.api.fns.buffer_unsafe_pointer,
+            names::buffer_unsafe_pointer,
+        )?;
+        let create = plugin.func(plugin.api.fns.client_create_view, names::client_create_view)?;
+        let mut p = ffi::BufferUnsafePointerArgs::new();
+        p.buffer = self.raw;
+        // SAFETY: `p` is a valid `PJRT_Buffer_UnsafePointer_Args` for a live buffer.
+        unsafe {
+            plugin
+                .api
+                .check(names::buffer_unsafe_pointer, pointer(&mut p))
+        }?;
+        let base = p.buffer_pointer as *mut u8;
+        if base.is_null() {
+            return Err(Error::Pjrt {
+                call: names::buffer_unsafe_pointer,
+                code: "nitro",
+                message: "the plugin returned a null device pointer".into(),
+            });
+        }
+        let dims: Vec<i64> = ty.dims.iter().map(|&d| d as i64).collect();
+        let mut a = ffi::CreateViewArgs::new();
+        a.client = self.client.raw;
+        // In bounds (checked above), so the offset pointer stays within the buffer's memory.
+        a.device_buffer_ptr = base.wrapping_add(offset * ty.dtype.size_bytes()).cast();
+        a.dims = if dims.is_empty() {
+            std::ptr::null()
+        } else {
+            dims.as_ptr()
+        };
+        a.num_dims = dims.len();
+        a.element_type = pjrt_type(ty.dtype);
+        a.device = self
+            .client
+            .devices
+            .get(self.device)
+            .copied()
+            .unwrap_or(self.client.device);
+        // The CPU plugin calls the callback unconditionally when the view goes (a null one
+        // aborts the process with `bad_function_call`): give it one that does nothing.
+        a.on_delete_callback = Some(view_released);
+        // SAFETY: `a` is a valid `PJRT_Client_CreateViewOfDeviceBuffer_Args`: the client and
+        // device are live, the pointer lies inside this live buffer with room for `ty` (checked),
+        // `dims` outlives the call, the callback ignores its arguments, and there is no stream.
+        // What the view may read later is this function's contract.
+        unsafe { plugin.api.check(names::client_create_view, create(&mut a)) }?;
+        Ok(DeviceBuffer::from_raw(
+            self.client.clone(),
+            a.buffer,
+            ty,
+            self.device,
+        ))
+    }
+
     /// Whether PJRT has deleted the buffer (a donated input is deleted by the execute that
     /// reused it). Errors when the plugin lacks `PJRT_Buffer_IsDeleted`.
     pub fn is_deleted(&self) -> Result<bool> {
@@ -257,6 +339,10 @@ impl DeviceBuffer {
         Ok(a.is_deleted != 0)
     }
 }
+
+/// The `on_delete_callback` of a view: the memory belongs to the viewed buffer, so nothing is
+/// freed.
+unsafe extern "C" fn view_released(_memory: *mut c_void, _user: *mut c_void) {}
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {

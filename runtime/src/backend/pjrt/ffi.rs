@@ -338,6 +338,33 @@ args! {
     last = is_deleted: u8, struct_size = 25, sizeof = 32
 }
 
+args! {
+    /// `PJRT_Buffer_UnsafePointer_Args` (not in the 0.81 header; laid out as in later ones).
+    BufferUnsafePointerArgs { buffer: *mut RawBuffer, buffer_pointer: usize, }
+    last = buffer_pointer: usize, struct_size = 32, sizeof = 32
+}
+args! {
+    /// `PJRT_Client_CreateViewOfDeviceBuffer_Args` (not in the 0.81 header; the layout of the
+    /// headers that added it, up to `buffer`: later ones append `memory`, which a plugin reads
+    /// only when `struct_size` covers it).
+    CreateViewArgs {
+        client: *mut RawClient,
+        device_buffer_ptr: *mut c_void,
+        dims: *const i64,
+        num_dims: usize,
+        element_type: i32,
+        layout: *mut c_void,
+        device: *mut RawDevice,
+        on_delete_callback: Option<unsafe extern "C" fn(*mut c_void, *mut c_void)>,
+        on_delete_callback_arg: *mut c_void,
+        stream: isize,
+        buffer: *mut RawBuffer,
+    }
+    last = buffer: *mut RawBuffer, struct_size = 104, sizeof = 104
+}
+const _: () = assert!(offset_of!(CreateViewArgs, element_type) == 48);
+const _: () = assert!(offset_of!(CreateViewArgs, device) == 64);
+
 /// `PJRT_Buffer_Type` values of the element types nitro arrays hold.
 pub(crate) mod buffer_type {
     /// `PJRT_Buffer_Type_PRED` (one byte per element).
@@ -456,8 +483,10 @@ api_fns! {
     buffer_destroy: BufferDestroyArgs = 504, "PJRT_Buffer_Destroy";
     buffer_is_deleted: BufferIsDeletedArgs = 584, "PJRT_Buffer_IsDeleted";
     buffer_to_host: BufferToHostArgs = 600, "PJRT_Buffer_ToHostBuffer";
+    buffer_unsafe_pointer: BufferUnsafePointerArgs = 624, "PJRT_Buffer_UnsafePointer";
     executable_output_element_types: ExecutableOutputElementTypesArgs = 760, "PJRT_Executable_OutputElementTypes";
     executable_output_dimensions: ExecutableOutputDimensionsArgs = 768, "PJRT_Executable_OutputDimensions";
+    client_create_view: CreateViewArgs = 784, "PJRT_Client_CreateViewOfDeviceBuffer";
     executable_fingerprint: ExecutableFingerprintArgs = 792, "PJRT_Executable_Fingerprint";
 }
 
