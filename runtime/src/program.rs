@@ -611,3 +611,61 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tree::DType;
+
+    #[test]
+    fn leaves_start_on_64_byte_boundaries_and_round_trip() {
+        let types = [
+            LeafType::new(DType::F32, &[3]),
+            LeafType::new(DType::BF16, &[7]),
+            LeafType::new(DType::F32, &[2, 5]),
+            LeafType::new(DType::F32, &[16]),
+            LeafType::new(DType::BF16, &[]),
+            LeafType::new(DType::U8, &[65]),
+        ];
+        let p = Packing::of_types(&types);
+        // f32: 3 elements at 0, 10 at 16 (64 bytes), 16 at 32; bf16: 7 at 0, 1 at 32; u8: 65
+        // at 0.
+        let offsets: Vec<(usize, usize)> = p.leaves.iter().map(|(g, o, _)| (*g, *o)).collect();
+        assert_eq!(offsets, [(0, 0), (1, 0), (0, 16), (0, 32), (1, 32), (2, 0)]);
+        assert_eq!(
+            p.groups,
+            [(DType::F32, 48), (DType::BF16, 33), (DType::U8, 65)]
+        );
+        for (g, offset, _) in &p.leaves {
+            assert_eq!(offset * p.groups[*g].0.size_bytes() % LEAF_ALIGN, 0);
+        }
+        assert_eq!(p.leaf_types(), types);
+        let leaves: Vec<Array> = types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                let n: usize = t.dims.iter().product();
+                let v = (0..n).map(|k| ((i * 7 + k) % 200 + 1) as f32);
+                match t.dtype {
+                    DType::F32 => Array::from_vec(&t.dims, v.collect()),
+                    DType::BF16 => Array::from_vec(&t.dims, v.map(half::bf16::from_f32).collect()),
+                    _ => Array::from_vec(&t.dims, v.map(|x| x as u8).collect()),
+                }
+                .unwrap()
+            })
+            .collect();
+        let flat = p.pack(&leaves).unwrap();
+        assert_eq!(p.unpack(&flat).unwrap(), leaves);
+        // The gaps hold zeros.
+        let f32s = flat[0].as_slice::<f32>().unwrap();
+        assert!(f32s[3..16].iter().chain(&f32s[26..32]).all(|&x| x == 0.0));
+        // A leaf of the wrong type is refused, naming its position.
+        let mut wrong = leaves.clone();
+        wrong[2] = Array::zeros(DType::F32, &[10]);
+        let err = p.pack(&wrong).unwrap_err();
+        assert!(
+            matches!(err, crate::Error::InputType { index: 2, .. }),
+            "{err}"
+        );
+    }
+}

@@ -8,14 +8,16 @@
 //!
 //! | program | inputs | outputs | key |
 //! | --- | --- | --- | --- |
-//! | `grad` | the trainable leaves (packed), the other Device leaves, the batch, a row mask | mean loss over real rows, packed gradient | the experiment's GraphConsts, the signature |
+//! | `grad` | the trainable leaves (one input each), the other Device leaves, the batch, a row mask | mean loss over real rows, packed gradient | the experiment's GraphConsts, the signature |
 //! | `grad_accumulate` (instead of `grad` when [`Config::accum`] > 1) | as `grad`, plus the running gradient sum and a scale | mean loss, the new sum | as `grad` |
 //! | `update` | trainable leaves and optimizer state (donated), gradients, learning rate, step | new leaves, new state | the optimizer's type and constants, the leaf types |
 //! | `eval` | as `grad` | summed loss and correct count over real rows, [`Model::predict`] | as `grad` |
 //! | one per [`DeviceMetric`] | as `grad`, plus the running sum | the new sum | as `grad`, and the metric |
 //!
-//! The trainable leaves are packed into one flat array per dtype: a step passes one buffer
-//! where it would pass one per leaf, and the optimizer runs as one loop over all parameters.
+//! The trainable leaves are stored packed into one flat array per dtype ([`LeafInputs`]): the
+//! update program takes one buffer where it would take one per leaf, and the optimizer runs as
+//! one loop over all parameters. The per-batch programs take one input per leaf — on XLA a
+//! zero-copy view of the packed memory — and return the gradient packed.
 //!
 //! A ragged final batch is padded to the batch size and masked, so it needs no program of its
 //! own: the gradient of a padded step equals that of the real rows alone. The learning rate and
@@ -552,7 +554,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             args.push(In::Rows(keys));
         }
         let (out, done) = exec(&programs.grad, args)?;
-        self.leaves.read_by(done);
+        self.leaves.read_by_update_input(done);
         if E::RANDOM {
             self.random.draws += 1;
         }
@@ -585,7 +587,8 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             let lr = self.place_one(Array::scalar(self.config.lr as f32))?;
             self.lr_value = Some((self.config.lr, lr));
         }
-        self.release_leaves()?;
+        // The gradient runs that read the views feed this update: PJRT starts it after them.
+        self.leaves.release_for_update()?;
         let (Some(programs), Some((_, lr))) = (&self.programs, &self.lr_value) else {
             return Err(no_output());
         };
@@ -726,7 +729,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         if packing != self.packing {
             self.state = place(self.backend, zero_state(&self.optimizer, &packing))?;
         }
-        self.release_leaves()?;
+        self.leaves.release()?;
         self.packing = packing;
         self.trainable = place(self.backend, trainable)?;
         self.frozen = place(self.backend, frozen)?;
@@ -784,19 +787,13 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         }
         // SAFETY: the update that defines `trainable` has finished (waited just above; the
         // first values are uploads, complete when placed); every site that donates or replaces
-        // `trainable` calls `release_leaves` first, and a drop of the handle drops `leaves`
+        // `trainable` releases `leaves` first, and a drop of the handle drops `leaves`
         // (waiting for its readers) before `trainable`.
         unsafe {
             self.leaves
                 .make(&self.trainable, &self.packing, self.config.leaf_views)
         }
         .map(drop)
-    }
-
-    /// Drops the per-leaf views before the packed storage is donated or replaced, once every
-    /// run that read them has finished.
-    fn release_leaves(&mut self) -> Result<()> {
-        self.leaves.release()
     }
 
     /// The experiment, with its trainable leaves as of the last step (copied from the device).

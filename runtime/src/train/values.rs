@@ -346,7 +346,11 @@ pub enum LeafInputs {
 pub(crate) struct LeafViews {
     values: Option<Vec<Value>>,
     how: Option<LeafInputs>,
+    /// Runs that read the leaves and that nothing else orders before the next update.
     readers: Vec<Completion>,
+    /// Runs that read the leaves and whose outputs the next update takes (the gradient):
+    /// PJRT starts the update only once they have finished.
+    feeding: Vec<Completion>,
 }
 
 impl LeafViews {
@@ -387,11 +391,28 @@ impl LeafViews {
         self.readers.extend(done);
     }
 
+    /// Records the ends of a run that read the leaves and whose outputs the next update takes.
+    pub(crate) fn read_by_update_input(&mut self, done: Vec<Completion>) {
+        self.feeding.extend(done);
+    }
+
+    /// Drops the leaves before an update that takes the outputs of every
+    /// [`read_by_update_input`](LeafViews::read_by_update_input) run donates the packed
+    /// storage: waits for the other runs that read them (PJRT orders those runs before the
+    /// update by itself, so the host does not wait for them).
+    pub(crate) fn release_for_update(&mut self) -> Result<()> {
+        self.feeding.clear();
+        self.release()
+    }
+
     /// Waits for every run that read the leaves, then drops them: after this the packed
     /// storage may be donated or replaced.
     pub(crate) fn release(&mut self) -> Result<()> {
         let mut first_error = None;
-        for done in std::mem::take(&mut self.readers) {
+        let runs = std::mem::take(&mut self.readers)
+            .into_iter()
+            .chain(std::mem::take(&mut self.feeding));
+        for done in runs {
             if let Err(e) = done.wait() {
                 first_error.get_or_insert(e);
             }
