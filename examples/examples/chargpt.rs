@@ -151,6 +151,19 @@ impl Data {
 }
 
 /// The windows of `ids` at `starts` as one `i32 [n, T + 1]` array (inputs, then the last target).
+/// The experiment `args` describe over a vocabulary of `vocab` characters (its initial
+/// weights fixed by the shape's seed: every call makes the same).
+fn make_experiment(args: &Args, vocab: usize) -> CharGpt {
+    let mut experiment = CharGpt::new(&args.shape(), vocab);
+    if args.remat {
+        experiment.arch.stack = experiment
+            .arch
+            .stack
+            .map(|blocks| blocks.remat(nitro::trace::Remat::Recompute));
+    }
+    experiment
+}
+
 fn window_array(ids: &[i32], starts: &[usize], t: usize) -> nitro::Result<Array> {
     let mut out = Vec::with_capacity(starts.len() * (t + 1));
     for &s in starts {
@@ -184,6 +197,27 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     args.check_corpus(train_ids.len(), held.len())?;
     args.check_prompt(&vocab)?;
     args.check_memory(available_memory())?;
+    // With --warm-up: the model's shape is known, so its programs load (or compile) and run
+    // once on a thread of their own while the windows are drawn and the bundle written (not
+    // for buckets, whose shapes come from the data, nor for the preflight, which must compile
+    // nothing).
+    let warm = (args.run.warm_up && !args.run.check && args.buckets == 0).then(|| {
+        let windows = || Array::zeros(DType::I32, &[args.batch, args.context]);
+        Nitro::warm_up(
+            make_experiment(&args, vocab.len()),
+            chargpt::optimizer(),
+            Config::new()
+                .batch(args.batch)
+                .seed(args.seed)
+                .concurrent_compiles(!args.run.serial_compiles),
+            Windows {
+                x: windows(),
+                y: windows(),
+                valid: None,
+            },
+            true,
+        )
+    });
     let unigram = text::unigram_bits(train_ids);
     let backend = nitro::backend::current()?;
     say(format!(
@@ -243,13 +277,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let steps = data.documents().map_or(args.steps, |d| d.steps) as u64;
     let config = config.schedule(chargpt::schedule(args.lr, steps));
-    let mut experiment = CharGpt::new(&args.shape(), vocab.len());
-    if args.remat {
-        experiment.arch.stack = experiment
-            .arch
-            .stack
-            .map(|blocks| blocks.remat(nitro::trace::Remat::Recompute));
-    }
+    let experiment = make_experiment(&args, vocab.len());
     let optimizer = chargpt::optimizer();
     if let Some(dir) = &args.run.twin {
         let schedule = chargpt::schedule(args.lr, steps);
@@ -313,6 +341,17 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
             dir.display()
         ));
     }
+    // The warm-up has done its work before the handle looks its programs up (it would
+    // otherwise wait for the same lookups, and run its first step beside ours).
+    let warm_up_ms = match warm.map(nitro::train::WarmUp::wait) {
+        Some(Ok(report)) => Some(report.took.as_secs_f64() * 1e3),
+        Some(Err(e)) => {
+            eprintln!("chargpt: {e}");
+            None
+        }
+        None => None,
+    };
+    let handle_at = started.elapsed();
     let mut run = match &args.resume {
         Some(path) => {
             let mut run = Nitro::resume(experiment, optimizer, config, Checkpoint::load(path)?)?;
@@ -402,6 +441,12 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         )
         .field("buckets", docs.map(|d| d.buckets.edges().to_vec()))
         .field("fit_s", fit_s)
+        .field("warm_up_ms", warm_up_ms)
+        .field(
+            "first_step_since_start_ms",
+            run.first_step_time()
+                .map(|t| (handle_at + t).as_secs_f64() * 1e3),
+        )
         .field("process_s", started.elapsed().as_secs_f64());
     println!("{summary}");
     Ok(())

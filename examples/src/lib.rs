@@ -257,6 +257,12 @@ pub struct HandleFlags {
     /// Compile the programs one after another, so each compile time is its own (uncontended).
     #[arg(long)]
     pub serial_compiles: bool,
+    /// Start a warm-up (`Nitro::warm_up`): get the programs and run each once on a thread of
+    /// their own as soon as the model's shape is known, while the data is prepared (chargpt).
+    /// Off by default: measured on chargpt it lengthens the time to the first step (its data
+    /// takes 80 ms after the shape is known, the warm-up about a second: bench/README.md).
+    #[arg(long)]
+    pub warm_up: bool,
     /// Write the run's inventory manifest here (its programs' fingerprints and store keys), for
     /// `nitro cache pull --manifest FILE` on another machine.
     #[arg(long)]

@@ -2,7 +2,8 @@
 //! trainable leaf — on XLA a view of the packed buffer's memory — while the update program
 //! keeps the packed buffers. Views and copies give the same numbers, in every order of steps,
 //! evaluations and metrics the handle allows; leaves that are not 64-byte multiples and
-//! several dtypes in one model are laid out and read back exactly.
+//! several dtypes in one model are laid out and read back exactly. And a warm-up on its own
+//! thread leaves a later handle every program in memory.
 #![allow(missing_docs)]
 
 mod common;
@@ -343,4 +344,41 @@ fn views_never_read_parameters_an_update_is_still_writing() {
     let (viewed, how) = run(true);
     assert_eq!(how, Some(LeafInputs::Views));
     assert_eq!(viewed, run(false).0);
+}
+
+/// A warm-up gets the programs and runs them once on its own thread; a handle made after it
+/// finds every program in memory, and trains as one made without it.
+#[test]
+fn a_handle_after_a_warm_up_finds_every_program_in_memory() {
+    let (x, y) = data(48, 12);
+    let sample = batch(&x, &y, 0, 24, 24);
+    let config = Config::new().batch(24).lr(0.05).progress(false);
+    let warm = Nitro::warm_up(
+        mlp(Act::Tanh),
+        Adam::default(),
+        config.clone(),
+        sample.clone(),
+        true,
+    );
+    let report = warm.wait().unwrap();
+    assert_eq!(report.outcomes.len(), 3, "gradient, update, evaluation");
+    let mut run = Nitro::new(mlp(Act::Tanh), Adam::default(), config).unwrap();
+    let outcomes = run.prepare(&sample).unwrap();
+    assert_eq!(outcomes.len(), 2);
+    assert!(
+        outcomes.iter().all(|o| o.is_hit()),
+        "the warm-up's programs: {outcomes:?}"
+    );
+    let first = run.step(&sample, 24).unwrap().loss;
+    // The warm-up trained values of its own: the handle's first loss is that of the initial
+    // weights, as on a handle of its own.
+    let mut fresh = Nitro::with_backend(
+        mlp(Act::Tanh),
+        Adam::default(),
+        Config::new().batch(24).lr(0.05).progress(false),
+        nitro::backend::current().unwrap(),
+        own_cache(),
+    )
+    .unwrap();
+    assert_eq!(first, fresh.step(&sample, 24).unwrap().loss);
 }

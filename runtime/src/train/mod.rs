@@ -50,6 +50,7 @@ mod inventory;
 mod resume;
 mod staged;
 mod values;
+mod warm;
 
 pub use config::{Config, NonFinite};
 use epochs::*;
@@ -58,6 +59,7 @@ use inventory::*;
 pub use inventory::{MaskRuns, OptimizerStep, OptimizerStepView, Plan, PlanEntry, ProgramTime};
 pub use values::LeafInputs;
 use values::{exec, place, place_rows, to_host, In, LeafViews, Value};
+pub use warm::{WarmReport, WarmUp};
 
 /// A model the training handle can train: an experiment with a batch type and a per-example
 /// loss over its compile view.
