@@ -24,6 +24,7 @@
 #           run); when set, each round also runs them cold and warm, as side "base", between
 #           nitro's runs and JAX's, and the table adds their column and ratios
 #   EXTRA   extra arguments for both nitro sides (e.g. "--layers 8")
+#   CHARGPT_STEPS  chargpt's --steps outside SHORT runs (200): fewer for the deep rows
 #
 # Writes under $OUT: bundle-MODEL/ (the twin bundle), raw/MODEL-rR-SIDE-CACHE.{json,out,err}
 # (each run's JSON line, its whole stdout and its stderr), runs.jsonl (one line per run: the
@@ -37,6 +38,7 @@ PY=${PY:-python3}
 OUT=${OUT:-target/twins-bench}
 SHORT=${SHORT:-0}
 MODELS=${MODELS:-"fashion chargpt"}
+CHARGPT_STEPS=${CHARGPT_STEPS:-200}
 BASE_BIN=${BASE_BIN:-}
 read -r -a EXTRA_ARGS <<<"${EXTRA:-}"
 
@@ -79,7 +81,7 @@ if [[ "$SHORT" == 1 ]]; then
     CHARGPT_ARGS=(--steps 20 --layers 1 --json --serial-compiles)
 else
     FASHION_ARGS=(--epochs 1 --train-rows 12800 --json --serial-compiles)
-    CHARGPT_ARGS=(--steps 200 --json --serial-compiles)
+    CHARGPT_ARGS=(--steps "$CHARGPT_STEPS" --json --serial-compiles)
 fi
 FASHION_ARGS+=("${EXTRA_ARGS[@]}")
 CHARGPT_ARGS+=("${EXTRA_ARGS[@]}")
