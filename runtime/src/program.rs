@@ -413,7 +413,9 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
 
     /// This program as the training handle runs it over packed parameters: its first inputs
     /// are the trainable Device leaves, one per leaf in walk order (each a view of the packed
-    /// storage, [`Packing`]), then the other Device leaves in walk order, then the inputs; the
+    /// storage, [`Packing`]), then the packed arrays themselves (one per dtype, unread: they
+    /// make PJRT order the run after the update that writes their memory and before one that
+    /// reuses it), then the other Device leaves in walk order, then the inputs; the
     /// gradients it returns through [`pack_like_trainable`] are packed, one flat array per
     /// dtype. Part of the program's key.
     ///
@@ -551,6 +553,20 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
                         first.push(trace::input(path.as_str(), a.leaf_type()));
                     }
                 });
+            }
+            // Then the packed storage the leaves are views of: unused by the program, passed
+            // so that PJRT orders the run as a reader of that memory.
+            for (g, &(dtype, n)) in packing.iter().flat_map(|p| p.groups.iter()).enumerate() {
+                let name = format!("trainable.packed[{g}]");
+                let ty = LeafType {
+                    dtype,
+                    dims: vec![n],
+                };
+                names.entries.push(SignatureEntry {
+                    path: name.clone(),
+                    kind: crate::tree::EntryKind::Leaf(ty.clone()),
+                });
+                trace::input(&name, ty);
             }
             let mut first = first.into_iter();
             let view = experiment.view(&mut |field, path, leaf| {

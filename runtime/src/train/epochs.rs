@@ -303,10 +303,15 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 let compiled = self.metric_program(i, &batch)?;
                 self.make_leaves()?;
                 let leaves = self.leaves.values().ok_or_else(no_output)?;
-                let mut args = batch_args(leaves, &self.frozen, &batch, In::Rows(&mask));
+                let mut args = batch_args(
+                    leaves,
+                    &self.trainable,
+                    &self.frozen,
+                    &batch,
+                    In::Rows(&mask),
+                );
                 args.push(In::Give(sum.take().ok_or_else(no_output)?));
-                let (out, done) = exec(&compiled, args)?;
-                self.leaves.read_by(done);
+                let (out, _) = exec(&compiled, args)?;
                 *sum = out.into_iter().next();
             }
             for m in &mut self.host_metrics {

@@ -58,7 +58,7 @@ pub use epochs::{EpochRecord, History};
 use inventory::*;
 pub use inventory::{MaskRuns, OptimizerStep, OptimizerStepView, Plan, PlanEntry, ProgramTime};
 pub use values::LeafInputs;
-use values::{exec, place, place_rows, to_host, In, LeafViews, Value};
+use values::{exec, exec_donating, place, place_rows, to_host, In, LeafViews, Value};
 pub use warm::{WarmReport, WarmUp};
 
 /// A model the training handle can train: an experiment with a batch type and a per-example
@@ -183,8 +183,7 @@ pub struct Nitro<E: Model, O: Optimizer> {
     /// The trainable leaves' paths, in walk order (how checkpoints name their optimizer state).
     trainable_paths: Vec<String>,
     /// The trainable leaves one per value, as the per-batch programs take them: views of
-    /// `trainable`'s memory (or copies). Declared before `trainable`, so that on drop it waits
-    /// for the runs reading the views before `trainable`'s memory goes.
+    /// `trainable`'s memory (or copies). Declared before `trainable`, so the views go first.
     leaves: LeafViews,
     /// The trainable leaves, packed: their storage between steps, what the update program
     /// takes and replaces.
@@ -498,7 +497,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let rows = batch_rows(batch)?;
         let real = mask.real(rows)?;
         if let Some(p) = &self.programs {
-            let before = self.packing.leaves.len() + self.frozen.len();
+            let before = self.packing.leaves.len() + self.trainable.len() + self.frozen.len();
             check_class_inputs(&p.grad, before, batch, real, rows_of)?;
         }
         self.make_leaves()?;
@@ -527,6 +526,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         };
         let mut args = batch_args(
             leaves,
+            &self.trainable,
             &self.frozen,
             batch,
             In::Keep(ragged.as_ref().unwrap_or(full)),
@@ -555,8 +555,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         if let Some(keys) = &keys {
             args.push(In::Rows(keys));
         }
-        let (out, done) = exec(&programs.grad, args)?;
-        self.leaves.read_by_update_input(done);
+        let (out, _) = exec(&programs.grad, args)?;
         if E::RANDOM {
             self.random.draws += 1;
         }
@@ -589,8 +588,6 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             let lr = self.place_one(Array::scalar(self.config.lr as f32))?;
             self.lr_value = Some((self.config.lr, lr));
         }
-        // The gradient runs that read the views feed this update: PJRT starts it after them.
-        self.leaves.release_for_update()?;
         let (Some(programs), Some((_, lr))) = (&self.programs, &self.lr_value) else {
             return Err(no_output());
         };
@@ -605,10 +602,11 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         args.extend(std::mem::take(&mut self.counter).into_iter().map(In::Give));
         args.extend(grads.iter().map(In::Keep));
         args.push(In::Keep(lr));
-        let (mut new, done) = exec(&programs.update, args)?;
+        let (mut new, done, in_place) = exec_donating(&programs.update, args)?;
         self.counter = new.split_off(new.len().saturating_sub(1));
         self.state = new.split_off(n);
         self.trainable = new;
+        self.leaves.after_update(in_place);
         // Only the last update matters: later runs wait for its outputs on the device.
         self.in_flight = done;
         self.step += 1;
@@ -686,13 +684,18 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let rows = batch_rows(batch)?;
         let real = row_mask.real(rows)?;
         let mask = row_mask.array(rows)?;
-        let before = self.packing.leaves.len() + self.frozen.len();
+        let before = self.packing.leaves.len() + self.trainable.len() + self.frozen.len();
         check_class_inputs(&eval, before, batch, real, rows_of)?;
         self.make_leaves()?;
         let leaves = self.leaves.values().ok_or_else(no_output)?;
-        let args = batch_args(leaves, &self.frozen, batch, In::Rows(&mask));
-        let (out, done) = exec(&eval, args)?;
-        self.leaves.read_by(done);
+        let args = batch_args(
+            leaves,
+            &self.trainable,
+            &self.frozen,
+            batch,
+            In::Rows(&mask),
+        );
+        let (out, _) = exec(&eval, args)?;
         // Outputs: the loss sum, then the correct count (a scalar) when the model has
         // `correct`, then the predictions (`[batch, ...]`) when it predicts.
         let has_correct = eval.outputs.get(1).is_some_and(|t| t.dims.is_empty());
@@ -731,7 +734,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         if packing != self.packing {
             self.state = place(self.backend, zero_state(&self.optimizer, &packing))?;
         }
-        self.leaves.release()?;
+        self.leaves.release();
         self.packing = packing;
         self.trainable = place(self.backend, trainable)?;
         self.frozen = place(self.backend, frozen)?;
@@ -779,18 +782,20 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         self.leaves.how()
     }
 
-    /// The trainable leaves one per value, as the per-batch programs take them, made from the
-    /// packed storage once the last update has finished (a view has no order of its own with
-    /// the update writing its memory), then kept until the storage changes.
+    /// The trainable leaves one per value, as the per-batch programs take them: views (or
+    /// copies) made from the packed storage once the update that wrote it has finished (its
+    /// device pointer, or its values, are read then), kept while updates write in place.
     #[allow(unsafe_code)]
     fn make_leaves(&mut self) -> Result<()> {
         if self.leaves.values().is_none() {
             self.wait()?;
         }
-        // SAFETY: the update that defines `trainable` has finished (waited just above; the
-        // first values are uploads, complete when placed); every site that donates or replaces
-        // `trainable` releases `leaves` first, and a drop of the handle drops `leaves`
-        // (waiting for its readers) before `trainable`.
+        // SAFETY: when leaves are made, the update that defines `trainable` has finished
+        // (waited just above; the first values are uploads, complete when placed). Every run
+        // that reads them takes `trainable` as inputs too (`batch_args`), so PJRT orders it
+        // after the update writing that memory and before the update donating it. An update
+        // that does not write in place, and `modify`, drop the leaves (`after_update`,
+        // `release`) before they could be read again.
         unsafe {
             self.leaves
                 .make(&self.trainable, &self.packing, self.config.leaf_views)
@@ -909,15 +914,23 @@ fn batch_rows<B: Tree>(batch: &B) -> Result<usize> {
     })
 }
 
-/// The arguments of a per-batch program: the trainable leaves, the other Device leaves,
-/// the batch's leaves and its mask (the caller appends what else the program takes).
+/// The arguments of a per-batch program: the trainable leaves (views of `packed`), the packed
+/// storage itself (unused by the program: it makes PJRT order the run as a reader of that
+/// memory), the other Device leaves, the batch's leaves and its mask (the caller appends what
+/// else the program takes).
 fn batch_args<'a, B: Tree>(
-    trainable: &'a [Value],
+    views: &'a [Value],
+    packed: &'a [Value],
     frozen: &'a [Value],
     batch: &'a B,
     mask: In<'a>,
 ) -> Vec<In<'a>> {
-    let mut args: Vec<In<'a>> = trainable.iter().chain(frozen).map(In::Keep).collect();
+    let mut args: Vec<In<'a>> = views
+        .iter()
+        .chain(packed)
+        .chain(frozen)
+        .map(In::Keep)
+        .collect();
     args.extend(leaves(batch).into_iter().map(In::Rows));
     args.push(mask);
     args

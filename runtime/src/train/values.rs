@@ -155,9 +155,19 @@ pub(crate) fn exec(
     compiled: &Compiled,
     args: Vec<In<'_>>,
 ) -> Result<(Vec<Value>, Vec<Completion>)> {
+    exec_donating(compiled, args).map(|(outputs, done, _)| (outputs, done))
+}
+
+/// [`exec`], and whether every argument given ([`In::Give`]) was donated on every replica —
+/// its memory now holds the output aliased to it (on XLA; never on the interpreter).
+pub(crate) fn exec_donating(
+    compiled: &Compiled,
+    args: Vec<In<'_>>,
+) -> Result<(Vec<Value>, Vec<Completion>, bool)> {
+    let given = args.iter().filter(|a| matches!(a, In::Give(_))).count();
     let replicas = compiled.executable.replicas();
     if replicas > 1 {
-        return exec_replicas(compiled, args, replicas);
+        return exec_replicas(compiled, args, replicas, given);
     }
     match compiled.executable.as_pjrt() {
         Some(exe) => {
@@ -180,8 +190,9 @@ pub(crate) fn exec(
                 });
             }
             let executed = exe.enqueue(pjrt_args)?;
+            let donated = executed.donated.len() == given;
             let outputs = executed.outputs.into_iter().map(Value::Device).collect();
-            Ok((outputs, vec![executed.done]))
+            Ok((outputs, vec![executed.done], donated))
         }
         None => {
             let refs: Vec<&Array> = args
@@ -193,7 +204,11 @@ pub(crate) fn exec(
                 })
                 .collect::<Result<_>>()?;
             let outputs = compiled.executable.run(&refs)?;
-            Ok((outputs.into_iter().map(Value::Host).collect(), Vec::new()))
+            Ok((
+                outputs.into_iter().map(Value::Host).collect(),
+                Vec::new(),
+                false,
+            ))
         }
     }
 }
@@ -204,7 +219,8 @@ fn exec_replicas(
     compiled: &Compiled,
     args: Vec<In<'_>>,
     replicas: usize,
-) -> Result<(Vec<Value>, Vec<Completion>)> {
+    given: usize,
+) -> Result<(Vec<Value>, Vec<Completion>, bool)> {
     // Each batch array's rows, split once, in argument order.
     let splits: Vec<Vec<Array>> = args
         .iter()
@@ -262,6 +278,7 @@ fn exec_replicas(
             let mut per_output: Vec<Vec<Value>> =
                 (0..outputs).map(|_| Vec::with_capacity(replicas)).collect();
             let mut done = Vec::with_capacity(replicas);
+            let donated = runs.iter().all(|run| run.donated.len() == given);
             for run in runs {
                 for (slot, b) in per_output.iter_mut().zip(run.outputs) {
                     slot.push(Value::Device(b));
@@ -280,7 +297,11 @@ fn exec_replicas(
                     d.wait()?;
                 }
             }
-            Ok((per_output.into_iter().map(Value::Replicas).collect(), done))
+            Ok((
+                per_output.into_iter().map(Value::Replicas).collect(),
+                done,
+                donated,
+            ))
         }
         None => {
             let mut lists: Vec<Vec<&Array>> = (0..replicas)
@@ -320,6 +341,7 @@ fn exec_replicas(
             Ok((
                 per_output.into_iter().map(Value::Replicas).collect(),
                 Vec::new(),
+                false,
             ))
         }
     }
@@ -339,18 +361,17 @@ pub enum LeafInputs {
 }
 
 /// The trainable leaves one value per leaf, as the per-batch programs take them, made from the
-/// packed storage ([`leaf_values`]), with the ends of the runs that read them. Dropping it
-/// waits for those runs, so a value holding it before the packed storage keeps the views'
-/// memory alive until no run reads it.
+/// packed storage ([`leaf_values`]).
+///
+/// Every run that reads the views also takes the packed buffers themselves as (unused) inputs,
+/// so PJRT orders it as a reader of that memory: after the update that wrote it, and before an
+/// update that donates it. An update that donated every packed buffer wrote the new values in
+/// place, so views made before it still show the current values and are kept
+/// ([`after_update`](LeafViews::after_update)); otherwise they are dropped and made again.
 #[derive(Default)]
 pub(crate) struct LeafViews {
     values: Option<Vec<Value>>,
     how: Option<LeafInputs>,
-    /// Runs that read the leaves and that nothing else orders before the next update.
-    readers: Vec<Completion>,
-    /// Runs that read the leaves and whose outputs the next update takes (the gradient):
-    /// PJRT starts the update only once they have finished.
-    feeding: Vec<Completion>,
 }
 
 impl LeafViews {
@@ -367,9 +388,11 @@ impl LeafViews {
     /// The leaves, made from `packed` unless already made.
     ///
     /// # Safety
-    /// As [`leaf_values`]: `packed` is defined (its computations finished), and
-    /// [`release`](LeafViews::release) is called before `packed` is dropped or donated (or
-    /// this value is dropped first).
+    /// As [`leaf_values`]: `packed` is defined (its computations finished); every run that
+    /// reads the views also takes `packed` as inputs; and [`after_update`] or
+    /// [`release`](LeafViews::release) is called when `packed` is replaced.
+    ///
+    /// [`after_update`]: LeafViews::after_update
     #[allow(unsafe_code)]
     pub(crate) unsafe fn make(
         &mut self,
@@ -386,47 +409,20 @@ impl LeafViews {
         self.values.as_deref().ok_or_else(mixed)
     }
 
-    /// Records the ends of a run that read the leaves.
-    pub(crate) fn read_by(&mut self, done: Vec<Completion>) {
-        self.readers.extend(done);
-    }
-
-    /// Records the ends of a run that read the leaves and whose outputs the next update takes.
-    pub(crate) fn read_by_update_input(&mut self, done: Vec<Completion>) {
-        self.feeding.extend(done);
-    }
-
-    /// Drops the leaves before an update that takes the outputs of every
-    /// [`read_by_update_input`](LeafViews::read_by_update_input) run donates the packed
-    /// storage: waits for the other runs that read them (PJRT orders those runs before the
-    /// update by itself, so the host does not wait for them).
-    pub(crate) fn release_for_update(&mut self) -> Result<()> {
-        self.feeding.clear();
-        self.release()
-    }
-
-    /// Waits for every run that read the leaves, then drops them: after this the packed
-    /// storage may be donated or replaced.
-    pub(crate) fn release(&mut self) -> Result<()> {
-        let mut first_error = None;
-        let runs = std::mem::take(&mut self.readers)
-            .into_iter()
-            .chain(std::mem::take(&mut self.feeding));
-        for done in runs {
-            if let Err(e) = done.wait() {
-                first_error.get_or_insert(e);
-            }
+    /// After an update replaced the packed storage: views stay when the update donated every
+    /// packed buffer (`in_place`: the new values are in the same memory, and the runs that read
+    /// them take the new buffers, so PJRT orders them after the update); copies, and views of
+    /// memory the update did not write, are dropped.
+    pub(crate) fn after_update(&mut self, in_place: bool) {
+        if !(in_place && self.how == Some(LeafInputs::Views)) {
+            self.release();
         }
+    }
+
+    /// Drops the leaves (before the packed storage is replaced by other memory). Runs still
+    /// reading them hold the packed buffers as inputs, so PJRT keeps that memory until they end.
+    pub(crate) fn release(&mut self) {
         self.values = None;
-        first_error.map_or(Ok(()), Err)
-    }
-}
-
-impl Drop for LeafViews {
-    fn drop(&mut self) {
-        if let Err(e) = self.release() {
-            tracing::debug!("a run reading the trainable leaves failed: {e}");
-        }
     }
 }
 
