@@ -431,9 +431,11 @@ impl LeafViews {
 /// them, copies otherwise; and which of the two they are.
 ///
 /// # Safety
-/// A view reads memory it does not own ([`DeviceBuffer::view`]): the computations that define
-/// `packed` must have finished, and the views must be dropped — after every execution that
-/// read them — before `packed` is dropped or donated.
+/// A view reads memory it does not own, and PJRT orders nothing between it and `packed`
+/// ([`DeviceBuffer::view`]): the computations that define `packed` must have finished; every
+/// execution that reads a view must also take the buffer it views as an input (so PJRT orders
+/// it after the writes of that memory and before its reuse); and a view must not be read once
+/// its memory belongs to no live buffer.
 #[allow(unsafe_code)]
 unsafe fn leaf_values(
     packed: &[Value],

@@ -253,10 +253,12 @@ impl DeviceBuffer {
     /// # Safety
     /// The view reads memory it does not own, and PJRT orders nothing between it and this
     /// buffer. The caller must (1) have waited for the computation that defines this buffer
-    /// before any program reads the view, (2) drop the view before this buffer is dropped or
-    /// donated to an execute, and (3) have waited for every execute that read the view before
-    /// this buffer's memory is reused (donated). `offset` plus `ty`'s elements must lie within
-    /// this buffer, of its dtype (checked).
+    /// before the view is made; (2) order every execute that reads the view after any later
+    /// write of that memory and before its reuse — by passing the buffer that owns the memory
+    /// as an input of that execute too, or by waiting; and (3) never let an execute read the
+    /// view once its memory belongs to no live buffer (this one, or an output an execute
+    /// wrote in place of it by donation). `offset` plus `ty`'s elements must lie within this
+    /// buffer, of its dtype (checked).
     pub(crate) unsafe fn view(&self, offset: usize, ty: LeafType) -> Result<DeviceBuffer> {
         let plugin = self.client.plugin;
         let inside = ty.dtype == self.ty.dtype
