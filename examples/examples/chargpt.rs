@@ -150,7 +150,6 @@ impl Data {
     }
 }
 
-/// The windows of `ids` at `starts` as one `i32 [n, T + 1]` array (inputs, then the last target).
 /// The experiment `args` describe over a vocabulary of `vocab` characters (its initial
 /// weights fixed by the shape's seed: every call makes the same).
 fn make_experiment(args: &Args, vocab: usize) -> CharGpt {
@@ -164,6 +163,7 @@ fn make_experiment(args: &Args, vocab: usize) -> CharGpt {
     experiment
 }
 
+/// The windows of `ids` at `starts` as one `i32 [n, T + 1]` array (inputs, then the last target).
 fn window_array(ids: &[i32], starts: &[usize], t: usize) -> nitro::Result<Array> {
     let mut out = Vec::with_capacity(starts.len() * (t + 1));
     for &s in starts {
@@ -197,6 +197,12 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     args.check_corpus(train_ids.len(), held.len())?;
     args.check_prompt(&vocab)?;
     args.check_memory(available_memory())?;
+    let mut config = Config::new()
+        .batch(args.batch)
+        .epochs(1)
+        .seed(args.seed)
+        .concurrent_compiles(!args.run.serial_compiles)
+        .progress(!args.run.json);
     // With --warm-up: the model's shape is known, so its programs load (or compile) and run
     // once on a thread of their own while the windows are drawn and the bundle written (not
     // for buckets, whose shapes come from the data, nor for the preflight, which must compile
@@ -206,10 +212,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         Nitro::warm_up(
             make_experiment(&args, vocab.len()),
             chargpt::optimizer(),
-            Config::new()
-                .batch(args.batch)
-                .seed(args.seed)
-                .concurrent_compiles(!args.run.serial_compiles),
+            config.clone(),
             Windows {
                 x: windows(),
                 y: windows(),
@@ -236,12 +239,6 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         },
         args.width, args.heads, args.context, args.dropout, args.lr, args.steps, args.batch
     ));
-    let mut config = Config::new()
-        .batch(args.batch)
-        .epochs(1)
-        .seed(args.seed)
-        .concurrent_compiles(!args.run.serial_compiles)
-        .progress(!args.run.json);
     let data = if args.buckets > 0 {
         let d = documents(&args, &vocab, config.device_count()?)?;
         say(format!(

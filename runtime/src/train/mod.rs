@@ -497,8 +497,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let rows = batch_rows(batch)?;
         let real = mask.real(rows)?;
         if let Some(p) = &self.programs {
-            let before = self.packing.leaves.len() + self.trainable.len() + self.frozen.len();
-            check_class_inputs(&p.grad, before, batch, real, rows_of)?;
+            check_class_inputs(&p.grad, self.inputs_before_batch(), batch, real, rows_of)?;
         }
         self.make_leaves()?;
         if self.full_mask.as_ref().is_none_or(|(n, _)| *n != rows) {
@@ -684,8 +683,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let rows = batch_rows(batch)?;
         let real = row_mask.real(rows)?;
         let mask = row_mask.array(rows)?;
-        let before = self.packing.leaves.len() + self.trainable.len() + self.frozen.len();
-        check_class_inputs(&eval, before, batch, real, rows_of)?;
+        check_class_inputs(&eval, self.inputs_before_batch(), batch, real, rows_of)?;
         self.make_leaves()?;
         let leaves = self.leaves.values().ok_or_else(no_output)?;
         let args = batch_args(
@@ -780,6 +778,12 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// views of the packed parameters, or copies ([`LeafInputs`]); `None` before the first.
     pub fn leaf_inputs(&self) -> Option<LeafInputs> {
         self.leaves.how()
+    }
+
+    /// How many inputs of a per-batch program come before the batch's leaves: those
+    /// [`batch_args`] puts first.
+    fn inputs_before_batch(&self) -> usize {
+        self.packing.leaves.len() + self.trainable.len() + self.frozen.len()
     }
 
     /// The trainable leaves one per value, as the per-batch programs take them: views (or
