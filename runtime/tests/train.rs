@@ -915,3 +915,36 @@ fn adamw_decays_only_the_leaves_outside_its_patterns_on_xla() {
         adamw_mask_on(xla);
     }
 }
+
+#[test]
+fn recompile_reasons_name_the_program_inputs() {
+    let cache = own_cache();
+    let b = backend::interpreter();
+    let (x, y) = data(32, 5);
+    let mut one = handle(b, cache, mlp(Act::Tanh), Adam::default(), 32, 0.01);
+    one.prepare(&batch(&x, &y, 0, 32, 32)).unwrap();
+    // Another batch size: the gradient program's batch and mask inputs change shape, and the
+    // reason names them as the program sees them — not by tuple position.
+    let mut two = handle(b, cache, mlp(Act::Tanh), Adam::default(), 31, 0.01);
+    let outcomes = two.prepare(&batch(&x, &y, 0, 31, 31)).unwrap();
+    let reason = outcomes[0].to_string();
+    assert!(
+        reason.contains("batch.x f32[32,4] → f32[31,4]"),
+        "{reason}"
+    );
+    assert!(reason.contains("batch.y i32[32] → i32[31]"), "{reason}");
+    assert!(reason.contains("mask f32[32] → f32[31]"), "{reason}");
+    assert!(!reason.contains("0.x"), "{reason}");
+    // The update program did not change.
+    assert!(outcomes[1].is_hit(), "{}", outcomes[1]);
+    // A narrower hidden layer: the update program's gradient input is `grads[0]`.
+    let mut narrow = mlp(Act::Tanh);
+    narrow.layers[0].w = nitro::init::glorot_uniform(4, 8, nitro::init::Seed(1));
+    narrow.layers[0].b = Array::zeros(DType::F32, &[8]);
+    narrow.layers[1].w = nitro::init::glorot_uniform(8, 3, nitro::init::Seed(2));
+    let mut three = handle(b, cache, narrow, Adam::default(), 32, 0.01);
+    let outcomes = three.prepare(&batch(&x, &y, 0, 32, 32)).unwrap();
+    let reason = outcomes[1].to_string();
+    assert!(reason.contains("grads[0] f32["), "{reason}");
+    assert!(!reason.contains("0[0]"), "{reason}");
+}

@@ -18,10 +18,41 @@ pub(super) type BatchInputs<E, X> = (
 /// draws random numbers ([`Model::RANDOM`]).
 pub(super) type GradExtra = Option<Array>;
 
-/// What the accumulating gradient program takes besides the batch: the gradient sum so far
-/// (packed), the factor to multiply the new sum by (1 except when a window closes), and the
-/// step's random key (as [`GradExtra`]).
-pub(super) type AccumExtra = (Vec<Array>, Array, Option<Array>);
+/// What the accumulating gradient program takes besides the batch, named as program inputs
+/// (`sums[0]`, `scale`, `key`).
+#[derive(crate::Tree, Clone, Debug)]
+pub(super) struct AccumExtra {
+    /// The gradient sums so far (packed).
+    pub(super) sums: Vec<Array>,
+    /// The factor to multiply the new sums by (1 except when a window closes).
+    pub(super) scale: Array,
+    /// The step's random key (as [`GradExtra`]).
+    pub(super) key: Option<Array>,
+}
+
+/// The name a per-batch program's extra input is visited under, beside `batch` and `mask`:
+/// `None` for a tree whose own fields name its leaves (or that has none).
+pub(super) trait ExtraInputs: Tree {
+    /// The name, if the tree has no names of its own.
+    const NAME: Option<&'static str>;
+}
+
+impl ExtraInputs for GradExtra {
+    const NAME: Option<&'static str> = Some("key");
+}
+
+impl ExtraInputs for AccumExtra {
+    const NAME: Option<&'static str> = None;
+}
+
+impl ExtraInputs for () {
+    const NAME: Option<&'static str> = None;
+}
+
+/// A device metric's running sum.
+impl ExtraInputs for Array {
+    const NAME: Option<&'static str> = Some("sum");
+}
 
 /// The model's loss, traced with the step's key (or its absence) in force.
 pub(super) fn keyed_loss<E: Model>(
@@ -105,7 +136,7 @@ pub(super) fn grad_accum_fn<E: Model>(
     v: &E::View<'_>,
     inputs: &BatchInputs<E, AccumExtra>,
 ) -> Vec<Tensor> {
-    let (batch, mask, (sums, scale, key)) = inputs;
+    let (batch, mask, AccumExtraMirror { sums, scale, key }) = inputs;
     let losses = per_example::<E>(keyed_loss::<E>(v, batch, *key), *mask, "Model::loss", true);
     let mask = mask.convert(losses.dtype());
     let total = (losses * mask).sum_all();
@@ -333,14 +364,23 @@ pub(super) fn mask_runs<O: Optimizer>(
     Ok(runs)
 }
 
-/// The inputs of the update program: the gradients and the learning rate.
-pub(super) type UpdateInputs = (Vec<Tensor>, Tensor);
+/// The update program's inputs, named as program inputs (`grads[0]`, `lr`).
+#[derive(crate::Tree, Clone, Debug)]
+pub(super) struct UpdateArgs {
+    /// The gradients (packed).
+    pub(super) grads: Vec<Array>,
+    /// The learning rate.
+    pub(super) lr: Array,
+}
+
+/// The inputs of the update program, traced: the gradients and the learning rate.
+pub(super) type UpdateInputs = UpdateArgsMirror<Tensor>;
 
 pub(super) fn update_fn<O: Optimizer>(
     v: &OptimizerStepView<'_, O>,
     inputs: &UpdateInputs,
 ) -> Vec<Tensor> {
-    let (grads, lr) = inputs;
+    let UpdateArgsMirror { grads, lr } = inputs;
     let number = v.steps + 1.0;
     let masks: Vec<Option<Tensor>> = v
         .params
@@ -502,10 +542,22 @@ impl<B: Tree> Tree for Shaped<'_, B> {
     }
 }
 
-/// A batch, its mask and the program's other inputs as one input tree, borrowed.
+/// A batch, its mask and the program's other inputs as one input tree, borrowed: named
+/// `batch.…`, `mask` and the extra's names in keys, reasons and manifests.
 pub(super) struct BatchRef<'a, B, X>(pub(super) &'a B, pub(super) &'a Array, pub(super) &'a X);
 
-impl<B: Tree, X: Tree> Tree for BatchRef<'_, B, X> {
+/// Visits `extra` under its [`ExtraInputs::NAME`], if it has one.
+fn with_extra<X: ExtraInputs, R>(
+    at: &mut crate::tree::LeafPath,
+    f: impl FnOnce(&mut crate::tree::LeafPath) -> R,
+) -> R {
+    match X::NAME {
+        Some(name) => at.with_field(name, f),
+        None => f(at),
+    }
+}
+
+impl<B: Tree, X: ExtraInputs> Tree for BatchRef<'_, B, X> {
     type Mirror<L> = (B::Mirror<L>, L, X::Mirror<L>);
 
     fn visit<'a>(
@@ -513,9 +565,9 @@ impl<B: Tree, X: Tree> Tree for BatchRef<'_, B, X> {
         at: &mut crate::tree::LeafPath,
         f: &mut dyn FnMut(&crate::tree::LeafPath, Node<'a>),
     ) {
-        at.with_field("0", |at| self.0.visit(at, f));
-        at.with_field("1", |at| self.1.visit(at, f));
-        at.with_field("2", |at| self.2.visit(at, f));
+        at.with_field("batch", |at| self.0.visit(at, f));
+        at.with_field("mask", |at| self.1.visit(at, f));
+        with_extra::<X, _>(at, |at| self.2.visit(at, f));
     }
 
     fn visit_mut(
@@ -532,9 +584,9 @@ impl<B: Tree, X: Tree> Tree for BatchRef<'_, B, X> {
         f: &mut dyn FnMut(&crate::tree::LeafPath, &Array) -> L,
     ) -> Self::Mirror<L> {
         (
-            at.with_field("0", |at| self.0.mirror(at, f)),
-            at.with_field("1", |at| self.1.mirror(at, f)),
-            at.with_field("2", |at| self.2.mirror(at, f)),
+            at.with_field("batch", |at| self.0.mirror(at, f)),
+            at.with_field("mask", |at| self.1.mirror(at, f)),
+            with_extra::<X, _>(at, |at| self.2.mirror(at, f)),
         )
     }
 
@@ -544,14 +596,15 @@ impl<B: Tree, X: Tree> Tree for BatchRef<'_, B, X> {
 }
 
 /// The update program's inputs with the types of `opt`'s leaves (values unused).
-pub(super) fn update_inputs_shape<O: Optimizer>(opt: &OptimizerStep<O>) -> (Vec<Array>, Array) {
-    (
-        opt.params
+pub(super) fn update_inputs_shape<O: Optimizer>(opt: &OptimizerStep<O>) -> UpdateArgs {
+    UpdateArgs {
+        grads: opt
+            .params
             .iter()
             .map(|a| Array::zeros(a.dtype(), a.dims()))
             .collect(),
-        Array::scalar(0.0f32),
-    )
+        lr: Array::scalar(0.0f32),
+    }
 }
 
 impl<E: Model, O: Optimizer> Nitro<E, O> {
@@ -1026,11 +1079,11 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let key_sample: GradExtra = E::RANDOM.then(|| Array::zeros(DType::U32, &[2]));
         ProgramInputs {
             mask: Array::zeros(DType::F32, &[rows / self.backend.replicas()]),
-            sums: (
-                self.packing.zeros(),
-                Array::scalar(1.0f32),
-                key_sample.clone(),
-            ),
+            sums: AccumExtra {
+                sums: self.packing.zeros(),
+                scale: Array::scalar(1.0f32),
+                key: key_sample.clone(),
+            },
             opt,
             update_inputs,
             key_sample,
@@ -1265,7 +1318,7 @@ impl Wants {
 pub(super) struct ProgramInputs<O: Optimizer> {
     pub(super) mask: Array,
     pub(super) opt: OptimizerStep<O>,
-    pub(super) update_inputs: (Vec<Array>, Array),
+    pub(super) update_inputs: UpdateArgs,
     pub(super) key_sample: GradExtra,
     pub(super) sums: AccumExtra,
 }

@@ -996,7 +996,7 @@ fn check_class_inputs<B: Tree>(
                 .nth(c.input)
                 .map_or("labels", |(p, _)| p);
             return Err(Error::LabelOutOfRange {
-                column: path.strip_prefix("0.").unwrap_or(path).to_owned(),
+                column: path.strip_prefix("batch.").unwrap_or(path).to_owned(),
                 row: rows_of.and_then(|r| r.get(row)).copied().unwrap_or(row),
                 value,
                 classes: c.classes,
