@@ -28,23 +28,59 @@
 //! # Ok::<(), nitro::Error>(())
 //! ```
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 use crate::checkpoint::{to_array, Raw};
 use crate::error::{Error, Result};
 use crate::experiment::Experiment;
-use crate::tree::{Array, Node};
+use crate::tree::{Array, ArrayData, DType, LeafType, Node};
 
 type Renamer = Box<dyn Fn(&str) -> String>;
+type Mapper = Box<dyn Fn(Array) -> std::result::Result<Array, String>>;
 
-/// How a file's tensors map onto an experiment's leaves.
+/// How a file's tensors map onto an experiment's leaves, and how their values are converted on
+/// the way: names ([`rename`](Import::rename), [`rename_with`](Import::rename_with)), fused
+/// tensors ([`split`](Import::split)), layouts ([`permute`](Import::permute),
+/// [`flatten_order`](Import::flatten_order)), dtypes ([`cast`](Import::cast)) and anything else
+/// ([`map`](Import::map)) — or a framework's conventions at once ([`Import::pytorch`],
+/// [`Import::gpt2`]).
+///
+/// A file tensor goes through, in order: its name ([`split`](Import::split), then
+/// [`rename`](Import::rename), then [`rename_with`](Import::rename_with), then the preset),
+/// then per leaf [`permute`](Import::permute) (or the preset's layout),
+/// [`flatten_order`](Import::flatten_order), [`cast`](Import::cast) and
+/// [`map`](Import::map); what comes out must have the leaf's shape and dtype.
 #[derive(Default)]
 pub struct Import {
     renames: HashMap<String, String>,
     rename_with: Option<Renamer>,
     permutes: HashMap<String, Vec<usize>>,
+    flatten_orders: HashMap<String, [usize; 3]>,
+    maps: HashMap<String, Mapper>,
+    splits: HashMap<String, (usize, Vec<String>)>,
+    cast: bool,
     allow_extra: bool,
+    preset: Option<Preset>,
+}
+
+/// A framework's naming and layout conventions.
+#[derive(Clone, Debug)]
+enum Preset {
+    /// PyTorch's `weight`/`bias`, `layers.0` indices, `[out, in]` and OIHW layouts.
+    PyTorch,
+    /// Hugging Face GPT-2 onto a [`crate::nn::Gpt2Params`] at this leaf path.
+    Gpt2(String),
+}
+
+/// Where a file tensor goes.
+enum Route {
+    /// To one leaf; `torch` when PyTorch's layout conventions apply to it.
+    Leaf { leaf: String, torch: bool },
+    /// Split evenly along `axis` into these leaves.
+    Split(usize, Vec<String>),
+    /// Nowhere, for this reason (a buffer, a tied head).
+    Skip(&'static str),
 }
 
 impl Import {
@@ -53,13 +89,75 @@ impl Import {
         Import::default()
     }
 
+    /// PyTorch's conventions, resolved against the experiment's leaves: `a.0.weight` is
+    /// `a[0].w` (a `Linear`/`Conv2d` kernel), `a[0].gain` (a norm) or `a[0].table` (an
+    /// embedding), whichever the experiment has; `a.0.bias` is `a[0].b` or `a[0].bias`. A
+    /// `Linear` weight `[out, in]` is transposed to nitro's `[in, out]`; a conv weight (OIHW)
+    /// is permuted to HWIO for a channels-last [`Conv2d`](crate::nn::Conv2d) and kept for a
+    /// [`channels_first`](crate::nn::Conv2d::channels_first) one (a kernel whose shape fits
+    /// both is refused until a [`permute`](Import::permute) says which). Names are mapped by
+    /// [`rename_with`](Import::rename_with) first, if given (to add a prefix, say), and an
+    /// explicit `rename` or `permute` wins over the preset.
+    ///
+    /// ```
+    /// use nitro::nn::{Conv2d, Layer, Linear};
+    /// use nitro::prelude::*;
+    /// use nitro::weights::{self, Import};
+    ///
+    /// #[experiment]
+    /// pub struct Net {
+    ///     #[device(trainable)] pub conv1: nitro::nn::Conv2dParams,
+    ///     #[device(trainable)] pub fc: nitro::nn::LinearParams,
+    /// }
+    /// let mut net = Net {
+    ///     conv1: Conv2d::new(1, 4, (3, 3)).init(nitro::init::Seed(0)),
+    ///     fc: Linear::new(16, 2).init(nitro::init::Seed(1)),
+    /// };
+    /// # let dir = std::env::temp_dir().join(format!("nitro-doc-pytorch-{}", std::process::id()));
+    /// # std::fs::create_dir_all(&dir)?;
+    /// # let file = dir.join("torch.safetensors");
+    /// # #[derive(Tree)] pub struct T { pub weight: Array, pub bias: Array }
+    /// # #[experiment] pub struct Torch { #[device] pub conv1: T, #[device] pub fc: T }
+    /// # let z = |d: &[usize]| Array::zeros(DType::F32, d);
+    /// # let torch = Torch { conv1: T { weight: z(&[4, 1, 3, 3]), bias: z(&[4]) },
+    /// #     fc: T { weight: z(&[2, 16]), bias: z(&[2]) } };
+    /// # weights::export(&torch, &file)?;
+    /// // conv1.weight [4, 1, 3, 3], conv1.bias [4], fc.weight [2, 16], fc.bias [2]
+    /// let loaded = weights::load_into(&mut net, &file, &Import::pytorch())?;
+    /// assert_eq!(loaded.leaves, ["conv1.w", "conv1.b", "fc.w", "fc.b"]);
+    /// # let _ = std::fs::remove_dir_all(&dir);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn pytorch() -> Import {
+        Import {
+            preset: Some(Preset::PyTorch),
+            ..Import::default()
+        }
+    }
+
+    /// A Hugging Face GPT-2 file (`GPT2Model` or `GPT2LMHeadModel`, with or without the
+    /// `transformer.` prefix) onto the [`Gpt2Params`](crate::nn::Gpt2Params) at leaf path
+    /// `at` (the experiment's field holding them): `wte`/`wpe` to the embeddings, `h.N.ln_1`
+    /// to `blocks[N].ln1`, the fused `attn.c_attn` `[d, 3d]` split into the attention's `q`,
+    /// `k` and `v`, `attn.c_proj` to `o`, `mlp.c_fc`/`mlp.c_proj` to `fc1`/`fc2` — Conv1D
+    /// weights are `[in, out]` already, so nothing is transposed. `lm_head.weight` (the head,
+    /// tied to `wte`) and the causal-mask buffers `attn.bias`/`attn.masked_bias` are skipped
+    /// and listed in [`Loaded::ignored`]. Half-precision checkpoints need [`Import::cast`].
+    pub fn gpt2(at: &str) -> Import {
+        Import {
+            preset: Some(Preset::Gpt2(at.to_owned())),
+            ..Import::default()
+        }
+    }
+
     /// The file's tensor `from` is the leaf `to`.
     pub fn rename(mut self, from: &str, to: &str) -> Import {
         self.renames.insert(from.to_owned(), to.to_owned());
         self
     }
 
-    /// The leaf a file tensor is, for the names [`Import::rename`] does not list.
+    /// The leaf a file tensor is, for the names [`Import::rename`] does not list (with a
+    /// preset: the name the preset then maps).
     pub fn rename_with(mut self, f: impl Fn(&str) -> String + 'static) -> Import {
         self.rename_with = Some(Box::new(f));
         self
@@ -72,18 +170,180 @@ impl Import {
         self
     }
 
+    /// The dense weight `leaf` (`[features, out]`, after any permute) follows a conv stack
+    /// whose output `[channels, height, width]` was flattened channels first — PyTorch's
+    /// `x.flatten(1)` over NCHW — and is reordered for channels-last features `(height, width,
+    /// channels)`, as [`Flatten`](crate::nn::Flatten) gives over NHWC. Without it the shapes
+    /// match and the values are scrambled.
+    pub fn flatten_order(mut self, leaf: &str, chw: [usize; 3]) -> Import {
+        self.flatten_orders.insert(leaf.to_owned(), chw);
+        self
+    }
+
+    /// Applies `f` to the value for `leaf`, last (after permutes, reordering and casts): any
+    /// conversion the others do not cover. Its error is reported with the rest.
+    pub fn map(
+        mut self,
+        leaf: &str,
+        f: impl Fn(Array) -> std::result::Result<Array, String> + 'static,
+    ) -> Import {
+        self.maps.insert(leaf.to_owned(), Box::new(f));
+        self
+    }
+
+    /// The file's tensor `name` is several leaves fused along `axis`: it is split into
+    /// `leaves.len()` equal parts, in order (GPT-2's `c_attn` `[d, 3d]` is `q`, `k` and `v`
+    /// along axis 1).
+    pub fn split(mut self, name: &str, axis: usize, leaves: &[&str]) -> Import {
+        let leaves = leaves.iter().map(|l| (*l).to_owned()).collect();
+        self.splits.insert(name.to_owned(), (axis, leaves));
+        self
+    }
+
+    /// Converts floating-point tensors whose dtype differs from their leaf's (`f16`, `bf16`,
+    /// `f64` files into `f32` leaves, say) instead of refusing them; each conversion is listed
+    /// in [`Loaded::cast`]. Integer tensors are never converted.
+    pub fn cast(mut self) -> Import {
+        self.cast = true;
+        self
+    }
+
     /// Ignore file tensors that no leaf takes (an optimizer's state, a head not used).
     pub fn allow_extra(mut self) -> Import {
         self.allow_extra = true;
         self
     }
 
-    fn leaf_of(&self, name: &str) -> String {
-        match (self.renames.get(name), &self.rename_with) {
-            (Some(to), _) => to.clone(),
-            (None, Some(f)) => f(name),
-            (None, None) => name.to_owned(),
+    /// Where the file's tensor `name` goes, given the experiment's leaves.
+    fn route(&self, name: &str, leaves: &HashSet<&str>) -> Route {
+        if let Some((axis, parts)) = self.splits.get(name) {
+            return Route::Split(*axis, parts.clone());
         }
+        if let Some(to) = self.renames.get(name) {
+            return Route::Leaf {
+                leaf: to.clone(),
+                torch: false,
+            };
+        }
+        let renamed = self.rename_with.as_ref().map(|f| f(name));
+        let name = renamed.as_deref().unwrap_or(name);
+        match &self.preset {
+            None => Route::Leaf {
+                leaf: name.to_owned(),
+                torch: false,
+            },
+            Some(Preset::PyTorch) => torch_route(name, leaves),
+            Some(Preset::Gpt2(at)) => gpt2_route(name, at),
+        }
+    }
+}
+
+/// `a.0.b` as a leaf path: `a[0].b`.
+fn torch_path(dotted: &str) -> String {
+    let mut out = String::new();
+    for seg in dotted.split('.').filter(|s| !s.is_empty()) {
+        if !out.is_empty() && seg.bytes().all(|b| b.is_ascii_digit()) {
+            out.push('[');
+            out.push_str(seg);
+            out.push(']');
+        } else {
+            if !out.is_empty() {
+                out.push('.');
+            }
+            out.push_str(seg);
+        }
+    }
+    out
+}
+
+fn torch_route(name: &str, leaves: &HashSet<&str>) -> Route {
+    let (parent, last) = name.rsplit_once('.').unwrap_or(("", name));
+    let candidates: &[&str] = match last {
+        "weight" => &["w", "gain", "table"],
+        "bias" => &["b", "bias"],
+        _ => &[],
+    };
+    let parent = torch_path(parent);
+    let join = |field: &str| {
+        if parent.is_empty() {
+            field.to_owned()
+        } else {
+            format!("{parent}.{field}")
+        }
+    };
+    match candidates
+        .iter()
+        .map(|c| join(c))
+        .find(|l| leaves.contains(l.as_str()))
+        .or_else(|| candidates.first().map(|c| join(c)))
+    {
+        Some(leaf) => Route::Leaf { leaf, torch: true },
+        None => Route::Leaf {
+            leaf: torch_path(name),
+            torch: false,
+        },
+    }
+}
+
+fn gpt2_route(name: &str, at: &str) -> Route {
+    let name = name.strip_prefix("transformer.").unwrap_or(name);
+    let leaf = |path: &str| Route::Leaf {
+        leaf: format!("{at}.{path}"),
+        torch: false,
+    };
+    match name {
+        "wte.weight" => return leaf("wte.table"),
+        "wpe.weight" => return leaf("wpe.table"),
+        "ln_f.weight" => return leaf("ln_f.gain"),
+        "ln_f.bias" => return leaf("ln_f.bias"),
+        "lm_head.weight" => return Route::Skip("the head is tied to `wte`"),
+        _ => {}
+    }
+    let Some((index, rest)) = name
+        .strip_prefix("h.")
+        .and_then(|r| r.split_once('.'))
+        .filter(|(i, _)| i.parse::<usize>().is_ok())
+    else {
+        return Route::Leaf {
+            leaf: name.to_owned(),
+            torch: false,
+        };
+    };
+    let block = format!("{at}.blocks[{index}]");
+    let path = match rest {
+        "ln_1.weight" => "ln1.gain",
+        "ln_1.bias" => "ln1.bias",
+        "ln_2.weight" => "ln2.gain",
+        "ln_2.bias" => "ln2.bias",
+        "attn.c_proj.weight" => "attention.o.w",
+        "attn.c_proj.bias" => "attention.o.b",
+        "mlp.c_fc.weight" => "fc1.w",
+        "mlp.c_fc.bias" => "fc1.b",
+        "mlp.c_proj.weight" => "fc2.w",
+        "mlp.c_proj.bias" => "fc2.b",
+        "attn.c_attn.weight" | "attn.c_attn.bias" => {
+            let (axis, field) = if rest.ends_with("weight") {
+                (1, "w")
+            } else {
+                (0, "b")
+            };
+            let parts = ["q", "k", "v"]
+                .iter()
+                .map(|p| format!("{block}.attention.{p}.{field}"))
+                .collect();
+            return Route::Split(axis, parts);
+        }
+        "attn.bias" | "attn.masked_bias" => return Route::Skip("a causal-mask buffer"),
+        _ => {
+            return Route::Leaf {
+                leaf: name.to_owned(),
+                torch: false,
+            }
+        }
+    };
+    Route::Leaf {
+        leaf: format!("{block}.{path}"),
+        torch: false,
     }
 }
 
@@ -92,12 +352,24 @@ impl Import {
 pub struct Loaded {
     /// The leaves filled, by path.
     pub leaves: Vec<String>,
-    /// File tensors no leaf took (with [`Import::allow_extra`]).
+    /// File tensors no leaf took (with [`Import::allow_extra`]), and those a preset skips
+    /// (with why).
     pub ignored: Vec<String>,
+    /// The conversions [`Import::cast`] made: `` `leaf` f16 → f32 ``.
+    pub cast: Vec<String>,
+}
+
+/// One file tensor's value on its way to a leaf.
+struct Candidate {
+    /// The file's name for it.
+    name: String,
+    value: Array,
+    /// Whether PyTorch's layout conventions apply.
+    torch: bool,
 }
 
 /// Loads the `safetensors` file at `path` into `experiment`'s Device leaves (see the
-/// [module docs](self)). Nothing changes unless every leaf is found and fits.
+/// [module docs](self) and [`Import`]). Nothing changes unless every leaf is found and fits.
 pub fn load_into<E: Experiment + ?Sized>(
     experiment: &mut E,
     path: impl AsRef<Path>,
@@ -107,13 +379,22 @@ pub fn load_into<E: Experiment + ?Sized>(
     let bytes = Error::read_data_file(path)?;
     let file = safetensors::SafeTensors::deserialize(&bytes)
         .map_err(|e| Error::data_file(path, format!("not a safetensors file: {e}")))?;
+    let mut wanted: Vec<(String, LeafType)> = Vec::new();
+    experiment.visit_device(&mut |_, p, node| {
+        if let Node::Leaf(a) = node {
+            wanted.push((p.as_str().to_owned(), a.leaf_type()));
+        }
+    });
+    let leaves: HashSet<&str> = wanted.iter().map(|(l, _)| l.as_str()).collect();
     // The file's tensors under the leaf names they map to.
-    let mut by_leaf: BTreeMap<String, (String, Array)> = BTreeMap::new();
+    let mut by_leaf: BTreeMap<String, Candidate> = BTreeMap::new();
     let mut problems = Vec::new();
-    let mut file_names = std::collections::HashSet::new();
-    for (name, view) in file.tensors() {
+    let mut skipped = Vec::new();
+    let mut file_names = HashSet::new();
+    let mut tensors = file.tensors();
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, view) in tensors {
         file_names.insert(name.clone());
-        let leaf = import.leaf_of(&name);
         let array = match to_array(&view) {
             Ok(a) => a,
             Err(why) => {
@@ -121,85 +402,69 @@ pub fn load_into<E: Experiment + ?Sized>(
                 continue;
             }
         };
-        let array = match import.permutes.get(&leaf) {
-            Some(perm) => match permuted(&array, perm) {
-                Ok(a) => a,
+        let routed: Vec<(String, Array, bool)> = match import.route(&name, &leaves) {
+            Route::Skip(why) => {
+                skipped.push(format!("`{name}` ({}, {why})", array.leaf_type()));
+                continue;
+            }
+            Route::Leaf { leaf, torch } => vec![(leaf, array, torch)],
+            Route::Split(axis, parts) => match split(&array, axis, parts.len()) {
+                Ok(pieces) => parts
+                    .into_iter()
+                    .zip(pieces)
+                    .map(|(l, a)| (l, a, false))
+                    .collect(),
                 Err(why) => {
-                    problems.push(format!("tensor `{name}` (for `{leaf}`): {why}"));
+                    problems.push(format!("tensor `{name}`: {why}"));
                     continue;
                 }
             },
-            None => array,
         };
-        if let Some((other, _)) = by_leaf.insert(leaf.clone(), (name.clone(), array)) {
-            problems.push(format!(
-                "tensors `{other}` and `{name}` both map to `{leaf}`"
-            ));
-        }
-    }
-    let mut wanted = Vec::new();
-    experiment.visit_device(&mut |_, p, node| {
-        if let Node::Leaf(a) = node {
-            wanted.push((p.as_str().to_owned(), a.leaf_type()));
-        }
-    });
-    // An instruction that names nothing is a mistake (a permute written with the file's name
-    // instead of the leaf's would load the untransposed layout): every one is refused.
-    let leaves: std::collections::HashSet<&str> = wanted.iter().map(|(l, _)| l.as_str()).collect();
-    let names: std::collections::HashSet<&str> = file_names.iter().map(String::as_str).collect();
-    let mut renames: Vec<(&String, &String)> = import.renames.iter().collect();
-    renames.sort();
-    for (from, to) in renames {
-        if !names.contains(from.as_str()) {
-            problems.push(format!(
-                "rename(\"{from}\", \"{to}\") names no tensor of the file"
-            ));
-        } else if !leaves.contains(to.as_str()) {
-            problems.push(format!(
-                "rename(\"{from}\", \"{to}\") names no leaf of `{}`",
-                E::TYPE_PATH
-            ));
-        }
-    }
-    let mut permutes: Vec<(&String, &Vec<usize>)> = import.permutes.iter().collect();
-    permutes.sort();
-    for (leaf, perm) in permutes {
-        if !leaves.contains(leaf.as_str()) {
-            let hint = if names.contains(leaf.as_str()) {
-                " (it is a tensor's name in the file: permute takes the leaf's name)"
-            } else {
-                ""
+        for (leaf, value, torch) in routed {
+            let candidate = Candidate {
+                name: name.clone(),
+                value,
+                torch,
             };
-            problems.push(format!(
-                "permute(\"{leaf}\", {perm:?}) names no leaf of `{}`{hint}",
-                E::TYPE_PATH
-            ));
-        } else if !by_leaf.contains_key(leaf.as_str()) {
-            problems.push(format!(
-                "permute(\"{leaf}\", {perm:?}) names a leaf no tensor of the file maps to"
-            ));
+            if let Some(other) = by_leaf.insert(leaf.clone(), candidate) {
+                problems.push(format!(
+                    "tensors `{}` and `{name}` both map to `{leaf}`",
+                    other.name
+                ));
+            }
         }
     }
+    check_instructions::<E>(import, &leaves, &file_names, &by_leaf, &mut problems);
+    // Each tensor's conversions, in order; then its type against the leaf's.
+    let mut casts = Vec::new();
+    let mut values: HashMap<String, Array> = HashMap::new();
     let mut loaded = Vec::new();
     for (leaf, ty) in &wanted {
-        match by_leaf.get(leaf) {
-            None => problems.push(format!("leaf `{leaf}` ({ty}) has no tensor in the file")),
-            Some((name, a)) if &a.leaf_type() != ty => problems.push(format!(
-                "tensor `{name}` is {} but leaf `{leaf}` is {ty}",
-                a.leaf_type()
+        let Some(c) = by_leaf.remove(leaf) else {
+            problems.push(format!("leaf `{leaf}` ({ty}) has no tensor in the file"));
+            continue;
+        };
+        match convert(import, leaf, ty, c.value, c.torch, &mut casts) {
+            Ok(a) if &a.leaf_type() == ty => {
+                values.insert(leaf.clone(), a);
+                loaded.push(leaf.clone());
+            }
+            Ok(a) => problems.push(format!(
+                "tensor `{}` is {} but leaf `{leaf}` is {ty}{}",
+                c.name,
+                a.leaf_type(),
+                hint(a.dtype(), ty.dtype, import.cast)
             )),
-            Some(_) => loaded.push(leaf.clone()),
+            Err(why) => problems.push(format!("tensor `{}` (for `{leaf}`): {why}", c.name)),
         }
     }
-    let taken = &leaves;
-    let ignored: Vec<String> = by_leaf
+    let mut ignored: Vec<String> = by_leaf
         .iter()
-        .filter(|(leaf, _)| !taken.contains(leaf.as_str()))
-        .map(|(leaf, (name, a))| {
-            if *name == *leaf {
-                format!("`{name}` ({})", a.leaf_type())
+        .map(|(leaf, c)| {
+            if c.name == *leaf {
+                format!("`{}` ({})", c.name, c.value.leaf_type())
             } else {
-                format!("`{name}` (as `{leaf}`, {})", a.leaf_type())
+                format!("`{}` (as `{leaf}`, {})", c.name, c.value.leaf_type())
             }
         })
         .collect();
@@ -222,10 +487,7 @@ pub fn load_into<E: Experiment + ?Sized>(
             ),
         ));
     }
-    let mut values: HashMap<String, Array> = by_leaf
-        .into_iter()
-        .map(|(leaf, (_, a))| (leaf, a))
-        .collect();
+    ignored.extend(skipped);
     experiment.visit_device_mut(&mut |_, p, leaf| {
         if let Some(a) = values.remove(p.as_str()) {
             *leaf = a;
@@ -234,7 +496,217 @@ pub fn load_into<E: Experiment + ?Sized>(
     Ok(Loaded {
         leaves: loaded,
         ignored,
+        cast: casts,
     })
+}
+
+/// What to say after a dtype mismatch.
+fn hint(file: DType, leaf: DType, casting: bool) -> &'static str {
+    if !casting && file.is_float() && leaf.is_float() {
+        " (Import::cast converts it)"
+    } else {
+        ""
+    }
+}
+
+/// Refuses every instruction that names nothing: a permute written with the file's name
+/// instead of the leaf's would otherwise load the untransposed layout.
+fn check_instructions<E: Experiment + ?Sized>(
+    import: &Import,
+    leaves: &HashSet<&str>,
+    names: &HashSet<String>,
+    by_leaf: &BTreeMap<String, Candidate>,
+    problems: &mut Vec<String>,
+) {
+    let ty = E::TYPE_PATH;
+    let mut renames: Vec<(&String, &String)> = import.renames.iter().collect();
+    renames.sort();
+    for (from, to) in renames {
+        if !names.contains(from) {
+            problems.push(format!(
+                "rename(\"{from}\", \"{to}\") names no tensor of the file"
+            ));
+        } else if !leaves.contains(to.as_str()) {
+            problems.push(format!(
+                "rename(\"{from}\", \"{to}\") names no leaf of `{ty}`"
+            ));
+        }
+    }
+    let mut splits: Vec<_> = import.splits.iter().collect();
+    splits.sort_by(|a, b| a.0.cmp(b.0));
+    for (name, (axis, parts)) in splits {
+        if !names.contains(name) {
+            problems.push(format!(
+                "split(\"{name}\", {axis}, {parts:?}) names no tensor of the file"
+            ));
+        }
+        for part in parts.iter().filter(|p| !leaves.contains(p.as_str())) {
+            problems.push(format!(
+                "split(\"{name}\", {axis}, …) names `{part}`, no leaf of `{ty}`"
+            ));
+        }
+    }
+    let per_leaf = |what: &str, leaf: &str, args: String, problems: &mut Vec<String>| {
+        if !leaves.contains(leaf) {
+            let hint = if names.contains(leaf) {
+                format!(" (it is a tensor's name in the file: {what} takes the leaf's name)")
+            } else {
+                String::new()
+            };
+            problems.push(format!(
+                "{what}(\"{leaf}\"{args}) names no leaf of `{ty}`{hint}"
+            ));
+        } else if !by_leaf.contains_key(leaf) {
+            problems.push(format!(
+                "{what}(\"{leaf}\"{args}) names a leaf no tensor of the file maps to"
+            ));
+        }
+    };
+    let mut permutes: Vec<_> = import.permutes.iter().collect();
+    permutes.sort();
+    for (leaf, perm) in permutes {
+        per_leaf("permute", leaf, format!(", {perm:?}"), problems);
+    }
+    let mut orders: Vec<_> = import.flatten_orders.iter().collect();
+    orders.sort();
+    for (leaf, chw) in orders {
+        per_leaf("flatten_order", leaf, format!(", {chw:?}"), problems);
+    }
+    let mut maps: Vec<&String> = import.maps.keys().collect();
+    maps.sort();
+    for leaf in maps {
+        per_leaf("map", leaf, ", …".to_owned(), problems);
+    }
+}
+
+/// A file tensor's value converted for `leaf` (of type `ty`): permuted, reordered, cast and
+/// mapped as `import` says.
+fn convert(
+    import: &Import,
+    leaf: &str,
+    ty: &LeafType,
+    value: Array,
+    torch: bool,
+    casts: &mut Vec<String>,
+) -> std::result::Result<Array, String> {
+    let mut a = value;
+    let perm = match import.permutes.get(leaf) {
+        Some(p) => Some(p.clone()),
+        None if torch => torch_layout(leaf, &a, ty)?,
+        None => None,
+    };
+    if let Some(perm) = perm {
+        a = permuted(&a, &perm)?;
+    }
+    if let Some(chw) = import.flatten_orders.get(leaf) {
+        a = channels_last_rows(&a, *chw)?;
+    }
+    if import.cast && a.dtype() != ty.dtype && a.dtype().is_float() && ty.dtype.is_float() {
+        casts.push(format!("`{leaf}` {} → {}", a.dtype(), ty.dtype));
+        a = cast(&a, ty.dtype)?;
+    }
+    if let Some(f) = import.maps.get(leaf) {
+        a = f(a).map_err(|why| format!("map: {why}"))?;
+    }
+    Ok(a)
+}
+
+/// PyTorch's layout for `leaf`, as nitro stores it: a `Linear` weight `[out, in]` transposed, a
+/// conv weight OIHW permuted to HWIO unless the leaf is OIHW (a channels-first conv).
+fn torch_layout(
+    leaf: &str,
+    a: &Array,
+    ty: &LeafType,
+) -> std::result::Result<Option<Vec<usize>>, String> {
+    if !leaf.ends_with(".w") {
+        return Ok(None);
+    }
+    let d = a.dims();
+    match d.len() {
+        2 => Ok(Some(vec![1, 0])),
+        4 => {
+            let hwio = [d[2], d[3], d[1], d[0]];
+            let (as_hwio, as_is) = (ty.dims == hwio, ty.dims == d);
+            match (as_hwio, as_is) {
+                (true, true) => Err(format!(
+                    "the kernel {:?} fits both a channels-last (HWIO) and a channels-first \
+                     (OIHW) conv: say which with permute(\"{leaf}\", &[2, 3, 1, 0]) or \
+                     permute(\"{leaf}\", &[0, 1, 2, 3])",
+                    d
+                )),
+                (false, true) => Ok(None),
+                _ => Ok(Some(vec![2, 3, 1, 0])),
+            }
+        }
+        _ => Ok(None),
+    }
+}
+
+/// `a`'s rows — its first dim, `c·h·w` features in `(c, h, w)` order — reordered to `(h, w,
+/// c)`.
+fn channels_last_rows(a: &Array, [c, h, w]: [usize; 3]) -> std::result::Result<Array, String> {
+    let d = a.dims();
+    let rows = c * h * w;
+    if d.first() != Some(&rows) {
+        return Err(format!(
+            "flatten_order {:?} wants a first dim of {rows} (c·h·w), the value is {}",
+            [c, h, w],
+            a.leaf_type()
+        ));
+    }
+    let rest: usize = d[1..].iter().product();
+    let data = crate::ops::host::layout::transpose(a.data(), &[c, h, w, rest], &[1, 2, 0, 3])
+        .map_err(|_| "cannot reorder it (out of memory)".to_owned())?;
+    Array::from_data(d, data).map_err(|e| e.to_string())
+}
+
+/// `a` split into `parts` equal pieces along `axis`.
+fn split(a: &Array, axis: usize, parts: usize) -> std::result::Result<Vec<Array>, String> {
+    let d = a.dims();
+    let Some(&n) = d.get(axis) else {
+        return Err(format!("cannot split {} along axis {axis}", a.leaf_type()));
+    };
+    if parts == 0 || n % parts != 0 {
+        return Err(format!(
+            "cannot split {} into {parts} equal parts along axis {axis}",
+            a.leaf_type()
+        ));
+    }
+    let (outer, inner): (usize, usize) =
+        (d[..axis].iter().product(), d[axis + 1..].iter().product());
+    let step = n / parts;
+    (0..parts)
+        .map(|k| {
+            // Rows `k·step .. (k+1)·step` of the `[outer, n, inner]` view.
+            let dims = [outer, step, inner];
+            let strides = [n * inner, inner, 1];
+            let data =
+                crate::ops::host::layout::gather_data(a.data(), &dims, &strides, k * step * inner)
+                    .map_err(|_| "cannot split it (out of memory)".to_owned())?;
+            let mut out = d.to_vec();
+            out[axis] = step;
+            Array::from_data(&out, data).map_err(|e| e.to_string())
+        })
+        .collect()
+}
+
+/// `a` converted to the floating-point dtype `to`.
+fn cast(a: &Array, to: DType) -> std::result::Result<Array, String> {
+    let values: Vec<f64> = match a.data() {
+        ArrayData::F32(v) => v.iter().map(|&x| f64::from(x)).collect(),
+        ArrayData::F64(v) => v.clone(),
+        ArrayData::BF16(v) => v.iter().map(|x| x.to_f64()).collect(),
+        ArrayData::F16(v) => v.iter().map(|x| x.to_f64()).collect(),
+        _ => return Err(format!("cannot cast {} to {to}", a.leaf_type())),
+    };
+    let data = match to {
+        DType::F32 => ArrayData::F32(values.iter().map(|&x| x as f32).collect()),
+        DType::F64 => ArrayData::F64(values),
+        DType::BF16 => ArrayData::BF16(values.iter().map(|&x| half::bf16::from_f64(x)).collect()),
+        DType::F16 => ArrayData::F16(values.iter().map(|&x| half::f16::from_f64(x)).collect()),
+        _ => return Err(format!("cannot cast {} to {to}", a.leaf_type())),
+    };
+    Array::from_data(a.dims(), data).map_err(|e| e.to_string())
 }
 
 fn permuted(a: &Array, perm: &[usize]) -> std::result::Result<Array, String> {

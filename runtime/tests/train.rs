@@ -928,10 +928,7 @@ fn recompile_reasons_name_the_program_inputs() {
     let mut two = handle(b, cache, mlp(Act::Tanh), Adam::default(), 31, 0.01);
     let outcomes = two.prepare(&batch(&x, &y, 0, 31, 31)).unwrap();
     let reason = outcomes[0].to_string();
-    assert!(
-        reason.contains("batch.x f32[32,4] → f32[31,4]"),
-        "{reason}"
-    );
+    assert!(reason.contains("batch.x f32[32,4] → f32[31,4]"), "{reason}");
     assert!(reason.contains("batch.y i32[32] → i32[31]"), "{reason}");
     assert!(reason.contains("mask f32[32] → f32[31]"), "{reason}");
     assert!(!reason.contains("0.x"), "{reason}");

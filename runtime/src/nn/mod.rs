@@ -37,9 +37,11 @@ use crate::init::{self, Seed};
 use crate::trace::{Conv, Tensor, Window};
 use crate::tree::{Array, DType, Tree};
 
+mod gpt2;
 mod recurrent;
 mod repeated;
 
+pub use gpt2::{Gpt2, Gpt2Params, Gpt2ParamsMirror};
 pub use recurrent::{Lstm, LstmParams, LstmParamsMirror};
 pub use repeated::Repeated;
 
@@ -181,6 +183,17 @@ impl Layer for Linear {
 // ---- convolution and pooling -----------------------------------------------------------------
 
 /// How a 2-D window pads its input.
+///
+/// | nitro | PyTorch | TensorFlow / JAX |
+/// | --- | --- | --- |
+/// | `Padding::Valid` | `padding=0` | `"VALID"` |
+/// | `Padding::Symmetric(ph, pw)` | `padding=(ph, pw)`: `ph` rows above *and* below | — |
+/// | `Padding::Same` | `padding="same"` (stride 1 only) | `"SAME"`: odd padding's extra row after |
+/// | `Padding::Explicit(vec![(lo, hi), (lo, hi)])` | `F.pad` then `padding=0` | `[(lo, hi), …]` |
+///
+/// At stride 2, PyTorch's `padding=1` is not `Same`: a 3×3 kernel over 4 rows pads one row on
+/// each side (`Symmetric(1, 1)`), where `Same` pads none above and one below — the same output
+/// shape and other values.
 #[derive(crate::ContentHash, Clone, Debug, PartialEq, Eq)]
 pub enum Padding {
     /// `ceil(n / stride)` outputs per spatial dim, the padding split evenly (odd one after).
@@ -189,9 +202,69 @@ pub enum Padding {
     Valid,
     /// `(low, high)` for height, then width.
     Explicit(Vec<(i64, i64)>),
+    /// PyTorch's `padding=(h, w)`: `h` rows on both sides of the height, `w` columns on both
+    /// sides of the width.
+    Symmetric(usize, usize),
 }
 
-/// A 2-D convolution on channels-last input `[N, H, W, C]` with an HWIO kernel.
+impl Padding {
+    /// `(low, high)` per spatial dim for an input of spatial dims `input` (height, width).
+    fn pairs(
+        &self,
+        input: (usize, usize),
+        kernel: (usize, usize),
+        stride: (usize, usize),
+        dilation: (usize, usize),
+    ) -> Vec<(i64, i64)> {
+        match self {
+            Padding::Same => crate::ops::window::same_padding(
+                &[input.0, input.1],
+                &[kernel.0, kernel.1],
+                &[stride.0, stride.1],
+                &[dilation.0, dilation.1],
+            ),
+            Padding::Valid => vec![(0, 0), (0, 0)],
+            Padding::Explicit(p) => p.clone(),
+            Padding::Symmetric(h, w) => vec![(*h as i64, *h as i64), (*w as i64, *w as i64)],
+        }
+    }
+}
+
+/// Where a 2-D layer's channels are.
+#[derive(crate::ContentHash, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Channels {
+    /// `[N, H, W, C]` data and, for [`Conv2d`], HWIO kernels `[kh, kw, in, out]` (JAX's and
+    /// TensorFlow's layout).
+    #[default]
+    Last,
+    /// `[N, C, H, W]` data and, for [`Conv2d`], OIHW kernels `[out, in, kh, kw]` (PyTorch's
+    /// layout: its weights load without a permute).
+    First,
+}
+
+impl Channels {
+    /// The positions of height, width and channels in a rank-4 `[N, …]` shape.
+    fn hwc(self) -> (usize, usize, usize) {
+        match self {
+            Channels::Last => (1, 2, 3),
+            Channels::First => (2, 3, 1),
+        }
+    }
+}
+
+/// Spatial output size of a window of `k` (dilated by `d`) at stride `s` over `n` padded by
+/// `pad`: `floor((n + lo + hi − (k − 1)·d − 1) / s) + 1`, or 0 when it does not fit.
+fn window_out(n: usize, pad: (i64, i64), k: usize, s: usize, d: usize) -> usize {
+    let padded = n as i64 + pad.0 + pad.1;
+    let span = ((k.max(1) - 1) * d.max(1) + 1) as i64;
+    if padded < span {
+        return 0;
+    }
+    ((padded - span) / s.max(1) as i64 + 1) as usize
+}
+
+/// A 2-D convolution: channels-last input `[N, H, W, C]` with an HWIO kernel by default,
+/// channels-first `[N, C, H, W]` with an OIHW kernel with [`Conv2d::channels_first`].
 #[derive(crate::ContentHash, Clone, Debug, PartialEq, Eq)]
 pub struct Conv2d {
     /// Input channels.
@@ -210,9 +283,12 @@ pub struct Conv2d {
     pub groups: usize,
     /// Whether it adds a bias.
     pub bias: bool,
+    /// Where the channels are, in the data and the kernel.
+    pub channels: Channels,
 }
 
-/// A [`Conv2d`]'s parameters: `w` is `[kh, kw, inputs / groups, outputs]`, `b` `[outputs]`.
+/// A [`Conv2d`]'s parameters: `w` is `[kh, kw, inputs / groups, outputs]` (channels last) or
+/// `[outputs, inputs / groups, kh, kw]` (channels first), `b` `[outputs]`.
 #[derive(crate::Tree, Clone, Debug)]
 pub struct Conv2dParams {
     /// The kernel.
@@ -233,6 +309,38 @@ impl Conv2d {
             dilation: (1, 1),
             groups: 1,
             bias: true,
+            channels: Channels::Last,
+        }
+    }
+
+    /// Over channels-first data `[N, C, H, W]` with an OIHW kernel, as PyTorch's
+    /// `nn.Conv2d`.
+    pub fn channels_first(mut self) -> Conv2d {
+        self.channels = Channels::First;
+        self
+    }
+
+    /// The dims of one example's output for one example's input dims (`[H, W, C]`, or
+    /// `[C, H, W]` channels first; no batch dim).
+    ///
+    /// ```
+    /// use nitro::nn::{Conv2d, Padding};
+    /// let conv = Conv2d::new(1, 8, (3, 3)).stride(2, 2).padding(Padding::Symmetric(1, 1));
+    /// assert_eq!(conv.output_dims(&[28, 28, 1]), [14, 14, 8]);
+    /// ```
+    pub fn output_dims(&self, input: &[usize]) -> Vec<usize> {
+        let (h, w, _) = self.channels.hwc();
+        let get = |i: usize| input.get(i - 1).copied().unwrap_or(0);
+        let (ih, iw) = (get(h), get(w));
+        let pads = self
+            .padding
+            .pairs((ih, iw), self.kernel, self.stride, self.dilation);
+        let pad = |i: usize| pads.get(i).copied().unwrap_or((0, 0));
+        let oh = window_out(ih, pad(0), self.kernel.0, self.stride.0, self.dilation.0);
+        let ow = window_out(iw, pad(1), self.kernel.1, self.stride.1, self.dilation.1);
+        match self.channels {
+            Channels::Last => vec![oh, ow, self.outputs],
+            Channels::First => vec![self.outputs, oh, ow],
         }
     }
 
@@ -261,15 +369,19 @@ impl Conv2d {
     }
 
     fn conv(&self, hw: (usize, usize)) -> Conv {
-        let c = Conv::channels_last(2)
+        let dims = match self.channels {
+            Channels::Last => crate::trace::ir::ConvDims::channels_last(2),
+            Channels::First => crate::trace::ir::ConvDims::channels_first(2),
+        };
+        Conv::new(dims)
             .strides(&[self.stride.0, self.stride.1])
             .rhs_dilation(&[self.dilation.0, self.dilation.1])
-            .feature_groups(self.groups);
-        match &self.padding {
-            Padding::Same => c.same_for(&[hw.0, hw.1], &[self.kernel.0, self.kernel.1]),
-            Padding::Valid => c,
-            Padding::Explicit(p) => c.padding(p),
-        }
+            .feature_groups(self.groups)
+            .padding(
+                &self
+                    .padding
+                    .pairs(hw, self.kernel, self.stride, self.dilation),
+            )
     }
 }
 
@@ -281,13 +393,13 @@ impl Layer for Conv2d {
         let per = self.inputs / self.groups.max(1);
         let fan_in = self.kernel.0 * self.kernel.1 * per;
         let std = (2.0 / fan_in.max(1) as f64).sqrt();
+        let (kh, kw) = self.kernel;
+        let dims = match self.channels {
+            Channels::Last => [kh, kw, per, self.outputs],
+            Channels::First => [self.outputs, per, kh, kw],
+        };
         Conv2dParams {
-            w: init::normal(
-                &[self.kernel.0, self.kernel.1, per, self.outputs],
-                0.0,
-                std,
-                seed,
-            ),
+            w: init::normal(&dims, 0.0, std, seed),
             b: self.bias.then(|| Array::zeros(DType::F32, &[self.outputs])),
         }
     }
@@ -295,19 +407,24 @@ impl Layer for Conv2d {
     #[track_caller]
     fn forward(&self, p: &Conv2dParamsMirror<Tensor>, x: Tensor) -> Tensor {
         let d = x.dims();
+        let (h, w, _) = self.channels.hwc();
         let hw = (
-            d.get(1).copied().unwrap_or(0),
-            d.get(2).copied().unwrap_or(0),
+            d.get(h).copied().unwrap_or(0),
+            d.get(w).copied().unwrap_or(0),
         );
         let y = x.conv(p.w, &self.conv(hw));
-        match p.b {
-            Some(b) => y + b,
-            None => y,
+        match (p.b, self.channels) {
+            (Some(b), Channels::Last) => y + b,
+            (Some(b), Channels::First) => y + b.reshape(&[self.outputs, 1, 1]),
+            (None, _) => y,
         }
     }
 }
 
-/// 2-D pooling on `[N, H, W, C]`: the maximum or the mean of each window.
+/// 2-D pooling on `[N, H, W, C]` (or `[N, C, H, W]` with [`Pool2d::channels_first`]): the
+/// maximum or the mean of each window, windows that fit only — PyTorch's `MaxPool2d` and
+/// `AvgPool2d` with `padding=0, ceil_mode=False` (a trailing row or column that no whole window
+/// covers is dropped: 7 rows pooled 2 by 2 give 3), JAX's `"VALID"` pooling.
 #[derive(crate::ContentHash, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Pool2d {
     /// Window height and width.
@@ -316,6 +433,35 @@ pub struct Pool2d {
     pub stride: (usize, usize),
     /// Maximum (`true`) or mean.
     pub max: bool,
+    /// Where the channels are.
+    pub channels: Channels,
+}
+
+impl Pool2d {
+    /// Over channels-first data `[N, C, H, W]`.
+    pub fn channels_first(mut self) -> Pool2d {
+        self.channels = Channels::First;
+        self
+    }
+
+    /// The dims of one example's output for one example's input dims (no batch dim).
+    ///
+    /// ```
+    /// assert_eq!(nitro::nn::max_pool2d((2, 2), (2, 2)).output_dims(&[7, 7, 16]), [3, 3, 16]);
+    /// ```
+    pub fn output_dims(&self, input: &[usize]) -> Vec<usize> {
+        let (h, w, _) = self.channels.hwc();
+        let mut out = input.to_vec();
+        for (axis, k, s) in [
+            (h, self.window.0, self.stride.0),
+            (w, self.window.1, self.stride.1),
+        ] {
+            if let Some(n) = out.get_mut(axis - 1) {
+                *n = window_out(*n, (0, 0), k, s, 1);
+            }
+        }
+        out
+    }
 }
 
 /// Max pooling (`window` and `stride`, no padding).
@@ -324,6 +470,7 @@ pub fn max_pool2d(window: (usize, usize), stride: (usize, usize)) -> Pool2d {
         window,
         stride,
         max: true,
+        channels: Channels::Last,
     }
 }
 
@@ -333,6 +480,7 @@ pub fn avg_pool2d(window: (usize, usize), stride: (usize, usize)) -> Pool2d {
         window,
         stride,
         max: false,
+        channels: Channels::Last,
     }
 }
 
@@ -343,18 +491,90 @@ impl Layer for Pool2d {
 
     #[track_caller]
     fn forward(&self, _: &(), x: Tensor) -> Tensor {
-        let w = Window::new(&[1, self.window.0, self.window.1, 1]).strides(&[
-            1,
-            self.stride.0,
-            self.stride.1,
-            1,
-        ]);
+        let (h, w, _) = self.channels.hwc();
+        let (mut dims, mut strides) = ([1; 4], [1; 4]);
+        (dims[h], dims[w]) = self.window;
+        (strides[h], strides[w]) = self.stride;
+        let w = Window::new(&dims).strides(&strides);
         if self.max {
             x.window_max(&w)
         } else {
             x.window_sum(&w) / (self.window.0 * self.window.1) as f64
         }
     }
+}
+
+/// `[N, …] → [N, product of the rest]`: the dense layer after a conv stack. Channels last, the
+/// features come out in `(h, w, c)` order; channels first, in PyTorch's `(c, h, w)` order.
+#[derive(crate::ContentHash, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Flatten;
+
+impl Layer for Flatten {
+    type Params = ();
+
+    fn init(&self, _: Seed) {}
+
+    #[track_caller]
+    fn forward(&self, _: &(), x: Tensor) -> Tensor {
+        let d = x.dims();
+        let n = d.first().copied().unwrap_or(1);
+        x.reshape(&[n, d.iter().skip(1).product()])
+    }
+}
+
+/// A layer whose output dims follow from its input dims — one example's, without the batch
+/// dim — so a model's widths are computed, not written by hand ([`dims_after`]).
+pub trait OutputDims {
+    /// The output dims for input dims `input`.
+    fn output_dims(&self, input: &[usize]) -> Vec<usize>;
+}
+
+impl OutputDims for Conv2d {
+    /// `[H, W, C]` in, `[H', W', outputs]` out (`[C, H, W]` → `[outputs, H', W']` channels
+    /// first).
+    fn output_dims(&self, input: &[usize]) -> Vec<usize> {
+        self.output_dims(input)
+    }
+}
+
+impl OutputDims for Pool2d {
+    fn output_dims(&self, input: &[usize]) -> Vec<usize> {
+        self.output_dims(input)
+    }
+}
+
+impl OutputDims for Flatten {
+    fn output_dims(&self, input: &[usize]) -> Vec<usize> {
+        vec![input.iter().product()]
+    }
+}
+
+impl OutputDims for Linear {
+    fn output_dims(&self, input: &[usize]) -> Vec<usize> {
+        let mut out = input.to_vec();
+        match out.last_mut() {
+            Some(last) => *last = self.outputs,
+            None => out.push(self.outputs),
+        }
+        out
+    }
+}
+
+/// The dims after `layers`, in order, for one example's input dims `input`.
+///
+/// ```
+/// use nitro::nn::{self, Conv2d, Flatten, Linear};
+/// let (conv1, conv2) = (Conv2d::new(1, 16, (3, 3)), Conv2d::new(16, 32, (3, 3)));
+/// let pool = nn::max_pool2d((2, 2), (2, 2));
+/// let flat = nn::dims_after(&[28, 28, 1], &[&conv1, &pool, &conv2, &pool, &Flatten]);
+/// assert_eq!(flat, [7 * 7 * 32]);
+/// let head = Linear::new(flat[0], 10);
+/// # let _ = head;
+/// ```
+pub fn dims_after(input: &[usize], layers: &[&dyn OutputDims]) -> Vec<usize> {
+    layers
+        .iter()
+        .fold(input.to_vec(), |dims, layer| layer.output_dims(&dims))
 }
 
 // ---- embeddings and norms --------------------------------------------------------------------
@@ -618,7 +838,31 @@ impl Layer for MultiHeadAttention {
     }
 }
 
-/// A pre-norm transformer block: `x + drop(attn(ln₁(x)))`, then `x + drop(fc₂(gelu(fc₁(ln₂(x)))))`.
+/// The MLP's activation in a [`TransformerBlock`].
+#[derive(crate::ContentHash, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Activation {
+    /// Exact GELU ([`gelu`]).
+    #[default]
+    Gelu,
+    /// GELU's tanh approximation ([`gelu_tanh`]): GPT-2's `gelu_new`.
+    GeluTanh,
+    /// ReLU.
+    Relu,
+}
+
+impl Activation {
+    /// The activation applied to `x`.
+    #[track_caller]
+    pub fn apply(self, x: Tensor) -> Tensor {
+        match self {
+            Activation::Gelu => gelu(x),
+            Activation::GeluTanh => gelu_tanh(x),
+            Activation::Relu => relu(x),
+        }
+    }
+}
+
+/// A pre-norm transformer block: `x + drop(attn(ln₁(x)))`, then `x + drop(fc₂(act(fc₁(ln₂(x)))))`.
 #[derive(crate::ContentHash, Clone, Copy, Debug, PartialEq)]
 pub struct TransformerBlock {
     /// Its attention.
@@ -627,6 +871,10 @@ pub struct TransformerBlock {
     pub hidden: usize,
     /// Dropout after the attention and the MLP, while training (0 for none).
     pub dropout: f64,
+    /// The norms' `eps` (1e-5, PyTorch's and GPT-2's).
+    pub eps: f64,
+    /// The MLP's activation.
+    pub activation: Activation,
 }
 
 /// A [`TransformerBlock`]'s parameters.
@@ -655,6 +903,15 @@ impl TransformerBlock {
             },
             hidden: 4 * dim,
             dropout: 0.0,
+            eps: 1e-5,
+            activation: Activation::Gelu,
+        }
+    }
+
+    fn norm(&self) -> LayerNorm {
+        LayerNorm {
+            dim: self.attention.dim,
+            eps: self.eps,
         }
     }
 }
@@ -664,7 +921,7 @@ impl Layer for TransformerBlock {
 
     fn init(&self, seed: Seed) -> BlockParams {
         let d = self.attention.dim;
-        let ln = LayerNorm::new(d);
+        let ln = self.norm();
         BlockParams {
             ln1: ln.init(part(seed, 0)),
             attention: self.attention.init(part(seed, 1)),
@@ -677,11 +934,11 @@ impl Layer for TransformerBlock {
     #[track_caller]
     fn forward(&self, p: &BlockParamsMirror<Tensor>, x: Tensor) -> Tensor {
         let d = self.attention.dim;
-        let ln = LayerNorm::new(d);
+        let ln = self.norm();
         let a = self.attention.forward(&p.attention, ln.forward(&p.ln1, x));
         let x = x + dropout(a, self.dropout);
         let m = Linear::new(d, self.hidden).forward(&p.fc1, ln.forward(&p.ln2, x));
-        let m = Linear::new(self.hidden, d).forward(&p.fc2, gelu(m));
+        let m = Linear::new(self.hidden, d).forward(&p.fc2, self.activation.apply(m));
         x + dropout(m, self.dropout)
     }
 }

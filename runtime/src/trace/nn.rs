@@ -163,7 +163,8 @@ pub fn mse(pred: Tensor, target: Tensor) -> Tensor {
 /// ([`random::next_step_key`](crate::trace::random::next_step_key), a fresh key per call). In
 /// an evaluation program (and outside the training handle's programs) it is `x` itself. The
 /// model must declare `const RANDOM: bool = true;` in its `impl Model`; without it dropout is a
-/// trace-time error rather than silently off. `rate` must be in `[0, 1)`.
+/// trace-time error rather than silently off. `rate` must be in `[0, 1)`; a rate of 0 is `x`
+/// itself and draws nothing (a model whose dropout is off needs no key).
 #[track_caller]
 pub fn dropout(x: Tensor, rate: f64) -> Tensor {
     let at = Location::caller();
@@ -177,6 +178,9 @@ pub fn dropout(x: Tensor, rate: f64) -> Tensor {
                 ty,
             )
         });
+    }
+    if rate == 0.0 {
+        return x;
     }
     let Some(key) = crate::trace::random::next_step_key() else {
         return x;

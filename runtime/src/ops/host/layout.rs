@@ -82,6 +82,16 @@ pub(crate) fn gather<T: Copy>(
     }
 }
 
+/// [`gather`] over typed storage.
+pub(crate) fn gather_data(
+    data: &ArrayData,
+    dims: &[usize],
+    strides: &[usize],
+    base: usize,
+) -> Result<ArrayData, Fault> {
+    Ok(map_data!(data, v => gather(v, dims, strides, base)))
+}
+
 /// Whether `perm` is `0, 1, 2, …`.
 pub(crate) fn is_identity(perm: &[usize]) -> bool {
     perm.iter().enumerate().all(|(i, &p)| i == p)
