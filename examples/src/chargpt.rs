@@ -16,8 +16,8 @@ use std::path::PathBuf;
 use nitro::data::text::Vocab;
 
 use crate::{
-    at_least_one, below_one, check_input_file, check_output_file, column, finite_above_zero,
-    FlagError, HandleFlags,
+    at_least_one, below_one, check_input_file, check_output_file, finite_above_zero, FlagError,
+    HandleFlags,
 };
 
 /// The model's shape (a GraphConst).
@@ -76,11 +76,11 @@ pub struct Windows {
 }
 
 impl FromBatch for Windows {
-    fn from_batch(b: nitro::data::Batch) -> nitro::Result<Windows> {
+    fn from_batch(mut b: nitro::data::Batch) -> nitro::Result<Windows> {
         Ok(Windows {
-            x: column(&b, "x")?,
-            y: column(&b, "y")?,
-            valid: b.column(nitro::data::buckets::VALID).cloned(),
+            x: b.take("x")?,
+            y: b.take("y")?,
+            valid: b.take(nitro::data::buckets::VALID).ok(),
         })
     }
 }

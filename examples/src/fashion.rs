@@ -8,8 +8,6 @@ use nitro::optim::{Adam, Cosine};
 use nitro::prelude::*;
 use nitro::train::{FromBatch, Model};
 
-use crate::column;
-
 /// The network's shape: a GraphConst, so another width is another program.
 #[derive(ContentHash, Clone, Debug)]
 pub struct CnnArch {
@@ -50,10 +48,10 @@ pub struct Images {
 }
 
 impl FromBatch for Images {
-    fn from_batch(b: nitro::data::Batch) -> nitro::Result<Images> {
+    fn from_batch(mut b: nitro::data::Batch) -> nitro::Result<Images> {
         Ok(Images {
-            x: column(&b, "x")?,
-            y: column(&b, "y")?,
+            x: b.take("x")?,
+            y: b.take("y")?,
         })
     }
 }

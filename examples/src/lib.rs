@@ -481,13 +481,3 @@ pub fn check_input_file(flag: &str, path: &std::path::Path) -> Result<(), FlagEr
         )),
     }
 }
-
-/// The column `name` of a batch (a copy), or an error naming the missing column.
-pub fn column(batch: &nitro::data::Batch, name: &str) -> nitro::Result<nitro::Array> {
-    batch
-        .column(name)
-        .cloned()
-        .ok_or_else(|| nitro::Error::InvalidDataArgument {
-            what: format!("the batch has no `{name}` column"),
-        })
-}

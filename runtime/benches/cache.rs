@@ -13,7 +13,7 @@
 //! The key sees the shapes and dtypes of Device data, never its bytes, so every size must cost
 //! the same: a time that grows with the size is a bug.
 //!
-//! Run with `cargo bench -p nitro --bench cache`.
+//! Run with `cargo bench -p nitro-xla --bench cache`.
 #![allow(missing_docs)]
 
 use std::hint::black_box;

@@ -21,7 +21,7 @@
 //! The store lives in a fresh directory under the system's temporary directory, removed at the
 //! end; no program is read from or written to the user's compile cache.
 //!
-//! Run with `cargo bench -p nitro --bench compile`.
+//! Run with `cargo bench -p nitro-xla --bench compile`.
 #![allow(missing_docs)]
 
 use std::path::PathBuf;

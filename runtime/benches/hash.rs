@@ -12,7 +12,7 @@
 //! All three hash the same values in one thread, so their throughputs compare directly; the
 //! target is ≥ 0.9× the raw throughput.
 //!
-//! Run with `cargo bench -p nitro --bench hash`.
+//! Run with `cargo bench -p nitro-xla --bench hash`.
 #![allow(missing_docs)]
 
 use std::hint::black_box;

@@ -559,9 +559,65 @@ pub struct Batch {
 }
 
 impl Batch {
-    /// The column named `name`, `[batch, …]`.
-    pub fn column(&self, name: &str) -> Option<&Array> {
+    /// The column named `name`, `[batch, …]`; [`Error::DatasetColumn`] (listing the columns)
+    /// when there is none — as [`Dataset::column`].
+    pub fn column(&self, name: &str) -> Result<&Array> {
+        self.get(name).ok_or_else(|| self.no_column(name))
+    }
+
+    /// The column named `name`, if the batch has one (an optional column), as
+    /// [`BatchMirror::get`] in traced code.
+    pub fn get(&self, name: &str) -> Option<&Array> {
         self.columns.iter().find(|(n, _)| n == name).map(|(_, a)| a)
+    }
+
+    /// Moves the column named `name` out of the batch (no copy): what a
+    /// [`FromBatch`](crate::train::FromBatch) impl builds a model's batch from. An error as
+    /// [`Batch::column`]'s when there is none (or it was taken already).
+    ///
+    /// ```
+    /// use nitro::data::{BatchPlan, Dataset, Order};
+    /// use nitro::train::FromBatch;
+    /// use nitro::{Array, Tree};
+    ///
+    /// #[derive(Tree)]
+    /// pub struct Images { pub x: Array, pub y: Array }
+    ///
+    /// impl FromBatch for Images {
+    ///     fn from_batch(mut b: nitro::data::Batch) -> nitro::Result<Images> {
+    ///         Ok(Images { x: b.take("x")?, y: b.take("y")? })
+    ///     }
+    /// }
+    /// let data = Dataset::new([
+    ///     ("x", Array::from_vec(&[3, 2], vec![0.0f32; 6])?),
+    ///     ("y", Array::from_vec(&[3], vec![0i32, 1, 2])?),
+    /// ])?;
+    /// let plan = BatchPlan::new(3, 4, Order::Sequential)?;
+    /// let batch = plan.epoch(0).batches(&data).next().unwrap()?;
+    /// let images = Images::from_batch(batch)?;
+    /// assert_eq!(images.x.dims(), &[4, 2]);
+    /// # Ok::<(), nitro::Error>(())
+    /// ```
+    pub fn take(&mut self, name: &str) -> Result<Array> {
+        match self.columns.iter().position(|(n, _)| n == name) {
+            Some(i) => Ok(self.columns.remove(i).1),
+            None => Err(self.no_column(name)),
+        }
+    }
+
+    fn no_column(&self, name: &str) -> Error {
+        let names: Vec<String> = self.columns.iter().map(|(n, _)| format!("`{n}`")).collect();
+        Error::DatasetColumn {
+            column: name.to_owned(),
+            problem: format!(
+                "does not exist; the batch's columns are {}",
+                if names.is_empty() {
+                    "none".to_owned()
+                } else {
+                    names.join(", ")
+                }
+            ),
+        }
     }
 
     /// The columns, in the data set's order.

@@ -1,5 +1,5 @@
 //! The user guide in `docs/`, compiled as doctests: every ```rust block of every page is
-//! compiled (and run, unless marked `no_run`) by `cargo test -p nitro --doc`, so the guide
+//! compiled (and run, unless marked `no_run`) by `cargo test -p nitro-xla --doc`, so the guide
 //! cannot drift from the API.
 #![cfg(doctest)]
 

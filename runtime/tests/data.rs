@@ -347,7 +347,7 @@ fn an_unnamed_data_set_trains_the_same_and_is_named_only_when_asked() {
         .collect();
     let b: Vec<_> = plan.epoch(1).batches(&named).map(Result::unwrap).collect();
     for (a, b) in a.iter().zip(&b) {
-        assert_eq!(a.column("x"), b.column("x"));
+        assert_eq!(a.get("x"), b.get("x"));
         assert_eq!(a.mask(), b.mask());
     }
 

@@ -5,7 +5,7 @@
 //! modules can have two code addresses. The cache must compile such a program once (the second
 //! address is traced once and matched by fingerprint), while two different bodies under one
 //! name never share an entry. CI runs this file in a release build too
-//! (`cargo test --release -p nitro --test program_identity`).
+//! (`cargo test --release -p nitro-xla --test program_identity`).
 #![allow(missing_docs)]
 
 use nitro::backend::{self, Backend};

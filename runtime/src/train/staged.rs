@@ -213,7 +213,7 @@ impl<E: Model + Stage, O: Optimizer> Nitro<E, O> {
                 continue;
             }
             let batch = data.gather(span, rows)?;
-            let x = batch.column(E::INPUT).ok_or_else(super::no_output)?;
+            let x = batch.get(E::INPUT).ok_or_else(super::no_output)?;
             let program = self.stage.program.as_mut().ok_or_else(super::no_output)?;
             if program.compiled.is_none() {
                 // A stage runs on one device: on a handle replicated over several, on the
