@@ -35,6 +35,10 @@ pub struct Layers;
 #[doc = include_str!("../../docs/loops.md")]
 pub struct Loops;
 
+/// `docs/your-data.md`.
+#[doc = include_str!("../../docs/your-data.md")]
+pub struct YourData;
+
 /// `docs/weights.md`.
 #[doc = include_str!("../../docs/weights.md")]
 pub struct Weights;
