@@ -4,7 +4,8 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use nitro::cache::{
-    DirStore, EntrySummary, Explanation, Manifest, RedisStore, RemoteConfig, Store, Transfer,
+    DirStore, EntrySummary, Explanation, Manifest, ProgramCost, RedisStore, RemoteConfig, Store,
+    Transfer,
 };
 use serde_json::{json, Value};
 
@@ -25,9 +26,9 @@ pub(crate) fn run(args: &CacheArgs) -> Result<Report, Failure> {
             let remote = remote_store(args, key)?;
             return Ok(listing(&remote.list()?, remote.url()));
         }
-        (CacheCommand::Explain { query }, true) => {
+        (CacheCommand::Explain { query, cost }, true) => {
             let remote = remote_store(args, key)?;
-            return explained(remote.explain(query)?, remote.url(), query);
+            return explained(remote.explain(query)?, remote.url(), query, *cost);
         }
         _ => {}
     }
@@ -65,7 +66,7 @@ pub(crate) fn run(args: &CacheArgs) -> Result<Report, Failure> {
     let store = DirStore::open_existing(&dir, key)?;
     match &args.command {
         CacheCommand::Ls => Ok(ls(&store, &dir_text)),
-        CacheCommand::Explain { query } => explain(&store, &dir_text, query),
+        CacheCommand::Explain { query, cost } => explain(&store, &dir_text, query, *cost),
         CacheCommand::Push => {
             let remote = remote_store(args, key)?;
             let t = remote.push_from(&store)?;
@@ -216,12 +217,17 @@ fn listing(entries: &[EntrySummary], dir: &str) -> Report {
     }
 }
 
-fn explain(store: &DirStore, dir: &str, query: &str) -> Result<Report, Failure> {
-    explained(store.explain(query), dir, query)
+fn explain(store: &DirStore, dir: &str, query: &str, cost: bool) -> Result<Report, Failure> {
+    explained(store.explain(query), dir, query, cost)
 }
 
 /// `explain`'s report of what `dir` (a directory or a server) holds for `query`.
-fn explained(found: Vec<Explanation>, dir: &str, query: &str) -> Result<Report, Failure> {
+fn explained(
+    found: Vec<Explanation>,
+    dir: &str,
+    query: &str,
+    cost: bool,
+) -> Result<Report, Failure> {
     if found.is_empty() {
         return Err(Failure::found(
             "no_match",
@@ -237,13 +243,50 @@ fn explained(found: Vec<Explanation>, dir: &str, query: &str) -> Result<Report, 
         if i > 0 {
             text.push('\n');
         }
-        explanation_text(&mut text, x, now);
+        if cost {
+            cost_text(&mut text, x);
+        } else {
+            explanation_text(&mut text, x, now);
+        }
     }
+    let json = if cost {
+        let costs: Vec<Value> = found
+            .iter()
+            .map(|x| json!({ "program": x.program, "cost": recorded_cost(x) }))
+            .collect();
+        json!({ "dir": dir, "query": query, "programs": costs })
+    } else {
+        json!({ "dir": dir, "query": query, "programs": found })
+    };
     Ok(Report {
         text,
-        json: json!({ "dir": dir, "query": query, "programs": found }),
+        json,
         problem: None,
     })
+}
+
+/// The program's [`ProgramCost`] as its record keeps it (absent from records written before
+/// costs were kept, or unreadable).
+fn recorded_cost(x: &Explanation) -> Option<ProgramCost> {
+    let cost = x.record.as_ref()?.get("cost")?.clone();
+    serde_json::from_value(cost).ok()
+}
+
+/// `explain --cost`: what the program holds, from its record.
+fn cost_text(out: &mut String, x: &Explanation) {
+    match recorded_cost(x) {
+        Some(cost) => {
+            let _ = write!(out, "{cost}");
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "program {}\n  no cost is recorded (the record predates costs, or there is none): \
+                 run the program once to record it",
+                x.program
+            );
+        }
+    }
 }
 
 fn explanation_text(out: &mut String, x: &Explanation, now: u64) {
@@ -295,11 +338,19 @@ fn explanation_text(out: &mut String, x: &Explanation, now: u64) {
                 "  key components at the program's latest compile or load ({which}):"
             );
             let width = fields.keys().map(String::len).max().unwrap_or(0);
-            for (name, value) in fields {
+            for (name, value) in fields.iter().filter(|(name, _)| *name != "cost") {
                 for (i, line) in render_lines(value).iter().enumerate() {
                     let label = if i == 0 { name.as_str() } else { "" };
                     let _ = writeln!(out, "    {label:<width$}  {line}");
                 }
+            }
+            if let Some(cost) = recorded_cost(x) {
+                let _ = writeln!(
+                    out,
+                    "  cost: {} ops, {} bytes of StableHLO, {} bytes of constants \
+                     (`nitro cache explain --cost` says more)",
+                    cost.ops, cost.hlo_bytes, cost.constant_bytes
+                );
             }
         }
         Some(other) => {

@@ -3,6 +3,7 @@
 //! ```text
 //! nitro cache ls                     # program, size, compile time a hit saves, last use
 //! nitro cache explain KEY|PROGRAM    # what a stored program's key is made of
+//! nitro cache explain --cost KEY     # why its compile costs what it does: ops, constants, repeats
 //! nitro cache gc --max-size 500M     # drop least-recently-used entries down to a bound
 //! nitro cache clear                  # drop everything
 //! nitro cache verify                 # checksums, or signatures with NITRO_CACHE_KEY
@@ -75,6 +76,11 @@ enum CacheCommand {
         /// A key (64 hex digits, or a prefix of at least 4 as `ls` prints), or a program
         /// identity (exact, or its last `::` parts, like `DigitsMlp::nitro.grad`).
         query: String,
+        /// Show why its compile costs what it does instead: ops by family, the largest
+        /// constants (and the GraphConst they came from), blocks repeated back to back, the
+        /// program's size, its trace and compile times, and what to change.
+        #[arg(long)]
+        cost: bool,
     },
     /// Remove least-recently-used entries until the cache holds at most --max-size.
     Gc {

@@ -709,3 +709,62 @@ fn check_refuses_an_empty_manifest_and_escapes_its_names() {
         assert!(run.stderr.contains("not a regular file"), "{}", run.stderr);
     }
 }
+
+#[experiment]
+pub struct Baked {
+    #[graph_const]
+    pub table: Array,
+    #[device]
+    pub w: Array,
+}
+
+fn baked_step(v: &BakedView<'_>, x: &Tensor) -> Tensor {
+    x.matmul(Tensor::constant(v.table.clone())) * v.w
+}
+
+const BAKED: nitro::program::Program<Baked, Tensor> = Baked::program("baked", baked_step);
+
+#[test]
+fn explain_cost_says_what_the_program_holds() {
+    let tmp = TempDir::new("explain-cost");
+    let store = Arc::new(DirStore::open(tmp.path(), 1 << 30, None).unwrap());
+    let cache = Cache::new(8, Some(store));
+    // 4 × 70 000 f32: 1.12 MB of constants, past the lint.
+    let e = Baked {
+        table: Array::full(&[4, 70_000], 0.25f32),
+        w: Array::full(&[70_000], 2.0f32),
+    };
+    let x = Array::full(&[2, 4], 1.0f32);
+    cache.get(backend::interpreter(), &BAKED, &e, &x).unwrap();
+
+    let run = nitro(
+        &in_dir(&["explain", "--cost", "Baked::baked"], tmp.path()),
+        &[],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    for want in [
+        "ops ",
+        "matmul 1",
+        "1.1 MiB of constants",
+        "constant   1.1 MiB f32[4,70000] from GraphConst field `table`",
+        "time       trace ",
+        "lint       ",
+        "#[device] field",
+    ] {
+        assert!(run.stdout.contains(want), "`{want}` in:\n{}", run.stdout);
+    }
+    // Without --cost: the key components, and one line pointing at --cost.
+    let run = nitro(&in_dir(&["explain", "Baked::baked"], tmp.path()), &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("graph_const_fields"), "{}", run.stdout);
+    assert!(run.stdout.contains("explain --cost"), "{}", run.stdout);
+    // As JSON: the cost's fields.
+    let run = nitro(
+        &in_dir(&["explain", "--cost", "Baked::baked", "--json"], tmp.path()),
+        &[],
+    );
+    let doc = run.json();
+    let cost = &doc["programs"][0]["cost"];
+    assert_eq!(cost["constants"][0]["field"], "table");
+    assert_eq!(cost["constants"][0]["bytes"], 4 * 70_000 * 4);
+}

@@ -87,7 +87,10 @@ fn tokens(text: &str, prefix: &str) -> Vec<(String, bool)> {
             continue;
         }
         let family = bytes.get(end) == Some(&b'*') || text[start..end].ends_with('_');
-        out.push((text[start..end].trim_end_matches(['_', '-']).to_owned(), family));
+        out.push((
+            text[start..end].trim_end_matches(['_', '-']).to_owned(),
+            family,
+        ));
         i = end;
     }
     out
@@ -111,7 +114,10 @@ fn every_environment_variable_the_guide_names_is_read_by_the_code() {
             }
         }
     }
-    assert!(seen > 20, "the scan found only {seen} variables: is it reading the docs?");
+    assert!(
+        seen > 20,
+        "the scan found only {seen} variables: is it reading the docs?"
+    );
     assert!(
         missing.is_empty(),
         "variables the guide names but no code reads: {missing:?}"
@@ -179,7 +185,10 @@ fn every_flag_the_guide_names_is_defined() {
             }
         }
     }
-    assert!(seen > 50, "the scan found only {seen} flags: is it reading the docs?");
+    assert!(
+        seen > 50,
+        "the scan found only {seen} flags: is it reading the docs?"
+    );
     assert!(
         missing.is_empty(),
         "flags the guide names that nothing defines: {missing:?}"

@@ -32,6 +32,7 @@
 //! # Ok::<(), nitro::Error>(())
 //! ```
 
+pub mod cost;
 pub mod manifest;
 mod progress;
 mod reason;
@@ -44,6 +45,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+pub use cost::{CompileReport, ConstantCost, ProgramCost, Repeat, CONSTANT_BYTES_LINT};
 pub use manifest::{store_key, Manifest, ManifestEntry};
 pub use progress::{quietly, ANNOUNCE_AFTER};
 pub use reason::MissReason;
@@ -104,6 +106,16 @@ pub enum Lint {
         /// Distinct variants compiled.
         variants: usize,
     },
+    /// A program embeds more than [`CONSTANT_BYTES_LINT`] bytes of constants (a GraphConst
+    /// array made a literal): XLA copies and folds them at every compile.
+    LargeConstants {
+        /// The program identity.
+        program: String,
+        /// Its constants' bytes.
+        bytes: u64,
+        /// The GraphConst field of the largest, when one field holds exactly it.
+        field: Option<String>,
+    },
 }
 
 impl std::fmt::Display for Lint {
@@ -124,6 +136,22 @@ impl std::fmt::Display for Lint {
                 "`{program}` has compiled {variants} variants in this process; see \
                  `Cache::recent_misses` for what keeps moving (GraphConsts, batch shapes)"
             ),
+            Lint::LargeConstants {
+                program,
+                bytes,
+                field,
+            } => {
+                let from = field.as_deref().map_or(String::new(), |f| {
+                    format!(", the largest from GraphConst field `{f}`")
+                });
+                write!(
+                    f,
+                    "`{program}` embeds {bytes} bytes of constants{from}: XLA copies and folds \
+                     them at every compile, and a new value is a new program; data belongs in a \
+                     #[device] field (a traced input: only its shape reaches the key). \
+                     `nitro cache explain --cost` shows what the program holds"
+                )
+            }
         }
     }
 }
@@ -178,6 +206,9 @@ pub struct Compiled {
     pub executable: Box<dyn Executable>,
     /// Compile (or load) time.
     pub build_time: Duration,
+    /// What the program holds and what it cost ([`ProgramCost`]): why its compile takes what
+    /// it takes.
+    pub cost: Arc<ProgramCost>,
 }
 
 /// What one lookup did: served from memory, loaded from the persistent store, or compiled.
@@ -391,6 +422,8 @@ struct State {
     lint: HashMap<Digest, LintState>,
     /// Warnings given, in order.
     lints: Vec<Lint>,
+    /// The programs already linted for their constants.
+    constant_lints: std::collections::HashSet<Digest>,
     warm_mark: Option<u64>,
     /// `stats.misses` at the last reset: the acceptance check counts misses since then.
     misses_at_reset: u64,
@@ -1007,6 +1040,19 @@ impl Cache {
             },
             (reason, _) => reason,
         };
+        let mut cost = ProgramCost::of(
+            &program_id,
+            &traced.graph,
+            traced.text.len(),
+            parts.graph_const_fields,
+        );
+        cost.trace_ms = Some(trace_time.as_secs_f64() * 1e3);
+        cost.compile_ms = if built.loaded {
+            before.compile_ms.or(built.stored_compile_ms)
+        } else {
+            Some(built.build_time.as_secs_f64() * 1e3)
+        };
+        let cost = Arc::new(cost);
         let write_failed = match store {
             Some(store) => self.write_back(
                 backend,
@@ -1014,7 +1060,7 @@ impl Cache {
                 &built,
                 &traced,
                 (&program_id, &program_key),
-                (&details, &before),
+                (&details, &before, &cost),
             ),
             None => false,
         };
@@ -1033,6 +1079,7 @@ impl Cache {
             write_failed,
             trace_time,
             route: (components, key, address),
+            cost,
         };
         Ok(self.admit(traced, built, admission))
     }
@@ -1109,7 +1156,7 @@ impl Cache {
         built: &Built,
         traced: &Traced,
         (program_id, program_key): (&str, &Digest),
-        (details, before): (&KeyDetails, &ProgramTimes),
+        (details, before, cost): (&KeyDetails, &ProgramTimes, &ProgramCost),
     ) -> bool {
         let identity = backend.identity();
         let ms = built.build_time.as_secs_f64() * 1e3;
@@ -1149,6 +1196,7 @@ impl Cache {
         }
         let record = ProgramRecord {
             details,
+            cost,
             times: ProgramTimes {
                 compile_ms: if built.loaded {
                     before.compile_ms.or(built.stored_compile_ms)
@@ -1180,6 +1228,7 @@ impl Cache {
             write_failed,
             trace_time,
             route: (components, key, address),
+            cost,
         } = a;
         let Built {
             executable,
@@ -1197,6 +1246,7 @@ impl Cache {
             class_inputs: traced.graph.class_inputs.clone(),
             executable,
             build_time,
+            cost: cost.clone(),
         });
         let mut st = self.lock_state();
         st.stats.misses += 1;
@@ -1229,6 +1279,15 @@ impl Cache {
             trace_ms: trace_time.as_secs_f64() * 1e3,
         });
         self.lint(&mut st, program_key, &program_id, key, &reason);
+        if cost.constant_bytes > CONSTANT_BYTES_LINT && st.constant_lints.insert(program_key) {
+            let l = Lint::LargeConstants {
+                program: program_id.clone(),
+                bytes: cost.constant_bytes,
+                field: cost.constants.first().and_then(|c| c.field.clone()),
+            };
+            crate::settings::notice_once(&l.to_string(), &l.to_string());
+            st.lints.push(l);
+        }
         let details = Arc::new(details);
         st.last.insert(program_key, details.clone());
         st.ledger.retain(|k| *k != key);
@@ -1618,6 +1677,8 @@ fn l2_key(backend: &dyn Backend, fingerprint: &Digest) -> Digest {
 struct ProgramRecord<'a> {
     #[serde(flatten)]
     details: &'a KeyDetails,
+    /// What the program holds ([`ProgramCost`]), for `nitro cache explain --cost`.
+    cost: &'a ProgramCost,
     #[serde(flatten)]
     times: ProgramTimes,
 }
@@ -1663,6 +1724,8 @@ struct Admission {
     trace_time: Duration,
     /// The key's components, the full key and the code address.
     route: (Digest, Digest, usize),
+    /// What the program holds.
+    cost: Arc<ProgramCost>,
 }
 
 /// What a lookup would do ([`Cache::probe`]).

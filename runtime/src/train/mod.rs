@@ -411,6 +411,24 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         &self.program_times
     }
 
+    /// Why its compiles cost what they cost: for every program the handle holds (each batch
+    /// shape it prepared), what the program holds — ops by family, the largest constants and
+    /// the GraphConst they came from, blocks repeated back to back (which
+    /// [`nn::Repeated`](crate::nn::Repeated) would trace once), the emitted program's size —
+    /// and what tracing and compiling (or loading) it took. Empty before the first
+    /// [`prepare`](Nitro::prepare) or step. [`CompileReport::lints`] says what to change.
+    pub fn compile_report(&self) -> crate::cache::CompileReport {
+        let mut programs = Vec::new();
+        for p in self.programs.iter().chain(&self.held) {
+            programs.push(("grad".to_owned(), (*p.grad.cost).clone()));
+            programs.push(("update".to_owned(), (*p.update.cost).clone()));
+            if let Some(eval) = &p.eval {
+                programs.push(("eval".to_owned(), (*eval.cost).clone()));
+            }
+        }
+        crate::cache::CompileReport { programs }
+    }
+
     /// Time spent getting programs (tracing, loading, compiling), wall clock: the programs
     /// of one [`prepare`](Nitro::prepare) are got concurrently, so this is less than the sum of
     /// [`program_times`](Nitro::program_times).
