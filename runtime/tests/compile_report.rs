@@ -56,14 +56,8 @@ fn a_baked_graph_const_array_is_reported_and_linted() {
     // 64 × 5000 f32: 1.28 MB, past the lint's 1 MiB.
     let cache: &'static Cache = Box::leak(Box::new(Cache::in_memory(8)));
     let config = Config::new().batch(8).lr(0.1);
-    let mut run = Nitro::with_backend(
-        baked(5000),
-        Sgd::default(),
-        config,
-        backend::interpreter(),
-        cache,
-    )
-    .unwrap();
+    let mut run =
+        Nitro::with_backend(baked(5000), Sgd, config, backend::interpreter(), cache).unwrap();
     run.prepare(&rows()).unwrap();
     let report = run.compile_report();
     let grad = report.get("grad").expect("a gradient program");
@@ -98,7 +92,7 @@ fn a_baked_graph_const_array_is_reported_and_linted() {
     let small_cache: &'static Cache = Box::leak(Box::new(Cache::in_memory(8)));
     let mut small = Nitro::with_backend(
         baked(16),
-        Sgd::default(),
+        Sgd,
         Config::new().batch(8).lr(0.1),
         backend::interpreter(),
         small_cache,

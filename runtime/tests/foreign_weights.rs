@@ -173,8 +173,7 @@ fn cnn(channels_first: bool) -> Cnn {
 
 fn predict<E: Model>(e: E, batch: &E::Batch, rows: usize, b: &'static dyn Backend) -> Array {
     let cache: &'static Cache = Box::leak(Box::new(Cache::in_memory(8)));
-    let mut run =
-        Nitro::with_backend(e, Sgd::default(), Config::new().batch(rows), b, cache).unwrap();
+    let mut run = Nitro::with_backend(e, Sgd, Config::new().batch(rows), b, cache).unwrap();
     run.predict(batch).unwrap()
 }
 

@@ -270,7 +270,7 @@ impl ProgramCost {
                 }
             }
         }
-        constants.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+        constants.sort_by_key(|c| std::cmp::Reverse(c.bytes));
         constants.truncate(5);
         ProgramCost {
             program: program.to_owned(),

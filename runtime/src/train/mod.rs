@@ -416,7 +416,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// the GraphConst they came from, blocks repeated back to back (which
     /// [`nn::Repeated`](crate::nn::Repeated) would trace once), the emitted program's size —
     /// and what tracing and compiling (or loading) it took. Empty before the first
-    /// [`prepare`](Nitro::prepare) or step. [`CompileReport::lints`] says what to change.
+    /// [`prepare`](Nitro::prepare) or step. [`CompileReport::lints`](crate::cache::CompileReport::lints) says what to change.
     pub fn compile_report(&self) -> crate::cache::CompileReport {
         let mut programs = Vec::new();
         for p in self.programs.iter().chain(&self.held) {
