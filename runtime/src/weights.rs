@@ -96,8 +96,9 @@ impl Import {
     /// is permuted to HWIO for a channels-last [`Conv2d`](crate::nn::Conv2d) and kept for a
     /// [`channels_first`](crate::nn::Conv2d::channels_first) one (a kernel whose shape fits
     /// both is refused until a [`permute`](Import::permute) says which). Names are mapped by
-    /// [`rename_with`](Import::rename_with) first, if given (to add a prefix, say), and an
-    /// explicit `rename` or `permute` wins over the preset.
+    /// [`rename_with`](Import::rename_with) first, if given (to add a prefix, say); an explicit
+    /// `rename` wins over the preset's name (a renamed `…weight` keeps PyTorch's layout) and an
+    /// explicit `permute` over its layout.
     ///
     /// ```
     /// use nitro::nn::{Conv2d, Layer, Linear};
@@ -220,9 +221,11 @@ impl Import {
             return Route::Split(*axis, parts.clone());
         }
         if let Some(to) = self.renames.get(name) {
+            // Under the PyTorch preset a renamed `weight` keeps PyTorch's layout.
+            let torch = matches!(self.preset, Some(Preset::PyTorch)) && name.ends_with("weight");
             return Route::Leaf {
                 leaf: to.clone(),
-                torch: false,
+                torch,
             };
         }
         let renamed = self.rename_with.as_ref().map(|f| f(name));

@@ -402,6 +402,11 @@ fn half_precision_is_refused_with_a_hint_and_cast_on_request() {
         net.fc.b.as_ref().unwrap().as_slice::<f32>().unwrap(),
         &[-1.0, -1.0]
     );
+    // An explicit rename under the preset keeps PyTorch's layout.
+    let mut renamed = dense();
+    let import = Import::pytorch().cast().rename("fc.weight", "fc.w");
+    weights::load_into(&mut renamed, &path, &import).unwrap();
+    assert_eq!(renamed.fc.w, net.fc.w);
 }
 
 #[test]

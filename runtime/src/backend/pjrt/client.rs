@@ -298,7 +298,7 @@ impl Client {
         inputs: &[LeafType],
         outputs: &[LeafType],
     ) -> Result<Executable> {
-        Executable::compile(&self.inner, mlir, inputs, outputs, 1)
+        Executable::compile(&self.inner, mlir, inputs, outputs, 1, false)
     }
 
     /// Compiles a program that runs as `replicas` copies at once, replica `r` on device `r`
@@ -313,7 +313,25 @@ impl Client {
         replicas: usize,
     ) -> Result<Executable> {
         self.check_replicas(replicas)?;
-        Executable::compile(&self.inner, mlir, inputs, outputs, replicas.max(1))
+        Executable::compile(&self.inner, mlir, inputs, outputs, replicas.max(1), false)
+    }
+
+    /// Compiles a program that XLA's SPMD partitioner splits over `partitions` devices,
+    /// partition `p` on device `p`: its text declares `mhlo.num_partitions` and a Shardy mesh,
+    /// and its arguments, results and constraints carry `sdy.sharding`s (what JAX's sharded
+    /// `jit` emits; see [`spmd_compile_options`](super::spmd_compile_options)). `inputs` and
+    /// `outputs` are one device's shards; run it with [`Executable::enqueue_replicas`] or
+    /// [`Executable::execute_host_replicas`], one list of shards per device. [`Error::Devices`]
+    /// when the client has fewer devices.
+    pub fn compile_partitioned(
+        &self,
+        mlir: &str,
+        inputs: &[LeafType],
+        outputs: &[LeafType],
+        partitions: usize,
+    ) -> Result<Executable> {
+        self.check_replicas(partitions)?;
+        Executable::compile(&self.inner, mlir, inputs, outputs, partitions.max(1), true)
     }
 
     /// Uploads an array to the first device.

@@ -26,8 +26,12 @@ pub struct Executable {
     /// The inputs' names (leaf paths) for errors; `argN` where none was given.
     input_names: Vec<String>,
     outputs: Vec<LeafType>,
-    /// How many devices it runs on at once (replica `r` on the client's device `r`).
+    /// How many devices it runs on at once (replica `r` on the client's device `r`, or
+    /// partition `p` on device `p`).
     replicas: usize,
+    /// Whether XLA's SPMD partitioner split it over those devices (each then takes and gives
+    /// its own shards) rather than running one copy per device.
+    partitioned: bool,
 }
 
 // SAFETY: a `PJRT_LoadedExecutable` may be executed concurrently from several threads and
@@ -44,6 +48,7 @@ impl std::fmt::Debug for Executable {
             .field("input_names", &self.input_names)
             .field("outputs", &self.outputs)
             .field("replicas", &self.replicas)
+            .field("partitioned", &self.partitioned)
             .finish()
     }
 }
@@ -258,9 +263,14 @@ impl Executable {
         inputs: &[LeafType],
         outputs: &[LeafType],
         replicas: usize,
+        partitioned: bool,
     ) -> Result<Executable> {
         const _: () = assert!(!COMPILE_OPTIONS.is_empty());
-        let options = compile_options(replicas);
+        let options = if partitioned {
+            super::spmd_compile_options(replicas)
+        } else {
+            compile_options(replicas)
+        };
         let plugin = client.plugin;
         let f = plugin.func(plugin.api.fns.client_compile, names::client_compile)?;
         // The C field is `char*`; hand it a private copy so nothing can write into `mlir`.
@@ -302,6 +312,7 @@ impl Executable {
             input_names: default_names(inputs.len()),
             outputs: outputs.to_vec(),
             replicas,
+            partitioned,
         };
         exe.check_outputs()?;
         Ok(exe)
@@ -803,6 +814,15 @@ impl Executable {
     /// Serializes the executable with the identity of the backend that built it and its declared
     /// signature, for [`Client::deserialize`] in this or a later process.
     pub fn serialize(&self) -> Result<Vec<u8>> {
+        if self.partitioned {
+            return Err(Error::Pjrt {
+                call: names::executable_serialize,
+                code: "nitro",
+                message: "a partitioned (SPMD) executable is not serialized yet: its identity \
+                          would not record the partitioning; compile it again instead"
+                    .into(),
+            });
+        }
         let identity = Client {
             inner: self.client.clone(),
         }
@@ -879,6 +899,7 @@ impl Executable {
             input_names: names,
             outputs: header.outputs,
             replicas,
+            partitioned: false,
         }
         .with_input_names(header.input_names);
         exe.check_outputs()?;

@@ -86,6 +86,30 @@ pub const COMPILE_OPTIONS: &[u8] = &[0x1a, 0x04, 0x20, 0x01, 0x28, 0x01];
 /// assert_eq!(compile_options(300), [0x1a, 0x05, 0x20, 0xac, 0x02, 0x28, 0x01]);
 /// ```
 pub fn compile_options(replicas: usize) -> Vec<u8> {
+    build_options(replicas, 1, false)
+}
+
+/// The serialized `xla.CompileOptionsProto` for a program that XLA's SPMD partitioner splits
+/// over `partitions` devices (partition `p` on device `p`), its shardings written in Shardy's
+/// dialect (`sdy.mesh`, `sdy.sharding`): `executable_build_options` holding `num_replicas` = 1,
+/// `num_partitions` (field 5) = `partitions`, `use_spmd_partitioning` (field 6) and
+/// `use_shardy_partitioner` (field 19). These are the fields JAX 0.10.2 sets for a sharded
+/// `jit` on CPU host devices (`bench/spmd_spike/FINDINGS.md`); without field 6 XLA refuses
+/// the partitions, and without field 19 it refuses a Shardy result sharding.
+///
+/// ```
+/// use nitro::backend::pjrt::spmd_compile_options;
+/// assert_eq!(
+///     spmd_compile_options(4),
+///     [0x1a, 0x09, 0x20, 0x01, 0x28, 0x04, 0x30, 0x01, 0x98, 0x01, 0x01]
+/// );
+/// ```
+pub fn spmd_compile_options(partitions: usize) -> Vec<u8> {
+    build_options(1, partitions, true)
+}
+
+/// `executable_build_options` with these counts, and SPMD (with Shardy) when `spmd`.
+fn build_options(replicas: usize, partitions: usize, spmd: bool) -> Vec<u8> {
     fn varint(out: &mut Vec<u8>, mut v: u64) {
         while v >= 0x80 {
             out.push((v as u8 & 0x7f) | 0x80);
@@ -96,7 +120,12 @@ pub fn compile_options(replicas: usize) -> Vec<u8> {
     // Field 4 (num_replicas) and field 5 (num_partitions), both varints (wire type 0).
     let mut build = vec![0x20];
     varint(&mut build, replicas.max(1) as u64);
-    build.extend_from_slice(&[0x28, 0x01]);
+    build.push(0x28);
+    varint(&mut build, partitions.max(1) as u64);
+    if spmd {
+        // Field 6 (use_spmd_partitioning) and field 19 (use_shardy_partitioner), both true.
+        build.extend_from_slice(&[0x30, 0x01, 0x98, 0x01, 0x01]);
+    }
     // Field 3 (executable_build_options), length-delimited (wire type 2).
     let mut out = vec![0x1a];
     varint(&mut out, build.len() as u64);

@@ -1,0 +1,200 @@
+//! The SPMD spike (issue 33, item 3): programs that JAX 0.10.2 lowered with shardings
+//! (`bench/spmd_spike.py`, Shardy's `sdy.mesh`/`sdy.sharding` attributes) compile through the
+//! plugin with `Client::compile_partitioned` on 4 CPU devices, and each device's shard of the
+//! result is the matching rows or columns of the unpartitioned result computed here on the host:
+//! FSDP (a gradient whose weight and batch are split by rows), tensor parallelism (a two-layer
+//! MLP split on its hidden units) and a 2-D mesh (both at once).
+#![allow(missing_docs)]
+
+mod common;
+
+use nitro::{Array, DType, LeafType};
+
+fn text(name: &str) -> String {
+    std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/spmd")
+            .join(format!("{name}.mlir")),
+    )
+    .unwrap()
+}
+
+/// A row-major matrix.
+#[derive(Clone, Debug, PartialEq)]
+struct M {
+    rows: usize,
+    cols: usize,
+    v: Vec<f32>,
+}
+
+impl M {
+    fn seeded(rows: usize, cols: usize, seed: u32) -> M {
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        let v = (0..rows * cols)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s % 2000) as f32 / 1000.0 - 1.0
+            })
+            .collect();
+        M { rows, cols, v }
+    }
+
+    fn at(&self, r: usize, c: usize) -> f32 {
+        self.v[r * self.cols + c]
+    }
+
+    fn rows(&self, start: usize, n: usize) -> M {
+        M {
+            rows: n,
+            cols: self.cols,
+            v: self.v[start * self.cols..(start + n) * self.cols].to_vec(),
+        }
+    }
+
+    fn cols(&self, start: usize, n: usize) -> M {
+        let v = (0..self.rows)
+            .flat_map(|r| (start..start + n).map(move |c| (r, c)))
+            .map(|(r, c)| self.at(r, c))
+            .collect();
+        M {
+            rows: self.rows,
+            cols: n,
+            v,
+        }
+    }
+
+    fn matmul(&self, o: &M) -> M {
+        let mut v = vec![0.0f32; self.rows * o.cols];
+        for r in 0..self.rows {
+            for k in 0..self.cols {
+                for c in 0..o.cols {
+                    v[r * o.cols + c] += self.at(r, k) * o.at(k, c);
+                }
+            }
+        }
+        M {
+            rows: self.rows,
+            cols: o.cols,
+            v,
+        }
+    }
+
+    fn t(&self) -> M {
+        let v = (0..self.cols)
+            .flat_map(|c| (0..self.rows).map(move |r| (r, c)))
+            .map(|(r, c)| self.at(r, c))
+            .collect();
+        M {
+            rows: self.cols,
+            cols: self.rows,
+            v,
+        }
+    }
+
+    fn map(&self, f: impl Fn(f32) -> f32) -> M {
+        M {
+            v: self.v.iter().map(|&x| f(x)).collect(),
+            ..self.clone()
+        }
+    }
+
+    fn array(&self) -> Array {
+        Array::from_vec(&[self.rows, self.cols], self.v.clone()).unwrap()
+    }
+
+    fn ty(&self) -> LeafType {
+        LeafType::new(DType::F32, &[self.rows, self.cols])
+    }
+}
+
+#[track_caller]
+fn close(got: &Array, want: &M, what: &str) {
+    assert_eq!(got.dims(), &[want.rows, want.cols], "{what}");
+    let worst = got
+        .as_slice::<f32>()
+        .unwrap()
+        .iter()
+        .zip(&want.v)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(worst <= 1e-5, "{what}: max |Δ| {worst:e}");
+}
+
+/// Compiles `name` over 4 partitions and runs it with each device's shards.
+fn run(name: &str, shards: &[Vec<M>], outputs: &[LeafType]) -> Option<Vec<Vec<Array>>> {
+    let xla = common::xla_devices_or_skip(name, 4)?;
+    let inputs: Vec<LeafType> = shards[0].iter().map(M::ty).collect();
+    let exe = xla
+        .client()
+        .compile_partitioned(&text(name), &inputs, outputs, 4)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(exe.replicas(), 4);
+    let arrays: Vec<Vec<Array>> = shards
+        .iter()
+        .map(|d| d.iter().map(M::array).collect())
+        .collect();
+    let refs: Vec<Vec<&Array>> = arrays.iter().map(|d| d.iter().collect()).collect();
+    let lists: Vec<&[&Array]> = refs.iter().map(Vec::as_slice).collect();
+    Some(exe.execute_host_replicas(&lists).unwrap())
+}
+
+#[test]
+fn fsdp_gradient_shards_by_rows() {
+    // d/dw Σ tanh(x·w) = xᵀ · (1 − tanh²(x·w)); w [8,16] and x [4,8] split by rows.
+    let (w, x) = (M::seeded(8, 16, 1), M::seeded(4, 8, 2));
+    let t = x.matmul(&w).map(f32::tanh);
+    let grad = x.t().matmul(&t.map(|v| 1.0 - v * v));
+    let shards: Vec<Vec<M>> = (0..4)
+        .map(|d| vec![w.rows(2 * d, 2), x.rows(d, 1)])
+        .collect();
+    let out = LeafType::new(DType::F32, &[2, 16]);
+    let Some(got) = run("a_fsdp_grad", &shards, &[out]) else {
+        return;
+    };
+    for (d, outs) in got.iter().enumerate() {
+        close(&outs[0], &grad.rows(2 * d, 2), &format!("device {d}"));
+    }
+}
+
+#[test]
+fn tensor_parallel_mlp_splits_the_hidden_units() {
+    // relu(x·w1)·w2: w1's columns and w2's rows split on "model", x and the result whole.
+    let (w1, w2, x) = (M::seeded(8, 16, 3), M::seeded(16, 8, 4), M::seeded(4, 8, 5));
+    let want = x.matmul(&w1).map(|v| v.max(0.0)).matmul(&w2);
+    let shards: Vec<Vec<M>> = (0..4)
+        .map(|d| vec![w1.cols(4 * d, 4), w2.rows(4 * d, 4), x.clone()])
+        .collect();
+    let Some(got) = run("b_tp", &shards, &[want.ty()]) else {
+        return;
+    };
+    for (d, outs) in got.iter().enumerate() {
+        close(&outs[0], &want, &format!("device {d}"));
+    }
+}
+
+#[test]
+fn a_two_dimensional_mesh_splits_batch_and_hidden_units() {
+    // Mesh data=2 × model=2, device = 2·data + model: x's rows on "data", the hidden units on
+    // "model"; each device ends with its data rows of the result.
+    let (w1, w2, x) = (M::seeded(8, 16, 6), M::seeded(16, 8, 7), M::seeded(4, 8, 8));
+    let want = x.matmul(&w1).map(|v| v.max(0.0)).matmul(&w2);
+    let shards: Vec<Vec<M>> = (0..4)
+        .map(|d| {
+            let (data, model) = (d / 2, d % 2);
+            vec![
+                w1.cols(8 * model, 8),
+                w2.rows(8 * model, 8),
+                x.rows(2 * data, 2),
+            ]
+        })
+        .collect();
+    let out = LeafType::new(DType::F32, &[2, 8]);
+    let Some(got) = run("c_2d", &shards, &[out]) else {
+        return;
+    };
+    for (d, outs) in got.iter().enumerate() {
+        close(&outs[0], &want.rows(2 * (d / 2), 2), &format!("device {d}"));
+    }
+}
