@@ -384,6 +384,15 @@ pub enum Error {
         message: String,
     },
 
+    /// A mesh or a partition spec that cannot shard what it is given (see [`crate::shard`]).
+    #[error("sharding {what}: {problem}")]
+    Sharding {
+        /// What was being sharded (a leaf with its type, or the mesh).
+        what: String,
+        /// What is wrong, and what to do.
+        problem: String,
+    },
+
     /// An environment variable holds a value nitro does not accept.
     #[error("{variable}={value:?} is not a valid setting: {expected}")]
     InvalidSetting {

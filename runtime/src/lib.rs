@@ -63,6 +63,7 @@ pub mod ops;
 pub mod optim;
 pub mod program;
 pub mod settings;
+pub mod shard;
 pub mod stage;
 pub mod trace;
 pub mod train;

@@ -607,6 +607,7 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
             } else {
                 Vec::new()
             },
+            sharding: None,
         };
         let text = crate::emit::emit_with(&graph, &options);
         let fingerprint = crate::emit::fingerprint(&text);

@@ -1270,6 +1270,7 @@ fn donated_sgd_update() {
         &graph,
         &EmitOptions {
             donate: vec![(0, 0)],
+            ..EmitOptions::default()
         },
     );
     assert!(

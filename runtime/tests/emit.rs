@@ -933,6 +933,7 @@ fn donated_arguments_carry_the_alias() {
         &g,
         &EmitOptions {
             donate: vec![(0, 0)],
+            ..EmitOptions::default()
         },
     );
     has(
@@ -946,6 +947,7 @@ fn donated_arguments_carry_the_alias() {
         &g2,
         &EmitOptions {
             donate: vec![(1, 0), (0, 1)],
+            ..EmitOptions::default()
         },
     );
     has(&text, "(%arg0: tensor<3xf32> {tf.aliasing_output = 1 : i32}, %arg1: tensor<3xf32> {tf.aliasing_output = 0 : i32})");

@@ -3,11 +3,16 @@
 //! plugin with `Client::compile_partitioned` on 4 CPU devices, and each device's shard of the
 //! result is the matching rows or columns of the unpartitioned result computed here on the host:
 //! FSDP (a gradient whose weight and batch are split by rows), tensor parallelism (a two-layer
-//! MLP split on its hidden units) and a 2-D mesh (both at once).
+//! MLP split on its hidden units) and a 2-D mesh (both at once). Then nitro's own: a traced
+//! MLP gradient emitted with FSDP shardings (`EmitOptions::sharding`) runs partitioned on 4
+//! devices and gathers to the one-device program's gradient.
 #![allow(missing_docs)]
 
 mod common;
 
+use nitro::emit::{emit, emit_with, EmitOptions};
+use nitro::shard::{Mesh, PartitionSpec, Sharding};
+use nitro::trace;
 use nitro::{Array, DType, LeafType};
 
 fn text(name: &str) -> String {
@@ -197,4 +202,180 @@ fn a_two_dimensional_mesh_splits_batch_and_hidden_units() {
     for (d, outs) in got.iter().enumerate() {
         close(&outs[0], &want.rows(2 * (d / 2), 2), &format!("device {d}"));
     }
+}
+
+#[test]
+fn a_nitro_traced_gradient_sharded_fsdp_gathers_to_the_one_device_gradient() {
+    let Some(xla) = common::xla_devices_or_skip("nitro FSDP gradient", 4) else {
+        return;
+    };
+    let ty = |d: &[usize]| LeafType::new(DType::F32, d);
+    let types: Vec<(String, LeafType)> = [
+        ("w1", ty(&[16, 32])),
+        ("b1", ty(&[32])),
+        ("w2", ty(&[32, 8])),
+        ("x", ty(&[8, 16])),
+    ]
+    .into_iter()
+    .map(|(n, t)| (n.to_owned(), t))
+    .collect();
+    // The mean square of a two-layer MLP's output, and its gradient by every parameter.
+    let graph = trace::trace(&types, |t| {
+        let h = (t[3].matmul(t[0]) + t[1]).tanh();
+        let y = h.matmul(t[2]);
+        let loss = (y * y).sum_all() / 64.0;
+        let mut out = vec![loss];
+        out.extend(trace::grad(loss, &[t[0], t[1], t[2]]));
+        out
+    })
+    .unwrap();
+    let mesh = Mesh::new([("data", 4)]).unwrap();
+    // FSDP: each parameter split along its largest dim that 4 divides; the batch by rows.
+    let mut inputs: Vec<PartitionSpec> = types[..3]
+        .iter()
+        .map(|(_, t)| PartitionSpec::fsdp(&mesh, "data", &t.dims))
+        .collect();
+    assert_eq!(
+        inputs[0],
+        PartitionSpec::new([None, Some("data")]),
+        "w1 on its 32"
+    );
+    inputs.push(PartitionSpec::new([Some("data"), None]));
+    let mut outputs = vec![PartitionSpec::replicated()];
+    outputs.extend(inputs[..3].iter().cloned());
+    let sharding = Sharding {
+        mesh: mesh.clone(),
+        inputs: inputs.clone(),
+        outputs: outputs.clone(),
+    };
+    let text = emit_with(
+        &graph,
+        &EmitOptions {
+            sharding: Some(sharding),
+            ..EmitOptions::default()
+        },
+    );
+    assert!(text.contains("sdy.mesh @mesh = <[\"data\"=4]>"), "{text}");
+    assert!(text.contains("mhlo.num_partitions = 4"), "{text}");
+
+    let values: Vec<Array> = types
+        .iter()
+        .enumerate()
+        .map(|(k, (_, t))| {
+            let m = M::seeded(t.dims[0], t.dims.iter().skip(1).product(), 10 + k as u32);
+            Array::from_vec(&t.dims, m.v).unwrap()
+        })
+        .collect();
+    let out_types: Vec<LeafType> = graph
+        .outputs
+        .iter()
+        .map(|&o| graph.nodes[o as usize].ty.clone())
+        .collect();
+    // One device, unpartitioned.
+    let client = xla.client();
+    let in_types: Vec<LeafType> = types.iter().map(|(_, t)| t.clone()).collect();
+    let whole = client
+        .compile(&emit(&graph), &in_types, &out_types)
+        .unwrap()
+        .execute_host(&values.iter().collect::<Vec<_>>())
+        .unwrap();
+    // Four devices, partitioned: per-device shards in, shards out, gathered.
+    let shard_in: Vec<LeafType> = inputs
+        .iter()
+        .zip(&in_types)
+        .map(|(s, t)| s.shard_type(&mesh, t))
+        .collect();
+    let shard_out: Vec<LeafType> = outputs
+        .iter()
+        .zip(&out_types)
+        .map(|(s, t)| s.shard_type(&mesh, t))
+        .collect();
+    let exe = client
+        .compile_partitioned(&text, &shard_in, &shard_out, 4)
+        .unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let split: Vec<Vec<Array>> = inputs
+        .iter()
+        .zip(&values)
+        .zip(&types)
+        .map(|((s, v), (n, _))| s.split(&mesh, v, n).unwrap())
+        .collect();
+    let per_device: Vec<Vec<&Array>> = (0..4)
+        .map(|d| split.iter().map(|shards| &shards[d]).collect())
+        .collect();
+    let lists: Vec<&[&Array]> = per_device.iter().map(Vec::as_slice).collect();
+    let got = exe.execute_host_replicas(&lists).unwrap();
+    for (k, spec) in outputs.iter().enumerate() {
+        let shards: Vec<Array> = got.iter().map(|d| d[k].clone()).collect();
+        let gathered = spec.gather(&mesh, &shards, "output").unwrap();
+        let want = &whole[k];
+        assert_eq!(gathered.dims(), want.dims(), "output {k}");
+        let worst = gathered
+            .as_slice::<f32>()
+            .unwrap()
+            .iter()
+            .zip(want.as_slice::<f32>().unwrap())
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst <= 1e-5, "output {k}: max |Δ| {worst:e}");
+    }
+}
+
+#[test]
+fn meshes_and_specs_refuse_what_cannot_shard() {
+    let err = |r: nitro::Result<()>| r.unwrap_err().to_string();
+    assert!(Mesh::new(Vec::<(&str, usize)>::new()).is_err());
+    assert!(Mesh::new([("data", 0)]).is_err());
+    assert!(Mesh::new([("data", 2), ("data", 2)]).is_err());
+    assert!(Mesh::new([("a-b", 2)]).is_err());
+    let mesh = Mesh::new([("data", 2), ("model", 2)]).unwrap();
+    let w = LeafType::new(DType::F32, &[9, 64]);
+    let e = err(PartitionSpec::new([Some("model"), None]).check(&mesh, &w, "leaf `fc.w`"));
+    assert!(
+        e.contains("leaf `fc.w` f32[9,64]") && e.contains("dim 0 (9)") && e.contains("`model`"),
+        "{e}"
+    );
+    let e = err(PartitionSpec::new([None, Some("pipe")]).check(&mesh, &w, "w"));
+    assert!(e.contains("axis `pipe`"), "{e}");
+    let even = LeafType::new(DType::F32, &[8, 64]);
+    let e = err(PartitionSpec::new([Some("data"), Some("data")]).check(&mesh, &even, "w"));
+    assert!(e.contains("two dims"), "{e}");
+    let e = err(PartitionSpec::new([None, None, Some("data")]).check(&mesh, &w, "w"));
+    assert!(e.contains("names 3 dims"), "{e}");
+    // FSDP's rule: the largest dim the axis divides; none, replicated.
+    assert_eq!(
+        PartitionSpec::fsdp(&mesh, "data", &[10, 64]),
+        PartitionSpec::new([None, Some("data")])
+    );
+    assert_eq!(
+        PartitionSpec::fsdp(&mesh, "data", &[3, 5]),
+        PartitionSpec::replicated()
+    );
+}
+
+#[test]
+fn split_and_gather_round_trip_on_a_two_dimensional_mesh() {
+    let mesh = Mesh::new([("data", 2), ("model", 2)]).unwrap();
+    let a = Array::from_vec(&[4, 6], (0..24).map(|i| i as f32).collect()).unwrap();
+    for spec in [
+        PartitionSpec::new([Some("data"), Some("model")]),
+        PartitionSpec::new([Some("model"), None]),
+        PartitionSpec::new([None, Some("data")]),
+        PartitionSpec::replicated(),
+    ] {
+        let shards = spec.split(&mesh, &a, "a").unwrap();
+        assert_eq!(shards.len(), 4);
+        assert_eq!(
+            shards[0].leaf_type(),
+            spec.shard_type(&mesh, &a.leaf_type()),
+            "{spec}"
+        );
+        assert_eq!(spec.gather(&mesh, &shards, "a").unwrap(), a, "{spec}");
+    }
+    // Device 3 is data 1, model 1: rows 2..4, columns 3..6.
+    let both = PartitionSpec::new([Some("data"), Some("model")]);
+    let shards = both.split(&mesh, &a, "a").unwrap();
+    assert_eq!(
+        shards[3].as_slice::<f32>().unwrap(),
+        &[15.0, 16.0, 17.0, 21.0, 22.0, 23.0]
+    );
 }

@@ -68,7 +68,7 @@ use crate::tree::{ArrayData, DType, LeafType};
 /// How to emit a program beyond its graph.
 ///
 /// ```
-/// let opts = nitro::emit::EmitOptions { donate: vec![(0, 0)] };
+/// let opts = nitro::emit::EmitOptions { donate: vec![(0, 0)], ..Default::default() };
 /// assert_eq!(opts.donate, [(0, 0)]);
 /// assert!(nitro::emit::EmitOptions::default().donate.is_empty());
 /// ```
@@ -80,6 +80,11 @@ pub struct EmitOptions {
     /// XLA refuses to compile. An input listed twice uses its first pair; pairs naming an input
     /// the graph does not have are ignored.
     pub donate: Vec<(usize, usize)>,
+    /// Shard the program over a mesh ([`crate::shard`]): the module declares the mesh's
+    /// devices as partitions and Shardy's mesh, and every argument and result carries its
+    /// `sdy.sharding`. Compile it with
+    /// [`Client::compile_partitioned`](crate::backend::pjrt::Client::compile_partitioned).
+    pub sharding: Option<crate::shard::Sharding>,
 }
 
 /// The StableHLO text of `graph`, with no donated arguments (see the [module docs](self)).
@@ -92,7 +97,14 @@ pub fn emit(graph: &Graph) -> String {
 /// The same graph and options always give byte-identical text.
 pub fn emit_with(graph: &Graph, options: &EmitOptions) -> String {
     let mut out = String::new();
-    if graph.replicas > 1 {
+    if let Some(sharding) = &options.sharding {
+        let _ = writeln!(
+            out,
+            "module @nitro attributes {{mhlo.num_partitions = {} : i32, mhlo.num_replicas = 1 : i32}} {{\n  {}",
+            sharding.mesh.devices(),
+            sharding.mesh.sdy()
+        );
+    } else if graph.replicas > 1 {
         // A replicated program says how many replicas it runs as; the compile options say
         // the same (and a one-replica program's text is unchanged).
         let _ = writeln!(
@@ -232,15 +244,39 @@ impl<'g, 'b> Emitter<'g, 'b> {
                 out.push_str(", ");
             }
             write!(out, "%arg{i}: {}", Ty(Some(&input.ty)))?;
+            let mut attrs = Vec::new();
             if let Some(&(_, k)) = options.donate.iter().find(|&&(d, _)| d == i) {
-                write!(out, " {{tf.aliasing_output = {k} : i32}}")?;
+                attrs.push(format!("tf.aliasing_output = {k} : i32"));
+            }
+            if let Some(sharding) = &options.sharding {
+                let sdy = crate::shard::Sharding::sdy(sharding.inputs.get(i), input.ty.dims.len());
+                attrs.push(format!("sdy.sharding = {sdy}"));
+            }
+            if !attrs.is_empty() {
+                write!(out, " {{{}}}", attrs.join(", "))?;
             }
         }
         out.push(')');
-        match graph.outputs.as_slice() {
-            [] => {}
-            &[o] => write!(self.out, " -> {}", self.ty(o))?,
-            outputs => {
+        match (graph.outputs.as_slice(), &options.sharding) {
+            ([], _) => {}
+            (outputs, Some(sharding)) => {
+                self.out.push_str(" -> (");
+                for (k, &o) in outputs.iter().enumerate() {
+                    if k > 0 {
+                        self.out.push_str(", ");
+                    }
+                    let rank = self
+                        .graph
+                        .nodes
+                        .get(o as usize)
+                        .map_or(0, |n| n.ty.dims.len());
+                    let sdy = crate::shard::Sharding::sdy(sharding.outputs.get(k), rank);
+                    write!(self.out, "{} {{sdy.sharding = {sdy}}}", self.ty(o))?;
+                }
+                self.out.push(')');
+            }
+            (&[o], None) => write!(self.out, " -> {}", self.ty(o))?,
+            (outputs, None) => {
                 self.out.push_str(" -> (");
                 self.types(outputs)?;
                 self.out.push(')');

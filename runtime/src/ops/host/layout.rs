@@ -120,3 +120,83 @@ pub(crate) fn transpose(
 ) -> Result<ArrayData, Fault> {
     Ok(map_data!(data, v => transpose_vec(v, dims, perm)))
 }
+
+/// The sub-array of `a` at `window` (`(start, len)` per dim).
+pub(crate) fn window_of(
+    a: &crate::tree::Array,
+    window: &[(usize, usize)],
+) -> crate::error::Result<crate::tree::Array> {
+    let s = strides(a.dims());
+    let base = window.iter().zip(&s).map(|(w, s)| w.0 * s).sum();
+    let dims: Vec<usize> = window.iter().map(|w| w.1).collect();
+    let data =
+        gather_data(a.data(), &dims, &s, base).map_err(|f| crate::error::Error::Sharding {
+            what: a.leaf_type().to_string(),
+            problem: format!("cannot cut a shard out of it: {f:?}"),
+        })?;
+    crate::tree::Array::from_data(&dims, data)
+}
+
+/// An array of `dims` and `dtype` made of `pieces`, each written at its window (`(start, len)`
+/// per dim); where pieces overlap, the first one written wins.
+pub(crate) fn assemble(
+    dims: &[usize],
+    dtype: crate::tree::DType,
+    pieces: &[(Vec<(usize, usize)>, &crate::tree::Array)],
+) -> crate::error::Result<crate::tree::Array> {
+    use crate::tree::Element;
+    fn put<T: Element>(
+        out: &mut [T],
+        written: &mut [bool],
+        out_strides: &[usize],
+        window: &[(usize, usize)],
+        src: &[T],
+    ) {
+        let dims: Vec<usize> = window.iter().map(|w| w.1).collect();
+        let mut idx = vec![0usize; dims.len()];
+        for &value in src {
+            let at: usize = idx
+                .iter()
+                .zip(window)
+                .zip(out_strides)
+                .map(|((i, w), s)| (w.0 + i) * s)
+                .sum();
+            if !written[at] {
+                out[at] = value;
+                written[at] = true;
+            }
+            for d in (0..dims.len()).rev() {
+                idx[d] += 1;
+                if idx[d] < dims[d] {
+                    break;
+                }
+                idx[d] = 0;
+            }
+        }
+    }
+    let mut out = crate::tree::Array::try_zeros(dtype, dims)?;
+    let mut written = vec![false; out.len()];
+    let s = strides(dims);
+    for (window, piece) in pieces {
+        let mismatch = || crate::error::Error::Sharding {
+            what: piece.leaf_type().to_string(),
+            problem: format!("a shard of {dtype} expected"),
+        };
+        macro_rules! each {
+            ($($t:ty),*) => {
+                match piece.dtype() {
+                    $(d if d == <$t as Element>::DTYPE => put(
+                        out.as_slice_mut::<$t>()?,
+                        &mut written,
+                        &s,
+                        window,
+                        piece.as_slice::<$t>().map_err(|_| mismatch())?,
+                    ),)*
+                    _ => return Err(mismatch()),
+                }
+            };
+        }
+        each!(f32, f64, i32, i64, u8, bool, u32, half::bf16, half::f16);
+    }
+    Ok(out)
+}

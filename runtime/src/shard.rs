@@ -1,0 +1,301 @@
+//! Sharding over a mesh of devices (XLA's SPMD partitioner): a [`Mesh`] of named axes, a
+//! [`PartitionSpec`] per array saying which of its dims is split along which axis, and the
+//! host-side split and gather of arrays into per-device shards.
+//!
+//! A program is traced at its global shapes; [`Sharding`] annotates its arguments and results
+//! (emitted as Shardy's `sdy.mesh` and `sdy.sharding` attributes, as JAX does) and XLA
+//! partitions it, inserting the all-gathers and reductions. Compile it with
+//! [`Client::compile_partitioned`](crate::backend::pjrt::Client::compile_partitioned) and run
+//! it with one list of shards per device.
+//!
+//! ```
+//! use nitro::shard::{Mesh, PartitionSpec};
+//! use nitro::Array;
+//!
+//! let mesh = Mesh::new([("data", 2), ("model", 2)])?;
+//! assert_eq!(mesh.devices(), 4);
+//! // Rows split on "data", columns whole: device d holds rows of its data coordinate d / 2.
+//! let spec = PartitionSpec::new([Some("data"), None]);
+//! let w = Array::from_vec(&[4, 2], (0..8).map(|i| i as f32).collect())?;
+//! let shards = spec.split(&mesh, &w, "w")?;
+//! assert_eq!(shards[3].as_slice::<f32>()?, &[4.0, 5.0, 6.0, 7.0]);
+//! assert_eq!(spec.gather(&mesh, &shards, "w")?, w);
+//! # Ok::<(), nitro::Error>(())
+//! ```
+
+use crate::error::{Error, Result};
+use crate::tree::{Array, LeafType};
+
+/// Devices arranged along named axes (`data`, `model`), device ids in row-major order: on a
+/// `data=2 × model=2` mesh, device `2·data + model`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Mesh {
+    axes: Vec<(String, usize)>,
+}
+
+impl Mesh {
+    /// A mesh of these axes, in order. Names must be identifiers and unique, sizes at least 1.
+    pub fn new<N: Into<String>>(axes: impl IntoIterator<Item = (N, usize)>) -> Result<Mesh> {
+        let axes: Vec<(String, usize)> = axes.into_iter().map(|(n, s)| (n.into(), s)).collect();
+        let bad = |problem: String| Error::Sharding {
+            what: "the mesh".into(),
+            problem,
+        };
+        if axes.is_empty() {
+            return Err(bad(
+                "it has no axes; name at least one (`[(\"data\", 4)]`)".into()
+            ));
+        }
+        for (i, (name, size)) in axes.iter().enumerate() {
+            let ident = name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !ident {
+                return Err(bad(format!("axis name {name:?} is not an identifier")));
+            }
+            if *size == 0 {
+                return Err(bad(format!("axis `{name}` has size 0")));
+            }
+            if axes[..i].iter().any(|(n, _)| n == name) {
+                return Err(bad(format!("axis `{name}` is named twice")));
+            }
+        }
+        Ok(Mesh { axes })
+    }
+
+    /// The axes, in order.
+    pub fn axes(&self) -> &[(String, usize)] {
+        &self.axes
+    }
+
+    /// How many devices it spans: the product of its axes' sizes.
+    pub fn devices(&self) -> usize {
+        self.axes.iter().map(|(_, s)| s).product()
+    }
+
+    /// The size of axis `name`.
+    pub fn size(&self, name: &str) -> Option<usize> {
+        self.axes.iter().find(|(n, _)| n == name).map(|(_, s)| *s)
+    }
+
+    /// Device `device`'s coordinate along axis `name`.
+    fn coordinate(&self, device: usize, name: &str) -> usize {
+        let mut stride = 1;
+        for (n, s) in self.axes.iter().rev() {
+            if n == name {
+                return device / stride % s;
+            }
+            stride *= s;
+        }
+        0
+    }
+
+    /// Shardy's declaration of the mesh, `sdy.mesh @mesh = <["data"=2, "model"=2]>`.
+    pub(crate) fn sdy(&self) -> String {
+        let axes: Vec<String> = self
+            .axes
+            .iter()
+            .map(|(n, s)| format!("\"{n}\"={s}"))
+            .collect();
+        format!("sdy.mesh @mesh = <[{}]>", axes.join(", "))
+    }
+}
+
+/// Per dim of an array, the mesh axis it is split along (`None`: whole on every device) — JAX's
+/// `PartitionSpec`. Dims past the spec's length are whole.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PartitionSpec(pub Vec<Option<String>>);
+
+impl PartitionSpec {
+    /// A spec from one entry per dim.
+    pub fn new<N: Into<String>>(dims: impl IntoIterator<Item = Option<N>>) -> PartitionSpec {
+        PartitionSpec(dims.into_iter().map(|d| d.map(Into::into)).collect())
+    }
+
+    /// Whole on every device.
+    pub fn replicated() -> PartitionSpec {
+        PartitionSpec(Vec::new())
+    }
+
+    /// Split along `axis` on the largest dim of `dims` that its size divides (FSDP's rule);
+    /// whole when none does.
+    pub fn fsdp(mesh: &Mesh, axis: &str, dims: &[usize]) -> PartitionSpec {
+        let Some(size) = mesh.size(axis) else {
+            return PartitionSpec::replicated();
+        };
+        let best = dims
+            .iter()
+            .enumerate()
+            .filter(|(_, &d)| size > 0 && d.is_multiple_of(size) && d >= size)
+            .max_by_key(|(i, &d)| (d, std::cmp::Reverse(*i)));
+        match best {
+            Some((i, _)) => {
+                let mut spec = vec![None; i + 1];
+                spec[i] = Some(axis.to_owned());
+                PartitionSpec(spec)
+            }
+            None => PartitionSpec::replicated(),
+        }
+    }
+
+    /// Checks the spec against `mesh` and an array of type `ty` named `what`: every axis exists
+    /// and is used once, the spec is no longer than the rank, and every split dim divides.
+    pub fn check(&self, mesh: &Mesh, ty: &LeafType, what: &str) -> Result<()> {
+        let bad = |problem: String| Error::Sharding {
+            what: format!("{what} {ty}"),
+            problem,
+        };
+        if self.0.len() > ty.dims.len() {
+            return Err(bad(format!(
+                "the spec {self} names {} dims, the array has {}",
+                self.0.len(),
+                ty.dims.len()
+            )));
+        }
+        for (dim, axis) in self.0.iter().enumerate() {
+            let Some(axis) = axis else { continue };
+            let Some(size) = mesh.size(axis) else {
+                return Err(bad(format!(
+                    "the spec {self} names axis `{axis}`, which the mesh {} lacks",
+                    mesh.sdy()
+                )));
+            };
+            if self.0[..dim].iter().flatten().any(|a| a == axis) {
+                return Err(bad(format!(
+                    "the spec {self} splits two dims along `{axis}`"
+                )));
+            }
+            if !ty.dims[dim].is_multiple_of(size) {
+                return Err(bad(format!(
+                    "dim {dim} ({}) does not divide into {size} shards along `{axis}`; choose \
+                     a size that does, or leave that dim whole",
+                    ty.dims[dim]
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// One device's shard type of an array of type `ty`.
+    pub fn shard_type(&self, mesh: &Mesh, ty: &LeafType) -> LeafType {
+        let dims: Vec<usize> = ty
+            .dims
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| match self.0.get(i).cloned().flatten() {
+                Some(axis) => d / mesh.size(&axis).unwrap_or(1).max(1),
+                None => d,
+            })
+            .collect();
+        LeafType::new(ty.dtype, &dims)
+    }
+
+    /// Device `device`'s `(start, len)` along each dim of an array of `dims`.
+    fn window(&self, mesh: &Mesh, dims: &[usize], device: usize) -> Vec<(usize, usize)> {
+        dims.iter()
+            .enumerate()
+            .map(|(i, &d)| match self.0.get(i).cloned().flatten() {
+                Some(axis) => {
+                    let n = d / mesh.size(&axis).unwrap_or(1).max(1);
+                    (mesh.coordinate(device, &axis) * n, n)
+                }
+                None => (0, d),
+            })
+            .collect()
+    }
+
+    /// `array` cut into one shard per device of `mesh`, in device order (checked first).
+    pub fn split(&self, mesh: &Mesh, array: &Array, what: &str) -> Result<Vec<Array>> {
+        self.check(mesh, &array.leaf_type(), what)?;
+        (0..mesh.devices())
+            .map(|device| {
+                let window = self.window(mesh, array.dims(), device);
+                crate::ops::host::layout::window_of(array, &window)
+            })
+            .collect()
+    }
+
+    /// The array whose shards, one per device of `mesh` in device order, are `shards` (a
+    /// replicated dim is taken from the device that holds coordinate 0 of every other axis).
+    pub fn gather(&self, mesh: &Mesh, shards: &[Array], what: &str) -> Result<Array> {
+        let first = shards.first().ok_or_else(|| Error::Sharding {
+            what: what.to_owned(),
+            problem: "no shards to gather".into(),
+        })?;
+        if shards.len() != mesh.devices() {
+            return Err(Error::Sharding {
+                what: what.to_owned(),
+                problem: format!(
+                    "{} shards for a mesh of {} devices",
+                    shards.len(),
+                    mesh.devices()
+                ),
+            });
+        }
+        let dims: Vec<usize> = first
+            .dims()
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| match self.0.get(i).cloned().flatten() {
+                Some(axis) => d * mesh.size(&axis).unwrap_or(1),
+                None => d,
+            })
+            .collect();
+        let mut pieces = Vec::new();
+        for (device, shard) in shards.iter().enumerate() {
+            let window = self.window(mesh, &dims, device);
+            if shard.dims() != window.iter().map(|w| w.1).collect::<Vec<_>>().as_slice() {
+                return Err(Error::Sharding {
+                    what: what.to_owned(),
+                    problem: format!(
+                        "device {device}'s shard is {}, the others' {}",
+                        shard.leaf_type(),
+                        first.leaf_type()
+                    ),
+                });
+            }
+            pieces.push((window, shard));
+        }
+        crate::ops::host::layout::assemble(&dims, first.dtype(), &pieces)
+    }
+}
+
+impl std::fmt::Display for PartitionSpec {
+    /// `P("data", None)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let dims: Vec<String> = self
+            .0
+            .iter()
+            .map(|d| d.as_ref().map_or("None".to_owned(), |a| format!("{a:?}")))
+            .collect();
+        write!(f, "P({})", dims.join(", "))
+    }
+}
+
+/// How a program's arguments and results are sharded over a mesh: what
+/// [`EmitOptions::sharding`](crate::emit::EmitOptions::sharding) emits.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Sharding {
+    /// The mesh.
+    pub mesh: Mesh,
+    /// One spec per argument, in order (missing ones: replicated).
+    pub inputs: Vec<PartitionSpec>,
+    /// One spec per result, in order (missing ones: replicated).
+    pub outputs: Vec<PartitionSpec>,
+}
+
+impl Sharding {
+    /// Shardy's attribute for `spec` on an array of rank `rank`: `#sdy.sharding<@mesh, [{"data"},
+    /// {}]>`.
+    pub(crate) fn sdy(spec: Option<&PartitionSpec>, rank: usize) -> String {
+        let dims: Vec<String> = (0..rank)
+            .map(|i| match spec.and_then(|s| s.0.get(i).cloned().flatten()) {
+                Some(axis) => format!("{{\"{axis}\"}}"),
+                None => "{}".to_owned(),
+            })
+            .collect();
+        format!("#sdy.sharding<@mesh, [{}]>", dims.join(", "))
+    }
+}
