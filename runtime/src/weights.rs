@@ -34,7 +34,7 @@ use std::path::Path;
 use crate::checkpoint::{to_array, Raw};
 use crate::error::{Error, Result};
 use crate::experiment::Experiment;
-use crate::tree::{Array, ArrayData, DType, LeafType, Node};
+use crate::tree::{Array, DType, LeafType, Node};
 
 type Renamer = Box<dyn Fn(&str) -> String>;
 type Mapper = Box<dyn Fn(Array) -> std::result::Result<Array, String>>;
@@ -693,22 +693,10 @@ fn split(a: &Array, axis: usize, parts: usize) -> std::result::Result<Vec<Array>
         .collect()
 }
 
-/// `a` converted to the floating-point dtype `to`.
+/// `a` converted to the floating-point dtype `to`, as the `convert` op converts.
 fn cast(a: &Array, to: DType) -> std::result::Result<Array, String> {
-    let values: Vec<f64> = match a.data() {
-        ArrayData::F32(v) => v.iter().map(|&x| f64::from(x)).collect(),
-        ArrayData::F64(v) => v.clone(),
-        ArrayData::BF16(v) => v.iter().map(|x| x.to_f64()).collect(),
-        ArrayData::F16(v) => v.iter().map(|x| x.to_f64()).collect(),
-        _ => return Err(format!("cannot cast {} to {to}", a.leaf_type())),
-    };
-    let data = match to {
-        DType::F32 => ArrayData::F32(values.iter().map(|&x| x as f32).collect()),
-        DType::F64 => ArrayData::F64(values),
-        DType::BF16 => ArrayData::BF16(values.iter().map(|&x| half::bf16::from_f64(x)).collect()),
-        DType::F16 => ArrayData::F16(values.iter().map(|&x| half::f16::from_f64(x)).collect()),
-        _ => return Err(format!("cannot cast {} to {to}", a.leaf_type())),
-    };
+    let data = crate::ops::elementwise::kernels::convert(a.data(), to)
+        .map_err(|f| format!("cannot cast {} to {to}: {f:?}", a.leaf_type()))?;
     Array::from_data(a.dims(), data).map_err(|e| e.to_string())
 }
 

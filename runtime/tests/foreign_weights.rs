@@ -68,15 +68,7 @@ fn backends() -> Vec<(&'static str, &'static dyn Backend)> {
 #[track_caller]
 fn assert_within(got: &Array, want: &Array, tol: f32, what: &str) {
     assert_eq!(got.dims(), want.dims(), "{what}");
-    let (g, w) = (
-        got.as_slice::<f32>().unwrap(),
-        want.as_slice::<f32>().unwrap(),
-    );
-    let worst = g
-        .iter()
-        .zip(w)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+    let worst = common::max_abs_diff(got, want.as_slice::<f32>().unwrap());
     assert!(worst <= tol, "{what}: max |Δ| = {worst:e} > {tol:e}");
 }
 
@@ -220,13 +212,7 @@ fn an_equinox_cnn_loads_channels_last_with_the_flatten_order() {
     .unwrap();
     assert_eq!(scrambled.conv1.w.dims(), &[3, 3, 1, 4], "HWIO");
     let got = predict(scrambled, &batch, 3, backend::interpreter());
-    let off = got
-        .as_slice::<f32>()
-        .unwrap()
-        .iter()
-        .zip(want.as_slice::<f32>().unwrap())
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+    let off = common::max_abs_diff(&got, want.as_slice::<f32>().unwrap());
     assert!(off > 1e-3, "scrambled rows should not match: {off}");
 
     let mut net = cnn(false);

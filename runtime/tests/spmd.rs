@@ -117,13 +117,7 @@ impl M {
 #[track_caller]
 fn close(got: &Array, want: &M, what: &str) {
     assert_eq!(got.dims(), &[want.rows, want.cols], "{what}");
-    let worst = got
-        .as_slice::<f32>()
-        .unwrap()
-        .iter()
-        .zip(&want.v)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0f32, f32::max);
+    let worst = common::max_abs_diff(got, &want.v);
     assert!(worst <= 1e-5, "{what}: max |Δ| {worst:e}");
 }
 
@@ -309,13 +303,7 @@ fn a_nitro_traced_gradient_sharded_fsdp_gathers_to_the_one_device_gradient() {
         let gathered = spec.gather(&mesh, &shards, "output").unwrap();
         let want = &whole[k];
         assert_eq!(gathered.dims(), want.dims(), "output {k}");
-        let worst = gathered
-            .as_slice::<f32>()
-            .unwrap()
-            .iter()
-            .zip(want.as_slice::<f32>().unwrap())
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
+        let worst = common::max_abs_diff(&gathered, want.as_slice::<f32>().unwrap());
         assert!(worst <= 1e-5, "output {k}: max |Δ| {worst:e}");
     }
 }

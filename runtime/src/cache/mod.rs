@@ -81,6 +81,7 @@ struct LintState {
     /// Distinct keys compiled.
     variants: std::collections::HashSet<Digest>,
     warned_variants: bool,
+    warned_constants: bool,
 }
 
 /// A warning of the lint: a compile pattern that costs compiles a different declaration would
@@ -422,8 +423,6 @@ struct State {
     lint: HashMap<Digest, LintState>,
     /// Warnings given, in order.
     lints: Vec<Lint>,
-    /// The programs already linted for their constants.
-    constant_lints: std::collections::HashSet<Digest>,
     warm_mark: Option<u64>,
     /// `stats.misses` at the last reset: the acceptance check counts misses since then.
     misses_at_reset: u64,
@@ -1278,16 +1277,7 @@ impl Cache {
             ms,
             trace_ms: trace_time.as_secs_f64() * 1e3,
         });
-        self.lint(&mut st, program_key, &program_id, key, &reason);
-        if cost.constant_bytes > CONSTANT_BYTES_LINT && st.constant_lints.insert(program_key) {
-            let l = Lint::LargeConstants {
-                program: program_id.clone(),
-                bytes: cost.constant_bytes,
-                field: cost.constants.first().and_then(|c| c.field.clone()),
-            };
-            crate::settings::notice_once(&l.to_string(), &l.to_string());
-            st.lints.push(l);
-        }
+        self.lint(&mut st, (program_key, &program_id), key, &reason, &cost);
         let details = Arc::new(details);
         st.last.insert(program_key, details.clone());
         st.ledger.retain(|k| *k != key);
@@ -1347,7 +1337,14 @@ impl Cache {
 
     /// The lint: a GraphConst field whose changes keep recompiling one program is named once,
     /// with the advice to make it `#[device]`; a program with many variants is named once.
-    fn lint(&self, st: &mut State, program: Digest, name: &str, key: Digest, reason: &MissReason) {
+    fn lint(
+        &self,
+        st: &mut State,
+        (program, name): (Digest, &str),
+        key: Digest,
+        reason: &MissReason,
+        cost: &ProgramCost,
+    ) {
         let variant_warning = self.variant_warning.load(Ordering::Relaxed);
         let lint = st.lint.entry(program).or_default();
         let mut found = Vec::new();
@@ -1372,6 +1369,14 @@ impl Cache {
                 variants: lint.variants.len(),
             });
         }
+        if cost.constant_bytes > CONSTANT_BYTES_LINT && !lint.warned_constants {
+            lint.warned_constants = true;
+            found.push(Lint::LargeConstants {
+                program: name.to_owned(),
+                bytes: cost.constant_bytes,
+                field: cost.constants.first().and_then(|c| c.field.clone()),
+            });
+        }
         for l in found {
             crate::settings::notice_once(&l.to_string(), &l.to_string());
             st.lints.push(l);
@@ -1379,7 +1384,8 @@ impl Cache {
     }
 
     /// The lint's warnings so far (each also printed once on stderr): GraphConst fields whose
-    /// changes keep recompiling a program, and programs with many variants.
+    /// changes keep recompiling a program, programs with many variants, and programs that
+    /// embed large constants.
     pub fn lints(&self) -> Vec<Lint> {
         self.lock_state().lints.clone()
     }

@@ -35,7 +35,7 @@
 
 use crate::init::{self, Seed};
 use crate::trace::{Conv, Tensor, Window};
-use crate::tree::{Array, DType, Tree};
+use crate::tree::{Array, DType, LeafType, Tree};
 
 mod gpt2;
 mod recurrent;
@@ -252,17 +252,6 @@ impl Channels {
     }
 }
 
-/// Spatial output size of a window of `k` (dilated by `d`) at stride `s` over `n` padded by
-/// `pad`: `floor((n + lo + hi − (k − 1)·d − 1) / s) + 1`, or 0 when it does not fit.
-fn window_out(n: usize, pad: (i64, i64), k: usize, s: usize, d: usize) -> usize {
-    let padded = n as i64 + pad.0 + pad.1;
-    let span = ((k.max(1) - 1) * d.max(1) + 1) as i64;
-    if padded < span {
-        return 0;
-    }
-    ((padded - span) / s.max(1) as i64 + 1) as usize
-}
-
 /// A 2-D convolution: channels-last input `[N, H, W, C]` with an HWIO kernel by default,
 /// channels-first `[N, C, H, W]` with an OIHW kernel with [`Conv2d::channels_first`].
 #[derive(crate::ContentHash, Clone, Debug, PartialEq, Eq)]
@@ -328,19 +317,34 @@ impl Conv2d {
     /// let conv = Conv2d::new(1, 8, (3, 3)).stride(2, 2).padding(Padding::Symmetric(1, 1));
     /// assert_eq!(conv.output_dims(&[28, 28, 1]), [14, 14, 8]);
     /// ```
+    ///
+    /// The convolution op's own type rule decides (so it agrees with the forward pass); a
+    /// window that does not fit gives 0 positions.
     pub fn output_dims(&self, input: &[usize]) -> Vec<usize> {
-        let (h, w, _) = self.channels.hwc();
-        let get = |i: usize| input.get(i - 1).copied().unwrap_or(0);
-        let (ih, iw) = (get(h), get(w));
-        let pads = self
-            .padding
-            .pairs((ih, iw), self.kernel, self.stride, self.dilation);
-        let pad = |i: usize| pads.get(i).copied().unwrap_or((0, 0));
-        let oh = window_out(ih, pad(0), self.kernel.0, self.stride.0, self.dilation.0);
-        let ow = window_out(iw, pad(1), self.kernel.1, self.stride.1, self.dilation.1);
+        let (h, w, c) = self.channels.hwc();
+        let x: Vec<usize> = std::iter::once(1).chain(input.iter().copied()).collect();
+        let hw = (
+            x.get(h).copied().unwrap_or(0),
+            x.get(w).copied().unwrap_or(0),
+        );
+        let ty = |d: &[usize]| LeafType::new(DType::F32, d);
+        match crate::ops::conv::conv_type(&ty(&x), &ty(&self.kernel_dims()), &self.conv(hw)) {
+            Ok(out) => out.dims[1..].to_vec(),
+            Err(_) => {
+                let mut out = vec![0; 3];
+                out[c - 1] = self.outputs;
+                out
+            }
+        }
+    }
+
+    /// The kernel's dims: HWIO channels last, OIHW channels first.
+    fn kernel_dims(&self) -> [usize; 4] {
+        let per = self.inputs / self.groups.max(1);
+        let (kh, kw) = self.kernel;
         match self.channels {
-            Channels::Last => vec![oh, ow, self.outputs],
-            Channels::First => vec![self.outputs, oh, ow],
+            Channels::Last => [kh, kw, per, self.outputs],
+            Channels::First => [self.outputs, per, kh, kw],
         }
     }
 
@@ -393,13 +397,8 @@ impl Layer for Conv2d {
         let per = self.inputs / self.groups.max(1);
         let fan_in = self.kernel.0 * self.kernel.1 * per;
         let std = (2.0 / fan_in.max(1) as f64).sqrt();
-        let (kh, kw) = self.kernel;
-        let dims = match self.channels {
-            Channels::Last => [kh, kw, per, self.outputs],
-            Channels::First => [self.outputs, per, kh, kw],
-        };
         Conv2dParams {
-            w: init::normal(&dims, 0.0, std, seed),
+            w: init::normal(&self.kernel_dims(), 0.0, std, seed),
             b: self.bias.then(|| Array::zeros(DType::F32, &[self.outputs])),
         }
     }
@@ -449,18 +448,33 @@ impl Pool2d {
     /// ```
     /// assert_eq!(nitro::nn::max_pool2d((2, 2), (2, 2)).output_dims(&[7, 7, 16]), [3, 3, 16]);
     /// ```
+    ///
+    /// The window ops' own type rule decides (so it agrees with the forward pass); a window
+    /// that does not fit gives 0 positions.
     pub fn output_dims(&self, input: &[usize]) -> Vec<usize> {
-        let (h, w, _) = self.channels.hwc();
-        let mut out = input.to_vec();
-        for (axis, k, s) in [
-            (h, self.window.0, self.stride.0),
-            (w, self.window.1, self.stride.1),
-        ] {
-            if let Some(n) = out.get_mut(axis - 1) {
-                *n = window_out(*n, (0, 0), k, s, 1);
+        let x: Vec<usize> = std::iter::once(1).chain(input.iter().copied()).collect();
+        match crate::ops::window::window_dims(&x, &self.window()) {
+            Ok(out) => out[1..].to_vec(),
+            Err(_) => {
+                let (h, w, _) = self.channels.hwc();
+                let mut out = input.to_vec();
+                for axis in [h, w] {
+                    if let Some(n) = out.get_mut(axis - 1) {
+                        *n = 0;
+                    }
+                }
+                out
             }
         }
-        out
+    }
+
+    /// The window over `[N, …]`: `window` and `stride` on the height and width dims.
+    fn window(&self) -> Window {
+        let (h, w, _) = self.channels.hwc();
+        let (mut dims, mut strides) = ([1; 4], [1; 4]);
+        (dims[h], dims[w]) = self.window;
+        (strides[h], strides[w]) = self.stride;
+        Window::new(&dims).strides(&strides)
     }
 }
 
@@ -491,11 +505,7 @@ impl Layer for Pool2d {
 
     #[track_caller]
     fn forward(&self, _: &(), x: Tensor) -> Tensor {
-        let (h, w, _) = self.channels.hwc();
-        let (mut dims, mut strides) = ([1; 4], [1; 4]);
-        (dims[h], dims[w]) = self.window;
-        (strides[h], strides[w]) = self.stride;
-        let w = Window::new(&dims).strides(&strides);
+        let w = self.window();
         if self.max {
             x.window_max(&w)
         } else {

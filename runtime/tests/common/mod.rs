@@ -140,3 +140,14 @@ pub fn named_inputs(types: &[nitro::LeafType]) -> Vec<(String, nitro::LeafType)>
         .map(|(i, t)| (format!("x{i}"), t.clone()))
         .collect()
 }
+
+/// The largest `|got − want|` over the elements of an `f32` array and the values it should
+/// hold (in row-major order).
+pub fn max_abs_diff(got: &nitro::Array, want: &[f32]) -> f32 {
+    got.as_slice::<f32>()
+        .expect("an f32 array")
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max)
+}
