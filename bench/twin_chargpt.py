@@ -5,6 +5,7 @@ windows, with nitro's AdamW and cosine schedule, timed the way nitro times its t
 
     python bench/twin_chargpt.py BUNDLE [--steps N] [--losses N] [--losses-out F.npy] [--json]
                                         [--dump-hlo DIR] [--cache DIR] [--form unrolled|scan]
+                                        [--fsdp N]
     python bench/twin_chargpt.py --make-test-bundle DIR [--form unrolled|scan]
 
 Besides the common bundle files (twin_common.py) the bundle holds `train.npy` and `val.npy`,
@@ -44,6 +45,22 @@ forward order (2 calls a block: fold_in(step_key, 2 i + c)), a stacked model (`-
 layer and then the call (fold_in(fold_in(step_key, i), c)); c is 0 for the attention's call and
 1 for the MLP's. (JAX's threefry and bernoulli here; on the bundles tried, the losses with dropout
 on tracked nitro's as closely as without it.)
+
+`--fsdp N` (N >= 1; default 0, off: one device) trains fully sharded data parallel over the first
+N of `jax.devices()`, a mesh of one axis, "data". The flag is read from the command line before
+JAX is imported, to append `--xla_force_host_platform_device_count=N` to XLA_FLAGS (so JAX on CPU
+has N host devices; spell it `--fsdp N` or `--fsdp=N`). Every parameter leaf, and Adam's m and v
+beside it, is split along "data" on its largest dim that N divides (ties: the earliest dim; a leaf
+with no such dim, whole on every device); the gradients are constrained to their parameters'
+sharding; the training (and evaluation) batch is split by rows, so the batch (each edge's
+`bucket_rows`, bucketed) must be a multiple of N. The jitted step is twin_common's, with explicit
+in/out shardings (params and optimizer state keep theirs across steps and are donated, as without
+--fsdp; the loss comes back replicated), and the initial leaves are put in their shards before the
+first step: only placement changes, not the loss or the optimizer's math (the losses match the
+one-device run's up to float reassociation in the cross-device reductions). The timing is
+measured as without it. The JSON line adds `fsdp` (N, 0 when off) and `state_bytes_per_device`,
+the bytes of parameters and optimizer state on the mesh's first device after the last step (off:
+the one device's, 3 x the parameters' bytes); `peak_rss_mb` is the process's, all devices.
 """
 
 import time
@@ -59,11 +76,33 @@ import sys  # noqa: E402
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import twin_common as tc  # noqa: E402  (imports JAX, after --dump-hlo)
+
+def _fsdp_from_argv():
+    """`--fsdp N` (or `--fsdp=N`; the last, as argparse) from the command line, 0 without it or
+    when N is not an integer (argparse then says so): read before JAX is imported, which fixes
+    its device count."""
+    argv, value = sys.argv[1:], "0"
+    for i, a in enumerate(argv):
+        if a == "--fsdp" and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith("--fsdp="):
+            value = a.split("=", 1)[1]
+    try:
+        return int(value)
+    except ValueError:
+        return 0
+
+
+if _fsdp_from_argv() >= 1:
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               f" --xla_force_host_platform_device_count={_fsdp_from_argv()}").strip()
+
+import twin_common as tc  # noqa: E402  (imports JAX, after --dump-hlo and --fsdp)
 
 import numpy as np  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 MASKED = -1e9
 FORMS = ("unrolled", "scan")
@@ -254,6 +293,166 @@ def make_bucketed_model(run, form):
     return row_loss, eval_sums
 
 
+# ---- FSDP (--fsdp N) -----------------------------------------------------------------------------
+
+
+class Fsdp:
+    """Fully sharded data parallelism over the first `n` devices (`--fsdp N`; on CPU, the N host
+    devices XLA_FLAGS asked for): a one-axis mesh "data"; every parameter leaf, and Adam's m and
+    v beside it, split along "data" on its largest dim that N divides (ties: the earliest; none:
+    whole on every device, P()), the gradients as their parameters; the batch split by rows.
+    Only placement: the step is twin_common's, the same loss and optimizer math."""
+
+    def __init__(self, n):
+        devices = jax.devices()
+        if len(devices) < n:
+            raise SystemExit(f"error: --fsdp {n} needs {n} devices, JAX has {len(devices)} "
+                             f"({jax.default_backend()}); on a machine with an accelerator, "
+                             "JAX_PLATFORMS=cpu gives the host devices --fsdp asks XLA for")
+        self.n = n
+        self.mesh = Mesh(np.array(devices[:n]), ("data",))
+        self.replicated = NamedSharding(self.mesh, P())
+
+    def spec(self, shape):
+        best = None
+        for i, d in enumerate(shape):
+            if d >= self.n and d % self.n == 0 and (best is None or d > shape[best]):
+                best = i
+        return P() if best is None else P(*([None] * best), "data")
+
+    def shardings(self, host_params):
+        return {k: NamedSharding(self.mesh, self.spec(np.shape(v))) for k, v in host_params.items()}
+
+    def rows(self, ndim):
+        """An array split by rows (its first dim), whole along the others."""
+        return NamedSharding(self.mesh, P("data", *([None] * (ndim - 1))))
+
+    def check_rows(self, rows, what):
+        if rows % self.n:
+            raise SystemExit(f"error: --fsdp {self.n} splits the batch by rows; {what} has "
+                             f"{rows} rows, not a multiple of {self.n}")
+
+    def place(self, host_params, shardings):
+        """The initial parameters and (zero) optimizer state, each leaf put in its shards."""
+        params = {k: jax.device_put(v, shardings[k]) for k, v in host_params.items()}
+        opt_state = {s: {k: jax.device_put(np.zeros_like(np.asarray(v)), shardings[k])
+                         for k, v in host_params.items()} for s in ("m", "v")}
+        return params, opt_state
+
+    def train_step(self, run, loss, shardings, batch):
+        """twin_common's jitted step (the same function, unwrapped) with explicit shardings:
+        params and optimizer state in and out as `shardings` (and donated, as there), `batch`
+        the x/y/mask inputs', the learning rate, step number, key and loss replicated. The loss
+        sees its params through a sharding constraint to `shardings`, a no-op forward whose
+        transpose puts the gradients in their parameters' shards."""
+
+        def constrained(p, *rest):
+            return loss(jax.lax.with_sharding_constraint(p, shardings), *rest)
+
+        step = tc.make_train_step(run, constrained).__wrapped__
+        rep, state = self.replicated, {"m": shardings, "v": shardings}
+        return jax.jit(step, in_shardings=(shardings, state, *batch, rep, rep, rep),
+                       out_shardings=(shardings, state, rep), donate_argnums=(0, 1))
+
+    def evaluation(self, eval_fn, shardings, batch):
+        return jax.jit(eval_fn, in_shardings=(shardings, *batch), out_shardings=self.replicated)
+
+    def state_bytes(self, params, opt_state):
+        """Bytes of the parameters and optimizer state held on the mesh's first device."""
+        first = self.mesh.devices.flat[0]
+        leaves = jax.tree_util.tree_leaves((params, opt_state))
+        return int(sum(next(s for s in a.addressable_shards if s.device == first).data.nbytes
+                       for a in leaves))
+
+    def describe(self, shardings):
+        split = sum(1 for s in shardings.values() if s.spec != P())
+        return (f"fsdp     {self.n} devices ({jax.default_backend()}), mesh data={self.n}: "
+                f"{split} of {len(shardings)} leaves split, the rest whole on every device")
+
+
+def unsharded_state_bytes(host_params):
+    """Without --fsdp every leaf is whole on the one device: the parameters, m and v."""
+    return 3 * int(sum(np.asarray(v).nbytes for v in host_params.values()))
+
+
+def train_fsdp(run, host_params, batches, real, steps, gather, model, eval_set, fsdp):
+    """twin_common.train (the same timing: lowering and compile, the first step, the waited
+    and pipelined steps, evaluation outside the loop's time) under `fsdp`, evaluating after
+    the last step; returns its fields plus the device's state bytes after the last step."""
+    batch = run["batch"]
+    fsdp.check_rows(batch, "run.json's batch")
+    per_row_loss, eval_fn = model
+    shardings = fsdp.shardings(host_params)
+    inputs_sh = (fsdp.rows(2), fsdp.rows(2), fsdp.rows(1))
+    step_fn = fsdp.train_step(run, per_row_loss, shardings, inputs_sh)
+    eval_jit = fsdp.evaluation(eval_fn, shardings, inputs_sh)
+    key = jax.device_put(jax.random.PRNGKey(int(run.get("seed", 0))), fsdp.replicated)
+    params, opt_state = fsdp.place(host_params, shardings)
+    jax.block_until_ready((params, opt_state, key))
+
+    def inputs(t):
+        x, y = gather(batches[t])
+        mask = (np.arange(batch) < real[t]).astype(np.float32)
+        return x, y, mask, np.float32(tc.cosine(run["schedule"], t)), np.int32(t)
+
+    # The first step: lowering, XLA's compile, the step itself.
+    first_started = time.perf_counter()
+    x, y, mask, lr, t32 = inputs(0)
+    lowered = step_fn.lower(params, opt_state, x, y, mask, lr, t32, key)
+    lowered_at = time.perf_counter()
+    compiled = lowered.compile()
+    compiled_at = time.perf_counter()
+    timing = {"lower_ms": tc.ms(lowered_at - first_started), "compile_ms": tc.ms(compiled_at - lowered_at)}
+
+    every = max(1, -(-steps // tc.WAITED_SAMPLES))
+    sampled = {i for i in range(1, steps) if i % every == every // 2}
+    waited, losses, excluded = [], [], 0.0
+    eval_compiled, last_eval = None, None
+    for t in range(steps):
+        timed = t in sampled
+        if timed:
+            jax.block_until_ready((params, opt_state))
+            s = time.perf_counter()
+        if t > 0:
+            x, y, mask, lr, t32 = inputs(t)
+        params, opt_state, loss = compiled(params, opt_state, x, y, mask, lr, t32, key)
+        losses.append(loss)
+        if t == 0:
+            loss.block_until_ready()
+            timing["first_step_ms"] = tc.ms(time.perf_counter() - first_started)
+            # The evaluation program, compiled once, outside the loop's time.
+            e0 = time.perf_counter()
+            X, Y = eval_set
+            rows, _ = next(tc.pad_rows(len(X), batch))
+            eval_lowered = eval_jit.lower(params, X[rows], Y[rows], np.ones(batch, np.float32))
+            e1 = time.perf_counter()
+            eval_compiled = eval_lowered.compile()
+            e2 = time.perf_counter()
+            timing["eval_lower_ms"], timing["eval_compile_ms"] = tc.ms(e1 - e0), tc.ms(e2 - e1)
+            excluded += e2 - e0
+        if timed:
+            jax.block_until_ready((params, opt_state, loss))
+            waited.append(time.perf_counter() - s)
+        if t + 1 == steps:
+            jax.block_until_ready((params, opt_state))
+            e0 = time.perf_counter()
+            X, Y = eval_set
+            sums = []
+            for rows, n in tc.pad_rows(len(X), batch):
+                emask = (np.arange(batch) < n).astype(np.float32)
+                sums.append(eval_compiled(params, X[rows], Y[rows], emask))
+            last_eval = [float(sum(float(s[i]) for s in sums)) for i in range(len(sums[0]))]
+            excluded += time.perf_counter() - e0
+    host_losses = np.array([float(v) for v in jax.device_get(losses)], dtype=np.float64)
+    loop_wall = time.perf_counter() - compiled_at - excluded
+    if not waited:
+        waited = [timing["first_step_ms"] / 1e3]
+    timing["step_ms"] = tc.ms(statistics.median(waited))
+    timing["step_ms_pipelined"] = tc.ms(loop_wall / steps)
+    timing["eval_ms"] = tc.ms(excluded)
+    return timing, host_losses, last_eval, len(eval_set[0]), fsdp.state_bytes(params, opt_state)
+
+
 # ---- a synthetic bundle, for testing the twin without nitro ---------------------------------------
 
 
@@ -380,18 +579,29 @@ def val_batches(val, edges, per):
             yield e, bins[e][s:s + per[e]]
 
 
-def train_bucketed(run, host_params, buckets, steps, form):
+def train_bucketed(run, host_params, buckets, steps, form, fsdp=None):
     """Trains `steps` steps of the plan and evaluates the validation rows after the last. One
     jitted train step (and one jitted evaluation), compiled ahead of time for every edge (jit
-    specializes by shape) before the first step, as nitro compiles its inventory."""
+    specializes by shape) before the first step, as nitro compiles its inventory. With `fsdp`
+    (an Fsdp), the leaves and every edge's batch rows are split as it says."""
     edges, per, plan, rows, train, val = buckets
     row_loss, eval_fn = make_bucketed_model(run, form)
-    step_fn = tc.make_train_step(run, row_loss)
-    eval_jit = jax.jit(eval_fn)
-    key = jax.random.PRNGKey(int(run.get("seed", 0)))
-    params = {k: jax.device_put(v) for k, v in host_params.items()}
-    opt_state = {"m": {k: jnp.zeros_like(v) for k, v in params.items()},
-                 "v": {k: jnp.zeros_like(v) for k, v in params.items()}}
+    if fsdp is None:
+        step_fn = tc.make_train_step(run, row_loss)
+        eval_jit = jax.jit(eval_fn)
+        key = jax.random.PRNGKey(int(run.get("seed", 0)))
+        params = {k: jax.device_put(v) for k, v in host_params.items()}
+        opt_state = {"m": {k: jnp.zeros_like(v) for k, v in params.items()},
+                     "v": {k: jnp.zeros_like(v) for k, v in params.items()}}
+    else:
+        for e in edges:
+            fsdp.check_rows(per[e], f"edge {e}'s batch (bucket_rows)")
+        shardings = fsdp.shardings(host_params)
+        inputs_sh = ((fsdp.rows(2), fsdp.rows(2)), fsdp.rows(2), fsdp.rows(1))
+        step_fn = fsdp.train_step(run, row_loss, shardings, inputs_sh)
+        eval_jit = fsdp.evaluation(eval_fn, shardings, inputs_sh)
+        key = jax.device_put(jax.random.PRNGKey(int(run.get("seed", 0))), fsdp.replicated)
+        params, opt_state = fsdp.place(host_params, shardings)
     jax.block_until_ready((params, opt_state, key))
 
     def blank(e):
@@ -482,6 +692,9 @@ def train_bucketed(run, host_params, buckets, steps, form):
         "tokens_per_s": round(real / loop_wall, 1),
         "padding_waste": round(1.0 - real / positions, 6),
         "padding_waste_rows": round(float(1.0 - lengths.sum() / padded_to.sum()), 6),
+        "fsdp": fsdp.n if fsdp else 0,
+        "state_bytes_per_device": (fsdp.state_bytes(params, opt_state) if fsdp
+                                   else unsharded_state_bytes(host_params)),
     }
     return timing, host_losses, fields
 
@@ -495,7 +708,7 @@ def model_line(run, form, steps, what):
             f"peak lr {run['schedule']['base']}, {steps} {what}")
 
 
-def main_bucketed(args, say, run, params, form):
+def main_bucketed(args, say, run, params, form, fsdp):
     buckets = load_bucketed(args.bundle, run)
     edges, per, plan, rows, train, val = buckets
     steps = min(args.steps or run["steps"], run["steps"])
@@ -503,7 +716,9 @@ def main_bucketed(args, say, run, params, form):
         f"{edges} of {[per[e] for e in edges]} rows, vocabulary {run['vocab']}")
     say(f"backend  jax {jax.__version__} on {jax.default_backend()} ({jax.devices()[0].device_kind})")
     say(model_line(run, form, steps, "bucketed steps"))
-    timing, losses, fields = train_bucketed(run, params, buckets, steps, form)
+    if fsdp:
+        say(fsdp.describe(fsdp.shardings(params)))
+    timing, losses, fields = train_bucketed(run, params, buckets, steps, form, fsdp)
     bits = fields["val_loss"] / math.log(2)
     say(f"epoch    train loss {fields['train_loss']:.6f}, val loss {fields['val_loss']:.6f} nats "
         f"(means over real positions)")
@@ -522,10 +737,28 @@ def form_option(p):
                         "layout to write (unrolled)")
 
 
+def fsdp_option(p):
+    p.add_argument("--fsdp", type=int, default=0, metavar="N",
+                   help="fully sharded data parallelism over N devices (N host devices on CPU): "
+                        "parameters, optimizer state and gradients split on their largest dim N "
+                        "divides, the batch by rows (default 0: off, one device)")
+
+
+def options(p):
+    form_option(p)
+    fsdp_option(p)
+
+
 def main():
-    args = tc.parse_args("chargpt", form_option)
+    args = tc.parse_args("chargpt", options)
     if args.make_test_bundle:
         return make_test_bundle(args)
+    if args.fsdp < 0:
+        raise SystemExit(f"error: --fsdp {args.fsdp}: the device count is 0 (off) or more")
+    if args.fsdp != _fsdp_from_argv():
+        raise SystemExit("error: spell --fsdp N out (as --fsdp N or --fsdp=N): it is read "
+                         "before JAX starts, to ask XLA for N host devices")
+    fsdp = Fsdp(args.fsdp) if args.fsdp >= 1 else None
     say = tc.sayer(args)
     with open(os.path.join(args.bundle, "run.json")) as f:
         bucketed = "buckets" in json.load(f)
@@ -543,7 +776,7 @@ def main():
     params, decayed = to_form(run, params, form)
     run = {**run, "decayed": decayed}  # what the optimizer reads: the form's leaf names
     if bucketed:
-        return main_bucketed(args, say, run, params, form)
+        return main_bucketed(args, say, run, params, form, fsdp)
     t = run["context"]
     train = np.load(os.path.join(args.bundle, "train.npy")).astype(np.int32)
     val = np.load(os.path.join(args.bundle, "val.npy")).astype(np.int32)
@@ -564,12 +797,20 @@ def main():
     def gather(idx):
         return train_x[idx], train_y[idx]
 
-    timing, losses, sums, n = tc.train(run, params, batches, real, steps, gather,
-                                       make_model(run, form), (val_x, val_y), set(), STARTED)
+    if fsdp:
+        say(fsdp.describe(fsdp.shardings(params)))
+        timing, losses, sums, n, state_bytes = train_fsdp(
+            run, params, batches, real, steps, gather, make_model(run, form), (val_x, val_y), fsdp)
+    else:
+        timing, losses, sums, n = tc.train(run, params, batches, real, steps, gather,
+                                           make_model(run, form), (val_x, val_y), set(), STARTED)
+        state_bytes = unsharded_state_bytes(params)
     bits = sums[0] / n / math.log(2)
     say(f"held out {bits:.4f} bits/char")
+    say(f"state    {state_bytes} bytes of parameters and optimizer state on the first device")
     tc.report("chargpt", args, steps, losses,
-              {"val_bits_per_char": round(bits, 6), "form": form, "layers": run["layers"]},
+              {"val_bits_per_char": round(bits, 6), "form": form, "layers": run["layers"],
+               "fsdp": args.fsdp, "state_bytes_per_device": state_bytes},
               timing, STARTED, say)
 
 

@@ -197,12 +197,14 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     args.check_corpus(train_ids.len(), held.len())?;
     args.check_prompt(&vocab)?;
     args.check_memory(available_memory())?;
-    let mut config = Config::new()
+    let config = Config::new()
         .batch(args.batch)
         .epochs(1)
         .seed(args.seed)
         .concurrent_compiles(!args.run.serial_compiles)
         .progress(!args.run.json);
+    // A `model` axis in --mesh splits the blocks Megatron-style along it.
+    let mut config = chargpt::with_tensor_parallel(args.run.apply_layout(config)?, args.scan);
     // With --warm-up: the model's shape is known, so its programs load (or compile) and run
     // once on a thread of their own while the windows are drawn and the bundle written (not
     // for buckets, whose shapes come from the data, nor for the preflight, which must compile
@@ -427,6 +429,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .field("val_bits_per_char", val_bits)
         .field("unigram_bits_per_char", unigram)
         .handle(last, run.program_times())
+        .layout(&run)
         .field("inventory", run.declared_inventory(true))
         .field("padding_waste", docs.map_or(0.0, |d| d.waste))
         .field("padding_waste_one_program", docs.map(|d| d.waste_one))

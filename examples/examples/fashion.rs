@@ -64,6 +64,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     if args.epochs == 0 || args.batch == 0 {
         return Err("--epochs and --batch must be at least 1".into());
     }
+    args.run.check_paths()?;
     let say = |line: String| {
         if !args.run.json {
             println!("{line}");
@@ -94,6 +95,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .schedule(fashion::schedule(args.lr, steps))
         .concurrent_compiles(!args.run.serial_compiles)
         .progress(!args.run.json);
+    let config = args.run.apply_layout(config)?;
     let experiment = FashionCnn::new(args.seed);
     if let Some(dir) = &args.run.twin {
         let schedule = fashion::schedule(args.lr, steps);
@@ -148,6 +150,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .first_step(run.first_step_time())
         .field("test_accuracy", test_accuracy)
         .handle(last, run.program_times())
+        .layout(&run)
         .field("fit_s", fit_s)
         .field("process_s", started.elapsed().as_secs_f64());
     println!("{summary}");

@@ -190,6 +190,60 @@ impl CharGpt {
     }
 }
 
+/// `sharding` with the blocks split Megatron-style along mesh axis `axis` (tensor
+/// parallelism): the attention's q, k and v and the MLP's first layer by their output columns
+/// (so by heads and hidden units, biases too), the attention's output and the MLP's second
+/// layer by their input rows — two all-reduces a block. `stacked`: the blocks' leaves are
+/// `stack.…` with a leading layer dim (`--scan`), else `blocks[i].…`.
+pub fn megatron(
+    sharding: nitro::shard::Sharding,
+    axis: &str,
+    stacked: bool,
+) -> nitro::shard::Sharding {
+    use nitro::shard::PartitionSpec;
+    let lead = usize::from(stacked);
+    let split = |dim: usize| {
+        let mut dims = vec![None; lead + dim + 1];
+        dims[lead + dim] = Some(axis);
+        PartitionSpec::new(dims)
+    };
+    let p = if stacked { "stack" } else { "blocks[*]" };
+    let any = |leaves: &[&str]| {
+        leaves
+            .iter()
+            .map(|l| format!("{p}.{l}"))
+            .collect::<Vec<_>>()
+            .join("|")
+    };
+    sharding
+        .leaf(
+            any(&["attention.q.w", "attention.k.w", "attention.v.w", "fc1.w"]),
+            split(1),
+        )
+        .leaf(
+            any(&["attention.q.b", "attention.k.b", "attention.v.b", "fc1.b"]),
+            split(0),
+        )
+        .leaf(any(&["attention.o.w", "fc2.w"]), split(0))
+}
+
+/// `config` with the blocks split along a mesh axis named `model`, when its mesh has one
+/// ([`megatron`]; the rest as the config's sharding says); unchanged otherwise.
+pub fn with_tensor_parallel(config: nitro::train::Config, stacked: bool) -> nitro::train::Config {
+    let Some(mesh) = &config.mesh else {
+        return config;
+    };
+    if mesh.size("model").is_none() {
+        return config;
+    }
+    let first = mesh.axes()[0].0.clone();
+    let base = config
+        .sharding
+        .clone()
+        .unwrap_or_else(|| nitro::shard::Sharding::replicated(first));
+    config.sharding(megatron(base, "model", stacked))
+}
+
 /// The optimizer the example trains with: AdamW, sparing biases and norm gains from decay.
 pub fn optimizer() -> AdamW {
     AdamW::default().no_decay([nn::NO_DECAY])

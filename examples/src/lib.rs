@@ -271,14 +271,85 @@ pub struct HandleFlags {
     /// JAX twin, `bench/twin_<example>.py`.
     #[arg(long)]
     pub twin: Option<std::path::PathBuf>,
+    /// Partition every program over a mesh of devices with XLA's SPMD partitioner, the batch
+    /// split along its axis: `data=4`. Parameters and optimizer state stay whole on every
+    /// device unless --fsdp.
+    #[arg(long, value_name = "AXIS=N")]
+    pub mesh: Option<String>,
+    /// Fully sharded data parallelism: parameters, optimizer state and gradients split along
+    /// the mesh's axis too (without --mesh: over `data=` the device count `NITRO_DEVICES`
+    /// sets).
+    #[arg(long)]
+    pub fsdp: bool,
 }
 
 impl HandleFlags {
-    /// Checks, before anything is loaded or compiled, that the outputs these flags name can be
+    /// The mesh and sharding `--mesh` and `--fsdp` ask for (`None` without either), checked
+    /// before anything runs: a malformed mesh, an axis of size 0, or a mesh of several axes
+    /// (tensor parallelism, not taken yet) is an error naming the flag.
+    pub fn layout(&self) -> Result<Option<nitro::shard::Partitioning>, FlagError> {
+        use nitro::shard::{Mesh, Partitioning, Sharding};
+        let mesh = match (&self.mesh, self.fsdp) {
+            (None, false) => return Ok(None),
+            (Some(text), _) => {
+                let mut axes = Vec::new();
+                for part in text.split(',') {
+                    let parsed = part
+                        .split_once('=')
+                        .and_then(|(n, s)| Some((n.trim().to_owned(), s.trim().parse().ok()?)));
+                    let Some(axis) = parsed else {
+                        return Err(FlagError::new(
+                            "--mesh",
+                            text,
+                            "write each axis as NAME=SIZE, comma-separated, like data=4",
+                        ));
+                    };
+                    axes.push(axis);
+                }
+                Mesh::new(axes).map_err(|e| FlagError::new("--mesh", text, e.to_string()))?
+            }
+            (None, true) => {
+                let devices = nitro::backend::pjrt::devices_setting()
+                    .map_err(|e| FlagError::new("--fsdp", "", e.to_string()))?
+                    .unwrap_or(1);
+                Mesh::new([("data", devices)])
+                    .map_err(|e| FlagError::new("--fsdp", "", e.to_string()))?
+            }
+        };
+        let axis = mesh.axes()[0].0.clone();
+        let sharding = match self.fsdp {
+            true => Sharding::fsdp(axis),
+            false => Sharding::replicated(axis),
+        };
+        let flag = if self.mesh.is_some() {
+            "--mesh"
+        } else {
+            "--fsdp"
+        };
+        let shown = self.mesh.clone().unwrap_or_default();
+        Partitioning::new(mesh, sharding)
+            .map(Some)
+            .map_err(|e| FlagError::new(flag, shown, e.to_string()))
+    }
+
+    /// `config` laid out as [`layout`](HandleFlags::layout) says.
+    pub fn apply_layout(
+        &self,
+        config: nitro::train::Config,
+    ) -> Result<nitro::train::Config, FlagError> {
+        Ok(match self.layout()? {
+            Some(p) => config.mesh(p.mesh().clone()).sharding(p.sharding().clone()),
+            None => config,
+        })
+    }
+
+    /// Checks, before anything is loaded or compiled, that `--mesh`/`--fsdp` make a layout
+    /// ([`layout`](HandleFlags::layout)) and that the outputs these flags name can be
     /// written: `--manifest` a file in an existing directory ([`check_output_file`]), `--twin`
     /// a directory that exists or can be created ([`check_output_dir`]). The error names the
     /// flag and the path.
     pub fn check_paths(&self) -> Result<(), FlagError> {
+        self.layout()?;
         if let Some(path) = &self.manifest {
             check_output_file("--manifest", path)?;
         }

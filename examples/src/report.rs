@@ -125,6 +125,22 @@ impl Summary {
             .field("peak_rss_mb", peak_rss_mb())
     }
 
+    /// How a handle is laid out over its devices: `devices`, `sharding` (the mesh and
+    /// sharding it partitions over, `null` when replicated or on one device) and `memory`
+    /// (per device: bytes of parameters, frozen leaves, optimizer state and gradient sums,
+    /// and the programs held: [`nitro::train::Memory`]).
+    pub fn layout<E: nitro::train::Model, O: nitro::optim::Optimizer>(
+        self,
+        run: &nitro::train::Nitro<E, O>,
+    ) -> Summary {
+        self.field("devices", run.devices())
+            .field(
+                "sharding",
+                run.partitioning().map(nitro::shard::Partitioning::describe),
+            )
+            .field("memory", json!(run.memory()))
+    }
+
     /// How long the run took to finish its first step (0 when it took none).
     pub fn first_step(self, time: Option<Duration>) -> Summary {
         self.field("first_step_ms", time.map_or(0.0, |d| d.as_secs_f64() * 1e3))

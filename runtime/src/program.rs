@@ -123,17 +123,22 @@ thread_local! {
 /// and stay zero through every optimizer: a zero parameter with a zero gradient and zero state
 /// is never moved), so that a per-batch program can read each leaf as a view of the flat
 /// array's memory with no copy.
+///
+/// On a mesh ([`Packing::per_leaf`]) every leaf is a group of its own, kept in its own shape:
+/// each can then be split along its own dims ([`crate::shard::Partitioning::leaf_spec`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Packing {
     /// One entry per flat array: its dtype and length.
     pub(crate) groups: Vec<(crate::tree::DType, usize)>,
     /// One entry per trainable leaf, in walk order: its group, offset in it, and dims.
     pub(crate) leaves: Vec<(usize, usize, Vec<usize>)>,
+    /// Whether every leaf is a group of its own, in the leaf's shape (not flattened).
+    pub(crate) per_leaf: bool,
 }
 
 impl Packing {
-    /// The packing of `experiment`'s trainable leaves.
-    pub(crate) fn of<E: Experiment>(experiment: &E) -> Packing {
+    /// The packing of `experiment`'s trainable leaves: packed, or one group per leaf.
+    pub(crate) fn of<E: Experiment>(experiment: &E, per_leaf: bool) -> Packing {
         let mut types = Vec::new();
         experiment.visit_device(&mut |field, _, node| {
             if let crate::tree::Node::Leaf(a) = node {
@@ -142,7 +147,34 @@ impl Packing {
                 }
             }
         });
-        Packing::of_types(&types)
+        match per_leaf {
+            true => Packing::per_leaf(&types),
+            false => Packing::of_types(&types),
+        }
+    }
+
+    /// One group per leaf of `types`, each in its own shape.
+    pub(crate) fn per_leaf(types: &[LeafType]) -> Packing {
+        Packing {
+            groups: types
+                .iter()
+                .map(|t| (t.dtype, t.dims.iter().product()))
+                .collect(),
+            leaves: types
+                .iter()
+                .enumerate()
+                .map(|(g, t)| (g, 0, t.dims.clone()))
+                .collect(),
+            per_leaf: true,
+        }
+    }
+
+    /// The dims group `g` is kept in: its length, or its leaf's dims when per leaf.
+    pub(crate) fn group_dims(&self, g: usize) -> Vec<usize> {
+        match self.per_leaf {
+            true => self.leaves[g].2.clone(),
+            false => vec![self.groups[g].1],
+        }
     }
 
     /// The packing of trainable leaves of `types`, in walk order.
@@ -150,6 +182,7 @@ impl Packing {
         let mut p = Packing {
             groups: Vec::new(),
             leaves: Vec::new(),
+            per_leaf: false,
         };
         for t in types {
             let g = match p.groups.iter().position(|(d, _)| *d == t.dtype) {
@@ -189,13 +222,16 @@ impl Packing {
                 .map(|&(dtype, n)| (crate::optim::state_dtype(dtype), n))
                 .collect(),
             leaves: self.leaves.clone(),
+            per_leaf: self.per_leaf,
         }
     }
 
+    /// Zero-filled arrays of this packing's groups.
     pub(crate) fn zeros(&self) -> Vec<Array> {
         self.groups
             .iter()
-            .map(|&(dtype, n)| Array::zeros(dtype, &[n]))
+            .enumerate()
+            .map(|(g, &(dtype, _))| Array::zeros(dtype, &self.group_dims(g)))
             .collect()
     }
 
@@ -210,7 +246,10 @@ impl Packing {
         let mut flat = self
             .groups
             .iter()
-            .map(|&(dtype, n)| Array::try_zeros(dtype, &[n]).map(Array::into_parts))
+            .enumerate()
+            .map(|(g, &(dtype, _))| {
+                Array::try_zeros(dtype, &self.group_dims(g)).map(Array::into_parts)
+            })
             .collect::<Result<Vec<_>>>()?;
         for (index, (a, (g, offset, dims))) in leaves.iter().zip(&self.leaves).enumerate() {
             let expected = LeafType {
@@ -259,6 +298,7 @@ impl Packing {
 pub(crate) fn pack_like_trainable(grads: Vec<Tensor>) -> Vec<Tensor> {
     PACKING.with(|p| match &*p.borrow() {
         None => grads,
+        Some(packing) if packing.per_leaf => grads,
         Some(packing) => (0..packing.groups.len())
             .map(|g| {
                 let dtype = packing.groups[g].0;
@@ -348,6 +388,7 @@ pub struct Program<E: Experiment, M = (), O: Outputs = Tensor> {
     f: ProgramFn<E, M, O>,
     donates_device: bool,
     packs_trainable: bool,
+    packed_outputs: bool,
 }
 
 impl<E: Experiment, M, O: Outputs> Clone for Program<E, M, O> {
@@ -393,6 +434,7 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
             f,
             donates_device: false,
             packs_trainable: false,
+            packed_outputs: false,
         }
     }
 
@@ -424,6 +466,14 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
     /// 1.5× as long for the same kernels.
     pub(crate) const fn packing_trainable(mut self) -> Self {
         self.packs_trainable = true;
+        self
+    }
+
+    /// This program's outputs after the first (the loss) are packed like the trainable
+    /// leaves (gradients, gradient sums): on a partitioned backend they are sharded as the
+    /// packed storage is ([`Partitioning`]); elsewhere it changes nothing.
+    pub(crate) const fn packed_outputs(mut self) -> Self {
+        self.packed_outputs = true;
         self
     }
 
@@ -477,6 +527,7 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
             f: E::erase_program(f),
             donates_device: false,
             packs_trainable: false,
+            packed_outputs: false,
         }
     }
 
@@ -537,36 +588,87 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
         inputs: &I,
         replicas: usize,
     ) -> Result<Traced> {
+        self.trace_with(experiment, inputs, replicas, None)
+    }
+
+    /// Traces the program as `backend` runs it: replicated over its replicas, or partitioned
+    /// over its mesh ([`Backend::partitioning`](crate::backend::Backend::partitioning)).
+    pub(crate) fn trace_on<I: Tree<Mirror<Tensor> = M>>(
+        &self,
+        experiment: &E,
+        inputs: &I,
+        backend: &dyn crate::backend::Backend,
+    ) -> Result<Traced> {
+        self.trace_with(
+            experiment,
+            inputs,
+            backend.replicas(),
+            backend.partitioning(),
+        )
+    }
+
+    /// The trace behind [`trace_replicated`](Program::trace_replicated) and
+    /// [`trace_on`](Program::trace_on). Partitioned, a program that packs the trainable leaves
+    /// takes them one group per leaf, each in its own shape ([`Packing::per_leaf`]), and every
+    /// input and output gets the spec its role in the training handle gives it
+    /// ([`program_sharding`](Program::program_sharding)).
+    fn trace_with<I: Tree<Mirror<Tensor> = M>>(
+        &self,
+        experiment: &E,
+        inputs: &I,
+        replicas: usize,
+        partitioning: Option<&crate::shard::Partitioning>,
+    ) -> Result<Traced> {
         let mut names = Signature::default();
         let mut device_leaves = 0usize;
-        let packing = self.packs_trainable.then(|| Packing::of(experiment));
+        let partitioned = partitioning.is_some();
+        let packing = self
+            .packs_trainable
+            .then(|| Packing::of(experiment, partitioned));
+        // Per input, in order: what it holds, for its spec when partitioned.
+        let mut roles: Vec<InputRole> = Vec::new();
+        // The trainable leaves' paths and types, in walk order (their specs, partitioned).
+        let mut trainable_leaves: Vec<(String, LeafType)> = Vec::new();
         let graph = trace::trace_replicated(replicas, || {
             let mut trainable = Vec::new();
-            // Packed gradients: the trainable leaves come first, one input each.
+            // Packed gradients: the trainable leaves come first, one input each (partitioned,
+            // the groups are the leaves themselves).
             let mut first = Vec::new();
             if packing.is_some() {
                 experiment.visit_device(&mut |field, path, node| {
                     let is_trainable =
                         field.role == (crate::experiment::Role::Device { trainable: true });
                     if let (true, crate::tree::Node::Leaf(a)) = (is_trainable, node) {
-                        names.entries.push(SignatureEntry::from_node(path, node));
-                        first.push(trace::input(path.as_str(), a.leaf_type()));
+                        trainable_leaves.push((path.as_str().to_owned(), a.leaf_type()));
+                        if !partitioned {
+                            names.entries.push(SignatureEntry::from_node(path, node));
+                            first.push(trace::input(path.as_str(), a.leaf_type()));
+                            roles.push(InputRole::Whole);
+                        }
                     }
                 });
             }
             // Then the packed storage the leaves are views of: unused by the program, passed
-            // so that PJRT orders the run as a reader of that memory.
-            for (g, &(dtype, n)) in packing.iter().flat_map(|p| p.groups.iter()).enumerate() {
-                let name = format!("trainable.packed[{g}]");
+            // so that PJRT orders the run as a reader of that memory (partitioned: the leaves).
+            for (g, &(dtype, _)) in packing.iter().flat_map(|p| p.groups.iter()).enumerate() {
+                // Partitioned, a group is a leaf: named by its path.
+                let name = match (partitioned, trainable_leaves.get(g)) {
+                    (true, Some((path, _))) => path.clone(),
+                    _ => format!("trainable.packed[{g}]"),
+                };
                 let ty = LeafType {
                     dtype,
-                    dims: vec![n],
+                    dims: packing.as_ref().map_or_else(Vec::new, |p| p.group_dims(g)),
                 };
                 names.entries.push(SignatureEntry {
                     path: name.clone(),
                     kind: crate::tree::EntryKind::Leaf(ty.clone()),
                 });
-                trace::input(&name, ty);
+                let t = trace::input(&name, ty);
+                roles.push(InputRole::Group(g));
+                if partitioned {
+                    first.push(t);
+                }
             }
             let mut first = first.into_iter();
             let view = experiment.view(&mut |field, path, leaf| {
@@ -583,6 +685,11 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
                     crate::tree::Node::Leaf(leaf),
                 ));
                 device_leaves += 1;
+                // The update program's Device leaves are the groups and their slots.
+                roles.push(match self.donates_device {
+                    true => InputRole::indexed(path.as_str(), &["params[", "state["]),
+                    false => InputRole::Whole,
+                });
                 let t = trace::input(path.as_str(), leaf.leaf_type());
                 if is_trainable {
                     trainable.push(t);
@@ -597,17 +704,37 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
                     &LeafPath::root(name),
                     crate::tree::Node::Leaf(leaf),
                 ));
+                let per_batch = self.packs_trainable || self.donates_device;
+                roles.push(match per_batch {
+                    false => InputRole::Whole,
+                    true if name.starts_with("batch.") || name == "mask" => InputRole::Rows,
+                    true => InputRole::indexed(name, &["sums[", "grads["]),
+                });
                 trace::input(name, leaf.leaf_type())
             });
             E::call_program(self.f, &view, &traced_inputs).into_tensors()
-        })?;
+        });
+        // What the update program declared of its groups (taken even when the trace failed,
+        // so nothing is left for the next trace to find).
+        let declared = crate::shard::take_group_specs();
+        let mut graph = graph?;
+        if let Some(partitioning) = partitioning {
+            let groups = match declared {
+                Some(specs) => specs,
+                None => trainable_leaves
+                    .iter()
+                    .map(|(path, ty)| partitioning.leaf_spec(path, ty))
+                    .collect::<Result<_>>()?,
+            };
+            graph.sharding = Some(self.program_sharding(partitioning, &graph, &roles, &groups)?);
+        }
         let options = crate::emit::EmitOptions {
             donate: if self.donates_device {
                 (0..device_leaves).map(|i| (i, i)).collect()
             } else {
                 Vec::new()
             },
-            sharding: None,
+            sharding: graph.sharding.clone(),
         };
         let text = crate::emit::emit_with(&graph, &options);
         let fingerprint = crate::emit::fingerprint(&text);
@@ -626,6 +753,110 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
             text,
             fingerprint,
         })
+    }
+
+    /// The specs of a partitioned program's inputs (by their `roles`, in order) and outputs,
+    /// `groups` being the specs of the trainable leaves' groups: a group, its optimizer slots,
+    /// its gradient and its sum as the group; batch arrays split by rows; the loss and every
+    /// scalar whole; an update's outputs as the inputs they replace; a gradient program's
+    /// outputs after the loss as their groups; other per-batch outputs (predictions) by rows.
+    /// Every spec is checked against its array's type.
+    fn program_sharding(
+        &self,
+        partitioning: &crate::shard::Partitioning,
+        graph: &Graph,
+        roles: &[InputRole],
+        groups: &[crate::shard::PartitionSpec],
+    ) -> Result<crate::shard::ProgramSharding> {
+        use crate::shard::PartitionSpec;
+        let group = |i: usize| match groups.len() {
+            0 => PartitionSpec::replicated(),
+            n => groups[i % n].clone(),
+        };
+        let inputs: Vec<PartitionSpec> = roles
+            .iter()
+            .map(|role| match role {
+                InputRole::Whole => PartitionSpec::replicated(),
+                InputRole::Rows => partitioning.rows(),
+                InputRole::Group(i) => group(*i),
+            })
+            .collect();
+        let outputs: Vec<PartitionSpec> = graph
+            .output_types()
+            .iter()
+            .enumerate()
+            .map(|(k, ty)| {
+                if ty.dims.is_empty() {
+                    PartitionSpec::replicated()
+                } else if self.donates_device {
+                    inputs.get(k).cloned().unwrap_or_default()
+                } else if self.packed_outputs && k > 0 {
+                    group(k - 1)
+                } else if self.packs_trainable {
+                    partitioning.rows()
+                } else {
+                    PartitionSpec::replicated()
+                }
+            })
+            .collect();
+        let mesh = partitioning.mesh();
+        for (spec, input) in inputs.iter().zip(&graph.inputs) {
+            spec.check(
+                mesh,
+                &input.ty,
+                &format!("input `{}` of {}", input.name, self.name),
+            )?;
+        }
+        for (k, (spec, ty)) in outputs.iter().zip(graph.output_types()).enumerate() {
+            spec.check(mesh, &ty, &format!("output {k} of {}", self.name))?;
+        }
+        check_constraints(graph, mesh, self.name)?;
+        Ok(crate::shard::ProgramSharding {
+            mesh: mesh.clone(),
+            inputs,
+            outputs,
+        })
+    }
+}
+
+/// Checks every [`Tensor::shard`] constraint of `graph` (and of its loops' bodies) against
+/// `mesh`: an axis it lacks or a dim that does not divide is an error naming the program.
+fn check_constraints(graph: &Graph, mesh: &crate::shard::Mesh, program: &str) -> Result<()> {
+    use crate::trace::ir::Op;
+    for node in &graph.nodes {
+        match &node.op {
+            Op::Shard(spec) => spec.check(
+                mesh,
+                &node.ty,
+                &format!("a `Tensor::shard` constraint in {program}, on"),
+            )?,
+            Op::Scan(op) => check_constraints(&op.body, mesh, program)?,
+            Op::While(op) => check_constraints(&op.body, mesh, program)?,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// What an input of a program the training handle runs holds, for its spec on a mesh.
+#[derive(Clone, Copy, Debug)]
+enum InputRole {
+    /// Whole on every device.
+    Whole,
+    /// Batch rows, split along the batch axis.
+    Rows,
+    /// The trainable leaves' group `i` (or, past the groups' count, an optimizer slot of group
+    /// `i mod count`): split as that group is.
+    Group(usize),
+}
+
+impl InputRole {
+    /// `Group(i)` for a name `<prefix>i]` with one of `prefixes`, else `Whole`.
+    fn indexed(name: &str, prefixes: &[&str]) -> InputRole {
+        prefixes
+            .iter()
+            .find_map(|p| name.strip_prefix(p)?.strip_suffix(']')?.parse().ok())
+            .map_or(InputRole::Whole, InputRole::Group)
     }
 }
 

@@ -277,7 +277,7 @@ impl std::fmt::Display for PartitionSpec {
 /// How a program's arguments and results are sharded over a mesh: what
 /// [`EmitOptions::sharding`](crate::emit::EmitOptions::sharding) emits.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Sharding {
+pub struct ProgramSharding {
     /// The mesh.
     pub mesh: Mesh,
     /// One spec per argument, in order (missing ones: replicated).
@@ -286,7 +286,7 @@ pub struct Sharding {
     pub outputs: Vec<PartitionSpec>,
 }
 
-impl Sharding {
+impl ProgramSharding {
     /// Shardy's attribute for `spec` on an array of rank `rank`: `#sdy.sharding<@mesh, [{"data"},
     /// {}]>`.
     pub(crate) fn sdy(spec: Option<&PartitionSpec>, rank: usize) -> String {
@@ -298,4 +298,211 @@ impl Sharding {
             .collect();
         format!("#sdy.sharding<@mesh, [{}]>", dims.join(", "))
     }
+}
+
+/// How the training handle lays an experiment out over a mesh
+/// ([`Config::mesh`](crate::train::Config::mesh)): which axis the batch is split along, and how
+/// each trainable leaf — with its optimizer slots and its gradient — is split.
+///
+/// - [`Sharding::fsdp`]: fully sharded data parallelism. Each trainable leaf is split along its
+///   largest dim the axis divides ([`PartitionSpec::fsdp`]; a leaf with no such dim stays
+///   whole), and so are its optimizer slots and its gradient. XLA all-gathers a leaf where the
+///   program reads it and reduce-scatters its gradient; the update program runs on each
+///   device's shards alone. Parameter and optimizer memory per device falls by about the axis
+///   size.
+/// - [`Sharding::replicated`]: data parallelism through the partitioner. Every device keeps
+///   every leaf whole; only the batch is split (what
+///   [`Config::devices`](crate::train::Config::devices) does with replicated programs).
+/// - [`Sharding::leaf`]: an explicit spec for the leaves whose path matches a pattern (the
+///   pattern language of [`AdamW::no_decay`](crate::optim::AdamW::no_decay): `*` any run of
+///   characters, `|` alternatives), over any axis of the mesh — tensor parallelism, such as an
+///   MLP's first weight split by columns on a `model` axis and its second by rows. The first
+///   matching pattern wins; the others follow the FSDP or replicated rule.
+///
+/// All of it is part of every program's key (through the backend's identity), so a handle
+/// whose sharding changes compiles its programs again and never runs one compiled for another.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Sharding {
+    axis: String,
+    fsdp: bool,
+    leaves: Vec<(String, PartitionSpec)>,
+}
+
+impl Sharding {
+    /// Fully sharded data parallelism along `axis`: the batch, and every trainable leaf with
+    /// its optimizer slots and gradient, split along it.
+    pub fn fsdp(axis: impl Into<String>) -> Sharding {
+        Sharding {
+            axis: axis.into(),
+            fsdp: true,
+            leaves: Vec::new(),
+        }
+    }
+
+    /// The batch split along `axis`; the leaves whole on every device (unless a
+    /// [`leaf`](Sharding::leaf) spec splits them).
+    pub fn replicated(axis: impl Into<String>) -> Sharding {
+        Sharding {
+            axis: axis.into(),
+            fsdp: false,
+            leaves: Vec::new(),
+        }
+    }
+
+    /// This sharding, with the trainable leaves whose path matches `pattern` split as `spec`
+    /// says (tensor parallelism). Checked against each matching leaf when the handle is made:
+    /// an axis the mesh lacks, or a dim that does not divide, is an error naming the leaf.
+    ///
+    /// ```
+    /// use nitro::shard::{PartitionSpec, Sharding};
+    ///
+    /// // Megatron's MLP: the first weight split by columns, the second by rows.
+    /// let tp = Sharding::replicated("data")
+    ///     .leaf("*.fc1.w|*.fc1.b", PartitionSpec::new([None, Some("model")]))
+    ///     .leaf("*.fc2.w", PartitionSpec::new([Some("model"), None]));
+    /// assert_eq!(tp.to_string(), "replicated(data), *.fc1.w|*.fc1.b: P(None, \"model\"), *.fc2.w: P(\"model\", None)");
+    /// ```
+    pub fn leaf(mut self, pattern: impl Into<String>, spec: PartitionSpec) -> Sharding {
+        self.leaves.push((pattern.into(), spec));
+        self
+    }
+
+    /// The axis the batch (and, under FSDP, the leaves) is split along.
+    pub fn axis(&self) -> &str {
+        &self.axis
+    }
+
+    /// Whether leaves without a spec of their own are split along the axis.
+    pub fn is_fsdp(&self) -> bool {
+        self.fsdp
+    }
+
+    /// The explicit per-leaf specs, by pattern, in order.
+    pub fn leaves(&self) -> &[(String, PartitionSpec)] {
+        &self.leaves
+    }
+}
+
+impl std::fmt::Display for Sharding {
+    /// `fsdp(data)` or `replicated(data)`, then each leaf pattern with its spec.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = if self.fsdp { "fsdp" } else { "replicated" };
+        write!(f, "{kind}({})", self.axis)?;
+        for (pattern, spec) in &self.leaves {
+            write!(f, ", {pattern}: {spec}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A mesh and how the training handle shards over it: what a partitioned backend
+/// ([`crate::backend::for_mesh`]) compiles every program for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Partitioning {
+    mesh: Mesh,
+    sharding: Sharding,
+}
+
+impl Partitioning {
+    /// `sharding` over `mesh`, checked: the sharding's axis, and every axis its leaf specs
+    /// name, must be the mesh's. (Each leaf spec is checked against the leaves it matches when
+    /// a handle is made.)
+    pub fn new(mesh: Mesh, sharding: Sharding) -> Result<Partitioning> {
+        let lacks = |axis: &str, what: String| Error::Sharding {
+            what,
+            problem: format!(
+                "it splits along `{axis}`, which the mesh {} lacks; name one of its axes",
+                mesh.sdy()
+            ),
+        };
+        if mesh.size(sharding.axis()).is_none() {
+            return Err(lacks(sharding.axis(), format!("the sharding {sharding}")));
+        }
+        for (pattern, spec) in sharding.leaves() {
+            if let Some(axis) = spec.0.iter().flatten().find(|a| mesh.size(a).is_none()) {
+                return Err(lacks(
+                    axis,
+                    format!("the spec {spec} of leaves `{pattern}`"),
+                ));
+            }
+        }
+        Ok(Partitioning { mesh, sharding })
+    }
+
+    /// The mesh.
+    pub fn mesh(&self) -> &Mesh {
+        &self.mesh
+    }
+
+    /// The sharding.
+    pub fn sharding(&self) -> &Sharding {
+        &self.sharding
+    }
+
+    /// How many devices (partitions) a program runs on.
+    pub fn devices(&self) -> usize {
+        self.mesh.devices()
+    }
+
+    /// The spec of the trainable leaf at `path` of type `ty` — and of its optimizer slots, its
+    /// gradient and its gradient sum: the first [`Sharding::leaf`] pattern it matches (checked
+    /// against the leaf), else FSDP's rule under [`Sharding::fsdp`], else whole.
+    pub fn leaf_spec(&self, path: &str, ty: &LeafType) -> Result<PartitionSpec> {
+        let explicit = self
+            .sharding
+            .leaves
+            .iter()
+            .find(|(pattern, _)| crate::optim::path_match(pattern, path));
+        match explicit {
+            Some((pattern, spec)) => {
+                spec.check(
+                    &self.mesh,
+                    ty,
+                    &format!("trainable leaf `{path}` (matched by `{pattern}`)"),
+                )?;
+                Ok(spec.clone())
+            }
+            None if self.sharding.fsdp => Ok(PartitionSpec::fsdp(
+                &self.mesh,
+                self.sharding.axis(),
+                &ty.dims,
+            )),
+            None => Ok(PartitionSpec::replicated()),
+        }
+    }
+
+    /// The spec of a batch array: its rows split along the axis.
+    pub(crate) fn rows(&self) -> PartitionSpec {
+        PartitionSpec::new([Some(self.sharding.axis())])
+    }
+
+    /// One line for the backend's description and key: `mesh [data=4], fsdp(data)`.
+    pub fn describe(&self) -> String {
+        let axes: Vec<String> = self
+            .mesh
+            .axes()
+            .iter()
+            .map(|(n, s)| format!("{n}={s}"))
+            .collect();
+        format!("mesh [{}], {}", axes.join(", "), self.sharding)
+    }
+}
+
+thread_local! {
+    /// The specs of the trainable leaves' groups of the update program being traced, declared
+    /// by its function ([`declare_group_specs`]) for the trace to annotate its inputs with.
+    static GROUP_SPECS: std::cell::RefCell<Option<Vec<PartitionSpec>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Declares, while a program is traced, the specs of the trainable leaves' groups its inputs
+/// `params[i]`, `state[k]` and `grads[i]` hold (the update program's, whose experiment holds
+/// them as a GraphConst, so they are in its key).
+pub(crate) fn declare_group_specs(specs: Vec<PartitionSpec>) {
+    GROUP_SPECS.with(|g| *g.borrow_mut() = Some(specs));
+}
+
+/// Takes what [`declare_group_specs`] declared during the trace just ended.
+pub(crate) fn take_group_specs() -> Option<Vec<PartitionSpec>> {
+    GROUP_SPECS.with(|g| g.borrow_mut().take())
 }

@@ -335,17 +335,31 @@ impl Array {
     /// assert!(matches!(err, Error::ShapeTooLarge { .. }));
     /// # Ok::<(), nitro::Error>(())
     /// ```
+    ///
+    /// The memory is asked for already zeroed (zero is all-zero bits in every dtype), which the
+    /// operating system hands out lazily: pages become resident when written, so a zero array
+    /// that is only looked at for its type — the training handle's stand-ins for optimizer
+    /// state and gradients when it keys its programs — costs address space, not memory.
     pub fn try_zeros(dtype: DType, dims: &[usize]) -> Result<Array> {
-        Ok(match dtype {
-            DType::F32 => Array::try_full(dims, 0.0f32)?,
-            DType::F64 => Array::try_full(dims, 0.0f64)?,
-            DType::I32 => Array::try_full(dims, 0i32)?,
-            DType::I64 => Array::try_full(dims, 0i64)?,
-            DType::U8 => Array::try_full(dims, 0u8)?,
-            DType::Bool => Array::try_full(dims, false)?,
-            DType::U32 => Array::try_full(dims, 0u32)?,
-            DType::BF16 => Array::try_full(dims, half::bf16::ZERO)?,
-            DType::F16 => Array::try_full(dims, half::f16::ZERO)?,
+        let n = checked_count(dtype, dims)?;
+        let oom = || Error::OutOfMemory {
+            what: format!("an array {}", LeafType::new(dtype, dims)),
+            bytes: (n as u64).saturating_mul(dtype.size_bytes() as u64),
+        };
+        let data = match dtype {
+            DType::F32 => ArrayData::F32(zeroed_vec(n).ok_or_else(oom)?),
+            DType::F64 => ArrayData::F64(zeroed_vec(n).ok_or_else(oom)?),
+            DType::I32 => ArrayData::I32(zeroed_vec(n).ok_or_else(oom)?),
+            DType::I64 => ArrayData::I64(zeroed_vec(n).ok_or_else(oom)?),
+            DType::U8 => ArrayData::U8(zeroed_vec(n).ok_or_else(oom)?),
+            DType::Bool => ArrayData::Bool(zeroed_vec(n).ok_or_else(oom)?),
+            DType::U32 => ArrayData::U32(zeroed_vec(n).ok_or_else(oom)?),
+            DType::BF16 => ArrayData::BF16(zeroed_vec(n).ok_or_else(oom)?),
+            DType::F16 => ArrayData::F16(zeroed_vec(n).ok_or_else(oom)?),
+        };
+        Ok(Array {
+            dims: dims.to_vec(),
+            data,
         })
     }
 
@@ -446,6 +460,57 @@ impl Array {
 
 /// The element count of `dtype` with `dims`, or [`Error::ShapeTooLarge`] when the type is over
 /// the size limit.
+/// Element types whose all-zero bit pattern is a valid value (zero, or `false`).
+///
+/// # Safety
+/// Implemented only for types for which every byte being zero is a valid value.
+#[allow(unsafe_code)]
+unsafe trait ZeroBits: Sized {}
+// SAFETY: zero bits are +0.0.
+#[allow(unsafe_code)]
+unsafe impl ZeroBits for f32 {}
+// SAFETY: zero bits are +0.0.
+#[allow(unsafe_code)]
+unsafe impl ZeroBits for f64 {}
+// SAFETY: zero bits are 0.
+#[allow(unsafe_code)]
+unsafe impl ZeroBits for i32 {}
+// SAFETY: zero bits are 0.
+#[allow(unsafe_code)]
+unsafe impl ZeroBits for i64 {}
+// SAFETY: zero bits are 0.
+#[allow(unsafe_code)]
+unsafe impl ZeroBits for u8 {}
+// SAFETY: zero bits are 0.
+#[allow(unsafe_code)]
+unsafe impl ZeroBits for u32 {}
+// SAFETY: a zero byte is `false`.
+#[allow(unsafe_code)]
+unsafe impl ZeroBits for bool {}
+// SAFETY: zero bits are +0.0 (`repr(transparent)` over `u16`).
+#[allow(unsafe_code)]
+unsafe impl ZeroBits for half::bf16 {}
+// SAFETY: zero bits are +0.0 (`repr(transparent)` over `u16`).
+#[allow(unsafe_code)]
+unsafe impl ZeroBits for half::f16 {}
+
+/// `n` zero values from zeroed memory (lazily resident), or `None` when it cannot be had.
+#[allow(unsafe_code)]
+fn zeroed_vec<T: ZeroBits>(n: usize) -> Option<Vec<T>> {
+    if n == 0 || std::mem::size_of::<T>() == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<T>(n).ok()?;
+    // SAFETY: `layout` has a non-zero size (n > 0 elements of a sized, non-zero-size type).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with the layout of `[T; n]` (the
+    // capacity), its `n` elements are initialized (zero bits are a valid `T`: `ZeroBits`).
+    Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
+}
+
 pub(crate) fn checked_count(dtype: DType, dims: &[usize]) -> Result<usize> {
     LeafType::new(dtype, dims)
         .element_count()

@@ -129,6 +129,7 @@ fn op_kind(op: &Op) -> &'static str {
             ReduceOp::Min => "reduce min",
         },
         Op::AllReduce => "all_reduce",
+        Op::Shard(_) => "sharding_constraint",
         Op::StopGradient => "stop_gradient",
         Op::Clamp => "clamp",
         Op::BitcastConvert => "bitcast_convert",
@@ -183,6 +184,7 @@ const ALL_KINDS: &[&str] = &[
     "reduce max",
     "reduce min",
     "all_reduce",
+    "sharding_constraint",
     "stop_gradient",
     "sine",
     "cosine",
@@ -368,6 +370,39 @@ fn family_op_lines() {
 }
 
 /// `stop_gradient` is the value itself: a same-type reshape XLA removes.
+fn shard_program() -> Graph {
+    let spec = nitro::shard::PartitionSpec::new([Some("data"), None]);
+    program(&[f32t(&[4, 3])], move |i| {
+        vec![i[0].shard(spec.clone()).exp()]
+    })
+}
+
+#[test]
+fn a_sharding_constraint_is_shardys_on_a_mesh_and_the_value_itself_off_one() {
+    let graph = shard_program();
+    // Off a mesh: a same-type reshape, as stop_gradient.
+    has(
+        &emit(&graph),
+        "%0 = stablehlo.reshape %arg0 : (tensor<4x3xf32>) -> tensor<4x3xf32>",
+    );
+    let sharding = nitro::shard::ProgramSharding {
+        mesh: nitro::shard::Mesh::new([("data", 2)]).unwrap(),
+        inputs: Vec::new(),
+        outputs: Vec::new(),
+    };
+    let text = emit_with(
+        &graph,
+        &EmitOptions {
+            sharding: Some(sharding),
+            ..EmitOptions::default()
+        },
+    );
+    has(
+        &text,
+        "%0 = sdy.sharding_constraint %arg0 <@mesh, [{\"data\"}, {}]> : tensor<4x3xf32>",
+    );
+}
+
 fn stop_gradient_program() -> Graph {
     program(&[f32t(&[2, 3])], |i| vec![i[0].stop_gradient().exp()])
 }
@@ -871,6 +906,7 @@ fn every_op_kind_is_covered() {
         constant_program(),
         replicated_program(),
         stop_gradient_program(),
+        shard_program(),
         family_program(),
         loop_program(),
     ];

@@ -11,7 +11,7 @@
 mod common;
 
 use nitro::emit::{emit, emit_with, EmitOptions};
-use nitro::shard::{Mesh, PartitionSpec, Sharding};
+use nitro::shard::{Mesh, PartitionSpec, ProgramSharding};
 use nitro::trace;
 use nitro::{Array, DType, LeafType};
 
@@ -237,7 +237,7 @@ fn a_nitro_traced_gradient_sharded_fsdp_gathers_to_the_one_device_gradient() {
     inputs.push(PartitionSpec::new([Some("data"), None]));
     let mut outputs = vec![PartitionSpec::replicated()];
     outputs.extend(inputs[..3].iter().cloned());
-    let sharding = Sharding {
+    let sharding = ProgramSharding {
         mesh: mesh.clone(),
         inputs: inputs.clone(),
         outputs: outputs.clone(),

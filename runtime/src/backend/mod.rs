@@ -77,6 +77,16 @@ pub trait Backend: Send + Sync + fmt::Debug {
     fn replicas(&self) -> usize {
         1
     }
+    /// The mesh and sharding its programs are partitioned over by XLA's SPMD partitioner
+    /// ([`for_mesh`]); `None` for programs that run whole on each device. Part of the identity.
+    fn partitioning(&self) -> Option<&crate::shard::Partitioning> {
+        None
+    }
+    /// How many devices hold a value kept between runs: one per replica, or one per partition.
+    fn devices(&self) -> usize {
+        self.partitioning()
+            .map_or_else(|| self.replicas(), crate::shard::Partitioning::devices)
+    }
 }
 
 /// A compiled program.
@@ -263,6 +273,7 @@ pub struct Xla {
     client: &'static pjrt::Client,
     identity: Identity,
     replicas: usize,
+    partitioning: Option<crate::shard::Partitioning>,
 }
 
 #[derive(Debug)]
@@ -331,8 +342,26 @@ fn input_names(graph: &Graph) -> impl Iterator<Item = String> + '_ {
     graph.inputs.iter().map(|i| i.name.clone())
 }
 
+/// The graph's input and output types as one device holds them: its global types, or one
+/// shard of each when it is partitioned.
 fn types_of(graph: &Graph) -> (Vec<LeafType>, Vec<LeafType>) {
-    (graph.input_types(), graph.output_types())
+    let (inputs, outputs) = (graph.input_types(), graph.output_types());
+    match &graph.sharding {
+        None => (inputs, outputs),
+        Some(s) => {
+            let shard = |types: Vec<LeafType>, specs: &[crate::shard::PartitionSpec]| {
+                types
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| match specs.get(i) {
+                        Some(spec) => spec.shard_type(&s.mesh, t),
+                        None => t.clone(),
+                    })
+                    .collect()
+            };
+            (shard(inputs, &s.inputs), shard(outputs, &s.outputs))
+        }
+    }
 }
 
 impl Xla {
@@ -363,7 +392,31 @@ impl Xla {
                     .collect(),
             },
             replicas,
+            partitioning: None,
         })
+    }
+
+    /// The XLA backend for programs partitioned by XLA's SPMD partitioner over `partitioning`'s
+    /// mesh, partition `p` on device `p` of `client` (which must have that many devices). Its
+    /// identity names the mesh and the sharding, so their programs never meet another's.
+    pub fn partitioned(
+        client: &'static pjrt::Client,
+        partitioning: crate::shard::Partitioning,
+    ) -> Result<Xla> {
+        let devices = partitioning.devices();
+        client.check_replicas(devices)?;
+        let mut xla = Xla::replicated(client, 1)?;
+        let described = partitioning.describe();
+        xla.identity.digest = Digest::of(&format!("{}|{described}", xla.identity.digest));
+        xla.identity.options = Digest::from(blake3::hash(&pjrt::spmd_compile_options(devices)));
+        xla.identity.description.push_str(&format!(
+            "; programs partitioned over {devices} devices ({described})"
+        ));
+        xla.identity
+            .components
+            .push(("sharding".to_owned(), described));
+        xla.partitioning = Some(partitioning);
+        Ok(xla)
     }
 
     /// The PJRT client.
@@ -377,22 +430,41 @@ impl Backend for Xla {
         &self.identity
     }
 
-    fn persistent(&self) -> bool {
-        true
-    }
-
     fn replicas(&self) -> usize {
         self.replicas
+    }
+
+    fn partitioning(&self) -> Option<&crate::shard::Partitioning> {
+        self.partitioning.as_ref()
+    }
+
+    fn persistent(&self) -> bool {
+        true
     }
 
     fn compile(&self, graph: &Graph, text: &str) -> Result<Box<dyn Executable>> {
         check_sizes(graph)?;
         same_replicas(self.replicas, graph)?;
         let (inputs, outputs) = types_of(graph);
-        let exe = self
-            .client
-            .compile_replicated(text, &inputs, &outputs, self.replicas)?
-            .with_input_names(input_names(graph));
+        let exe = match (&self.partitioning, &graph.sharding) {
+            (Some(p), Some(_)) => {
+                self.client
+                    .compile_partitioned(text, &inputs, &outputs, p.devices())?
+            }
+            (Some(p), None) => {
+                return Err(Error::Sharding {
+                    what: "a program for this backend".into(),
+                    problem: format!(
+                        "it was traced without the shardings of the backend's mesh ({}); trace                          it through the compile cache",
+                        p.describe()
+                    ),
+                })
+            }
+            (None, _) => self
+                .client
+                .compile_replicated(text, &inputs, &outputs, self.replicas)?,
+        }
+        .with_input_names(input_names(graph));
         let size = text.len() as u64;
         Ok(Box::new(XlaExecutable { exe, size }))
     }
@@ -405,12 +477,23 @@ impl Backend for Xla {
         same_replicas(self.replicas, graph)?;
         let exe = self.client.deserialize(payload)?;
         let (inputs, outputs) = types_of(graph);
-        if exe.replicas() != self.replicas {
+        let devices = self.devices();
+        if exe.replicas() != devices || exe.partitioned() != self.partitioning.is_some() {
             return Err(Error::InvalidSerializedExecutable {
                 reason: format!(
-                    "the stored executable runs on {} device(s), the traced program on {}",
+                    "the stored executable runs on {} device(s){}, the traced program on \
+                     {devices}{}",
                     exe.replicas(),
-                    self.replicas
+                    if exe.partitioned() {
+                        " partitioned"
+                    } else {
+                        ""
+                    },
+                    if self.partitioning.is_some() {
+                        " partitioned"
+                    } else {
+                        ""
+                    },
                 ),
             });
         }
@@ -473,6 +556,34 @@ pub fn for_devices(devices: usize) -> Result<&'static dyn Backend> {
         None => {
             current()?;
             Ok(interpreter_for(devices))
+        }
+    }
+}
+
+/// The backend [`current`] picks, for programs partitioned over `partitioning`'s mesh by XLA's
+/// SPMD partitioner: XLA on a client with that many devices (one backend per partitioning,
+/// made once per process), or the interpreter, which runs the unpartitioned program on one
+/// device (the same values; the semantic oracle).
+pub fn for_mesh(partitioning: &crate::shard::Partitioning) -> Result<&'static dyn Backend> {
+    match pjrt::selected()? {
+        None => {
+            current()?;
+            Ok(interpreter())
+        }
+        Some(_) => {
+            static MADE: std::sync::Mutex<Vec<&'static Xla>> = std::sync::Mutex::new(Vec::new());
+            let mut made = MADE.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(x) = made
+                .iter()
+                .find(|x| x.partitioning.as_ref() == Some(partitioning))
+            {
+                return Ok(*x);
+            }
+            let client = pjrt::client_for(partitioning.devices())?;
+            let x: &'static Xla =
+                Box::leak(Box::new(Xla::partitioned(client, partitioning.clone())?));
+            made.push(x);
+            Ok(x)
         }
     }
 }

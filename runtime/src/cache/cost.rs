@@ -97,6 +97,7 @@ fn family(op: &Op) -> &'static str {
         Op::Reduce { .. } | Op::ReduceWindow { .. } | Op::SelectAndScatter { .. } => "reduction",
         Op::Gather(_) | Op::Scatter { .. } => "gather/scatter",
         Op::AllReduce => "collective",
+        Op::Shard(_) => "sharding",
         Op::Scan(_) | Op::While(_) => "loop",
         Op::Result { .. } => "loop plumbing",
     }

@@ -210,6 +210,9 @@ pub struct Compiled {
     /// What the program holds and what it cost ([`ProgramCost`]): why its compile takes what
     /// it takes.
     pub cost: Arc<ProgramCost>,
+    /// How the program is partitioned over a mesh ([`crate::trace::Graph::sharding`]): its
+    /// arguments are split and its results put together by these specs.
+    pub sharding: Option<crate::shard::ProgramSharding>,
 }
 
 /// What one lookup did: served from memory, loaded from the persistent store, or compiled.
@@ -327,6 +330,10 @@ struct KeyDetails {
     backend_components: Vec<(String, String)>,
     options: Digest,
     fingerprint: Digest,
+    /// On a mesh, each input's name and spec (empty off one, and in details stored before
+    /// partitioned programs).
+    #[serde(default)]
+    shardings: Vec<(String, String)>,
 }
 
 impl KeyDetails {
@@ -357,6 +364,21 @@ impl KeyDetails {
         }
         if fields.is_empty() && now.graph_const != self.graph_const {
             fields.push("<graph_const>".to_owned());
+        }
+        // A spec that moved on the same mesh explains more than the GraphConst (the update
+        // program's layout) or the backend component that carries it.
+        if !self.shardings.is_empty() && !now.shardings.is_empty() {
+            let moved = now.shardings.iter().find_map(|(input, to)| {
+                let (_, from) = self.shardings.iter().find(|(i, _)| i == input)?;
+                (from != to).then(|| MissReason::ShardingChanged {
+                    input: input.clone(),
+                    from: from.clone(),
+                    to: to.clone(),
+                })
+            });
+            if moved.is_some() {
+                return moved;
+            }
         }
         if !fields.is_empty() {
             return Some(MissReason::GraphConstChanged { fields });
@@ -747,13 +769,13 @@ impl Cache {
         let address = program.code_address();
 
         if let Some(hit) = self.hit_route(&components, address) {
-            return self.verified(hit, program, experiment, inputs, backend.replicas());
+            return self.verified(hit, program, experiment, inputs, backend);
         }
 
         // Tracing first: a traced program that asks the cache for a program (its own or
         // another) fails here with `NestedTrace`, never waits on a compile that waits on it.
         let trace_started = Instant::now();
-        let traced = program.trace_replicated(experiment, inputs, backend.replicas())?;
+        let traced = program.trace_on(experiment, inputs, backend)?;
         let trace_time = trace_started.elapsed();
         let key = full_key(&components, &traced.fingerprint);
         if let Some(hit) = self.hit_traced(&key, &components, address) {
@@ -889,7 +911,7 @@ impl Cache {
                 fingerprint,
             });
         }
-        let traced = program.trace_replicated(experiment, inputs, backend.replicas())?;
+        let traced = program.trace_on(experiment, inputs, backend)?;
         let key = full_key(&components, &traced.fingerprint);
         if held(&key).is_some() {
             return Ok(Probe {
@@ -931,10 +953,10 @@ impl Cache {
         program: &Program<E, M, O>,
         experiment: &E,
         inputs: &I,
-        replicas: usize,
+        backend: &dyn Backend,
     ) -> Result<Served> {
         if self.verify.load(Ordering::Relaxed) {
-            let traced = program.trace_replicated(experiment, inputs, replicas)?;
+            let traced = program.trace_on(experiment, inputs, backend)?;
             if traced.fingerprint != hit.fingerprint {
                 return Err(Error::StaleKey {
                     program: program.identity(),
@@ -1246,6 +1268,7 @@ impl Cache {
             executable,
             build_time,
             cost: cost.clone(),
+            sharding: traced.graph.sharding.clone(),
         });
         let mut st = self.lock_state();
         st.stats.misses += 1;
@@ -1665,6 +1688,19 @@ fn key_details(
         backend_components: identity.components.clone(),
         options: identity.options,
         fingerprint: traced.fingerprint,
+        shardings: traced
+            .graph
+            .sharding
+            .iter()
+            .flat_map(|s| {
+                traced
+                    .graph
+                    .inputs
+                    .iter()
+                    .zip(&s.inputs)
+                    .map(|(input, spec)| (input.name.clone(), spec.to_string()))
+            })
+            .collect(),
     }
 }
 

@@ -45,6 +45,17 @@ pub enum MissReason {
         /// Its value now.
         to: String,
     },
+    /// On a mesh, how an input is split moved (a [`Sharding`](crate::shard::Sharding) or a
+    /// leaf's spec changed): the first input whose spec differs, by name (a trainable leaf's
+    /// path in a per-batch program), with both specs.
+    ShardingChanged {
+        /// The input.
+        input: String,
+        /// Its spec before (`P("data", None)`).
+        from: String,
+        /// Its spec now.
+        to: String,
+    },
     /// The compile options differ.
     OptionsChanged,
     /// It was here, and capacity pushed it out: the key is in the eviction ledger (bounded by
@@ -72,6 +83,7 @@ impl MissReason {
             MissReason::SignatureChanged { .. } => "signature_changed",
             MissReason::CodeChanged { .. } => "code_changed",
             MissReason::BackendChanged { .. } => "backend_changed",
+            MissReason::ShardingChanged { .. } => "sharding_changed",
             MissReason::OptionsChanged => "options_changed",
             MissReason::Evicted => "evicted",
             MissReason::StoreRejected { .. } => "store_rejected",
@@ -107,6 +119,9 @@ impl fmt::Display for MissReason {
                 from,
                 to,
             } => write!(f, "backend_changed: {component} {from} → {to}"),
+            MissReason::ShardingChanged { input, from, to } => {
+                write!(f, "sharding_changed: {input} {from} → {to}")
+            }
             MissReason::OptionsChanged => f.write_str("options_changed"),
             MissReason::Evicted => f.write_str("evicted (capacity)"),
             MissReason::StoreRejected { why } => write!(f, "store_rejected: {why}"),

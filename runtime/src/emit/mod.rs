@@ -84,7 +84,7 @@ pub struct EmitOptions {
     /// devices as partitions and Shardy's mesh, and every argument and result carries its
     /// `sdy.sharding`. Compile it with
     /// [`Client::compile_partitioned`](crate::backend::pjrt::Client::compile_partitioned).
-    pub sharding: Option<crate::shard::Sharding>,
+    pub sharding: Option<crate::shard::ProgramSharding>,
 }
 
 /// The StableHLO text of `graph`, with no donated arguments (see the [module docs](self)).
@@ -117,6 +117,7 @@ pub fn emit_with(graph: &Graph, options: &EmitOptions) -> String {
     }
     let mut bodies = Bodies::default();
     let mut e = Emitter::new(graph, &mut bodies);
+    e.partitioned |= options.sharding.is_some();
     // Writing into a `String` cannot fail; the `fmt::Result` plumbing only serves `write!`.
     let _ = e.function("public @main", options);
     out.push_str(&e.out);
@@ -164,6 +165,9 @@ impl fmt::Display for Ssa {
 
 struct Emitter<'g, 'b> {
     graph: &'g Graph,
+    /// Whether the module is partitioned over a mesh (its sharding constraints are emitted;
+    /// otherwise each is its operand).
+    partitioned: bool,
     live: Vec<bool>,
     names: Vec<Ssa>,
     out: String,
@@ -211,6 +215,7 @@ impl<'g, 'b> Emitter<'g, 'b> {
         }
         Emitter {
             graph,
+            partitioned: graph.sharding.is_some(),
             live,
             names,
             out: String::new(),
@@ -249,7 +254,8 @@ impl<'g, 'b> Emitter<'g, 'b> {
                 attrs.push(format!("tf.aliasing_output = {k} : i32"));
             }
             if let Some(sharding) = &options.sharding {
-                let sdy = crate::shard::Sharding::sdy(sharding.inputs.get(i), input.ty.dims.len());
+                let sdy =
+                    crate::shard::ProgramSharding::sdy(sharding.inputs.get(i), input.ty.dims.len());
                 attrs.push(format!("sdy.sharding = {sdy}"));
             }
             if !attrs.is_empty() {
@@ -270,7 +276,7 @@ impl<'g, 'b> Emitter<'g, 'b> {
                         .nodes
                         .get(o as usize)
                         .map_or(0, |n| n.ty.dims.len());
-                    let sdy = crate::shard::Sharding::sdy(sharding.outputs.get(k), rank);
+                    let sdy = crate::shard::ProgramSharding::sdy(sharding.outputs.get(k), rank);
                     write!(self.out, "{} {{sdy.sharding = {sdy}}}", self.ty(o))?;
                 }
                 self.out.push(')');
@@ -320,6 +326,7 @@ impl<'g, 'b> Emitter<'g, 'b> {
         let ty = Ty(Some(&node.ty));
         let a = Self::input(node, 0);
         let (an, at) = (self.name(a), self.ty(a));
+        let partitioned = self.partitioned;
         let out = &mut self.out;
         match &node.op {
             // Parameters are arguments, never lines; `module` skips them.
@@ -364,6 +371,13 @@ impl<'g, 'b> Emitter<'g, 'b> {
             Op::While(op) => self.while_loop(me, node, op),
             // Named as parts of their scan's `while`; no line of their own.
             Op::Result { .. } => Ok(()),
+            Op::Shard(spec) if partitioned => {
+                let sdy = crate::shard::ProgramSharding::sdy(Some(spec), node.ty.dims.len());
+                let sdy = sdy.trim_start_matches("#sdy.sharding");
+                writeln!(out, "    {me} = sdy.sharding_constraint {an} {sdy} : {ty}")
+            }
+            // Not partitioned: the value itself, as a same-type reshape XLA removes.
+            Op::Shard(_) => writeln!(out, "    {me} = stablehlo.reshape {an} : ({at}) -> {ty}"),
             Op::AllReduce => {
                 let scalar = Ty(Some(&LeafType {
                     dtype: node.ty.dtype,
@@ -607,8 +621,10 @@ impl Emitter<'_, '_> {
         let k = self.bodies.texts.len();
         self.bodies.texts.push(String::new());
         let name = format!("@scan{k}");
+        let partitioned = self.partitioned;
         let text = {
             let mut e = Emitter::new(body, self.bodies);
+            e.partitioned = partitioned;
             e.function(&format!("private {name}"), &EmitOptions::default())?;
             e.out
         };

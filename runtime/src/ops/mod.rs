@@ -294,6 +294,7 @@ macro_rules! driver_op {
         Op::Parameter { .. }
             | Op::Constant(_)
             | Op::AllReduce
+            | Op::Shard(_)
             | Op::Scan(_)
             | Op::While(_)
             | Op::Result { .. }

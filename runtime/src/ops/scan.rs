@@ -680,6 +680,7 @@ fn recomputable(op: &Op) -> bool {
             | Op::Select
             | Op::Convert
             | Op::StopGradient
+            | Op::Shard(_)
             | Op::Clamp
             | Op::BitcastConvert
             | Op::BroadcastInDim { .. }

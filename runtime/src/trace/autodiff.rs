@@ -215,6 +215,8 @@ fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor) -> Vec<Option<Tensor>> {
         // Every replica's output holds every replica's input, so a replica's input receives
         // the cotangents of all replicas' outputs.
         Op::AllReduce => vec![Some(g.all_sum())],
+        // The cotangent is split as the value is (JAX's transpose of the constraint).
+        Op::Shard(spec) => vec![Some(g.shard(spec.clone()))],
         crate::ops::family_op!() => crate::ops::vjp(node, y, x, g),
         // `backprop` sends these to the scan's own rule.
         Op::Scan(_) | Op::While(_) | Op::Result { .. } => vec![None; x.len()],

@@ -403,6 +403,11 @@ pub enum Op {
     /// ([`Graph::replicas`]): each replica gets the same result. With one replica it is the
     /// operand itself.
     AllReduce,
+    /// The operand itself, constrained to be split over a partitioned program's mesh as the
+    /// spec says (Shardy's `sdy.sharding_constraint`, JAX's `with_sharding_constraint`): see
+    /// [`Tensor::shard`](crate::trace::Tensor::shard). In a program that is not partitioned it
+    /// is the operand itself.
+    Shard(crate::shard::PartitionSpec),
     /// The operand itself, through which no gradient flows: the reverse pass gives its
     /// operand no cotangent. Emitted as a same-shape reshape, which XLA removes.
     StopGradient,
@@ -582,6 +587,7 @@ impl Op {
             Op::DotGeneral(_) => "dot_general",
             Op::Reduce { .. } => "reduce",
             Op::AllReduce => "all_reduce",
+            Op::Shard(_) => "sharding_constraint",
             Op::StopGradient => "stop_gradient",
             Op::Clamp => "clamp",
             Op::BitcastConvert => "bitcast_convert",
@@ -640,6 +646,10 @@ pub struct Graph {
     /// [`nn::correct`](crate::trace::nn::correct)): values outside `0..classes` would be
     /// silently wrong, so the training handle checks them on the host.
     pub class_inputs: Vec<ClassInput>,
+    /// How the program is partitioned over a mesh of devices (XLA's SPMD partitioner), one
+    /// spec per input and per output at their global shapes; `None` for a program that runs
+    /// whole on each device it runs on.
+    pub sharding: Option<crate::shard::ProgramSharding>,
 }
 
 /// A program input read as class indices in `0..classes` (see [`Graph::class_inputs`]).
@@ -661,6 +671,7 @@ impl Default for Graph {
             outputs: Vec::new(),
             replicas: 1,
             class_inputs: Vec::new(),
+            sharding: None,
         }
     }
 }

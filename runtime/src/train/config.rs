@@ -66,6 +66,17 @@ pub struct Config {
     /// Copies are the fallback for a plugin that refuses views, and slower; the handle says
     /// which it uses ([`Nitro::leaf_inputs`]). The programs are the same either way.
     pub leaf_views: bool,
+    /// A mesh of devices to partition every program over with XLA's SPMD partitioner (in
+    /// place of [`Config::devices`]' replicas), laid out as [`Config::sharding`] says. The
+    /// mesh and the sharding are part of every program's key. On the interpreter the programs
+    /// run unpartitioned on one device, with the same values.
+    pub mesh: Option<crate::shard::Mesh>,
+    /// How the experiment is laid out over [`Config::mesh`]: `None` splits the batch along
+    /// the mesh's axis and keeps everything else whole on every device
+    /// ([`Sharding::replicated`](crate::shard::Sharding::replicated));
+    /// [`Sharding::fsdp`](crate::shard::Sharding::fsdp) splits the parameters, the optimizer
+    /// state and the gradients too.
+    pub sharding: Option<crate::shard::Sharding>,
 }
 
 /// What an epoch does on a NaN or infinite training loss ([`Config::non_finite`]).
@@ -96,6 +107,8 @@ impl Default for Config {
             max_programs: None,
             non_finite: NonFinite::Warn,
             leaf_views: true,
+            mesh: None,
+            sharding: None,
         }
     }
 }
@@ -146,6 +159,63 @@ impl Config {
     pub fn devices(mut self, devices: usize) -> Config {
         self.devices = Some(devices);
         self
+    }
+
+    /// Partition every program over `mesh` (see [`Config::mesh`]).
+    ///
+    /// ```
+    /// use nitro::shard::{Mesh, Sharding};
+    /// use nitro::train::Config;
+    ///
+    /// let config = Config::new()
+    ///     .batch(64)
+    ///     .mesh(Mesh::new([("data", 4)])?)
+    ///     .sharding(Sharding::fsdp("data"));
+    /// assert_eq!(config.partitioning()?.map(|p| p.devices()), Some(4));
+    /// # Ok::<(), nitro::Error>(())
+    /// ```
+    pub fn mesh(mut self, mesh: crate::shard::Mesh) -> Config {
+        self.mesh = Some(mesh);
+        self
+    }
+
+    /// How the experiment is laid out over the mesh (see [`Config::sharding`]).
+    pub fn sharding(mut self, sharding: crate::shard::Sharding) -> Config {
+        self.sharding = Some(sharding);
+        self
+    }
+
+    /// The mesh and sharding, checked: `None` without a mesh; an error for a sharding without
+    /// a mesh, a mesh together with [`Config::devices`], or a sharding whose axis the mesh
+    /// lacks.
+    pub fn partitioning(&self) -> Result<Option<crate::shard::Partitioning>> {
+        let Some(mesh) = &self.mesh else {
+            return match &self.sharding {
+                None => Ok(None),
+                Some(s) => Err(Error::Sharding {
+                    what: format!("Config::sharding {s}"),
+                    problem: "no mesh was given; add `Config::mesh(Mesh::new([(\"data\", n)])?)`"
+                        .into(),
+                }),
+            };
+        };
+        if let Some(n) = self.devices {
+            return Err(Error::Sharding {
+                what: format!("Config::devices({n})"),
+                problem: format!(
+                    "a mesh ({}) was given too; the mesh says how many devices to use: drop \
+                     `Config::devices`",
+                    mesh.devices()
+                ),
+            });
+        }
+        let sharding = match &self.sharding {
+            Some(s) => s.clone(),
+            None => crate::shard::Sharding::replicated(
+                mesh.axes().first().map_or("data", |(n, _)| n.as_str()),
+            ),
+        };
+        crate::shard::Partitioning::new(mesh.clone(), sharding).map(Some)
     }
 
     /// Shape buckets (see [`Config::buckets`]).

@@ -302,7 +302,8 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             for (i, sum) in sums.iter_mut().enumerate() {
                 let compiled = self.metric_program(i, &batch)?;
                 self.make_leaves()?;
-                let leaves = self.leaves.values().ok_or_else(no_output)?;
+                let partitioned = self.backend.partitioning().is_some();
+                let leaves = leaf_args(partitioned, &self.leaves).ok_or_else(no_output)?;
                 let mut args = batch_args(
                     leaves,
                     &self.trainable,
@@ -491,7 +492,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         };
         let mut samples = Vec::new();
         for &edge in buckets.edges() {
-            let rows = buckets.rows_for(edge, self.config.batch, self.backend.replicas());
+            let rows = buckets.rows_for(edge, self.config.batch, self.row_multiple());
             samples.push(E::Batch::from_batch(data.blank(edge, rows, &buckets)?)?);
         }
         // Every edge's programs at once, at most `Config::compile_threads` compiling together.
@@ -528,7 +529,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             }
         }
         self.prepare_buckets(train, validation.is_some())?;
-        let replicas = self.backend.replicas();
+        let replicas = self.row_multiple();
         let batch = self.config.batch;
         let rows_for = |edge: usize| buckets.rows_for(edge, batch, replicas);
         let mut history = History { epochs: Vec::new() };
@@ -607,7 +608,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     where
         E::Batch: FromBatch,
     {
-        let replicas = self.backend.replicas();
+        let replicas = self.row_multiple();
         let batch = self.config.batch;
         let rows_for = |edge: usize| buckets.rows_for(edge, batch, replicas);
         // A fixed order: validation is the same every epoch.

@@ -284,12 +284,16 @@ pub(super) struct DeviceMetricState<E: Model> {
 }
 
 pub(super) fn grad_program<E: Model>() -> Program<E, BatchInputs<E, GradExtra>, Vec<Tensor>> {
-    Program::generic("nitro.grad", grad_fn::<E>).packing_trainable()
+    Program::generic("nitro.grad", grad_fn::<E>)
+        .packing_trainable()
+        .packed_outputs()
 }
 
 pub(super) fn grad_accum_program<E: Model>() -> Program<E, BatchInputs<E, AccumExtra>, Vec<Tensor>>
 {
-    Program::generic("nitro.grad_accumulate", grad_accum_fn::<E>).packing_trainable()
+    Program::generic("nitro.grad_accumulate", grad_accum_fn::<E>)
+        .packing_trainable()
+        .packed_outputs()
 }
 
 pub(super) fn eval_program<E: Model>() -> Program<E, BatchInputs<E, ()>, Vec<Tensor>> {
@@ -314,6 +318,11 @@ pub struct OptimizerStep<O: Optimizer> {
     /// selected (and no arrays at all when the optimizer asked for no mask).
     #[graph_const]
     pub masks: MaskRuns,
+    /// On a mesh, how each group of `params` (and its slots in `state`, and its gradient) is
+    /// split: one [`PartitionSpec`](crate::shard::PartitionSpec)'s dims per group. Empty off a
+    /// mesh. A GraphConst: the program's shardings are in its key.
+    #[graph_const]
+    pub layout: Vec<Vec<Option<String>>>,
     /// Steps taken so far, `i64[]`: kept on the device and counted by the program, so a step
     /// uploads no step number; an integer, so it stays exact over any run (an `f32` counter
     /// stops counting at 2^24 steps).
@@ -381,6 +390,14 @@ pub(super) fn update_fn<O: Optimizer>(
     inputs: &UpdateInputs,
 ) -> Vec<Tensor> {
     let UpdateArgsMirror { grads, lr } = inputs;
+    if !v.layout.is_empty() {
+        crate::shard::declare_group_specs(
+            v.layout
+                .iter()
+                .map(|dims| crate::shard::PartitionSpec(dims.clone()))
+                .collect(),
+        );
+    }
     let number = v.steps + 1.0;
     let masks: Vec<Option<Tensor>> = v
         .params
@@ -392,7 +409,8 @@ pub(super) fn update_fn<O: Optimizer>(
                 .iter()
                 .map(|&(n, on)| Tensor::full(&[n], if on { 1.0 } else { 0.0 }, p.dtype()))
                 .collect();
-            Some(Tensor::concatenate(&pieces, 0))
+            // In the group's shape (a leaf's own, on a mesh).
+            Some(Tensor::concatenate(&pieces, 0).reshape(&p.dims()))
         })
         .collect();
     let mut out = crate::optim::update_flat(
@@ -946,22 +964,16 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             .ok_or_else(no_output)
     }
 
-    /// The optimizer program's experiment, with arrays of the right types (values unused).
+    /// The optimizer program's experiment, with arrays of the right types from the layout
+    /// (values unused: zeroed memory, never written, so never resident).
     pub(super) fn optimizer_step_shape(&self) -> OptimizerStep<O> {
-        let zeros = |values: &[Value]| -> Vec<Array> {
-            values
-                .iter()
-                .map(|v| {
-                    let t = v.leaf_type();
-                    Array::zeros(t.dtype, &t.dims)
-                })
-                .collect()
-        };
+        let state = zero_state(&self.optimizer, &self.packing);
         OptimizerStep {
             optimizer: self.optimizer.clone(),
-            params: zeros(&self.trainable),
-            state: zeros(&self.state),
+            params: self.packing.zeros(),
+            state,
             masks: self.masks.clone(),
+            layout: self.group_specs.iter().map(|s| s.0.clone()).collect(),
             steps: Array::scalar(0i64),
         }
     }
@@ -996,7 +1008,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                  length; this batch has none"
             ),
         })?;
-        Ok(buckets.rows_for(edge, self.config.batch, self.backend.replicas()))
+        Ok(buckets.rows_for(edge, self.config.batch, self.row_multiple()))
     }
 
     /// The bucket edge of batches like `sample` (`None` without buckets).
@@ -1123,7 +1135,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             })?;
         let mut plan = Plan::default();
         for &edge in buckets.edges() {
-            let rows = buckets.rows_for(edge, self.config.batch, self.backend.replicas());
+            let rows = buckets.rows_for(edge, self.config.batch, self.row_multiple());
             let sample = E::Batch::from_batch(data.blank(edge, rows, &buckets)?)?;
             self.plan_into(&mut plan, &sample, validating, Some(edge))?;
         }

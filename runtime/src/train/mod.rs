@@ -58,7 +58,7 @@ pub use epochs::{EpochRecord, History};
 use inventory::*;
 pub use inventory::{MaskRuns, OptimizerStep, OptimizerStepView, Plan, PlanEntry, ProgramTime};
 pub use values::LeafInputs;
-use values::{exec, exec_donating, place, place_rows, to_host, In, LeafViews, Value};
+use values::{exec, exec_donating, place, place_groups, place_rows, to_host, In, LeafViews, Value};
 pub use warm::{WarmReport, WarmUp};
 
 /// A model the training handle can train: an experiment with a batch type and a per-example
@@ -178,6 +178,9 @@ pub struct Nitro<E: Model, O: Optimizer> {
     cache: &'static Cache,
     /// How the trainable leaves are packed into `trainable` (one flat array per dtype).
     packing: Packing,
+    /// On a mesh, the spec of each group of `packing` (one per trainable leaf there): how the
+    /// group, its optimizer slots and its gradient are split. Empty otherwise.
+    group_specs: Vec<crate::shard::PartitionSpec>,
     /// The optimizer's leaf mask over `packing` (the update program's GraphConst).
     masks: MaskRuns,
     /// The trainable leaves' paths, in walk order (how checkpoints name their optimizer state).
@@ -186,8 +189,16 @@ pub struct Nitro<E: Model, O: Optimizer> {
     /// `trainable`'s memory (or copies). Declared before `trainable`, so the views go first.
     leaves: LeafViews,
     /// The trainable leaves, packed: their storage between steps, what the update program
-    /// takes and replaces.
+    /// takes and replaces. Placed from the experiment by the first step or evaluation
+    /// ([`place_state`](Nitro::place_state)), not when the handle is made: keying and planning
+    /// need only the leaves' types.
     trainable: Vec<Value>,
+    /// Whether `trainable` and `frozen` are placed (and `state`, when `state_placed`).
+    placed: bool,
+    /// Whether `state` and `counter` are placed.
+    state_placed: bool,
+    /// How many Device leaves are not trainable (`frozen`'s length once placed).
+    frozen_leaves: usize,
     /// The other Device leaves, in walk order.
     frozen: Vec<Value>,
     /// The optimizer state: slot by slot, one array per packed group.
@@ -260,7 +271,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// ([`crate::backend::current`]) through the process-wide cache, on the devices
     /// [`Config::device_count`] names ([`crate::backend::for_devices`]).
     pub fn new(experiment: E, optimizer: O, config: Config) -> Result<Nitro<E, O>> {
-        let backend = crate::backend::for_devices(config.device_count()?)?;
+        let backend = backend_for(&config)?;
         Nitro::with_backend(
             experiment,
             optimizer,
@@ -303,23 +314,38 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 ),
             });
         }
-        if !config.batch.is_multiple_of(replicas) {
+        let wanted = config.partitioning()?;
+        if backend.device().is_some() && wanted.as_ref() != backend.partitioning() {
+            return Err(Error::Sharding {
+                what: "the backend given".into(),
+                problem: format!(
+                    "it partitions programs over {}, and the config asks for {}; pass \
+                     `nitro::backend::for_mesh` of the config's partitioning, or make the handle \
+                     with `Nitro::new`",
+                    backend
+                        .partitioning()
+                        .map_or_else(|| "no mesh".to_owned(), |p| p.describe()),
+                    wanted
+                        .as_ref()
+                        .map_or_else(|| "no mesh".to_owned(), |p| p.describe()),
+                ),
+            });
+        }
+        let devices = batch_split(backend);
+        if !config.batch.is_multiple_of(devices) {
             return Err(Error::Devices {
                 what: "Config::devices".into(),
-                requested: replicas,
+                requested: devices,
                 reason: format!(
-                    "a batch of {} rows cannot be split evenly across {replicas} devices; make \
-                     Config::batch a multiple of {replicas}",
+                    "a batch of {} rows cannot be split evenly across {devices} devices; make \
+                     Config::batch a multiple of {devices}",
                     config.batch
                 ),
             });
         }
-        let (packing, trainable_paths, trainable, frozen) = device_leaves(&experiment)?;
+        let (packing, trainable_paths, group_specs, frozen_leaves) =
+            device_layout(&experiment, backend)?;
         let masks = mask_runs(&optimizer, &trainable_paths, &packing)?;
-        let state = zero_state(&optimizer, &packing);
-        let put = |v: Vec<Array>| -> Result<Vec<Value>> { place(backend, v) };
-        let (trainable, frozen, state) = (put(trainable)?, put(frozen)?, put(state)?);
-        let counter = put(vec![Array::scalar(0i64)])?;
         let random = crate::checkpoint::RandomStream::new(config.seed);
         Ok(Nitro {
             experiment,
@@ -328,13 +354,17 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             backend,
             cache,
             packing,
+            group_specs,
             masks,
             trainable_paths,
             leaves: LeafViews::default(),
-            trainable,
-            frozen,
-            state,
-            counter,
+            trainable: Vec::new(),
+            placed: false,
+            state_placed: false,
+            frozen_leaves,
+            frozen: Vec::new(),
+            state: Vec::new(),
+            counter: Vec::new(),
             lr_value: None,
             full_mask: None,
             window: Window::default(),
@@ -388,6 +418,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// it waits for the steps taken so far.
     pub fn device_steps(&mut self) -> Result<u64> {
         self.wait()?;
+        if !self.state_placed {
+            return Ok(self.step);
+        }
         let counter = to_host(&self.counter)?;
         let value = counter
             .first()
@@ -512,12 +545,14 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         rows_of: Option<&[usize]>,
     ) -> Result<()> {
         self.prepare(batch)?;
+        self.place_state()?;
         let rows = batch_rows(batch)?;
         let real = mask.real(rows)?;
         if let Some(p) = &self.programs {
             check_class_inputs(&p.grad, self.inputs_before_batch(), batch, real, rows_of)?;
         }
         self.make_leaves()?;
+        let partitioned = self.backend.partitioning().is_some();
         if self.full_mask.as_ref().is_none_or(|(n, _)| *n != rows) {
             self.full_mask = Some((rows, place_rows(self.backend, mask_of(rows, rows)?)?));
         }
@@ -536,9 +571,11 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         } else {
             None
         };
-        let (Some(programs), Some((_, full)), Some(leaves)) =
-            (&self.programs, &self.full_mask, self.leaves.values())
-        else {
+        let (Some(programs), Some((_, full)), Some(leaves)) = (
+            &self.programs,
+            &self.full_mask,
+            leaf_args(partitioned, &self.leaves),
+        ) else {
             return Err(no_output());
         };
         let mut args = batch_args(
@@ -552,7 +589,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         if accumulating {
             if self.window.zeros.is_none() {
                 let zeros = self.packing.zeros();
-                self.window.zeros = Some(place(self.backend, zeros)?);
+                self.window.zeros = Some(place_groups(self.backend, zeros, &self.group_specs)?);
                 self.window.one = Some(self.place_one(Array::scalar(1.0f32))?);
             }
             self.window.rows += weight;
@@ -570,7 +607,11 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             args.push(In::Keep(scale.as_ref().unwrap_or(one)));
         }
         if let Some(keys) = &keys {
-            args.push(In::Rows(keys));
+            // Partitioned, the program is one and takes one key, whole on every device.
+            args.push(match partitioned {
+                true => In::Whole(keys),
+                false => In::Rows(keys),
+            });
         }
         let (out, _) = exec(&programs.grad, args)?;
         if E::RANDOM {
@@ -698,12 +739,14 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         rows_of: Option<&[usize]>,
     ) -> Result<(EvalResult, Array)> {
         let eval = self.prepare_eval(batch)?;
+        self.place_state()?;
         let rows = batch_rows(batch)?;
         let real = row_mask.real(rows)?;
         let mask = row_mask.array(rows)?;
         check_class_inputs(&eval, self.inputs_before_batch(), batch, real, rows_of)?;
         self.make_leaves()?;
-        let leaves = self.leaves.values().ok_or_else(no_output)?;
+        let partitioned = self.backend.partitioning().is_some();
+        let leaves = leaf_args(partitioned, &self.leaves).ok_or_else(no_output)?;
         let args = batch_args(
             leaves,
             &self.trainable,
@@ -744,16 +787,24 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     pub fn modify(&mut self, change: impl FnOnce(&mut E)) -> Result<()> {
         self.sync()?;
         change(&mut self.experiment);
-        let (packing, trainable_paths, trainable, frozen) = device_leaves(&self.experiment)?;
+        let (packing, trainable_paths, group_specs, frozen_leaves) =
+            device_layout(&self.experiment, self.backend)?;
         self.masks = mask_runs(&self.optimizer, &trainable_paths, &packing)?;
         self.trainable_paths = trainable_paths;
-        if packing != self.packing {
-            self.state = place(self.backend, zero_state(&self.optimizer, &packing))?;
+        if packing != self.packing || group_specs != self.group_specs {
+            // New types or splits: the optimizer state restarts from zero (placed with the
+            // leaves); the step counter stays.
+            self.state.clear();
+            self.state_placed = false;
         }
         self.leaves.release();
         self.packing = packing;
-        self.trainable = place(self.backend, trainable)?;
-        self.frozen = place(self.backend, frozen)?;
+        self.group_specs = group_specs;
+        self.frozen_leaves = frozen_leaves;
+        // Placed again from the experiment at the next use.
+        self.trainable.clear();
+        self.frozen.clear();
+        self.placed = false;
         self.programs = None;
         self.held.clear();
         // Frozen fields or GraphConsts may have changed: the stage is traced and its frozen
@@ -765,7 +816,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// Copies the trainable leaves back into the experiment (from the device on XLA).
     pub fn sync(&mut self) -> Result<()> {
         self.wait()?;
-        if !self.host_stale {
+        if !self.host_stale || !self.placed {
             return Ok(());
         }
         let values = self.packing.unpack(&to_host(&self.trainable)?)?;
@@ -801,7 +852,34 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// How many inputs of a per-batch program come before the batch's leaves: those
     /// [`batch_args`] puts first.
     fn inputs_before_batch(&self) -> usize {
-        self.packing.leaves.len() + self.trainable.len() + self.frozen.len()
+        let views = match self.backend.partitioning() {
+            Some(_) => 0,
+            None => self.packing.leaves.len(),
+        };
+        views + self.packing.groups.len() + self.frozen_leaves
+    }
+
+    /// Places the experiment's Device leaves (the trainable ones packed, or split over the
+    /// mesh) and, unless a resume placed them, zeroed optimizer state and the step counter —
+    /// once, at the first step or evaluation, and again after [`modify`](Nitro::modify).
+    pub(super) fn place_state(&mut self) -> Result<()> {
+        if !self.placed {
+            let (trainable, frozen) = host_leaves(&self.experiment);
+            let packed = self.packing.pack(&trainable)?;
+            drop(trainable);
+            self.trainable = place_groups(self.backend, packed, &self.group_specs)?;
+            self.frozen = place(self.backend, frozen)?;
+            self.placed = true;
+        }
+        if !self.state_placed {
+            let zeros = zero_state(&self.optimizer, &self.packing);
+            self.state = place_groups(self.backend, zeros, &self.group_specs)?;
+            if self.counter.is_empty() {
+                self.counter = place(self.backend, vec![Array::scalar(0i64)])?;
+            }
+            self.state_placed = true;
+        }
+        Ok(())
     }
 
     /// The trainable leaves one per value, as the per-batch programs take them: views (or
@@ -809,6 +887,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// device pointer, or its values, are read then), kept while updates write in place.
     #[allow(unsafe_code)]
     fn make_leaves(&mut self) -> Result<()> {
+        if self.backend.partitioning().is_some() {
+            return Ok(());
+        }
         if self.leaves.values().is_none() {
             self.wait()?;
         }
@@ -837,9 +918,77 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         Ok(self.experiment)
     }
 
-    /// How many devices the handle trains on (one replica of every program on each).
+    /// How many devices the handle trains on: one replica of every program on each, or one
+    /// partition of it over [`Config::mesh`].
     pub fn devices(&self) -> usize {
-        self.backend.replicas()
+        self.backend.devices()
+    }
+
+    /// The multiple a batch's rows must be: the runs of rows it is split into.
+    pub(super) fn row_multiple(&self) -> usize {
+        batch_split(self.backend)
+    }
+
+    /// The mesh and sharding the handle's programs are partitioned over; `None` for replicated
+    /// (or one-device) programs, and on the interpreter, which runs them unpartitioned.
+    pub fn partitioning(&self) -> Option<&crate::shard::Partitioning> {
+        self.backend.partitioning()
+    }
+
+    /// The bytes each device holds of the handle's state: the parameters, the optimizer state
+    /// (from the layout: what the first step places, or placed), the gradient sums of an open
+    /// accumulation window (under FSDP, each device's shard), and the compiled programs held
+    /// for the current batch shape.
+    pub fn memory(&self) -> Memory {
+        let bytes = |values: &[Value]| values.iter().map(Value::device_bytes).sum::<u64>();
+        // One device's share of each group, in `dtype`.
+        let groups = |state: bool| -> u64 {
+            (0..self.packing.groups.len())
+                .map(|g| {
+                    let dtype = self.packing.groups[g].0;
+                    let ty = LeafType {
+                        dtype: if state {
+                            crate::optim::state_dtype(dtype)
+                        } else {
+                            dtype
+                        },
+                        dims: self.packing.group_dims(g),
+                    };
+                    let ty = match (self.backend.partitioning(), self.group_specs.get(g)) {
+                        (Some(p), Some(spec)) => spec.shard_type(p.mesh(), &ty),
+                        _ => ty,
+                    };
+                    (ty.dims.iter().product::<usize>() * ty.dtype.size_bytes()) as u64
+                })
+                .sum()
+        };
+        let mut frozen = 0u64;
+        self.experiment.visit_device(&mut |field, _, node| {
+            if let (false, Node::Leaf(a)) = (field.role == (Role::Device { trainable: true }), node)
+            {
+                frozen += (a.len() * a.dtype().size_bytes()) as u64;
+            }
+        });
+        let programs: Vec<(String, u64)> = self
+            .programs
+            .iter()
+            .flat_map(|p| {
+                [Some(("grad", &p.grad)), Some(("update", &p.update))]
+                    .into_iter()
+                    .chain(std::iter::once(p.eval.as_ref().map(|e| ("eval", e))))
+                    .flatten()
+                    .map(|(role, c)| (role.to_owned(), c.executable.size_bytes()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        Memory {
+            devices: self.backend.devices(),
+            parameters: groups(false),
+            frozen,
+            optimizer_state: groups(true) * self.optimizer.slots().len() as u64,
+            gradient_sums: self.window.sums.as_deref().map_or(0, bytes),
+            programs,
+        }
     }
 
     /// The trainable leaves as every replica holds them, one list per device (after waiting
@@ -847,6 +996,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// gradients, so the lists are equal — on the interpreter bit for bit; this is how to
     /// check it.
     pub fn replica_params(&mut self) -> Result<Vec<Vec<Array>>> {
+        self.place_state()?;
         self.wait()?;
         let mut per_replica: Vec<Vec<Array>> = Vec::new();
         for value in &self.trainable {
@@ -867,30 +1017,142 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// steps: the trainable leaves are packed into one flat array per dtype, and each optimizer
     /// slot keeps one array per such group.
     pub fn state_len(&self) -> (usize, usize) {
-        (self.trainable.len(), self.state.len())
+        let groups = self.packing.groups.len();
+        (groups, groups * self.optimizer.slots().len())
     }
 }
 
-/// What a handle keeps of an experiment's Device leaves.
-type DeviceLeaves = (Packing, Vec<String>, Vec<Array>, Vec<Array>);
+/// How a handle lays out an experiment's Device leaves, from their types alone: the packing
+/// of the trainable leaves, their paths, each group's spec, and how many leaves are not
+/// trainable.
+type DeviceLayout = (
+    Packing,
+    Vec<String>,
+    Vec<crate::shard::PartitionSpec>,
+    usize,
+);
 
-/// The packing of `experiment`'s trainable leaves, their paths, the packed trainable leaves,
-/// and copies of the other Device leaves, in walk order.
-fn device_leaves<E: Experiment>(experiment: &E) -> Result<DeviceLeaves> {
-    let (mut trainable, mut paths, mut frozen) = (Vec::new(), Vec::new(), Vec::new());
+/// The layout of `experiment`'s Device leaves on `backend` (reading types, copying nothing).
+/// On a partitioned backend every trainable leaf is a group of its own
+/// ([`Packing::per_leaf`]) with its spec ([`crate::shard::Partitioning::leaf_spec`]: a leaf
+/// that cannot be split as asked, or a leaf pattern that matches no leaf, is an error naming
+/// it); otherwise they are packed, and there are no specs.
+fn device_layout<E: Experiment>(experiment: &E, backend: &dyn Backend) -> Result<DeviceLayout> {
+    let (mut types, mut paths, mut frozen) = (Vec::new(), Vec::new(), 0usize);
     experiment.visit_device(&mut |field, path, node| {
         if let Node::Leaf(a) = node {
             if field.role == (Role::Device { trainable: true }) {
-                trainable.push(a.clone());
+                types.push(a.leaf_type());
                 paths.push(path.as_str().to_owned());
+            } else {
+                frozen += 1;
+            }
+        }
+    });
+    let partitioning = backend.partitioning();
+    let packing = Packing::of(experiment, partitioning.is_some());
+    let Some(p) = partitioning else {
+        return Ok((packing, paths, Vec::new(), frozen));
+    };
+    // A leaf pattern that names no trainable leaf is a spec that would never apply.
+    let unused = p
+        .sharding()
+        .leaves()
+        .iter()
+        .find(|(pattern, _)| !paths.iter().any(|q| crate::optim::path_match(pattern, q)));
+    if let Some((pattern, spec)) = unused {
+        let shown: Vec<&str> = paths.iter().take(8).map(String::as_str).collect();
+        return Err(Error::Sharding {
+            what: format!("the leaf spec `{pattern}`: {spec}"),
+            problem: format!(
+                "its pattern matches no trainable leaf of {}; the leaves are named like {}{} \
+                 (`*` matches any run of characters)",
+                E::TYPE_PATH,
+                shown.join(", "),
+                if paths.len() > shown.len() {
+                    ", …"
+                } else {
+                    ""
+                }
+            ),
+        });
+    }
+    let specs = paths
+        .iter()
+        .zip(&types)
+        .map(|(path, ty)| p.leaf_spec(path, ty))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((packing, paths, specs, frozen))
+}
+
+/// Copies of `experiment`'s trainable leaves and of its other Device leaves, in walk order.
+fn host_leaves<E: Experiment>(experiment: &E) -> (Vec<Array>, Vec<Array>) {
+    let (mut trainable, mut frozen) = (Vec::new(), Vec::new());
+    experiment.visit_device(&mut |field, _, node| {
+        if let Node::Leaf(a) = node {
+            if field.role == (Role::Device { trainable: true }) {
+                trainable.push(a.clone());
             } else {
                 frozen.push(a.clone());
             }
         }
     });
-    let packing = Packing::of(experiment);
-    let packed = packing.pack(&trainable)?;
-    Ok((packing, paths, packed, frozen))
+    (trainable, frozen)
+}
+
+/// The backend a handle made by [`Nitro::new`] (or resumed by [`Nitro::resume`]) with
+/// `config` runs on: partitioned over its mesh, or replicated over its device count.
+fn backend_for(config: &Config) -> Result<&'static dyn Backend> {
+    match config.partitioning()? {
+        Some(p) => crate::backend::for_mesh(&p),
+        None => crate::backend::for_devices(config.device_count()?),
+    }
+}
+
+/// Into how many runs of rows `backend` splits a batch: its replicas, or on a mesh the size
+/// of the batch axis (devices that differ only along another axis share rows).
+fn batch_split(backend: &dyn Backend) -> usize {
+    match backend.partitioning() {
+        Some(p) => p.mesh().size(p.sharding().axis()).unwrap_or(1),
+        None => backend.replicas(),
+    }
+}
+
+/// The trainable leaves the per-batch programs take one per input: the views (or copies),
+/// once made; none when the programs are `partitioned` (they slice the leaves out of the
+/// packed storage themselves).
+fn leaf_args(partitioned: bool, leaves: &LeafViews) -> Option<&[Value]> {
+    match partitioned {
+        true => Some(&[]),
+        false => leaves.values(),
+    }
+}
+
+/// What each device holds of a training handle's state ([`Nitro::memory`]), in bytes.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Memory {
+    /// How many devices hold it.
+    pub devices: usize,
+    /// The trainable parameters (packed, with their alignment gaps): whole per device, or
+    /// one shard under FSDP.
+    pub parameters: u64,
+    /// The other Device leaves (whole on every device).
+    pub frozen: u64,
+    /// Every optimizer slot (whole, or one shard under FSDP).
+    pub optimizer_state: u64,
+    /// The gradient sums of an accumulation window in progress.
+    pub gradient_sums: u64,
+    /// The compiled programs held for the current batch shape, by role, with their size as
+    /// the cache estimates it.
+    pub programs: Vec<(String, u64)>,
+}
+
+impl Memory {
+    /// Parameters, frozen leaves, optimizer state and gradient sums: the state one device
+    /// keeps between steps.
+    pub fn state_bytes(&self) -> u64 {
+        self.parameters + self.frozen + self.optimizer_state + self.gradient_sums
+    }
 }
 
 /// Zeroed optimizer state for the packed trainable leaves: each slot, one array per group (in

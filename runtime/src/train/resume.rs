@@ -59,6 +59,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// next), and an open gradient-accumulation window (its sums and counts), so that a resume
     /// continues exactly; write it with [`Checkpoint::save`].
     pub fn checkpoint(&mut self) -> Result<Checkpoint> {
+        self.place_state()?;
         self.sync()?;
         // The state is kept packed, slot by slot; a checkpoint holds it leaf by leaf.
         let packed = to_host(&self.state)?;
@@ -106,7 +107,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         config: Config,
         checkpoint: Checkpoint,
     ) -> Result<Nitro<E, O>> {
-        let backend = crate::backend::for_devices(config.device_count()?)?;
+        let backend = backend_for(&config)?;
         Nitro::resume_with(
             experiment,
             optimizer,
@@ -173,7 +174,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                  optimizer and no trainable leaf names"
             )));
         }
-        handle.state = place(backend, packed)?;
+        handle.state = place_groups(backend, packed, &handle.group_specs)?;
         let step = i64::try_from(restored.step).map_err(|_| Error::CheckpointCorrupt {
             origin: "the checkpoint".into(),
             why: format!(
@@ -183,6 +184,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             ),
         })?;
         handle.counter = place(backend, vec![Array::scalar(step)])?;
+        handle.state_placed = true;
         handle.step = restored.step;
         handle.epoch = restored.epoch;
         handle.epoch_batches = restored.epoch_batches;
@@ -216,7 +218,11 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                     })?;
                 leaves.push(sum);
             }
-            handle.window.sums = Some(place(backend, handle.packing.pack(&leaves)?)?);
+            handle.window.sums = Some(place_groups(
+                backend,
+                handle.packing.pack(&leaves)?,
+                &handle.group_specs,
+            )?);
             handle.window.micro_batches = w.micro_batches;
             handle.window.rows = w.rows as f64;
         }

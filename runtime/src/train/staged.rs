@@ -216,10 +216,10 @@ impl<E: Model + Stage, O: Optimizer> Nitro<E, O> {
             let x = batch.get(E::INPUT).ok_or_else(super::no_output)?;
             let program = self.stage.program.as_mut().ok_or_else(super::no_output)?;
             if program.compiled.is_none() {
-                // A stage runs on one device: on a handle replicated over several, on the
-                // one-device backend of the same kind (its outputs are host arrays, split
-                // across the devices with the rest of the batch).
-                let backend: &dyn crate::backend::Backend = match self.backend.replicas() {
+                // A stage runs on one device: on a handle replicated (or partitioned) over
+                // several, on the one-device backend of the same kind (its outputs are host
+                // arrays, split across the devices with the rest of the batch).
+                let backend: &dyn crate::backend::Backend = match self.backend.devices() {
                     1 => self.backend,
                     _ if self.backend.device().is_some() => crate::backend::xla()?,
                     _ => crate::backend::interpreter(),

@@ -8,6 +8,7 @@ use crate::backend::Backend;
 use crate::cache::Compiled;
 use crate::error::{Error, Result};
 use crate::program::Packing;
+use crate::shard::{Mesh, PartitionSpec};
 use crate::tree::{Array, ArrayData, LeafType};
 
 /// One value kept between runs.
@@ -16,8 +17,12 @@ pub(crate) enum Value {
     Host(Array),
     /// In a device buffer (XLA).
     Device(DeviceBuffer),
-    /// One value per replica of a replicated program, replica `r`'s on device `r`.
+    /// One value per replica of a replicated program, replica `r`'s on device `r` (or one
+    /// whole copy per device of a partitioned program).
     Replicas(Vec<Value>),
+    /// One shard per device of a partitioned program, cut as the spec says over the mesh: a
+    /// leaf under FSDP ([`crate::shard::Sharding::fsdp`]), a batch's rows.
+    Sharded(Vec<Value>, Box<(PartitionSpec, Mesh)>),
 }
 
 impl Value {
@@ -29,6 +34,29 @@ impl Value {
             Value::Replicas(r) => r
                 .first()
                 .map_or_else(|| Array::scalar(0.0f32).leaf_type(), |v| v.leaf_type()),
+            Value::Sharded(shards, layout) => {
+                let (spec, mesh) = &**layout;
+                let mut ty = shards
+                    .first()
+                    .map_or_else(|| Array::scalar(0.0f32).leaf_type(), |v| v.leaf_type());
+                for (d, axis) in spec.0.iter().enumerate() {
+                    if let (Some(n), Some(axis)) = (ty.dims.get_mut(d), axis) {
+                        *n *= mesh.size(axis).unwrap_or(1);
+                    }
+                }
+                ty
+            }
+        }
+    }
+
+    /// The bytes one device holds of it: the whole value, or its shard.
+    pub(crate) fn device_bytes(&self) -> u64 {
+        match self {
+            Value::Replicas(r) | Value::Sharded(r, _) => r.first().map_or(0, Value::device_bytes),
+            v => {
+                let ty = v.leaf_type();
+                (ty.dims.iter().product::<usize>() * ty.dtype.size_bytes()) as u64
+            }
         }
     }
 
@@ -39,10 +67,18 @@ impl Value {
             Value::Host(a) => Ok(a.clone()),
             Value::Device(b) => b.to_host(),
             Value::Replicas(r) => r.first().ok_or_else(no_replica)?.to_host(),
+            Value::Sharded(shards, layout) => {
+                let (spec, mesh) = &**layout;
+                let parts = shards
+                    .iter()
+                    .map(Value::to_host)
+                    .collect::<Result<Vec<_>>>()?;
+                spec.gather(mesh, &parts, "a sharded value")
+            }
         }
     }
 
-    /// Host copies of every replica's value (one for an unreplicated value).
+    /// Host copies of every replica's value (one for an unreplicated or sharded value, whole).
     pub(crate) fn replicas_to_host(&self) -> Result<Vec<Array>> {
         match self {
             Value::Replicas(r) => r.iter().map(Value::to_host).collect(),
@@ -96,12 +132,14 @@ pub(crate) enum In<'a> {
     /// A host array of batch rows (a batch leaf, a row mask): uploaded first on XLA; with
     /// several replicas, replica `r` gets the `r`-th of as many equal runs of rows.
     Rows(&'a Array),
+    /// A host array every device gets whole (a partitioned program's random key).
+    Whole(&'a Array),
 }
 
 /// `arrays` placed where `backend` keeps values between runs: one copy per replica when its
 /// programs are replicated.
 pub(crate) fn place(backend: &dyn Backend, arrays: Vec<Array>) -> Result<Vec<Value>> {
-    let replicas = backend.replicas();
+    let replicas = backend.devices();
     match backend.device() {
         Some(client) if replicas > 1 => arrays
             .iter()
@@ -127,9 +165,14 @@ pub(crate) fn place(backend: &dyn Backend, arrays: Vec<Array>) -> Result<Vec<Val
 /// A batch array (a row mask) placed to be kept: with several replicas, replica `r` keeps the
 /// `r`-th run of its rows (as [`In::Rows`] would pass it).
 pub(crate) fn place_rows(backend: &dyn Backend, rows: Array) -> Result<Value> {
-    let replicas = backend.replicas();
+    let replicas = backend.devices();
     if replicas == 1 {
         return place(backend, vec![rows])?.pop().ok_or_else(no_replica);
+    }
+    // Partitioned: split along the batch axis (devices that differ only along another axis
+    // get the same rows).
+    if let (Some(p), Some(client)) = (backend.partitioning(), backend.device()) {
+        return upload_split(client, p.rows(), p.mesh(), &rows, "a row mask");
     }
     let parts = split_rows(&rows, replicas)?;
     let values = match backend.device() {
@@ -141,6 +184,51 @@ pub(crate) fn place_rows(backend: &dyn Backend, rows: Array) -> Result<Value> {
         None => parts.into_iter().map(Value::Host).collect(),
     };
     Ok(Value::Replicas(values))
+}
+
+/// The trainable leaves' groups (or an optimizer slot's, or gradient sums), placed where
+/// `backend` keeps them: on a partitioned backend, each split as its spec in `specs` says (one
+/// spec per group, repeating for every slot) — [`place`] otherwise, or for a group kept whole.
+pub(crate) fn place_groups(
+    backend: &dyn Backend,
+    arrays: Vec<Array>,
+    specs: &[PartitionSpec],
+) -> Result<Vec<Value>> {
+    let (Some(p), Some(client)) = (backend.partitioning(), backend.device()) else {
+        return place(backend, arrays);
+    };
+    arrays
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let spec = match specs.len() {
+                0 => PartitionSpec::replicated(),
+                n => specs[i % n].clone(),
+            };
+            if spec.0.iter().all(Option::is_none) {
+                return place(backend, vec![a])?.pop().ok_or_else(no_replica);
+            }
+            upload_split(client, spec, p.mesh(), &a, "a trainable leaf")
+        })
+        .collect()
+}
+
+/// `a` cut by `spec` over `mesh` (`what` names it in errors), device `d`'s shard uploaded to
+/// device `d`.
+fn upload_split(
+    client: &crate::backend::pjrt::Client,
+    spec: PartitionSpec,
+    mesh: &Mesh,
+    a: &Array,
+    what: &str,
+) -> Result<Value> {
+    let values = spec
+        .split(mesh, a, what)?
+        .iter()
+        .enumerate()
+        .map(|(d, s)| client.upload_to(s, d).map(Value::Device))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Value::Sharded(values, Box::new((spec, mesh.clone()))))
 }
 
 /// Host copies of `values`.
@@ -166,7 +254,7 @@ pub(crate) fn exec_donating(
 ) -> Result<(Vec<Value>, Vec<Completion>, bool)> {
     let given = args.iter().filter(|a| matches!(a, In::Give(_))).count();
     let replicas = compiled.executable.replicas();
-    if replicas > 1 {
+    if replicas > 1 || compiled.sharding.is_some() {
         return exec_replicas(compiled, args, replicas, given);
     }
     match compiled.executable.as_pjrt() {
@@ -175,7 +263,7 @@ pub(crate) fn exec_donating(
             let uploads: Vec<DeviceBuffer> = args
                 .iter()
                 .filter_map(|a| match a {
-                    In::Rows(a) => Some(client.upload(a)),
+                    In::Rows(a) | In::Whole(a) => Some(client.upload(a)),
                     _ => None,
                 })
                 .collect::<Result<_>>()?;
@@ -185,7 +273,7 @@ pub(crate) fn exec_donating(
                 pjrt_args.push(match a {
                     In::Keep(Value::Device(b)) => Arg::Borrow(b),
                     In::Give(Value::Device(b)) => Arg::Donate(b),
-                    In::Rows(_) => Arg::Borrow(uploaded.next().ok_or_else(mixed)?),
+                    In::Rows(_) | In::Whole(_) => Arg::Borrow(uploaded.next().ok_or_else(mixed)?),
                     _ => return Err(mixed()),
                 });
             }
@@ -199,7 +287,7 @@ pub(crate) fn exec_donating(
                 .iter()
                 .map(|a| match a {
                     In::Keep(Value::Host(a)) | In::Give(Value::Host(a)) => Ok(a),
-                    In::Rows(a) => Ok(*a),
+                    In::Rows(a) | In::Whole(a) => Ok(*a),
                     _ => Err(mixed()),
                 })
                 .collect::<Result<_>>()?;
@@ -222,13 +310,34 @@ fn exec_replicas(
     given: usize,
 ) -> Result<(Vec<Value>, Vec<Completion>, bool)> {
     // Each batch array's rows, split once, in argument order.
+    // A partitioned program's host arguments are cut by their specs.
+    let sharding = compiled.sharding.as_ref();
     let splits: Vec<Vec<Array>> = args
         .iter()
-        .filter_map(|a| match a {
-            In::Rows(a) => Some(split_rows(a, replicas)),
+        .enumerate()
+        .filter_map(|(i, a)| match (a, sharding) {
+            (In::Rows(a) | In::Whole(a), Some(s)) => {
+                Some(s.inputs.get(i).cloned().unwrap_or_default().split(
+                    &s.mesh,
+                    a,
+                    "a batch array",
+                ))
+            }
+            (In::Rows(a), None) => Some(split_rows(a, replicas)),
+            (In::Whole(a), None) => Some(Ok(vec![(*a).clone(); replicas])),
             _ => None,
         })
         .collect::<Result<_>>()?;
+    // And its results put together by theirs: split ones kept as their shards.
+    let gathered = |k: usize, values: Vec<Value>| match sharding {
+        Some(s) => match s.outputs.get(k) {
+            Some(spec) if spec.0.iter().any(Option::is_some) => {
+                Value::Sharded(values, Box::new((spec.clone(), s.mesh.clone())))
+            }
+            _ => Value::Replicas(values),
+        },
+        None => Value::Replicas(values),
+    };
     let outputs = compiled.outputs.len();
     match compiled.executable.as_pjrt() {
         Some(exe) => {
@@ -249,7 +358,12 @@ fn exec_replicas(
             let mut uploaded = uploads.iter();
             for a in args {
                 match a {
-                    In::Keep(Value::Replicas(values)) if values.len() == replicas => {
+                    // A partitioned program on a mesh of one device keeps plain values.
+                    In::Keep(Value::Device(b)) if replicas == 1 => lists[0].push(Arg::Borrow(b)),
+                    In::Give(Value::Device(b)) if replicas == 1 => lists[0].push(Arg::Donate(b)),
+                    In::Keep(Value::Replicas(values) | Value::Sharded(values, _))
+                        if values.len() == replicas =>
+                    {
                         for (list, v) in lists.iter_mut().zip(values) {
                             let Value::Device(b) = v else {
                                 return Err(mixed());
@@ -257,7 +371,9 @@ fn exec_replicas(
                             list.push(Arg::Borrow(b));
                         }
                     }
-                    In::Give(Value::Replicas(values)) if values.len() == replicas => {
+                    In::Give(Value::Replicas(values) | Value::Sharded(values, _))
+                        if values.len() == replicas =>
+                    {
                         for (list, v) in lists.iter_mut().zip(values) {
                             let Value::Device(b) = v else {
                                 return Err(mixed());
@@ -265,7 +381,7 @@ fn exec_replicas(
                             list.push(Arg::Donate(b));
                         }
                     }
-                    In::Rows(_) => {
+                    In::Rows(_) | In::Whole(_) => {
                         let parts = uploaded.next().ok_or_else(mixed)?;
                         for (list, b) in lists.iter_mut().zip(parts) {
                             list.push(Arg::Borrow(b));
@@ -298,7 +414,11 @@ fn exec_replicas(
                 }
             }
             Ok((
-                per_output.into_iter().map(Value::Replicas).collect(),
+                per_output
+                    .into_iter()
+                    .enumerate()
+                    .map(|(k, v)| gathered(k, v))
+                    .collect(),
                 done,
                 donated,
             ))
@@ -320,7 +440,7 @@ fn exec_replicas(
                             list.push(a);
                         }
                     }
-                    In::Rows(_) => {
+                    In::Rows(_) | In::Whole(_) => {
                         let parts = split.next().ok_or_else(mixed)?;
                         for (list, p) in lists.iter_mut().zip(parts) {
                             list.push(p);
@@ -339,7 +459,11 @@ fn exec_replicas(
                 }
             }
             Ok((
-                per_output.into_iter().map(Value::Replicas).collect(),
+                per_output
+                    .into_iter()
+                    .enumerate()
+                    .map(|(k, v)| gathered(k, v))
+                    .collect(),
                 Vec::new(),
                 false,
             ))
@@ -447,7 +571,7 @@ unsafe fn leaf_values(
         match v {
             Value::Host(_) => false,
             Value::Device(_) => true,
-            Value::Replicas(r) => r.first().is_some_and(on_device),
+            Value::Replicas(r) | Value::Sharded(r, _) => r.first().is_some_and(on_device),
         }
     }
     let on_device = packed.first().is_some_and(on_device);
@@ -514,7 +638,8 @@ unsafe fn leaves_of(packed: &[&Value], packing: &Packing, views: bool) -> Result
                 let host = hosts[*g].as_ref().ok_or_else(mixed)?;
                 Value::Device(DeviceBuffer::upload(&b.client, &copy(host)?, b.device)?)
             }
-            Value::Replicas(_) => return Err(mixed()),
+            // Shards hold pieces of leaves: partitioned programs slice them in the program.
+            Value::Replicas(_) | Value::Sharded(..) => return Err(mixed()),
         });
     }
     Ok(out)

@@ -44,6 +44,10 @@ pub(super) fn node(graph: &Graph, id: usize) -> Result<(), String> {
             arity(0, ins.len())?;
             a.leaf_type()
         }
+        Op::Shard(_) => {
+            arity(1, ins.len())?;
+            ins[0].clone()
+        }
         Op::AllReduce => {
             arity(1, ins.len())?;
             if ins[0].dtype == DType::Bool {

@@ -523,7 +523,12 @@ fn eval<'a>(
 ) -> std::result::Result<Cow<'a, Array>, Fault> {
     let direct = matches!(
         node.op,
-        Op::Parameter { .. } | Op::Constant(_) | Op::Convert | Op::BitcastConvert | Op::AllReduce
+        Op::Parameter { .. }
+            | Op::Constant(_)
+            | Op::Convert
+            | Op::BitcastConvert
+            | Op::AllReduce
+            | Op::Shard(_)
     );
     if !direct && (is_half(node.ty.dtype) || operands.iter().any(|a| is_half(a.dtype()))) {
         return eval_half(node, operands);
@@ -536,6 +541,11 @@ fn eval<'a>(
             .ok_or_else(|| Fault::Invalid(format!("there is no input {index}"))),
         Op::Constant(a) => Ok(Cow::Borrowed(&**a)),
         crate::ops::family_op!() => owned(crate::ops::eval(node, operands)?),
+        // One device holds the whole value: the constraint is the value itself.
+        Op::Shard(_) => operands
+            .first()
+            .map(|a| Cow::Owned((*a).clone()))
+            .ok_or_else(|| Fault::Invalid("a sharding constraint has one operand".into())),
         // Summed across replicas by `run_replicas`; never evaluated one replica at a time.
         Op::AllReduce => Err(Fault::Invalid(
             "an all_reduce is evaluated across replicas".into(),

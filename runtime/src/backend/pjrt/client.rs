@@ -245,6 +245,17 @@ impl Client {
         Ok(id)
     }
 
+    /// The identity of a backend on this client whose programs are partitioned over
+    /// `partitions` devices by XLA's SPMD partitioner: what a serialized partitioned
+    /// executable records (the SPMD compile options' digest, and the partition count).
+    pub fn identity_partitioned(&self, partitions: usize) -> Result<BackendIdentity> {
+        let mut id = self.identity()?.clone();
+        id.replicas = partitions.max(1);
+        id.compile_options_digest =
+            crate::Digest::from(blake3::hash(&super::spmd_compile_options(partitions)));
+        Ok(id)
+    }
+
     /// An error unless the client has at least `replicas` devices.
     pub(crate) fn check_replicas(&self, replicas: usize) -> Result<()> {
         if replicas <= self.device_count() {

@@ -192,6 +192,11 @@ struct Header {
     outputs: Vec<LeafType>,
     payload_len: u64,
     payload_digest: Digest,
+    /// Whether the program was partitioned by XLA's SPMD partitioner over `identity.replicas`
+    /// devices (its compile options are then the SPMD ones); absent before partitioned
+    /// executables were serialized.
+    #[serde(default)]
+    partitioned: bool,
 }
 
 fn invalid(reason: impl Into<String>) -> Error {
@@ -322,6 +327,12 @@ impl Executable {
     /// for ([`Client::compile_replicated`]).
     pub fn replicas(&self) -> usize {
         self.replicas
+    }
+
+    /// Whether it was partitioned by XLA's SPMD partitioner ([`Client::compile_partitioned`]):
+    /// [`replicas`](Executable::replicas) then counts its partitions.
+    pub fn partitioned(&self) -> bool {
+        self.partitioned
     }
 
     /// The declared input types, in argument order.
@@ -814,19 +825,13 @@ impl Executable {
     /// Serializes the executable with the identity of the backend that built it and its declared
     /// signature, for [`Client::deserialize`] in this or a later process.
     pub fn serialize(&self) -> Result<Vec<u8>> {
-        if self.partitioned {
-            return Err(Error::Pjrt {
-                call: names::executable_serialize,
-                code: "nitro",
-                message: "a partitioned (SPMD) executable is not serialized yet: its identity \
-                          would not record the partitioning; compile it again instead"
-                    .into(),
-            });
-        }
-        let identity = Client {
+        let client = Client {
             inner: self.client.clone(),
-        }
-        .identity_for(self.replicas)?;
+        };
+        let identity = match self.partitioned {
+            true => client.identity_partitioned(self.replicas)?,
+            false => client.identity_for(self.replicas)?,
+        };
         let payload = self.serialize_raw()?;
         let header = Header {
             identity,
@@ -835,6 +840,7 @@ impl Executable {
             outputs: self.outputs.clone(),
             payload_len: payload.len() as u64,
             payload_digest: Digest::from(blake3::hash(&payload)),
+            partitioned: self.partitioned,
         };
         let json = serde_json::to_vec(&header).map_err(|e| invalid(e.to_string()))?;
         let mut out = Vec::with_capacity(MAGIC.len() + 8 + json.len() + payload.len());
@@ -852,7 +858,10 @@ impl Executable {
     pub fn deserialize(client: &Client, bytes: &[u8]) -> Result<Executable> {
         let (header, payload) = parse(bytes)?;
         let replicas = header.identity.replicas.max(1);
-        let mine = client.identity_for(replicas)?;
+        let mine = match header.partitioned {
+            true => client.identity_partitioned(replicas)?,
+            false => client.identity_for(replicas)?,
+        };
         if let Some((component, stored, current)) = header.identity.first_difference(&mine) {
             return Err(Error::BackendMismatch {
                 component,
@@ -899,7 +908,7 @@ impl Executable {
             input_names: names,
             outputs: header.outputs,
             replicas,
-            partitioned: false,
+            partitioned: header.partitioned,
         }
         .with_input_names(header.input_names);
         exe.check_outputs()?;

@@ -298,6 +298,33 @@ impl Recording {
         self.push(Op::StopGradient, vec![a.node], ty, op, at)
     }
 
+    /// `a`, constrained to `spec` on a partitioned program's mesh.
+    pub(super) fn shard(
+        &mut self,
+        a: Tensor,
+        spec: crate::shard::PartitionSpec,
+        at: &Location<'_>,
+    ) -> Tensor {
+        let op = "shard";
+        if !self.owns(a, op, at) {
+            return self.stand_in(scalar_ty(DType::F32));
+        }
+        let ty = self.ty_of(a);
+        if spec.0.len() > ty.dims.len() {
+            return self.fail(
+                op,
+                format!(
+                    "the spec {spec} names {} dims, the tensor {ty} has {}",
+                    spec.0.len(),
+                    ty.dims.len()
+                ),
+                at,
+                ty,
+            );
+        }
+        self.push(Op::Shard(spec), vec![a.node], ty, op, at)
+    }
+
     /// The sum of `a` over every replica of the program being traced.
     pub(super) fn all_reduce(&mut self, a: Tensor, op: &'static str, at: &Location<'_>) -> Tensor {
         if !self.owns(a, op, at) {
@@ -575,6 +602,33 @@ impl Tensor {
             return self;
         }
         with_recording(|r| r.all_reduce(self, "all_sum", at))
+    }
+
+    /// This tensor, constrained to be split over the mesh of a partitioned program as `spec`
+    /// says (JAX's `with_sharding_constraint`): XLA's partitioner then lays the value out so,
+    /// and propagates from it — to split an activation along the batch axis, say, or to keep a
+    /// tensor-parallel layer's output split. The gradient is constrained the same way. In a
+    /// program that is not partitioned (one device, replicas, the interpreter) it is the tensor
+    /// itself. A spec naming an axis the mesh lacks, or a dim that does not divide, is an
+    /// error when the program is traced for that mesh.
+    ///
+    /// ```
+    /// use nitro::shard::PartitionSpec;
+    /// use nitro::trace::{grad, trace};
+    /// use nitro::{DType, LeafType};
+    ///
+    /// let x = LeafType::new(DType::F32, &[8, 4]);
+    /// let graph = trace(&[("x".into(), x)], |i| {
+    ///     let h = i[0].shard(PartitionSpec::new([Some("data"), None])).tanh();
+    ///     grad(h.sum_all(), &[i[0]])
+    /// })?;
+    /// assert_eq!(graph.output_types()[0].dims, vec![8, 4]);
+    /// # Ok::<(), nitro::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn shard(self, spec: crate::shard::PartitionSpec) -> Tensor {
+        let at = at!();
+        with_recording(|r| r.shard(self, spec, at))
     }
 
     /// The element-wise mean of this tensor over every replica (float tensors): [`Tensor::all_sum`]
