@@ -128,7 +128,8 @@ impl Summary {
     /// How a handle is laid out over its devices: `devices`, `sharding` (the mesh and
     /// sharding it partitions over, `null` when replicated or on one device) and `memory`
     /// (per device: bytes of parameters, frozen leaves, optimizer state and gradient sums,
-    /// and the programs held: [`nitro::train::Memory`]).
+    /// and the programs held, each with the compiler's figures for one run on one device —
+    /// arguments, outputs, temporaries: [`nitro::train::Memory`]).
     pub fn layout<E: nitro::train::Model, O: nitro::optim::Optimizer>(
         self,
         run: &nitro::train::Nitro<E, O>,

@@ -226,6 +226,16 @@ impl Packing {
         }
     }
 
+    /// The types of this packing's groups.
+    pub(crate) fn types(&self) -> Vec<LeafType> {
+        (0..self.groups.len())
+            .map(|g| LeafType {
+                dtype: self.groups[g].0,
+                dims: self.group_dims(g),
+            })
+            .collect()
+    }
+
     /// Zero-filled arrays of this packing's groups.
     pub(crate) fn zeros(&self) -> Vec<Array> {
         self.groups

@@ -362,7 +362,33 @@ fn fsdp_keeps_a_quarter_of_the_state_per_device() {
         a as f64 <= 0.26 * b as f64,
         "FSDP keeps {a} bytes of parameters and optimizer state per device, replicated {b}"
     );
-    assert!(sharded.programs.iter().any(|(role, _)| role == "grad"));
+    // The plugin's own figures for one run on one device: the update program's arguments
+    // (parameters, optimizer state, gradients) are shards under FSDP.
+    let update = |m: &nitro::train::Memory| {
+        let p = m
+            .programs
+            .iter()
+            .find(|p| p.role == "update")
+            .expect("update");
+        p.compiled.expect("XLA reports the update program's memory")
+    };
+    let (a, b) = (update(&sharded), update(&whole));
+    println!("update program per device: FSDP {a:?}, replicated {b:?}");
+    // Parameters, Adam's state, the gradients (shaped as the parameters), the i64 step
+    // counter and the f32 learning rate: the handle's own accounting, per device.
+    for (m, c) in [(&sharded, a), (&whole, b)] {
+        assert_eq!(
+            c.arguments,
+            2 * m.parameters + m.optimizer_state + 8 + 4,
+            "{c:?}"
+        );
+        assert!(
+            c.aliased > 0,
+            "the update writes its donated state in place: {c:?}"
+        );
+    }
+    assert!(sharded.largest_temporaries().is_some());
+    assert!(sharded.programs.iter().any(|p| p.role == "grad"));
 }
 
 #[test]

@@ -57,6 +57,33 @@ impl Identity {
     }
 }
 
+/// What XLA planned for one run of a compiled program on one device (for a partitioned
+/// program, one partition), from the plugin's memory statistics
+/// (`PJRT_Executable_GetCompiledMemoryStats`), in bytes. These are the compiler's figures, not
+/// a measurement: what buffer assignment reserved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CompiledMemory {
+    /// The program's arguments (a partitioned program's argument shards).
+    pub arguments: u64,
+    /// Its results.
+    pub outputs: u64,
+    /// The part of `outputs` written into donated arguments' buffers (not allocated again).
+    pub aliased: u64,
+    /// Scratch space a run needs beyond its arguments and results: the intermediates, such
+    /// as activations kept for the backward pass.
+    pub temporaries: u64,
+    /// The generated code.
+    pub code: u64,
+}
+
+impl CompiledMemory {
+    /// What one run holds at once on the device: arguments, the results not written in
+    /// place, and the temporaries.
+    pub fn run_bytes(&self) -> u64 {
+        self.arguments + self.outputs.saturating_sub(self.aliased) + self.temporaries
+    }
+}
+
 /// A backend the compile cache can compile for.
 pub trait Backend: Send + Sync + fmt::Debug {
     /// The backend's identity (part of every cache key).
@@ -107,6 +134,11 @@ pub trait Executable: Send + Sync + fmt::Debug {
     /// How many replicas it runs as (one per device).
     fn replicas(&self) -> usize {
         1
+    }
+    /// What the compiler planned for one run on one device, where the backend reports it
+    /// (XLA's memory statistics); `None` otherwise (the interpreter).
+    fn memory(&self) -> Option<CompiledMemory> {
+        None
     }
 }
 
@@ -305,6 +337,16 @@ impl Executable for XlaExecutable {
 
     fn as_pjrt(&self) -> Option<&pjrt::Executable> {
         Some(&self.exe)
+    }
+
+    fn memory(&self) -> Option<CompiledMemory> {
+        match self.exe.memory_stats() {
+            Ok(stats) => stats,
+            Err(e) => {
+                tracing::debug!("the plugin's memory statistics are unavailable: {e}");
+                None
+            }
+        }
     }
 }
 

@@ -29,6 +29,7 @@
 //! parameters only when asked ([`Nitro::sync`], [`Nitro::experiment`]); [`Nitro::wait`] waits
 //! for the steps taken so far.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -588,8 +589,12 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let mut scale = None;
         if accumulating {
             if self.window.zeros.is_none() {
-                let zeros = self.packing.zeros();
-                self.window.zeros = Some(place_groups(self.backend, zeros, &self.group_specs)?);
+                let types = self.packing.types();
+                self.window.zeros = Some(values::place_zero_groups(
+                    self.backend,
+                    &types,
+                    &self.group_specs,
+                )?);
                 self.window.one = Some(self.place_one(Array::scalar(1.0f32))?);
             }
             self.window.rows += weight;
@@ -864,16 +869,38 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// once, at the first step or evaluation, and again after [`modify`](Nitro::modify).
     pub(super) fn place_state(&mut self) -> Result<()> {
         if !self.placed {
-            let (trainable, frozen) = host_leaves(&self.experiment);
-            let packed = self.packing.pack(&trainable)?;
-            drop(trainable);
-            self.trainable = place_groups(self.backend, packed, &self.group_specs)?;
-            self.frozen = place(self.backend, frozen)?;
+            if self.packing.per_leaf && self.backend.partitioning().is_some() {
+                // Each leaf is a group of its own: split straight from the experiment's leaf,
+                // never copied whole on the host first.
+                let (backend, specs) = (self.backend, &self.group_specs);
+                let (mut trainable, mut frozen) = (Vec::new(), Vec::new());
+                self.experiment.visit_device(&mut |field, _, node| {
+                    if let Node::Leaf(a) = node {
+                        if field.role == (Role::Device { trainable: true }) {
+                            let spec = values::group_spec(specs, trainable.len());
+                            trainable.push(values::place_group(backend, Cow::Borrowed(a), spec));
+                        } else {
+                            frozen.push(a.clone());
+                        }
+                    }
+                });
+                self.trainable = trainable.into_iter().collect::<Result<_>>()?;
+                self.frozen = place(self.backend, frozen)?;
+            } else {
+                let (trainable, frozen) = host_leaves(&self.experiment);
+                let packed = self.packing.pack(&trainable)?;
+                drop(trainable);
+                self.trainable = place_groups(self.backend, packed, &self.group_specs)?;
+                self.frozen = place(self.backend, frozen)?;
+            }
             self.placed = true;
         }
         if !self.state_placed {
-            let zeros = zero_state(&self.optimizer, &self.packing);
-            self.state = place_groups(self.backend, zeros, &self.group_specs)?;
+            let slots = self.optimizer.slots().len();
+            let types: Vec<LeafType> = std::iter::repeat_n(self.packing.for_state().types(), slots)
+                .flatten()
+                .collect();
+            self.state = values::place_zero_groups(self.backend, &types, &self.group_specs)?;
             if self.counter.is_empty() {
                 self.counter = place(self.backend, vec![Array::scalar(0i64)])?;
             }
@@ -969,15 +996,23 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 frozen += (a.len() * a.dtype().size_bytes()) as u64;
             }
         });
-        let programs: Vec<(String, u64)> = self
+        let grad_role = match self.config.accum > 1 {
+            true => "grad_accumulate",
+            false => "grad",
+        };
+        let programs: Vec<ProgramMemory> = self
             .programs
             .iter()
             .flat_map(|p| {
-                [Some(("grad", &p.grad)), Some(("update", &p.update))]
+                [Some((grad_role, &p.grad)), Some(("update", &p.update))]
                     .into_iter()
                     .chain(std::iter::once(p.eval.as_ref().map(|e| ("eval", e))))
                     .flatten()
-                    .map(|(role, c)| (role.to_owned(), c.executable.size_bytes()))
+                    .map(|(role, c)| ProgramMemory {
+                        role: role.to_owned(),
+                        cached_bytes: c.executable.size_bytes(),
+                        compiled: c.executable.memory(),
+                    })
                     .collect::<Vec<_>>()
             })
             .collect();
@@ -1142,9 +1177,8 @@ pub struct Memory {
     pub optimizer_state: u64,
     /// The gradient sums of an accumulation window in progress.
     pub gradient_sums: u64,
-    /// The compiled programs held for the current batch shape, by role, with their size as
-    /// the cache estimates it.
-    pub programs: Vec<(String, u64)>,
+    /// The compiled programs held for the current batch shape, by role.
+    pub programs: Vec<ProgramMemory>,
 }
 
 impl Memory {
@@ -1153,6 +1187,30 @@ impl Memory {
     pub fn state_bytes(&self) -> u64 {
         self.parameters + self.frozen + self.optimizer_state + self.gradient_sums
     }
+
+    /// The most scratch space one of the held programs needs per device in a run (the
+    /// compiler's temporaries: activations kept for the backward pass, among others);
+    /// `None` when the backend reports no program's memory (the interpreter).
+    pub fn largest_temporaries(&self) -> Option<u64> {
+        self.programs
+            .iter()
+            .filter_map(|p| p.compiled.map(|c| c.temporaries))
+            .max()
+    }
+}
+
+/// One compiled program a handle holds, as [`Memory`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ProgramMemory {
+    /// Its role: `grad` (or `grad_accumulate`), `update` or `eval`.
+    pub role: String,
+    /// Its size in memory as the compile cache estimates it (what
+    /// [`CacheStats::estimated_bytes`](crate::cache::CacheStats::estimated_bytes) adds up).
+    pub cached_bytes: u64,
+    /// What the compiler planned for one run on one device — arguments, results, the part of
+    /// the results written in place, temporaries, code — where the backend reports it (XLA,
+    /// from the plugin's memory statistics); `None` on the interpreter.
+    pub compiled: Option<crate::backend::CompiledMemory>,
 }
 
 /// Zeroed optimizer state for the packed trainable leaves: each slot, one array per group (in

@@ -3,6 +3,8 @@
 //! several devices — and one way to run a program over them, so the handle has a single code
 //! path for every backend and device count.
 
+use std::borrow::Cow;
+
 use crate::backend::pjrt::{Arg, Completion, DeviceBuffer};
 use crate::backend::Backend;
 use crate::cache::Compiled;
@@ -194,21 +196,79 @@ pub(crate) fn place_groups(
     arrays: Vec<Array>,
     specs: &[PartitionSpec],
 ) -> Result<Vec<Value>> {
-    let (Some(p), Some(client)) = (backend.partitioning(), backend.device()) else {
+    if backend.partitioning().is_none() {
         return place(backend, arrays);
-    };
+    }
     arrays
         .into_iter()
         .enumerate()
-        .map(|(i, a)| {
-            let spec = match specs.len() {
-                0 => PartitionSpec::replicated(),
-                n => specs[i % n].clone(),
-            };
+        .map(|(i, a)| place_group(backend, Cow::Owned(a), group_spec(specs, i)))
+        .collect()
+}
+
+/// Group `i`'s spec: one per group, repeating for every optimizer slot; whole without specs.
+pub(crate) fn group_spec(specs: &[PartitionSpec], i: usize) -> &PartitionSpec {
+    static WHOLE: std::sync::OnceLock<PartitionSpec> = std::sync::OnceLock::new();
+    match specs.len() {
+        0 => WHOLE.get_or_init(PartitionSpec::replicated),
+        n => &specs[i % n],
+    }
+}
+
+/// One group placed as [`place_groups`] places it: split by `spec` over the backend's mesh,
+/// or whole (on every device).
+pub(crate) fn place_group(
+    backend: &dyn Backend,
+    a: Cow<'_, Array>,
+    spec: &PartitionSpec,
+) -> Result<Value> {
+    match (backend.partitioning(), backend.device()) {
+        (Some(p), Some(client)) if spec.0.iter().any(Option::is_some) => {
+            upload_split(client, spec.clone(), p.mesh(), &a, "a trainable leaf")
+        }
+        _ => place(backend, vec![a.into_owned()])?
+            .pop()
+            .ok_or_else(no_replica),
+    }
+}
+
+/// Zeroed groups of `types` (an optimizer slot's, the gradient sums' starting point), placed as
+/// [`place_groups`] would place zero arrays — but on a mesh each device's shard is made zero on
+/// its own, in the shard's shape, so no whole array is ever written on the host. Zeroed memory
+/// costs nothing until read ([`Array::try_zeros`]).
+pub(crate) fn place_zero_groups(
+    backend: &dyn Backend,
+    types: &[LeafType],
+    specs: &[PartitionSpec],
+) -> Result<Vec<Value>> {
+    let (Some(p), Some(client)) = (backend.partitioning(), backend.device()) else {
+        let zeros = types
+            .iter()
+            .map(|t| Array::try_zeros(t.dtype, &t.dims))
+            .collect::<Result<Vec<_>>>()?;
+        return place(backend, zeros);
+    };
+    types
+        .iter()
+        .enumerate()
+        .map(|(i, ty)| {
+            let spec = group_spec(specs, i);
             if spec.0.iter().all(Option::is_none) {
-                return place(backend, vec![a])?.pop().ok_or_else(no_replica);
+                let zeros = Array::try_zeros(ty.dtype, &ty.dims)?;
+                return place_group(backend, Cow::Owned(zeros), spec);
             }
-            upload_split(client, spec, p.mesh(), &a, "a trainable leaf")
+            spec.check(p.mesh(), ty, "a zeroed optimizer slot")?;
+            let shard = spec.shard_type(p.mesh(), ty);
+            let values = (0..p.mesh().devices())
+                .map(|d| {
+                    let zeros = Array::try_zeros(shard.dtype, &shard.dims)?;
+                    client.upload_to(&zeros, d).map(Value::Device)
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok(Value::Sharded(
+                values,
+                Box::new((spec.clone(), p.mesh().clone())),
+            ))
         })
         .collect()
 }

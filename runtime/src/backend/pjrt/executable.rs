@@ -946,6 +946,36 @@ impl Executable {
     }
 }
 
+impl Executable {
+    /// What XLA's buffer assignment planned for one run on one device
+    /// (`PJRT_Executable_GetCompiledMemoryStats`); `None` when the plugin does not report it.
+    pub fn memory_stats(&self) -> Result<Option<crate::backend::CompiledMemory>> {
+        let plugin = self.client.plugin;
+        let Some(f) = plugin.api.fns.executable_memory_stats else {
+            return Ok(None);
+        };
+        let e = self.executable()?;
+        let mut a = ffi::ExecutableMemoryStatsArgs::new();
+        a.executable = e.raw;
+        // SAFETY: valid args for a live executable; the plugin writes only the integer fields
+        // that `struct_size` covers.
+        match unsafe { plugin.api.check(names::executable_memory_stats, f(&mut a)) } {
+            Err(err) if Api::is_unimplemented(&err) => Ok(None),
+            Err(err) => Err(err),
+            Ok(()) => {
+                let bytes = |v: i64| u64::try_from(v).unwrap_or(0);
+                Ok(Some(crate::backend::CompiledMemory {
+                    arguments: bytes(a.argument_size_in_bytes),
+                    outputs: bytes(a.output_size_in_bytes),
+                    aliased: bytes(a.alias_size_in_bytes),
+                    temporaries: bytes(a.temp_size_in_bytes),
+                    code: bytes(a.generated_code_size_in_bytes),
+                }))
+            }
+        }
+    }
+}
+
 impl Drop for Executable {
     fn drop(&mut self) {
         let plugin = self.client.plugin;

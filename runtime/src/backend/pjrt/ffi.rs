@@ -258,6 +258,25 @@ args! {
     last = executable_fingerprint_size: usize, struct_size = 40, sizeof = 40
 }
 args! {
+    /// `PJRT_Executable_GetCompiledMemoryStats_Args`: what XLA's buffer assignment planned for
+    /// one run of the executable, per device (a partitioned program's per-partition figures).
+    ExecutableMemoryStatsArgs {
+        executable: *mut RawExecutable,
+        generated_code_size_in_bytes: i64,
+        argument_size_in_bytes: i64,
+        output_size_in_bytes: i64,
+        alias_size_in_bytes: i64,
+        temp_size_in_bytes: i64,
+        host_generated_code_size_in_bytes: i64,
+        host_argument_size_in_bytes: i64,
+        host_output_size_in_bytes: i64,
+        host_alias_size_in_bytes: i64,
+        host_temp_size_in_bytes: i64,
+        peak_memory_in_bytes: i64,
+    }
+    last = peak_memory_in_bytes: i64, struct_size = 112, sizeof = 112
+}
+args! {
     /// `PJRT_LoadedExecutable_Destroy_Args`.
     LoadedExecutableDestroyArgs { executable: *mut RawLoadedExecutable, }
     last = executable: *mut RawLoadedExecutable, struct_size = 24, sizeof = 24
@@ -488,6 +507,7 @@ api_fns! {
     executable_output_dimensions: ExecutableOutputDimensionsArgs = 768, "PJRT_Executable_OutputDimensions";
     client_create_view: CreateViewArgs = 784, "PJRT_Client_CreateViewOfDeviceBuffer";
     executable_fingerprint: ExecutableFingerprintArgs = 792, "PJRT_Executable_Fingerprint";
+    executable_memory_stats: ExecutableMemoryStatsArgs = 808, "PJRT_Executable_GetCompiledMemoryStats";
 }
 
 /// Offsets of the three error functions, which have their own signatures.
