@@ -242,7 +242,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         args.width, args.heads, args.context, args.dropout, args.lr, args.steps, args.batch
     ));
     let data = if args.buckets > 0 {
-        let d = documents(&args, &vocab, config.device_count()?)?;
+        let d = documents(&args, &vocab, config.row_multiple()?)?;
         say(format!(
             "buckets  {:?} over {} documents (lengths capped at {}): {:.1}% padding, against {:.1}% with one program at {}",
             d.buckets.edges(),

@@ -285,8 +285,8 @@ pub struct HandleFlags {
 
 impl HandleFlags {
     /// The mesh and sharding `--mesh` and `--fsdp` ask for (`None` without either), checked
-    /// before anything runs: a malformed mesh, an axis of size 0, or a mesh of several axes
-    /// (tensor parallelism, not taken yet) is an error naming the flag.
+    /// before anything runs: a malformed mesh or an axis of size 0 is an error naming the
+    /// flag. The batch (and, with --fsdp, every leaf) is split along the mesh's first axis.
     pub fn layout(&self) -> Result<Option<nitro::shard::Partitioning>, FlagError> {
         use nitro::shard::{Mesh, Partitioning, Sharding};
         let mesh = match (&self.mesh, self.fsdp) {

@@ -476,6 +476,12 @@ impl Partitioning {
         PartitionSpec::new([Some(self.sharding.axis())])
     }
 
+    /// Into how many runs of rows a batch is split: the size of the sharding's (batch) axis.
+    /// Devices that differ only along another axis get the same rows.
+    pub fn row_split(&self) -> usize {
+        self.mesh.size(self.sharding.axis()).unwrap_or(1)
+    }
+
     /// One line for the backend's description and key: `mesh [data=4], fsdp(data)`.
     pub fn describe(&self) -> String {
         let axes: Vec<String> = self

@@ -15,7 +15,7 @@ mod mlp;
 use common::xla_devices_or_skip;
 use mlp::*;
 use nitro::backend::{self, Backend};
-use nitro::cache::{Cache, MissReason, Outcome};
+use nitro::cache::{Cache, MissReason, Outcome, Will};
 use nitro::optim::Adam;
 use nitro::prelude::*;
 use nitro::shard::{Mesh, PartitionSpec, Partitioning, Sharding};
@@ -552,20 +552,36 @@ fn a_fresh_cache_on_the_same_store_loads_the_partitioned_programs_and_compiles_n
             cache,
         )
         .unwrap();
+        // The preflight first: it compiles nothing, and says what the lookups will do.
+        let plan = run.plan(&batch(&x, &y, 0, 8, 8), false).unwrap();
         let outcomes = run.prepare(&batch(&x, &y, 0, 8, 8)).unwrap();
         let losses: Vec<f64> = [0, 8]
             .iter()
             .map(|&start| run.step(&batch(&x, &y, start, 8, 8), 8).unwrap().loss)
             .collect();
-        (outcomes, losses)
+        (plan, outcomes, losses, run.manifest())
     };
-    let (first, losses) = run(cache_on_dir());
+    let (plan, first, losses, manifest) = run(cache_on_dir());
+    assert_eq!(
+        (plan.entries.len(), plan.count(Will::Compile)),
+        (2, 2),
+        "{plan:?}"
+    );
     assert!(
         first.iter().all(|o| matches!(o, Outcome::Compiled { .. })),
         "{first:?}"
     );
+    // The manifest names the partitioned programs by role and key.
+    let mut roles: Vec<&str> = manifest.programs.iter().map(|p| p.role.as_str()).collect();
+    roles.sort_unstable();
+    assert_eq!(roles, ["grad", "update"], "{manifest:?}");
     // As a second process would: a cache with nothing in memory, on the same directory.
-    let (second, again) = run(cache_on_dir());
+    let (plan, second, again, manifest_again) = run(cache_on_dir());
+    assert_eq!(
+        plan.count(Will::Load),
+        2,
+        "the preflight sees the stored programs: {plan:?}"
+    );
     assert_eq!(second.len(), 2);
     assert!(
         second.iter().all(|o| matches!(o, Outcome::Loaded { .. })),
@@ -574,6 +590,10 @@ fn a_fresh_cache_on_the_same_store_loads_the_partitioned_programs_and_compiles_n
     assert_eq!(
         losses, again,
         "the loaded programs compute what the compiled ones did"
+    );
+    assert_eq!(
+        manifest.programs, manifest_again.programs,
+        "the same programs under the same keys"
     );
 }
 
@@ -667,4 +687,24 @@ fn bad_meshes_and_shardings_are_typed_errors_that_say_what_to_do() {
         .to_string();
         assert!(e.contains("multiple of 4"), "{e}");
     }
+}
+
+#[test]
+fn a_mesh_sets_the_device_count_and_its_batch_axis_the_row_multiple() {
+    let mesh = Mesh::new([("data", 4), ("model", 2)]).unwrap();
+    let config = Config::new().mesh(mesh.clone());
+    assert_eq!(config.device_count().unwrap(), 8);
+    // The batch is split along the sharding's axis (the first by default): devices that
+    // differ only along `model` share rows.
+    assert_eq!(config.row_multiple().unwrap(), 4);
+    let by_model = Config::new().mesh(mesh).sharding(Sharding::fsdp("model"));
+    assert_eq!(by_model.row_multiple().unwrap(), 2);
+    assert_eq!(Config::new().devices(3).row_multiple().unwrap(), 3);
+    let unknown = Config::new()
+        .mesh(Mesh::new([("data", 2)]).unwrap())
+        .sharding(Sharding::fsdp("model"));
+    assert!(matches!(
+        unknown.row_multiple(),
+        Err(nitro::Error::Sharding { .. })
+    ));
 }

@@ -265,12 +265,25 @@ impl Config {
         self
     }
 
-    /// The device count a handle made with [`Nitro::new`] uses: [`Config::devices`], else
-    /// `NITRO_DEVICES`, else 1.
+    /// The device count a handle made with [`Nitro::new`] uses: the mesh's ([`Config::mesh`]),
+    /// else [`Config::devices`], else `NITRO_DEVICES`, else 1.
     pub fn device_count(&self) -> Result<usize> {
-        match self.devices {
-            Some(n) => Ok(n),
-            None => Ok(crate::backend::pjrt::devices_setting()?.unwrap_or(1)),
+        match (&self.mesh, self.devices) {
+            (Some(mesh), _) => Ok(mesh.devices()),
+            (None, Some(n)) => Ok(n),
+            (None, None) => Ok(crate::backend::pjrt::devices_setting()?.unwrap_or(1)),
+        }
+    }
+
+    /// Into how many runs of rows a handle made with [`Nitro::new`] splits each batch, so the
+    /// multiple every batch's row count must be: on a mesh the size of the sharding's axis
+    /// (devices that differ only along another axis get the same rows), else the device count.
+    /// It is what [`Buckets::rows_for`](crate::data::buckets::Buckets::rows_for) takes as
+    /// `replicas`.
+    pub fn row_multiple(&self) -> Result<usize> {
+        match self.partitioning()? {
+            Some(p) => Ok(p.row_split()),
+            None => self.device_count(),
         }
     }
 

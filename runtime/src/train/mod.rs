@@ -1148,7 +1148,7 @@ fn backend_for(config: &Config) -> Result<&'static dyn Backend> {
 /// of the batch axis (devices that differ only along another axis share rows).
 fn batch_split(backend: &dyn Backend) -> usize {
     match backend.partitioning() {
-        Some(p) => p.mesh().size(p.sharding().axis()).unwrap_or(1),
+        Some(p) => p.row_split(),
         None => backend.replicas(),
     }
 }
