@@ -46,19 +46,22 @@ fn train(
     cache: &'static Cache,
 ) -> (Vec<f64>, Vec<Vec<f32>>) {
     let (x, y) = data(40, 21);
-    let mut run = Nitro::with_backend(
-        mlp(Act::Tanh),
-        Adam::default(),
-        config.batch(8).lr(0.02),
-        backend,
-        cache,
-    )
-    .expect("handle");
+    let mut run = handle(mlp(Act::Tanh), config.batch(8).lr(0.02), backend, cache).expect("handle");
     let losses = STEPS
         .iter()
         .map(|&(start, real)| run.step(&batch(&x, &y, start, real, 8), real).unwrap().loss)
         .collect();
     (losses, leaves(&run.into_experiment().unwrap()))
+}
+
+/// A handle on `model` with Adam, on `backend` and `cache`.
+fn handle<E: nitro::train::Model>(
+    model: E,
+    config: Config,
+    backend: &'static dyn Backend,
+    cache: &'static Cache,
+) -> nitro::Result<Nitro<E, Adam>> {
+    Nitro::with_backend(model, Adam::default(), config, backend, cache)
 }
 
 fn assert_close(a: &[f64], b: &[f64], tol: f64, what: &str) {
@@ -130,9 +133,8 @@ fn fsdp_with_gradient_accumulation_matches_one_device() {
     xla_devices_or_skip(test, 4).expect("4 devices");
     let run = |config: Config, backend: &'static dyn Backend| {
         let (x, y) = data(40, 21);
-        let mut run = Nitro::with_backend(
+        let mut run = handle(
             mlp(Act::Relu),
-            Adam::default(),
             config.batch(8).lr(0.02).accumulate(2),
             backend,
             own_cache(),
@@ -167,14 +169,7 @@ fn fsdp_evaluates_and_predicts_every_row() {
         (Config::new(), one as &'static dyn Backend),
         (fsdp(4), partitioned(&fsdp(4))),
     ] {
-        let mut run = Nitro::with_backend(
-            mlp(Act::Tanh),
-            Adam::default(),
-            config.batch(8),
-            backend,
-            own_cache(),
-        )
-        .unwrap();
+        let mut run = handle(mlp(Act::Tanh), config.batch(8), backend, own_cache()).unwrap();
         let eval = run.evaluate(&sample, 7).unwrap();
         let predictions = run.predict(&sample).unwrap();
         assert_eq!(predictions.dims(), &[8, 3]);
@@ -262,13 +257,7 @@ fn a_sharding_constraint_inside_the_model_is_emitted_and_trains_to_the_one_devic
             bad,
             layers: wide().layers,
         };
-        let mut run = Nitro::with_backend(
-            model,
-            Adam::default(),
-            config.batch(8).lr(0.02),
-            backend,
-            own_cache(),
-        )?;
+        let mut run = handle(model, config.batch(8).lr(0.02), backend, own_cache())?;
         STEPS
             .iter()
             .map(|&(start, real)| {
@@ -328,14 +317,7 @@ fn fsdp_keeps_a_quarter_of_the_state_per_device() {
     let (x, y) = data(8, 3);
     let sample = batch(&x, &y, 0, 8, 8);
     let memory = |config: Config, backend: &'static dyn Backend| {
-        let mut run = Nitro::with_backend(
-            wide(),
-            Adam::default(),
-            config.batch(8),
-            backend,
-            own_cache(),
-        )
-        .unwrap();
+        let mut run = handle(wide(), config.batch(8), backend, own_cache()).unwrap();
         run.step(&sample, 8).unwrap();
         run.memory()
     };
@@ -438,14 +420,7 @@ fn checkpoints_resume_across_meshes_with_the_same_values() {
         run.step(&batch(&x, &y, start, real, 8), real).unwrap().loss
     };
     let c4 = fsdp(4).batch(8).lr(0.02);
-    let mut run = Nitro::with_backend(
-        mlp(Act::Tanh),
-        Adam::default(),
-        c4.clone(),
-        partitioned(&c4),
-        own_cache(),
-    )
-    .unwrap();
+    let mut run = handle(mlp(Act::Tanh), c4.clone(), partitioned(&c4), own_cache()).unwrap();
     let mut losses = vec![step(&mut run, 0), step(&mut run, 1)];
     let saved = run.checkpoint().unwrap();
     let c2 = fsdp(2).batch(8).lr(0.02);
@@ -491,14 +466,7 @@ fn a_sharding_change_misses_naming_both_and_serves_nothing_stale() {
     let sample = batch(&x, &y, 0, 8, 8);
     let prepare = |config: Config| {
         let backend = partitioned(&config);
-        let mut run = Nitro::with_backend(
-            mlp(Act::Tanh),
-            Adam::default(),
-            config.batch(8),
-            backend,
-            cache,
-        )
-        .unwrap();
+        let mut run = handle(mlp(Act::Tanh), config.batch(8), backend, cache).unwrap();
         run.prepare(&sample).unwrap()
     };
     let first = prepare(fsdp(4));
@@ -544,14 +512,7 @@ fn a_fresh_cache_on_the_same_store_loads_the_partitioned_programs_and_compiles_n
     let (x, y) = data(16, 9);
     let config = fsdp(4).batch(8).lr(0.02);
     let run = |cache: &'static Cache| {
-        let mut run = Nitro::with_backend(
-            mlp(Act::Tanh),
-            Adam::default(),
-            config.clone(),
-            partitioned(&config),
-            cache,
-        )
-        .unwrap();
+        let mut run = handle(mlp(Act::Tanh), config.clone(), partitioned(&config), cache).unwrap();
         // The preflight first: it compiles nothing, and says what the lookups will do.
         let plan = run.plan(&batch(&x, &y, 0, 8, 8), false).unwrap();
         let outcomes = run.prepare(&batch(&x, &y, 0, 8, 8)).unwrap();
@@ -638,9 +599,8 @@ fn bad_meshes_and_shardings_are_typed_errors_that_say_what_to_do() {
             Sharding::fsdp("data").leaf("layers[1].w", PartitionSpec::new([None, Some("model")])),
         );
     if nitro::backend::pjrt::selected().unwrap().is_some() {
-        let e = Nitro::with_backend(
+        let e = handle(
             mlp(Act::Tanh),
-            Adam::default(),
             config.clone().batch(8),
             partitioned(&config),
             own_cache(),
@@ -657,9 +617,8 @@ fn bad_meshes_and_shardings_are_typed_errors_that_say_what_to_do() {
         let config = Config::new()
             .mesh(Mesh::new([("data", 2)]).unwrap())
             .sharding(Sharding::fsdp("data").leaf("*.kernel", PartitionSpec::new([Some("data")])));
-        let e = Nitro::with_backend(
+        let e = handle(
             mlp(Act::Tanh),
-            Adam::default(),
             config.clone().batch(8),
             partitioned(&config),
             own_cache(),
@@ -676,9 +635,8 @@ fn bad_meshes_and_shardings_are_typed_errors_that_say_what_to_do() {
     // A batch that does not split across the mesh.
     if nitro::backend::pjrt::selected().unwrap().is_some() {
         let config = fsdp(4).batch(6);
-        let e = Nitro::with_backend(
+        let e = handle(
             mlp(Act::Tanh),
-            Adam::default(),
             config.clone(),
             partitioned(&config),
             own_cache(),
