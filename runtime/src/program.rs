@@ -726,11 +726,21 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
         });
         // What the update program declared of its groups (taken even when the trace failed,
         // so nothing is left for the next trace to find).
-        let declared = crate::shard::take_group_specs();
+        let declared = crate::shard::take_groups();
         let mut graph = graph?;
         if let Some(partitioning) = partitioning {
             let groups = match declared {
-                Some(specs) => specs,
+                Some(groups) => {
+                    // Each group is a leaf on a mesh: its inputs are named by it too, so that
+                    // a check or a miss reason says which leaf (`params[0] (layers[0].w)`).
+                    for (input, role) in graph.inputs.iter_mut().zip(&roles) {
+                        if let (InputRole::Group(i), false) = (role, groups.is_empty()) {
+                            let (path, _) = &groups[i % groups.len()];
+                            input.name = format!("{} ({path})", input.name);
+                        }
+                    }
+                    groups.into_iter().map(|(_, spec)| spec).collect::<Vec<_>>()
+                }
                 None => trainable_leaves
                     .iter()
                     .map(|(path, ty)| partitioning.leaf_spec(path, ty))

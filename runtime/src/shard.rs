@@ -494,21 +494,25 @@ impl Partitioning {
     }
 }
 
+/// The groups of trainable leaves an update program's inputs hold, as its function declares
+/// them while it is traced: each group's leaf path and spec.
+pub(crate) type DeclaredGroups = Vec<(String, PartitionSpec)>;
+
 thread_local! {
-    /// The specs of the trainable leaves' groups of the update program being traced, declared
-    /// by its function ([`declare_group_specs`]) for the trace to annotate its inputs with.
-    static GROUP_SPECS: std::cell::RefCell<Option<Vec<PartitionSpec>>> =
+    /// The groups of the update program being traced, declared by its function
+    /// ([`declare_groups`]) for the trace to annotate (and name) its inputs with.
+    static GROUPS: std::cell::RefCell<Option<DeclaredGroups>> =
         const { std::cell::RefCell::new(None) };
 }
 
-/// Declares, while a program is traced, the specs of the trainable leaves' groups its inputs
-/// `params[i]`, `state[k]` and `grads[i]` hold (the update program's, whose experiment holds
-/// them as a GraphConst, so they are in its key).
-pub(crate) fn declare_group_specs(specs: Vec<PartitionSpec>) {
-    GROUP_SPECS.with(|g| *g.borrow_mut() = Some(specs));
+/// Declares, while a program is traced, the leaf path and spec of each group of trainable
+/// leaves its inputs `params[i]`, `state[k]` and `grads[i]` hold (the update program's, whose
+/// experiment holds them as a GraphConst, so they are in its key).
+pub(crate) fn declare_groups(groups: DeclaredGroups) {
+    GROUPS.with(|g| *g.borrow_mut() = Some(groups));
 }
 
-/// Takes what [`declare_group_specs`] declared during the trace just ended.
-pub(crate) fn take_group_specs() -> Option<Vec<PartitionSpec>> {
-    GROUP_SPECS.with(|g| g.borrow_mut().take())
+/// Takes what [`declare_groups`] declared during the trace just ended.
+pub(crate) fn take_groups() -> Option<DeclaredGroups> {
+    GROUPS.with(|g| g.borrow_mut().take())
 }

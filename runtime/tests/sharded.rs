@@ -474,7 +474,7 @@ fn a_sharding_change_misses_naming_both_and_serves_nothing_stale() {
     let replicated = prepare(Config::new().mesh(Mesh::new([("data", 4)]).unwrap()));
     assert_eq!(replicated.len(), 2);
     // Each program names the first input whose spec moved: the gradient program the first
-    // trainable leaf by its path, the update program its first group.
+    // trainable leaf by its path, the update program its first group, and that group's leaf.
     let moved: Vec<(String, String, String)> = replicated
         .iter()
         .map(|outcome| match outcome {
@@ -490,7 +490,11 @@ fn a_sharding_change_misses_naming_both_and_serves_nothing_stale() {
         "{moved:?}"
     );
     assert!(
-        moved.contains(&(spec("params[0]"), spec("P(None, \"data\")"), spec("P()"))),
+        moved.contains(&(
+            spec("params[0] (layers[0].w)"),
+            spec("P(None, \"data\")"),
+            spec("P()")
+        )),
         "{moved:?}"
     );
     // Back to FSDP: its programs are still held, and served.

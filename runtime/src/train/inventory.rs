@@ -319,10 +319,12 @@ pub struct OptimizerStep<O: Optimizer> {
     #[graph_const]
     pub masks: MaskRuns,
     /// On a mesh, how each group of `params` (and its slots in `state`, and its gradient) is
-    /// split: one [`PartitionSpec`](crate::shard::PartitionSpec)'s dims per group. Empty off a
-    /// mesh. A GraphConst: the program's shardings are in its key.
+    /// split: per group — one trainable leaf on a mesh — its path and its
+    /// [`PartitionSpec`](crate::shard::PartitionSpec)'s dims. Empty off a mesh. A GraphConst:
+    /// the program's shardings are in its key, and its inputs (so its miss reasons) are named
+    /// by leaf: `params[0] (layers[0].w)`.
     #[graph_const]
-    pub layout: Vec<Vec<Option<String>>>,
+    pub layout: Vec<(String, Vec<Option<String>>)>,
     /// Steps taken so far, `i64[]`: kept on the device and counted by the program, so a step
     /// uploads no step number; an integer, so it stays exact over any run (an `f32` counter
     /// stops counting at 2^24 steps).
@@ -391,10 +393,10 @@ pub(super) fn update_fn<O: Optimizer>(
 ) -> Vec<Tensor> {
     let UpdateArgsMirror { grads, lr } = inputs;
     if !v.layout.is_empty() {
-        crate::shard::declare_group_specs(
+        crate::shard::declare_groups(
             v.layout
                 .iter()
-                .map(|dims| crate::shard::PartitionSpec(dims.clone()))
+                .map(|(path, dims)| (path.clone(), crate::shard::PartitionSpec(dims.clone())))
                 .collect(),
         );
     }
@@ -973,7 +975,12 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             params: self.packing.zeros(),
             state,
             masks: self.masks.clone(),
-            layout: self.group_specs.iter().map(|s| s.0.clone()).collect(),
+            layout: self
+                .group_specs
+                .iter()
+                .zip(&self.trainable_paths)
+                .map(|(s, path)| (path.clone(), s.0.clone()))
+                .collect(),
             steps: Array::scalar(0i64),
         }
     }
