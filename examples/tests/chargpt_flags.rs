@@ -6,7 +6,9 @@
 //!   windows would not fit in memory are errors, not a panic or an allocation abort;
 //! - output paths (`--checkpoint`, `--manifest`, `--twin`) that cannot be written are refused
 //!   before the corpus is read, naming the flag and the path, not after training;
-//! - `--check --json` prints the preflight as one JSON line.
+//! - `--check --json` prints the preflight as one JSON line;
+//! - a run with `--mesh data=2 --fsdp` reports its devices, sharding and per-device memory
+//!   (with the plugin's figures for each program) in its JSON line.
 //!
 //! Most tests call the library ([`nitro_examples::chargpt::Args`]); those about the process
 //! (exit status 1, one line on stderr) run the example binary, built once by cargo in this
@@ -522,4 +524,91 @@ fn a_context_beyond_the_fortunes_is_an_error() {
         "chargpt: --context 100000000: ",
     );
     assert!(err.contains("use at most --context "), "{err}");
+}
+
+// ---- issue 33: a run over a mesh reports its layout ----
+
+#[test]
+fn an_fsdp_run_reports_its_devices_sharding_and_per_device_memory_in_its_json_line() {
+    let test = "an_fsdp_run_reports_its_devices_sharding_and_per_device_memory_in_its_json_line";
+    if let Err(e) = nitro::backend::xla_for(2) {
+        let required = std::env::var("NITRO_REQUIRE_XLA").is_ok_and(|v| v.trim() == "1");
+        assert!(
+            !required,
+            "{test}: NITRO_REQUIRE_XLA=1 but XLA on 2 devices: {e}"
+        );
+        println!("skip: {test}: {e}");
+        return;
+    }
+    let corpus = small_corpus("fsdp", 6000);
+    let data = corpus.path().display().to_string();
+    let cache = TempDir::new("cache");
+    let flags = [
+        "--data",
+        &data,
+        "--width",
+        "16",
+        "--heads",
+        "2",
+        "--layers",
+        "1",
+        "--context",
+        "8",
+        "--batch",
+        "4",
+        "--steps",
+        "2",
+        "--dropout",
+        "0",
+        "--json",
+        "--mesh",
+        "data=2",
+        "--fsdp",
+    ];
+    let out = chargpt(&flags, cache.path());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{flags:?}:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = Value::Object(last_json_line(&stdout).expect("a JSON line"));
+    assert_eq!(v["devices"], 2, "{v}");
+    let sharding = v["sharding"].as_str().expect("a sharding");
+    assert!(
+        sharding.contains("data=2") && sharding.contains("fsdp(data)"),
+        "{sharding}"
+    );
+    let memory = &v["memory"];
+    assert_eq!(memory["devices"], 2, "{memory}");
+    let bytes = |field: &str| {
+        memory[field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{field}: {memory}"))
+    };
+    let (parameters, state) = (bytes("parameters"), bytes("optimizer_state"));
+    assert!(
+        parameters > 0 && state == 2 * parameters,
+        "Adam's two slots: {memory}"
+    );
+    let programs = memory["programs"].as_array().expect("programs");
+    let mut roles: Vec<&str> = programs.iter().filter_map(|p| p["role"].as_str()).collect();
+    roles.sort_unstable();
+    assert_eq!(roles, ["eval", "grad", "update"], "{memory}");
+    for p in programs {
+        let compiled = &p["compiled"];
+        assert!(
+            compiled["temporaries"].is_u64(),
+            "the plugin's figures: {p}"
+        );
+        if p["role"] == "update" {
+            // One device's shards: parameters, optimizer state, gradients; the step counter
+            // (i64) and the learning rate (f32).
+            assert_eq!(
+                compiled["arguments"].as_u64(),
+                Some(2 * parameters + state + 8 + 4),
+                "{p}"
+            );
+        }
+    }
 }
