@@ -414,45 +414,60 @@ fn checkpoints_resume_across_meshes_with_the_same_values() {
     let (x, y) = data(40, 21);
     // Reference: all five steps on one device.
     let (base_losses, base) = train(Config::new(), one, own_cache());
-    // Two steps under FSDP on 4 devices, then two on 2 (FSDP), then the last on one device.
     let step = |run: &mut Nitro<Mlp, Adam>, i: usize| {
         let (start, real) = STEPS[i];
         run.step(&batch(&x, &y, start, real, 8), real).unwrap().loss
     };
-    let c4 = fsdp(4).batch(8).lr(0.02);
-    let mut run = handle(mlp(Act::Tanh), c4.clone(), partitioned(&c4), own_cache()).unwrap();
-    let mut losses = vec![step(&mut run, 0), step(&mut run, 1)];
-    let saved = run.checkpoint().unwrap();
-    let c2 = fsdp(2).batch(8).lr(0.02);
-    let mut run = Nitro::resume_with(
-        mlp(Act::Tanh),
-        Adam::default(),
-        c2.clone(),
-        saved,
-        partitioned(&c2),
-        own_cache(),
-    )
-    .unwrap();
-    losses.extend([step(&mut run, 2), step(&mut run, 3)]);
-    let saved = run.checkpoint().unwrap();
-    let mut run = Nitro::resume_with(
-        mlp(Act::Tanh),
-        Adam::default(),
-        Config::new().batch(8).lr(0.02),
-        saved,
-        one,
-        own_cache(),
-    )
-    .unwrap();
-    losses.push(step(&mut run, 4));
-    assert_eq!(run.steps(), 5);
-    assert_close(&base_losses, &losses, 1e-5, "losses across meshes");
-    assert_close(
-        &flat(&base),
-        &flat(&leaves(&run.into_experiment().unwrap())),
-        1e-5,
-        "leaves across meshes",
-    );
+    // Trains STEPS leg by leg, each leg on its own layout, resumed from the last leg's
+    // checkpoint.
+    let chain = |legs: &[(Config, std::ops::Range<usize>)]| {
+        let (mut losses, mut saved, mut last) = (Vec::new(), None, None);
+        for (config, steps) in legs {
+            let config = config.clone().batch(8).lr(0.02);
+            let backend = match config.partitioning().unwrap() {
+                Some(_) => partitioned(&config),
+                None => one,
+            };
+            let mut run = match saved.take() {
+                None => handle(mlp(Act::Tanh), config, backend, own_cache()).unwrap(),
+                Some(saved) => Nitro::resume_with(
+                    mlp(Act::Tanh),
+                    Adam::default(),
+                    config,
+                    saved,
+                    backend,
+                    own_cache(),
+                )
+                .unwrap(),
+            };
+            losses.extend(steps.clone().map(|i| step(&mut run, i)));
+            saved = Some(run.checkpoint().unwrap());
+            last = Some(run);
+        }
+        let run = last.expect("a leg");
+        assert_eq!(run.steps(), STEPS.len() as u64);
+        (losses, leaves(&run.into_experiment().unwrap()))
+    };
+    let replicated = Config::new().mesh(Mesh::new([("data", 4)]).unwrap());
+    for (what, legs) in [
+        (
+            "FSDP on 4 devices, then on 2, then one device",
+            vec![(fsdp(4), 0..2), (fsdp(2), 2..4), (Config::new(), 4..5)],
+        ),
+        (
+            "one device, then replicated on 4, then FSDP on 4",
+            vec![(Config::new(), 0..1), (replicated, 1..3), (fsdp(4), 3..5)],
+        ),
+    ] {
+        let (losses, trained) = chain(&legs);
+        assert_close(&base_losses, &losses, 1e-5, &format!("losses: {what}"));
+        assert_close(
+            &flat(&base),
+            &flat(&trained),
+            1e-5,
+            &format!("leaves: {what}"),
+        );
+    }
 }
 
 #[test]
