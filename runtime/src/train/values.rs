@@ -257,7 +257,11 @@ pub(crate) fn place_zero_groups(
                 let zeros = Array::try_zeros(ty.dtype, &ty.dims)?;
                 return place_group(backend, Cow::Owned(zeros), spec);
             }
-            spec.check(p.mesh(), ty, "a zeroed optimizer slot")?;
+            spec.check(
+                p.mesh(),
+                ty,
+                "zeroed state (an optimizer slot, gradient sums)",
+            )?;
             let shard = spec.shard_type(p.mesh(), ty);
             let values = (0..p.mesh().devices())
                 .map(|d| {
