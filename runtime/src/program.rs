@@ -238,10 +238,9 @@ impl Packing {
 
     /// Zero-filled arrays of this packing's groups.
     pub(crate) fn zeros(&self) -> Vec<Array> {
-        self.groups
+        self.types()
             .iter()
-            .enumerate()
-            .map(|(g, &(dtype, _))| Array::zeros(dtype, &self.group_dims(g)))
+            .map(|t| Array::zeros(t.dtype, &t.dims))
             .collect()
     }
 
@@ -789,10 +788,7 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
         groups: &[crate::shard::PartitionSpec],
     ) -> Result<crate::shard::ProgramSharding> {
         use crate::shard::PartitionSpec;
-        let group = |i: usize| match groups.len() {
-            0 => PartitionSpec::replicated(),
-            n => groups[i % n].clone(),
-        };
+        let group = |i: usize| crate::shard::group_spec(groups, i).clone();
         let inputs: Vec<PartitionSpec> = roles
             .iter()
             .map(|role| match role {

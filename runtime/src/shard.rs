@@ -119,6 +119,11 @@ impl PartitionSpec {
         PartitionSpec(Vec::new())
     }
 
+    /// Whether it splits no dim: every device holds the whole array.
+    pub fn is_whole(&self) -> bool {
+        self.0.iter().all(Option::is_none)
+    }
+
     /// Split along `axis` on the largest dim of `dims` that its size divides (FSDP's rule);
     /// whole when none does.
     pub fn fsdp(mesh: &Mesh, axis: &str, dims: &[usize]) -> PartitionSpec {
@@ -491,6 +496,16 @@ impl Partitioning {
             .map(|(n, s)| format!("{n}={s}"))
             .collect();
         format!("mesh [{}], {}", axes.join(", "), self.sharding)
+    }
+}
+
+/// Group `i`'s spec among `specs`, one per group of the trainable leaves: the list repeats for
+/// each optimizer slot (input `state[k]` holds group `k mod groups`); whole without specs.
+pub(crate) fn group_spec(specs: &[PartitionSpec], i: usize) -> &PartitionSpec {
+    static WHOLE: std::sync::OnceLock<PartitionSpec> = std::sync::OnceLock::new();
+    match specs.len() {
+        0 => WHOLE.get_or_init(PartitionSpec::replicated),
+        n => &specs[i % n],
     }
 }
 

@@ -877,7 +877,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 self.experiment.visit_device(&mut |field, _, node| {
                     if let Node::Leaf(a) = node {
                         if field.role == (Role::Device { trainable: true }) {
-                            let spec = values::group_spec(specs, trainable.len());
+                            let spec = crate::shard::group_spec(specs, trainable.len());
                             trainable.push(values::place_group(backend, Cow::Borrowed(a), spec));
                         } else {
                             frozen.push(a.clone());
@@ -896,10 +896,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             self.placed = true;
         }
         if !self.state_placed {
-            let slots = self.optimizer.slots().len();
-            let types: Vec<LeafType> = std::iter::repeat_n(self.packing.for_state().types(), slots)
-                .flatten()
-                .collect();
+            let types = state_types(&self.optimizer, &self.packing);
             self.state = values::place_zero_groups(self.backend, &types, &self.group_specs)?;
             if self.counter.is_empty() {
                 self.counter = place(self.backend, vec![Array::scalar(0i64)])?;
@@ -968,24 +965,19 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// for the current batch shape.
     pub fn memory(&self) -> Memory {
         let bytes = |values: &[Value]| values.iter().map(Value::device_bytes).sum::<u64>();
-        // One device's share of each group, in `dtype`.
-        let groups = |state: bool| -> u64 {
-            (0..self.packing.groups.len())
-                .map(|g| {
-                    let dtype = self.packing.groups[g].0;
-                    let ty = LeafType {
-                        dtype: if state {
-                            crate::optim::state_dtype(dtype)
-                        } else {
-                            dtype
-                        },
-                        dims: self.packing.group_dims(g),
+        // One device's share of groups of `types` (a group's spec repeating for each slot).
+        let per_device = |types: Vec<LeafType>| -> u64 {
+            types
+                .iter()
+                .enumerate()
+                .map(|(g, ty)| {
+                    let ty = match self.backend.partitioning() {
+                        Some(p) => {
+                            crate::shard::group_spec(&self.group_specs, g).shard_type(p.mesh(), ty)
+                        }
+                        None => ty.clone(),
                     };
-                    let ty = match (self.backend.partitioning(), self.group_specs.get(g)) {
-                        (Some(p), Some(spec)) => spec.shard_type(p.mesh(), &ty),
-                        _ => ty,
-                    };
-                    (ty.dims.iter().product::<usize>() * ty.dtype.size_bytes()) as u64
+                    ty.size_bytes().unwrap_or(u64::MAX)
                 })
                 .sum()
         };
@@ -1018,9 +1010,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             .collect();
         Memory {
             devices: self.backend.devices(),
-            parameters: groups(false),
+            parameters: per_device(self.packing.types()),
             frozen,
-            optimizer_state: groups(true) * self.optimizer.slots().len() as u64,
+            optimizer_state: per_device(state_types(&self.optimizer, &self.packing)),
             gradient_sums: self.window.sums.as_deref().map_or(0, bytes),
             programs,
         }
@@ -1213,12 +1205,19 @@ pub struct ProgramMemory {
     pub compiled: Option<crate::backend::CompiledMemory>,
 }
 
-/// Zeroed optimizer state for the packed trainable leaves: each slot, one array per group (in
+/// The optimizer state's types for the packed trainable leaves: each slot, one per group (in
 /// `f32` for half-precision groups).
+fn state_types<O: Optimizer>(optimizer: &O, packing: &Packing) -> Vec<LeafType> {
+    std::iter::repeat_n(packing.for_state().types(), optimizer.slots().len())
+        .flatten()
+        .collect()
+}
+
+/// Zeroed optimizer state of [`state_types`].
 fn zero_state<O: Optimizer>(optimizer: &O, packing: &Packing) -> Vec<Array> {
-    let state = packing.for_state();
-    (0..optimizer.slots().len())
-        .flat_map(|_| state.zeros())
+    state_types(optimizer, packing)
+        .iter()
+        .map(|t| Array::zeros(t.dtype, &t.dims))
         .collect()
 }
 

@@ -10,7 +10,7 @@ use crate::backend::Backend;
 use crate::cache::Compiled;
 use crate::error::{Error, Result};
 use crate::program::Packing;
-use crate::shard::{Mesh, PartitionSpec};
+use crate::shard::{group_spec, Mesh, PartitionSpec};
 use crate::tree::{Array, ArrayData, LeafType};
 
 /// One value kept between runs.
@@ -55,10 +55,7 @@ impl Value {
     pub(crate) fn device_bytes(&self) -> u64 {
         match self {
             Value::Replicas(r) | Value::Sharded(r, _) => r.first().map_or(0, Value::device_bytes),
-            v => {
-                let ty = v.leaf_type();
-                (ty.dims.iter().product::<usize>() * ty.dtype.size_bytes()) as u64
-            }
+            v => v.leaf_type().size_bytes().unwrap_or(u64::MAX),
         }
     }
 
@@ -206,15 +203,6 @@ pub(crate) fn place_groups(
         .collect()
 }
 
-/// Group `i`'s spec: one per group, repeating for every optimizer slot; whole without specs.
-pub(crate) fn group_spec(specs: &[PartitionSpec], i: usize) -> &PartitionSpec {
-    static WHOLE: std::sync::OnceLock<PartitionSpec> = std::sync::OnceLock::new();
-    match specs.len() {
-        0 => WHOLE.get_or_init(PartitionSpec::replicated),
-        n => &specs[i % n],
-    }
-}
-
 /// One group placed as [`place_groups`] places it: split by `spec` over the backend's mesh,
 /// or whole (on every device).
 pub(crate) fn place_group(
@@ -223,7 +211,7 @@ pub(crate) fn place_group(
     spec: &PartitionSpec,
 ) -> Result<Value> {
     match (backend.partitioning(), backend.device()) {
-        (Some(p), Some(client)) if spec.0.iter().any(Option::is_some) => {
+        (Some(p), Some(client)) if !spec.is_whole() => {
             upload_split(client, spec.clone(), p.mesh(), &a, "a trainable leaf")
         }
         _ => place(backend, vec![a.into_owned()])?
@@ -253,7 +241,7 @@ pub(crate) fn place_zero_groups(
         .enumerate()
         .map(|(i, ty)| {
             let spec = group_spec(specs, i);
-            if spec.0.iter().all(Option::is_none) {
+            if spec.is_whole() {
                 let zeros = Array::try_zeros(ty.dtype, &ty.dims)?;
                 return place_group(backend, Cow::Owned(zeros), spec);
             }
@@ -395,7 +383,7 @@ fn exec_replicas(
     // And its results put together by theirs: split ones kept as their shards.
     let gathered = |k: usize, values: Vec<Value>| match sharding {
         Some(s) => match s.outputs.get(k) {
-            Some(spec) if spec.0.iter().any(Option::is_some) => {
+            Some(spec) if !spec.is_whole() => {
                 Value::Sharded(values, Box::new((spec.clone(), s.mesh.clone())))
             }
             _ => Value::Replicas(values),
