@@ -458,8 +458,6 @@ impl Array {
     }
 }
 
-/// The element count of `dtype` with `dims`, or [`Error::ShapeTooLarge`] when the type is over
-/// the size limit.
 /// Element types whose all-zero bit pattern is a valid value (zero, or `false`).
 ///
 /// # Safety
@@ -511,6 +509,8 @@ fn zeroed_vec<T: ZeroBits>(n: usize) -> Option<Vec<T>> {
     Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
 }
 
+/// The element count of `dtype` with `dims`, or [`Error::ShapeTooLarge`] when the type is over
+/// the size limit.
 pub(crate) fn checked_count(dtype: DType, dims: &[usize]) -> Result<usize> {
     LeafType::new(dtype, dims)
         .element_count()
