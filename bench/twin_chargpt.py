@@ -61,6 +61,9 @@ one-device run's up to float reassociation in the cross-device reductions). The 
 measured as without it. The JSON line adds `fsdp` (N, 0 when off) and `state_bytes_per_device`,
 the bytes of parameters and optimizer state on the mesh's first device after the last step (off:
 the one device's, 3 x the parameters' bytes); `peak_rss_mb` is the process's, all devices.
+Unbucketed, it also adds `place_ms` (putting the parameters and zeroed optimizer state on their
+devices, before the first step's clock starts) and `first_step_from_host_ms` (that plus the
+first step: the work nitro's first step, counted from the handle, covers).
 """
 
 import time
@@ -370,94 +373,23 @@ class Fsdp:
                 f"{split} of {len(shardings)} leaves split, the rest whole on every device")
 
 
-def unsharded_state_bytes(host_params):
-    """Without --fsdp every leaf is whole on the one device: the parameters, m and v."""
-    return 3 * int(sum(np.asarray(v).nbytes for v in host_params.values()))
-
-
 def train_fsdp(run, host_params, batches, real, steps, gather, model, eval_set, fsdp):
-    """twin_common.train (the same timing: lowering and compile, the first step, the waited
-    and pipelined steps, evaluation outside the loop's time) under `fsdp`, evaluating after
-    the last step; returns its fields plus the device's state bytes after the last step."""
-    batch = run["batch"]
-    fsdp.check_rows(batch, "run.json's batch")
+    """twin_common.train (the same timing: placement, lowering and compile, the first step, the
+    waited and pipelined steps, evaluation outside the loop's time) under `fsdp`, evaluating
+    after the last step."""
+    fsdp.check_rows(run["batch"], "run.json's batch")
     per_row_loss, eval_fn = model
     shardings = fsdp.shardings(host_params)
     inputs_sh = (fsdp.rows(2), fsdp.rows(2), fsdp.rows(1))
-    step_fn = fsdp.train_step(run, per_row_loss, shardings, inputs_sh)
-    eval_jit = fsdp.evaluation(eval_fn, shardings, inputs_sh)
-    # Placement is timed too: nitro's first step (from the handle) includes putting the host
-    # parameters and zeroed optimizer state in their shards, so "first_step_from_host_ms"
-    # (placement, lowering, compile, the step) is the figure to set beside it.
-    placing = time.perf_counter()
-    key = jax.device_put(jax.random.PRNGKey(int(run.get("seed", 0))), fsdp.replicated)
-    params, opt_state = fsdp.place(host_params, shardings)
-    jax.block_until_ready((params, opt_state, key))
-    place_s = time.perf_counter() - placing
 
-    def inputs(t):
-        x, y = gather(batches[t])
-        mask = (np.arange(batch) < real[t]).astype(np.float32)
-        return x, y, mask, np.float32(tc.cosine(run["schedule"], t)), np.int32(t)
+    def place():
+        key = jax.device_put(jax.random.PRNGKey(int(run.get("seed", 0))), fsdp.replicated)
+        return (*fsdp.place(host_params, shardings), key)
 
-    # The first step: lowering, XLA's compile, the step itself.
-    first_started = time.perf_counter()
-    x, y, mask, lr, t32 = inputs(0)
-    lowered = step_fn.lower(params, opt_state, x, y, mask, lr, t32, key)
-    lowered_at = time.perf_counter()
-    compiled = lowered.compile()
-    compiled_at = time.perf_counter()
-    timing = {"lower_ms": tc.ms(lowered_at - first_started), "compile_ms": tc.ms(compiled_at - lowered_at)}
-
-    every = max(1, -(-steps // tc.WAITED_SAMPLES))
-    sampled = {i for i in range(1, steps) if i % every == every // 2}
-    waited, losses, excluded = [], [], 0.0
-    eval_compiled, last_eval = None, None
-    for t in range(steps):
-        timed = t in sampled
-        if timed:
-            jax.block_until_ready((params, opt_state))
-            s = time.perf_counter()
-        if t > 0:
-            x, y, mask, lr, t32 = inputs(t)
-        params, opt_state, loss = compiled(params, opt_state, x, y, mask, lr, t32, key)
-        losses.append(loss)
-        if t == 0:
-            loss.block_until_ready()
-            timing["first_step_ms"] = tc.ms(time.perf_counter() - first_started)
-            timing["place_ms"] = tc.ms(place_s)
-            timing["first_step_from_host_ms"] = tc.ms(time.perf_counter() - first_started + place_s)
-            # The evaluation program, compiled once, outside the loop's time.
-            e0 = time.perf_counter()
-            X, Y = eval_set
-            rows, _ = next(tc.pad_rows(len(X), batch))
-            eval_lowered = eval_jit.lower(params, X[rows], Y[rows], np.ones(batch, np.float32))
-            e1 = time.perf_counter()
-            eval_compiled = eval_lowered.compile()
-            e2 = time.perf_counter()
-            timing["eval_lower_ms"], timing["eval_compile_ms"] = tc.ms(e1 - e0), tc.ms(e2 - e1)
-            excluded += e2 - e0
-        if timed:
-            jax.block_until_ready((params, opt_state, loss))
-            waited.append(time.perf_counter() - s)
-        if t + 1 == steps:
-            jax.block_until_ready((params, opt_state))
-            e0 = time.perf_counter()
-            X, Y = eval_set
-            sums = []
-            for rows, n in tc.pad_rows(len(X), batch):
-                emask = (np.arange(batch) < n).astype(np.float32)
-                sums.append(eval_compiled(params, X[rows], Y[rows], emask))
-            last_eval = [float(sum(float(s[i]) for s in sums)) for i in range(len(sums[0]))]
-            excluded += time.perf_counter() - e0
-    host_losses = np.array([float(v) for v in jax.device_get(losses)], dtype=np.float64)
-    loop_wall = time.perf_counter() - compiled_at - excluded
-    if not waited:
-        waited = [timing["first_step_ms"] / 1e3]
-    timing["step_ms"] = tc.ms(statistics.median(waited))
-    timing["step_ms_pipelined"] = tc.ms(loop_wall / steps)
-    timing["eval_ms"] = tc.ms(excluded)
-    return timing, host_losses, last_eval, len(eval_set[0]), fsdp.state_bytes(params, opt_state)
+    layout = tc.Layout(fsdp.train_step(run, per_row_loss, shardings, inputs_sh),
+                       fsdp.evaluation(eval_fn, shardings, inputs_sh), place, fsdp.state_bytes)
+    return tc.train(run, host_params, batches, real, steps, gather, model, eval_set, set(),
+                    STARTED, layout)
 
 
 # ---- a synthetic bundle, for testing the twin without nitro ---------------------------------------
@@ -701,7 +633,7 @@ def train_bucketed(run, host_params, buckets, steps, form, fsdp=None):
         "padding_waste_rows": round(float(1.0 - lengths.sum() / padded_to.sum()), 6),
         "fsdp": fsdp.n if fsdp else 0,
         "state_bytes_per_device": (fsdp.state_bytes(params, opt_state) if fsdp
-                                   else unsharded_state_bytes(host_params)),
+                                   else tc.whole_state_bytes(params, opt_state)),
     }
     return timing, host_losses, fields
 
@@ -806,12 +738,12 @@ def main():
 
     if fsdp:
         say(fsdp.describe(fsdp.shardings(params)))
-        timing, losses, sums, n, state_bytes = train_fsdp(
+        timing, losses, sums, n = train_fsdp(
             run, params, batches, real, steps, gather, make_model(run, form), (val_x, val_y), fsdp)
     else:
         timing, losses, sums, n = tc.train(run, params, batches, real, steps, gather,
                                            make_model(run, form), (val_x, val_y), set(), STARTED)
-        state_bytes = unsharded_state_bytes(params)
+    state_bytes = timing["state_bytes_per_device"]
     bits = sums[0] / n / math.log(2)
     say(f"held out {bits:.4f} bits/char")
     say(f"state    {state_bytes} bytes of parameters and optimizer state on the first device")

@@ -226,22 +226,54 @@ def pad_rows(n, batch):
         yield np.resize(idx, batch), len(idx)
 
 
-def train(run, host_params, batches, real, steps, gather, eval_sums, eval_set, eval_after, started):
+class Layout:
+    """How `train` lays the run out over devices (the default: everything on one device).
+
+    step_fn: the jitted train step (make_train_step's signature); eval_jit: the jitted
+    evaluation; place() -> (params, opt_state, key) on their devices; state_bytes(params,
+    opt_state) -> the bytes of both on the first device."""
+
+    def __init__(self, step_fn, eval_jit, place, state_bytes):
+        self.step_fn, self.eval_jit, self.place, self.state_bytes = step_fn, eval_jit, place, state_bytes
+
+
+def one_device(run, host_params, eval_sums):
+    """The default Layout: make_train_step and jax.jit(eval_fn) on the default device."""
+    per_row_loss, eval_fn = eval_sums
+
+    def place():
+        params = {k: jax.device_put(v) for k, v in host_params.items()}
+        opt_state = {"m": {k: jnp.zeros_like(v) for k, v in params.items()},
+                     "v": {k: jnp.zeros_like(v) for k, v in params.items()}}
+        return params, opt_state, jax.random.PRNGKey(int(run.get("seed", 0)))
+
+    return Layout(make_train_step(run, per_row_loss), jax.jit(eval_fn), place, whole_state_bytes)
+
+
+def whole_state_bytes(params, opt_state):
+    """The bytes of the parameters and optimizer state, each whole on one device."""
+    return int(sum(a.nbytes for a in jax.tree_util.tree_leaves((params, opt_state))))
+
+
+def train(run, host_params, batches, real, steps, gather, eval_sums, eval_set, eval_after, started,
+          layout=None):
     """Trains `steps` steps and evaluates after each step in `eval_after` (a set of step counts).
 
     gather(rows) -> (x, y) numpy for training-set rows; eval_sums(params, x, y, mask) -> tuple of
-    masked sums (the jitted evaluation program); eval_set = (X, Y) numpy. Returns the report's
-    timing fields, the losses (float64) and the last evaluation's sums and real row count.
+    masked sums (the jitted evaluation program); eval_set = (X, Y) numpy; layout: a Layout
+    (default: one_device). Returns the report's timing fields, the losses (float64) and the
+    last evaluation's sums and real row count. The timing fields also hold "place_ms" (putting
+    the parameters and zeroed optimizer state on their devices, before the first step's clock
+    starts), "first_step_from_host_ms" (that plus the first step: what a handle that places
+    at its first step counts) and "state_bytes_per_device" (after the last step).
     """
     batch = run["batch"]
-    per_row_loss, eval_fn = eval_sums
-    step_fn = make_train_step(run, per_row_loss)
-    eval_jit = jax.jit(eval_fn)
-    key = jax.random.PRNGKey(int(run.get("seed", 0)))
-    params = {k: jax.device_put(v) for k, v in host_params.items()}
-    opt_state = {"m": {k: jnp.zeros_like(v) for k, v in params.items()},
-                 "v": {k: jnp.zeros_like(v) for k, v in params.items()}}
+    layout = layout or one_device(run, host_params, eval_sums)
+    step_fn, eval_jit = layout.step_fn, layout.eval_jit
+    placing = time.perf_counter()
+    params, opt_state, key = layout.place()
     jax.block_until_ready((params, opt_state, key))
+    place_s = time.perf_counter() - placing
 
     def inputs(t):
         x, y = gather(batches[t])
@@ -274,6 +306,8 @@ def train(run, host_params, batches, real, steps, gather, eval_sums, eval_set, e
         if t == 0:
             loss.block_until_ready()
             timing["first_step_ms"] = ms(time.perf_counter() - first_started)
+            timing["place_ms"] = ms(place_s)
+            timing["first_step_from_host_ms"] = ms(time.perf_counter() - first_started + place_s)
             # The evaluation program, compiled once, outside the loop's time.
             e0 = time.perf_counter()
             X, Y = eval_set
@@ -305,6 +339,7 @@ def train(run, host_params, batches, real, steps, gather, eval_sums, eval_set, e
     timing["step_ms"] = ms(statistics.median(waited))
     timing["step_ms_pipelined"] = ms(loop_wall / steps)
     timing["eval_ms"] = ms(excluded)
+    timing["state_bytes_per_device"] = layout.state_bytes(params, opt_state)
     return timing, host_losses, last_eval, len(eval_set[0])
 
 
