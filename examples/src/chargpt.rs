@@ -89,8 +89,7 @@ impl FromBatch for Windows {
 pub fn logits(v: &CharGptView<'_>, x: Tensor) -> Tensor {
     let a = &v.arch;
     let t = x.dims()[1];
-    let positions = Tensor::iota(DType::I32, &[t], 0);
-    let h = a.tokens.forward(&v.tokens, x) + a.positions.forward(&v.positions, positions);
+    let h = a.tokens.forward(&v.tokens, x) + a.positions.positions(&v.positions, t);
     let h = match (&a.stack, &v.stack) {
         (Some(blocks), Some(p)) => blocks.forward(p, h),
         _ => nn::stack(&a.blocks, &v.blocks, h, |h| h),

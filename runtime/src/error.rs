@@ -98,16 +98,24 @@ pub enum Error {
 
     /// A training loss was NaN or infinite and [`crate::train::Config::non_finite`] says to
     /// stop ([`crate::train::NonFinite::Stop`]).
-    #[error("the training loss of epoch {epoch}, batch {batch} (optimizer step {step}) is {loss}: the parameters are likely non-finite now; lower the learning rate, check the data and the loss for NaN sources, or resume from an earlier checkpoint")]
+    ///
+    /// Steps are enqueued without waiting and losses are read when an epoch ends, so the
+    /// handle has run on past the step that produced the loss: `step` is the step that produced
+    /// it, `state_step` the step the handle's state is at when it stops (the steps between ran
+    /// on what that step left, likely non-finite).
+    #[error("the training loss of epoch {epoch}, batch {batch} (optimizer step {step}) is {loss}, found when the epoch's losses were read with the handle's state at optimizer step {state_step}: the parameters are likely non-finite now; lower the learning rate, check the data and the loss for NaN sources, or resume from a checkpoint taken before step {step}")]
     NonFiniteLoss {
         /// The epoch, from 1.
         epoch: u64,
         /// The batch of the epoch, from 1.
         batch: usize,
-        /// The optimizer steps the handle had taken after that batch.
+        /// The optimizer steps the handle had taken after that batch: the step that produced
+        /// the loss.
         step: u64,
         /// The loss.
         loss: f64,
+        /// The optimizer steps the handle had taken when it stopped: the step its state is at.
+        state_step: u64,
     },
 
     /// A program was run with the wrong number of inputs.
@@ -389,6 +397,18 @@ pub enum Error {
     Sharding {
         /// What was being sharded (a leaf with its type, or the mesh).
         what: String,
+        /// What is wrong, and what to do.
+        problem: String,
+    },
+
+    /// A layer of [`crate::nn`] cannot take an input of these dims (see
+    /// [`OutputDims`](crate::nn::OutputDims)): what a trace of its forward pass would fail with.
+    #[error("layer {layer} cannot take input dims {input:?}: {problem}")]
+    Layer {
+        /// The layer, as it prints.
+        layer: String,
+        /// One example's input dims (no batch dim).
+        input: Vec<usize>,
         /// What is wrong, and what to do.
         problem: String,
     },

@@ -34,7 +34,10 @@ pub struct Mesh {
 }
 
 impl Mesh {
-    /// A mesh of these axes, in order. Names must be identifiers and unique, sizes at least 1.
+    /// A mesh of these axes, in order. Names must be identifiers and unique, sizes at least 1,
+    /// and the product of the sizes — the device count — at most
+    /// [`MAX_DEVICES`](crate::backend::MAX_DEVICES) (checked: sizes whose product overflows are
+    /// refused, never wrapped).
     pub fn new<N: Into<String>>(axes: impl IntoIterator<Item = (N, usize)>) -> Result<Mesh> {
         let axes: Vec<(String, usize)> = axes.into_iter().map(|(n, s)| (n.into(), s)).collect();
         let bad = |problem: String| Error::Sharding {
@@ -61,6 +64,18 @@ impl Mesh {
             if axes[..i].iter().any(|(n, _)| n == name) {
                 return Err(bad(format!("axis `{name}` is named twice")));
             }
+        }
+        let max = crate::backend::MAX_DEVICES;
+        let devices = axes
+            .iter()
+            .try_fold(1usize, |n, (_, s)| n.checked_mul(*s).filter(|&n| n <= max));
+        if devices.is_none() {
+            let sizes: Vec<String> = axes.iter().map(|(n, s)| format!("{n}={s}")).collect();
+            return Err(bad(format!(
+                "its axes [{}] span more than {max} devices (the most a handle can use); make \
+                 the axes smaller",
+                sizes.join(", ")
+            )));
         }
         Ok(Mesh { axes })
     }
@@ -224,6 +239,8 @@ impl PartitionSpec {
 
     /// The array whose shards, one per device of `mesh` in device order, are `shards` (a
     /// replicated dim is taken from the device that holds coordinate 0 of every other axis).
+    /// The spec is checked as [`split`](PartitionSpec::split) checks it, against the whole
+    /// array the shards make.
     pub fn gather(&self, mesh: &Mesh, shards: &[Array], what: &str) -> Result<Array> {
         let first = shards.first().ok_or_else(|| Error::Sharding {
             what: what.to_owned(),
@@ -239,15 +256,25 @@ impl PartitionSpec {
                 ),
             });
         }
-        let dims: Vec<usize> = first
+        let dims = first
             .dims()
             .iter()
             .enumerate()
             .map(|(i, &d)| match self.0.get(i).cloned().flatten() {
-                Some(axis) => d * mesh.size(&axis).unwrap_or(1),
-                None => d,
+                Some(axis) => d.checked_mul(mesh.size(&axis).unwrap_or(1)),
+                None => Some(d),
             })
-            .collect();
+            .collect::<Option<Vec<usize>>>()
+            .ok_or_else(|| Error::Sharding {
+                what: what.to_owned(),
+                problem: format!(
+                    "shards of {} gathered by {self} overflow a dim's size",
+                    first.leaf_type()
+                ),
+            })?;
+        // The same check as `split`'s, on the whole array the shards make: an axis the mesh
+        // lacks, a spec longer than the rank or an axis used twice is refused, never sized as 1.
+        self.check(mesh, &LeafType::new(first.dtype(), &dims), what)?;
         let mut pieces = Vec::new();
         for (device, shard) in shards.iter().enumerate() {
             let window = self.window(mesh, &dims, device);

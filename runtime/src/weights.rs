@@ -34,7 +34,7 @@ use std::path::Path;
 use crate::checkpoint::{to_array, Raw};
 use crate::error::{Error, Result};
 use crate::experiment::Experiment;
-use crate::tree::{Array, DType, LeafType, Node};
+use crate::tree::{Array, ArrayData, DType, LeafType, Node};
 
 type Renamer = Box<dyn Fn(&str) -> String>;
 type Mapper = Box<dyn Fn(Array) -> std::result::Result<Array, String>>;
@@ -60,6 +60,7 @@ pub struct Import {
     maps: HashMap<String, Mapper>,
     splits: HashMap<String, (usize, Vec<String>)>,
     cast: bool,
+    saturate: bool,
     allow_extra: bool,
     preset: Option<Preset>,
 }
@@ -204,8 +205,22 @@ impl Import {
     /// Converts floating-point tensors whose dtype differs from their leaf's (`f16`, `bf16`,
     /// `f64` files into `f32` leaves, say) instead of refusing them; each conversion is listed
     /// in [`Loaded::cast`]. Integer tensors are never converted.
+    ///
+    /// A finite value the leaf's dtype cannot hold (`70000.0` or `1e300` into an `f16` leaf) is
+    /// refused, naming the tensor, the value and its index: converting it would give ±inf, and
+    /// the first loss would be NaN far from here. [`cast_saturating`](Import::cast_saturating)
+    /// clamps such values instead.
     pub fn cast(mut self) -> Import {
         self.cast = true;
+        self
+    }
+
+    /// [`cast`](Import::cast), clamping finite values the leaf's dtype cannot hold to its
+    /// largest finite value (with their sign) instead of refusing them; each leaf so clamped is
+    /// listed, with how many values, in [`Loaded::saturated`].
+    pub fn cast_saturating(mut self) -> Import {
+        self.cast = true;
+        self.saturate = true;
         self
     }
 
@@ -360,6 +375,9 @@ pub struct Loaded {
     pub ignored: Vec<String>,
     /// The conversions [`Import::cast`] made: `` `leaf` f16 → f32 ``.
     pub cast: Vec<String>,
+    /// The leaves whose finite values [`Import::cast_saturating`] clamped to their dtype's
+    /// range, with how many: `` `leaf` 3 value(s) clamped to ±65504 (f16) ``.
+    pub saturated: Vec<String>,
 }
 
 /// One file tensor's value on its way to a leaf.
@@ -439,7 +457,7 @@ pub fn load_into<E: Experiment + ?Sized>(
     }
     check_instructions::<E>(import, &leaves, &file_names, &by_leaf, &mut problems);
     // Each tensor's conversions, in order; then its type against the leaf's.
-    let mut casts = Vec::new();
+    let mut casts = Conversions::default();
     let mut values: HashMap<String, Array> = HashMap::new();
     let mut loaded = Vec::new();
     for (leaf, ty) in &wanted {
@@ -456,7 +474,7 @@ pub fn load_into<E: Experiment + ?Sized>(
                 "tensor `{}` is {} but leaf `{leaf}` is {ty}{}",
                 c.name,
                 a.leaf_type(),
-                hint(a.dtype(), ty.dtype, import.cast)
+                hint(leaf, &a.leaf_type(), ty, import.cast)
             )),
             Err(why) => problems.push(format!("tensor `{}` (for `{leaf}`): {why}", c.name)),
         }
@@ -499,17 +517,66 @@ pub fn load_into<E: Experiment + ?Sized>(
     Ok(Loaded {
         leaves: loaded,
         ignored,
-        cast: casts,
+        cast: casts.cast,
+        saturated: casts.saturated,
     })
 }
 
-/// What to say after a dtype mismatch.
-fn hint(file: DType, leaf: DType, casting: bool) -> &'static str {
-    if !casting && file.is_float() && leaf.is_float() {
-        " (Import::cast converts it)"
-    } else {
-        ""
+/// The dtype conversions [`Import::cast`] made while loading.
+#[derive(Default)]
+struct Conversions {
+    /// `` `leaf` f16 → f32 ``.
+    cast: Vec<String>,
+    /// The leaves whose values were clamped, with how many.
+    saturated: Vec<String>,
+}
+
+/// What to say after a mismatch between a converted tensor of type `file` and `leaf`'s type
+/// `ty`: [`Import::cast`] where only the dtype differs between floats, a permute (or
+/// [`Import::pytorch`]) where the shape is a reordering of the leaf's.
+fn hint(leaf: &str, file: &LeafType, ty: &LeafType, casting: bool) -> String {
+    let mut hints = Vec::new();
+    if file.dims != ty.dims {
+        let mut sorted = (file.dims.clone(), ty.dims.clone());
+        sorted.0.sort_unstable();
+        sorted.1.sort_unstable();
+        if sorted.0 == sorted.1 {
+            let perm = permutation_between(&file.dims, &ty.dims);
+            let pytorch = if file.dims.len() == 2 {
+                "PyTorch stores a `Linear` weight as [out, in]: `Import::pytorch()` transposes \
+                 it; or "
+            } else {
+                ""
+            };
+            hints.push(format!(
+                "its shape is a reordering of the leaf's: {pytorch}`permute(\"{leaf}\", \
+                 &{perm:?})`"
+            ));
+        }
     }
+    if !casting && file.dtype != ty.dtype && file.dtype.is_float() && ty.dtype.is_float() {
+        hints.push("Import::cast converts its dtype".to_owned());
+    }
+    if hints.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", hints.join("; "))
+    }
+}
+
+/// A permutation `perm` with `to[i] == from[perm[i]]` (`from` a reordering of `to`); equal
+/// sizes are matched in order.
+fn permutation_between(from: &[usize], to: &[usize]) -> Vec<usize> {
+    let mut used = vec![false; from.len()];
+    to.iter()
+        .map(|d| {
+            let i = (0..from.len())
+                .find(|&i| !used[i] && from[i] == *d)
+                .unwrap_or(0);
+            used[i] = true;
+            i
+        })
+        .collect()
 }
 
 /// Refuses every instruction that names nothing: a permute written with the file's name
@@ -590,7 +657,7 @@ fn convert(
     ty: &LeafType,
     value: Array,
     torch: bool,
-    casts: &mut Vec<String>,
+    casts: &mut Conversions,
 ) -> std::result::Result<Array, String> {
     let mut a = value;
     let perm = match import.permutes.get(leaf) {
@@ -605,8 +672,18 @@ fn convert(
         a = channels_last_rows(&a, *chw)?;
     }
     if import.cast && a.dtype() != ty.dtype && a.dtype().is_float() && ty.dtype.is_float() {
-        casts.push(format!("`{leaf}` {} → {}", a.dtype(), ty.dtype));
-        a = cast(&a, ty.dtype)?;
+        casts
+            .cast
+            .push(format!("`{leaf}` {} → {}", a.dtype(), ty.dtype));
+        let (cast, clamped) = cast(&a, ty.dtype, import.saturate)?;
+        if clamped > 0 {
+            casts.saturated.push(format!(
+                "`{leaf}` {clamped} value(s) clamped to ±{} ({})",
+                largest_finite(ty.dtype),
+                ty.dtype
+            ));
+        }
+        a = cast;
     }
     if let Some(f) = import.maps.get(leaf) {
         a = f(a).map_err(|why| format!("map: {why}"))?;
@@ -649,7 +726,13 @@ fn torch_layout(
 /// c)`.
 fn channels_last_rows(a: &Array, [c, h, w]: [usize; 3]) -> std::result::Result<Array, String> {
     let d = a.dims();
-    let rows = c * h * w;
+    let Some(rows) = c.checked_mul(h).and_then(|n| n.checked_mul(w)) else {
+        return Err(format!(
+            "flatten_order {:?}: c·h·w overflows a size; give the layer's real \
+             [channels, height, width]",
+            [c, h, w]
+        ));
+    };
     if d.first() != Some(&rows) {
         return Err(format!(
             "flatten_order {:?} wants a first dim of {rows} (c·h·w), the value is {}",
@@ -693,11 +776,77 @@ fn split(a: &Array, axis: usize, parts: usize) -> std::result::Result<Vec<Array>
         .collect()
 }
 
-/// `a` converted to the floating-point dtype `to`, as the `convert` op converts.
-fn cast(a: &Array, to: DType) -> std::result::Result<Array, String> {
-    let data = crate::ops::elementwise::kernels::convert(a.data(), to)
-        .map_err(|f| format!("cannot cast {} to {to}: {f:?}", a.leaf_type()))?;
-    Array::from_data(a.dims(), data).map_err(|e| e.to_string())
+/// `a` converted to the floating-point dtype `to`, as the `convert` op converts, and how many
+/// values were clamped. A finite value that `to` cannot hold is an error naming it and its
+/// index, or (`saturate`) clamped to `to`'s largest finite value with its sign.
+fn cast(a: &Array, to: DType, saturate: bool) -> std::result::Result<(Array, usize), String> {
+    use crate::ops::elementwise::kernels::convert;
+    let fail = |f| format!("cannot cast {} to {to}: {f:?}", a.leaf_type());
+    let data = convert(a.data(), to).map_err(fail)?;
+    // Read both sides as f64 (which holds every value of every float dtype) to find the
+    // finite values that became infinite.
+    let (ArrayData::F64(before), ArrayData::F64(after)) = (
+        convert(a.data(), DType::F64).map_err(fail)?,
+        convert(&data, DType::F64).map_err(fail)?,
+    ) else {
+        return Err(format!("cannot read {} as f64", a.leaf_type()));
+    };
+    let overflows = |(x, y): &(&f64, &f64)| x.is_finite() && !y.is_finite();
+    let clamped = before.iter().zip(&after).filter(overflows).count();
+    if clamped == 0 {
+        let array = Array::from_data(a.dims(), data).map_err(|e| e.to_string())?;
+        return Ok((array, 0));
+    }
+    let max = largest_finite(to);
+    if !saturate {
+        let first = before
+            .iter()
+            .zip(&after)
+            .position(|p| overflows(&p))
+            .unwrap_or(0);
+        return Err(format!(
+            "its value {} at index {:?} ({clamped} value(s) in all) is finite but outside \
+             {to}'s range (±{max}): cast, it would be infinite; scale the weights, keep the leaf \
+             in a wider dtype, or clamp them with Import::cast_saturating()",
+            before[first],
+            unflatten(first, a.dims())
+        ));
+    }
+    let clamp: Vec<f64> = before
+        .iter()
+        .map(|x| {
+            if x.is_finite() {
+                x.clamp(-max, max)
+            } else {
+                *x
+            }
+        })
+        .collect();
+    let data = convert(&ArrayData::F64(clamp), to).map_err(fail)?;
+    let array = Array::from_data(a.dims(), data).map_err(|e| e.to_string())?;
+    Ok((array, clamped))
+}
+
+/// The largest finite value of the float dtype `to`.
+fn largest_finite(to: DType) -> f64 {
+    match to {
+        DType::F16 => half::f16::MAX.to_f64(),
+        DType::BF16 => half::bf16::MAX.to_f64(),
+        DType::F32 => f64::from(f32::MAX),
+        _ => f64::MAX,
+    }
+}
+
+/// The index, per dim of `dims`, of the `flat`-th element in row-major order.
+fn unflatten(mut flat: usize, dims: &[usize]) -> Vec<usize> {
+    let mut index = vec![0; dims.len()];
+    for (i, &d) in dims.iter().enumerate().rev() {
+        if d > 0 {
+            index[i] = flat % d;
+            flat /= d;
+        }
+    }
+    index
 }
 
 fn permuted(a: &Array, perm: &[usize]) -> std::result::Result<Array, String> {

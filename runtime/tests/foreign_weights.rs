@@ -98,7 +98,7 @@ impl CnnArch {
         }
         // The dense width, computed by the layer library: 6·2·2 either way.
         let input = if channels_first { [1, 8, 8] } else { [8, 8, 1] };
-        let flat = nn::dims_after(&input, &[&conv1, &pool, &conv2, &Flatten]);
+        let flat = nn::dims_after(&input, &[&conv1, &pool, &conv2, &Flatten]).expect("dims");
         CnnArch {
             fc: Linear::new(flat[0], 5),
             conv1,

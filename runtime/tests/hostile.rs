@@ -575,12 +575,26 @@ fn a_non_finite_loss_is_reported_and_can_stop_the_run() {
     };
     let err = run(NonFinite::Stop).unwrap_err();
     match err {
-        Error::NonFiniteLoss {
-            epoch, batch, loss, ..
+        ref e @ Error::NonFiniteLoss {
+            epoch,
+            batch,
+            loss,
+            step,
+            state_step,
         } => {
             assert_eq!(epoch, 1);
             assert!(batch >= 2, "the first step's loss is finite: {batch}");
             assert!(!loss.is_finite());
+            // The losses are read at the epoch's end: the state is at its last step (128 rows
+            // of 16: step 8), past the step that produced the loss, and the error says both.
+            assert_eq!(state_step, 8, "{e}");
+            assert!(step < state_step, "{e}");
+            let text = e.to_string();
+            assert!(
+                text.contains(&format!("optimizer step {step})"))
+                    && text.contains(&format!("state at optimizer step {state_step}")),
+                "{text}"
+            );
         }
         other => panic!("{other}"),
     }

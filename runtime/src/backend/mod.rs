@@ -582,17 +582,16 @@ pub fn xla_for(devices: usize) -> Result<&'static Xla> {
     Ok(made)
 }
 
+/// The most devices a handle, a mesh or `NITRO_DEVICES` may name: [`Mesh::new`](crate::shard::Mesh::new),
+/// [`Config::device_count`](crate::train::Config::device_count) and [`for_devices`] refuse more.
+pub const MAX_DEVICES: usize = 2048;
+
 /// The backend [`current`] picks, for programs replicated over `devices` devices: XLA on a
 /// client with that many devices, or the interpreter running that many replicas.
-/// [`Error::Devices`] for zero devices or more than the plugin can give.
+/// [`Error::Devices`] for zero devices, more than [`MAX_DEVICES`], or more than the plugin can
+/// give.
 pub fn for_devices(devices: usize) -> Result<&'static dyn Backend> {
-    if devices == 0 {
-        return Err(Error::Devices {
-            what: "a backend".into(),
-            requested: 0,
-            reason: "a program runs on at least one device".into(),
-        });
-    }
+    check_device_count(devices, "a backend")?;
     match pjrt::selected()? {
         Some(_) => Ok(xla_for(devices)? as &'static dyn Backend),
         None => {
@@ -600,6 +599,22 @@ pub fn for_devices(devices: usize) -> Result<&'static dyn Backend> {
             Ok(interpreter_for(devices))
         }
     }
+}
+
+/// Refuses a device count of 0 or past [`MAX_DEVICES`], asked for by `what`.
+pub(crate) fn check_device_count(devices: usize, what: &str) -> Result<usize> {
+    let reason = if devices == 0 {
+        "a program runs on at least one device".to_owned()
+    } else if devices > MAX_DEVICES {
+        format!("a handle uses at most {MAX_DEVICES} devices; ask for fewer")
+    } else {
+        return Ok(devices);
+    };
+    Err(Error::Devices {
+        what: what.to_owned(),
+        requested: devices,
+        reason,
+    })
 }
 
 /// The backend [`current`] picks, for programs partitioned over `partitioning`'s mesh by XLA's

@@ -8,7 +8,6 @@ use super::{
 };
 use crate::init::Seed;
 use crate::trace::Tensor;
-use crate::tree::DType;
 
 /// GPT-2's shape: `vocab` tokens, `context` positions, width `dim`, `heads` heads, `layers`
 /// blocks, norms with `eps`. Its forward pass takes token ids `[batch, time]` (`time ≤
@@ -109,8 +108,12 @@ impl Layer for Gpt2 {
     #[track_caller]
     fn forward(&self, p: &Gpt2ParamsMirror<Tensor>, ids: Tensor) -> Tensor {
         let time = ids.dims().get(1).copied().unwrap_or(1);
-        let positions = Tensor::iota(DType::I32, &[time], 0);
-        let mut h = p.wte.table.take(ids, 0) + p.wpe.table.take(positions, 0);
+        // Refused past the context (naming both lengths), never clamped into the table.
+        let wpe = Embedding {
+            vocab: self.context,
+            dim: self.dim,
+        };
+        let mut h = p.wte.table.take(ids, 0) + wpe.positions(&p.wpe, time);
         let block = self.block();
         for b in &p.blocks {
             h = block.forward(b as &BlockParamsMirror<Tensor>, h);

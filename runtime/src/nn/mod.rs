@@ -33,6 +33,7 @@
 //! Also here: the activations (`gelu`, `gelu_tanh`, `silu`) and, re-exported from
 //! [`crate::trace::nn`], the losses and `softmax`/`log_softmax`/`dropout`.
 
+use crate::error::{Error, Result};
 use crate::init::{self, Seed};
 use crate::trace::{Conv, Tensor, Window};
 use crate::tree::{Array, DType, LeafType, Tree};
@@ -208,15 +209,16 @@ pub enum Padding {
 }
 
 impl Padding {
-    /// `(low, high)` per spatial dim for an input of spatial dims `input` (height, width).
+    /// `(low, high)` per spatial dim for an input of spatial dims `input` (height, width); an
+    /// amount past `i64::MAX` (what the convolution op takes) is refused, never wrapped.
     fn pairs(
         &self,
         input: (usize, usize),
         kernel: (usize, usize),
         stride: (usize, usize),
         dilation: (usize, usize),
-    ) -> Vec<(i64, i64)> {
-        match self {
+    ) -> std::result::Result<Vec<(i64, i64)>, String> {
+        Ok(match self {
             Padding::Same => crate::ops::window::same_padding(
                 &[input.0, input.1],
                 &[kernel.0, kernel.1],
@@ -225,8 +227,20 @@ impl Padding {
             ),
             Padding::Valid => vec![(0, 0), (0, 0)],
             Padding::Explicit(p) => p.clone(),
-            Padding::Symmetric(h, w) => vec![(*h as i64, *h as i64), (*w as i64, *w as i64)],
-        }
+            Padding::Symmetric(h, w) => {
+                let amount = |n: usize| {
+                    i64::try_from(n).map_err(|_| {
+                        format!(
+                            "Padding::Symmetric({h}, {w}) pads {n} on a side, past the largest \
+                             padding a convolution takes ({}); pad less",
+                            i64::MAX
+                        )
+                    })
+                };
+                let (h, w) = (amount(*h)?, amount(*w)?);
+                vec![(h, h), (w, w)]
+            }
+        })
     }
 }
 
@@ -315,26 +329,32 @@ impl Conv2d {
     /// ```
     /// use nitro::nn::{Conv2d, Padding};
     /// let conv = Conv2d::new(1, 8, (3, 3)).stride(2, 2).padding(Padding::Symmetric(1, 1));
-    /// assert_eq!(conv.output_dims(&[28, 28, 1]), [14, 14, 8]);
+    /// assert_eq!(conv.output_dims(&[28, 28, 1])?, [14, 14, 8]);
+    /// # Ok::<(), nitro::Error>(())
     /// ```
     ///
-    /// The convolution op's own type rule decides (so it agrees with the forward pass); a
-    /// window that does not fit gives 0 positions.
-    pub fn output_dims(&self, input: &[usize]) -> Vec<usize> {
-        let (h, w, c) = self.channels.hwc();
+    /// The convolution op's own type rule decides, on the same padding the forward pass
+    /// uses: what it refuses (a padding past `i64::MAX`, a window larger than the padded input,
+    /// a rank other than 3) is an [`Error::Layer`] with the message a trace of the forward pass
+    /// fails with.
+    pub fn output_dims(&self, input: &[usize]) -> Result<Vec<usize>> {
+        let (h, w, _) = self.channels.hwc();
         let x: Vec<usize> = std::iter::once(1).chain(input.iter().copied()).collect();
         let hw = (
             x.get(h).copied().unwrap_or(0),
             x.get(w).copied().unwrap_or(0),
         );
         let ty = |d: &[usize]| LeafType::new(DType::F32, d);
-        match crate::ops::conv::conv_type(&ty(&x), &ty(&self.kernel_dims()), &self.conv(hw)) {
-            Ok(out) => out.dims[1..].to_vec(),
-            Err(_) => {
-                let mut out = vec![0; 3];
-                out[c - 1] = self.outputs;
-                out
-            }
+        let out = self
+            .conv(hw)
+            .and_then(|conv| crate::ops::conv::conv_type(&ty(&x), &ty(&self.kernel_dims()), &conv));
+        match out {
+            Ok(out) => Ok(out.dims[1..].to_vec()),
+            Err(problem) => Err(Error::Layer {
+                layer: format!("{self:?}"),
+                input: input.to_vec(),
+                problem,
+            }),
         }
     }
 
@@ -372,20 +392,21 @@ impl Conv2d {
         self
     }
 
-    fn conv(&self, hw: (usize, usize)) -> Conv {
+    /// The convolution op for an input of spatial dims `hw`: the one rule both
+    /// [`output_dims`](Conv2d::output_dims) and the forward pass follow.
+    fn conv(&self, hw: (usize, usize)) -> std::result::Result<Conv, String> {
         let dims = match self.channels {
             Channels::Last => crate::trace::ir::ConvDims::channels_last(2),
             Channels::First => crate::trace::ir::ConvDims::channels_first(2),
         };
-        Conv::new(dims)
+        let padding = self
+            .padding
+            .pairs(hw, self.kernel, self.stride, self.dilation)?;
+        Ok(Conv::new(dims)
             .strides(&[self.stride.0, self.stride.1])
             .rhs_dilation(&[self.dilation.0, self.dilation.1])
             .feature_groups(self.groups)
-            .padding(
-                &self
-                    .padding
-                    .pairs(hw, self.kernel, self.stride, self.dilation),
-            )
+            .padding(&padding))
     }
 }
 
@@ -411,7 +432,11 @@ impl Layer for Conv2d {
             d.get(h).copied().unwrap_or(0),
             d.get(w).copied().unwrap_or(0),
         );
-        let y = x.conv(p.w, &self.conv(hw));
+        let conv = match self.conv(hw) {
+            Ok(conv) => conv,
+            Err(problem) => return crate::trace::refuse_at("Conv2d", problem, x),
+        };
+        let y = x.conv(p.w, &conv);
         match (p.b, self.channels) {
             (Some(b), Channels::Last) => y + b,
             (Some(b), Channels::First) => y + b.reshape(&[self.outputs, 1, 1]),
@@ -446,25 +471,22 @@ impl Pool2d {
     /// The dims of one example's output for one example's input dims (no batch dim).
     ///
     /// ```
-    /// assert_eq!(nitro::nn::max_pool2d((2, 2), (2, 2)).output_dims(&[7, 7, 16]), [3, 3, 16]);
+    /// assert_eq!(nitro::nn::max_pool2d((2, 2), (2, 2)).output_dims(&[7, 7, 16])?, [3, 3, 16]);
+    /// # Ok::<(), nitro::Error>(())
     /// ```
     ///
-    /// The window ops' own type rule decides (so it agrees with the forward pass); a window
-    /// that does not fit gives 0 positions.
-    pub fn output_dims(&self, input: &[usize]) -> Vec<usize> {
+    /// The window ops' own type rule decides (so it agrees with the forward pass): what it
+    /// refuses (a window larger than the input, a rank other than 3) is an [`Error::Layer`]
+    /// with the message a trace of the forward pass fails with.
+    pub fn output_dims(&self, input: &[usize]) -> Result<Vec<usize>> {
         let x: Vec<usize> = std::iter::once(1).chain(input.iter().copied()).collect();
         match crate::ops::window::window_dims(&x, &self.window()) {
-            Ok(out) => out[1..].to_vec(),
-            Err(_) => {
-                let (h, w, _) = self.channels.hwc();
-                let mut out = input.to_vec();
-                for axis in [h, w] {
-                    if let Some(n) = out.get_mut(axis - 1) {
-                        *n = 0;
-                    }
-                }
-                out
-            }
+            Ok(out) => Ok(out[1..].to_vec()),
+            Err(problem) => Err(Error::Layer {
+                layer: format!("{self:?}"),
+                input: input.to_vec(),
+                problem,
+            }),
         }
     }
 
@@ -528,45 +550,63 @@ impl Layer for Flatten {
     fn forward(&self, _: &(), x: Tensor) -> Tensor {
         let d = x.dims();
         let n = d.first().copied().unwrap_or(1);
-        x.reshape(&[n, d.iter().skip(1).product()])
+        match crate::tree::dims_product(d.get(1..).unwrap_or(&[])) {
+            Some(features) => x.reshape(&[n, features]),
+            None => crate::trace::refuse_at(
+                "Flatten",
+                format!(
+                    "the product of the dims after the batch, {:?}, overflows a size",
+                    &d[1..]
+                ),
+                x,
+            ),
+        }
     }
 }
 
 /// A layer whose output dims follow from its input dims — one example's, without the batch
 /// dim — so a model's widths are computed, not written by hand ([`dims_after`]).
 pub trait OutputDims {
-    /// The output dims for input dims `input`.
-    fn output_dims(&self, input: &[usize]) -> Vec<usize>;
+    /// The output dims for input dims `input`, by the rule the layer's forward pass follows:
+    /// what would fail its trace is an [`Error::Layer`] here.
+    fn output_dims(&self, input: &[usize]) -> Result<Vec<usize>>;
 }
 
 impl OutputDims for Conv2d {
     /// `[H, W, C]` in, `[H', W', outputs]` out (`[C, H, W]` → `[outputs, H', W']` channels
     /// first).
-    fn output_dims(&self, input: &[usize]) -> Vec<usize> {
+    fn output_dims(&self, input: &[usize]) -> Result<Vec<usize>> {
         self.output_dims(input)
     }
 }
 
 impl OutputDims for Pool2d {
-    fn output_dims(&self, input: &[usize]) -> Vec<usize> {
+    fn output_dims(&self, input: &[usize]) -> Result<Vec<usize>> {
         self.output_dims(input)
     }
 }
 
 impl OutputDims for Flatten {
-    fn output_dims(&self, input: &[usize]) -> Vec<usize> {
-        vec![input.iter().product()]
+    /// The product of the dims, checked.
+    fn output_dims(&self, input: &[usize]) -> Result<Vec<usize>> {
+        crate::tree::dims_product(input)
+            .map(|n| vec![n])
+            .ok_or_else(|| Error::Layer {
+                layer: "Flatten".into(),
+                input: input.to_vec(),
+                problem: "the product of the dims overflows a size".into(),
+            })
     }
 }
 
 impl OutputDims for Linear {
-    fn output_dims(&self, input: &[usize]) -> Vec<usize> {
+    fn output_dims(&self, input: &[usize]) -> Result<Vec<usize>> {
         let mut out = input.to_vec();
         match out.last_mut() {
             Some(last) => *last = self.outputs,
             None => out.push(self.outputs),
         }
-        out
+        Ok(out)
     }
 }
 
@@ -576,15 +616,18 @@ impl OutputDims for Linear {
 /// use nitro::nn::{self, Conv2d, Flatten, Linear};
 /// let (conv1, conv2) = (Conv2d::new(1, 16, (3, 3)), Conv2d::new(16, 32, (3, 3)));
 /// let pool = nn::max_pool2d((2, 2), (2, 2));
-/// let flat = nn::dims_after(&[28, 28, 1], &[&conv1, &pool, &conv2, &pool, &Flatten]);
+/// let flat = nn::dims_after(&[28, 28, 1], &[&conv1, &pool, &conv2, &pool, &Flatten])?;
 /// assert_eq!(flat, [7 * 7 * 32]);
 /// let head = Linear::new(flat[0], 10);
 /// # let _ = head;
+/// # Ok::<(), nitro::Error>(())
 /// ```
-pub fn dims_after(input: &[usize], layers: &[&dyn OutputDims]) -> Vec<usize> {
+///
+/// The first layer whose rule refuses its input stops it with that layer's [`Error::Layer`].
+pub fn dims_after(input: &[usize], layers: &[&dyn OutputDims]) -> Result<Vec<usize>> {
     layers
         .iter()
-        .fold(input.to_vec(), |dims, layer| layer.output_dims(&dims))
+        .try_fold(input.to_vec(), |dims, layer| layer.output_dims(&dims))
 }
 
 // ---- embeddings and norms --------------------------------------------------------------------
@@ -611,6 +654,45 @@ impl Embedding {
     #[track_caller]
     pub fn lookup(&self, p: &EmbeddingParamsMirror<Tensor>, ids: Tensor) -> Tensor {
         p.table.take(ids, 0)
+    }
+
+    /// The rows of positions `0..time`, `[time, dim]`: a learned position table (GPT's `wpe`)
+    /// read for a sequence of `time` tokens. A sequence longer than the table fails the trace
+    /// naming both lengths — looked up with [`lookup`](Embedding::lookup), positions past the
+    /// table would be clamped to its last row and give normal-looking outputs.
+    ///
+    /// ```
+    /// use nitro::nn::{Embedding, EmbeddingParamsMirror};
+    /// use nitro::trace::trace;
+    /// use nitro::{DType, LeafType};
+    ///
+    /// let table = LeafType::new(DType::F32, &[4, 8]);
+    /// let emb = Embedding { vocab: 4, dim: 8 };
+    /// let pos = |time: usize| {
+    ///     trace(&[("table".into(), table.clone())], |i| {
+    ///         vec![emb.positions(&EmbeddingParamsMirror { table: i[0] }, time)]
+    ///     })
+    /// };
+    /// assert_eq!(pos(4)?.output_types()[0].dims, [4, 8]);
+    /// let err = pos(6).unwrap_err().to_string();
+    /// assert!(err.contains("6 positions") && err.contains("4"), "{err}");
+    /// # Ok::<(), nitro::Error>(())
+    /// ```
+    #[track_caller]
+    pub fn positions(&self, p: &EmbeddingParamsMirror<Tensor>, time: usize) -> Tensor {
+        let rows = p.table.dims().first().copied().unwrap_or(0);
+        if time > rows {
+            return crate::trace::refuse_at(
+                "positions",
+                format!(
+                    "a sequence of {time} positions is longer than the position table's {rows} \
+                     rows (the model's context); feed at most {rows} tokens, or build the model \
+                     with a longer context"
+                ),
+                p.table,
+            );
+        }
+        p.table.take(Tensor::iota(DType::I32, &[time], 0), 0)
     }
 }
 

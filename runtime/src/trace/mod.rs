@@ -227,6 +227,22 @@ pub(crate) fn refuse(op: &'static str, message: String) {
     });
 }
 
+/// Records `message` as the trace's error for the layer `op`, at the caller's location, and
+/// returns a stand-in of `like`'s type for the layer to return (the trace fails when it ends;
+/// the first error of a trace wins).
+#[track_caller]
+pub(crate) fn refuse_at(op: &'static str, message: String, like: Tensor) -> Tensor {
+    let at = Location::caller();
+    with_recording(|r| {
+        let ty = if r.sees(like) {
+            r.graph.ty(like.node).clone()
+        } else {
+            LeafType::new(crate::DType::F32, &[])
+        };
+        r.fail(op, message, at, ty)
+    })
+}
+
 /// Notes that `labels` is read as class indices in `0..classes` by `op` when it is a program
 /// input ([`Graph::class_inputs`]); a computed tensor is not noted (its values are not known
 /// before the program runs).

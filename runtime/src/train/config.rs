@@ -87,6 +87,9 @@ pub enum NonFinite {
     #[default]
     Warn,
     /// Return [`Error::NonFiniteLoss`] naming them; the handle keeps the state it reached.
+    /// Losses are read when an epoch ends (steps are enqueued without waiting), so that state
+    /// is the epoch's last step's, not the one that produced the loss: the error names both
+    /// (`step` and `state_step`). Resume from a checkpoint taken before `step` to go back.
     Stop,
 }
 
@@ -266,11 +269,12 @@ impl Config {
     }
 
     /// The device count a handle made with [`Nitro::new`] uses: the mesh's ([`Config::mesh`]),
-    /// else [`Config::devices`], else `NITRO_DEVICES`, else 1.
+    /// else [`Config::devices`], else `NITRO_DEVICES`, else 1. Between 1 and
+    /// [`MAX_DEVICES`](crate::backend::MAX_DEVICES) ([`Error::Devices`] otherwise).
     pub fn device_count(&self) -> Result<usize> {
         match (&self.mesh, self.devices) {
             (Some(mesh), _) => Ok(mesh.devices()),
-            (None, Some(n)) => Ok(n),
+            (None, Some(n)) => crate::backend::check_device_count(n, "Config::devices"),
             (None, None) => Ok(crate::backend::pjrt::devices_setting()?.unwrap_or(1)),
         }
     }

@@ -232,6 +232,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 batch,
                 step,
                 loss,
+                state_step: self.step,
             });
         }
         let later = losses[i..].iter().filter(|l| !l.is_finite()).count();

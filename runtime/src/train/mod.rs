@@ -332,16 +332,39 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 ),
             });
         }
-        let devices = batch_split(backend);
+        // On a mesh, the config's batch axis decides on every backend (the interpreter runs
+        // the unpartitioned programs, and a config it takes must run on XLA too).
+        let devices = wanted
+            .as_ref()
+            .map_or_else(|| batch_split(backend), |p| p.row_split());
         if !config.batch.is_multiple_of(devices) {
-            return Err(Error::Devices {
-                what: "Config::devices".into(),
-                requested: devices,
-                reason: format!(
-                    "a batch of {} rows cannot be split evenly across {devices} devices; make \
-                     Config::batch a multiple of {devices}",
-                    config.batch
-                ),
+            return Err(match wanted.as_ref() {
+                // On a mesh the batch is split along the sharding's axis, which the caller set
+                // through `Config::mesh` (and `Config::sharding`), never `Config::devices`.
+                Some(p) => Error::Sharding {
+                    what: format!("Config::batch({})", config.batch),
+                    problem: format!(
+                        "the batch is split along the mesh's `{axis}` axis into {devices} runs \
+                         of rows, and {} rows do not divide into {devices}; make Config::batch \
+                         a multiple of {devices}, or give `{axis}` a size that divides it in \
+                         Config::mesh ({})",
+                        config.batch,
+                        p.describe(),
+                        axis = p.sharding().axis(),
+                    ),
+                },
+                None => Error::Devices {
+                    what: match config.devices {
+                        Some(_) => "Config::devices".into(),
+                        None => "the device count (NITRO_DEVICES, or the backend given)".into(),
+                    },
+                    requested: devices,
+                    reason: format!(
+                        "a batch of {} rows cannot be split evenly across {devices} devices; \
+                         make Config::batch a multiple of {devices}",
+                        config.batch
+                    ),
+                },
             });
         }
         let (packing, trainable_paths, group_specs, frozen_leaves) =

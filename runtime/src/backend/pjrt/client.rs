@@ -100,7 +100,7 @@ impl Client {
         // A CPU plugin makes 4 devices unless told otherwise, each with its own threads; nitro
         // asks for the count it needs. Plugins of other platforms refuse the option (an unknown
         // name is an error), so they are created without it.
-        let cpu_devices = cpu_devices.clamp(1, 2048) as i64;
+        let cpu_devices = cpu_devices.clamp(1, crate::backend::MAX_DEVICES) as i64;
         const OPTION: &str = "cpu_device_count";
         let mut option = ffi::NamedValue::new();
         option.name = OPTION.as_ptr();
@@ -389,11 +389,14 @@ pub fn devices_setting() -> Result<Option<usize>> {
             Ok(v) if v.trim().is_empty() => continue,
             Ok(v) => {
                 return match v.trim().parse::<usize>() {
-                    Ok(n) if (1..=2048).contains(&n) => Ok(Some(n)),
+                    Ok(n) if (1..=crate::backend::MAX_DEVICES).contains(&n) => Ok(Some(n)),
                     _ => Err(Error::InvalidSetting {
                         variable,
                         value: v,
-                        expected: "a device count from 1 to 2048".into(),
+                        expected: format!(
+                            "a device count from 1 to {}",
+                            crate::backend::MAX_DEVICES
+                        ),
                     }),
                 }
             }
