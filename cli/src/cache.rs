@@ -252,7 +252,14 @@ fn explained(
     let json = if cost {
         let costs: Vec<Value> = found
             .iter()
-            .map(|x| json!({ "program": x.program, "cost": recorded_cost(x) }))
+            .map(|x| {
+                let entries: Vec<Value> = x
+                    .entries
+                    .iter()
+                    .map(|e| json!({ "key": e.key, "cost": entry_cost(x, e) }))
+                    .collect();
+                json!({ "program": x.program, "cost": recorded_cost(x), "entries": entries })
+            })
             .collect();
         json!({ "dir": dir, "query": query, "programs": costs })
     } else {
@@ -265,27 +272,96 @@ fn explained(
     })
 }
 
-/// The program's [`ProgramCost`] as its record keeps it (absent from records written before
-/// costs were kept, or unreadable).
-fn recorded_cost(x: &Explanation) -> Option<ProgramCost> {
-    let cost = x.record.as_ref()?.get("cost")?.clone();
-    serde_json::from_value(cost).ok()
+/// The record that describes entry `e` of `x`: its own, else the program's latest-use record
+/// when that record is of this entry (same fingerprint, backend and options) — never another
+/// entry's.
+fn entry_record<'a>(x: &'a Explanation, e: &'a EntrySummary) -> Option<&'a Value> {
+    if let Some(own) = &e.record {
+        return Some(own);
+    }
+    let (Some(Value::Object(fields)), Some(m)) = (&x.record, &e.meta) else {
+        return None;
+    };
+    let same = |name: &str, v: String| fields.get(name) == Some(&Value::String(v));
+    let mine = same("fingerprint", m.fingerprint.to_string())
+        && same("backend", m.backend.to_string())
+        && same("options", m.options.to_string());
+    mine.then_some(x.record.as_ref()?)
 }
 
-/// `explain --cost`: what the program holds, from its record.
+/// The [`ProgramCost`] a record keeps (absent from records written before costs were kept).
+fn cost_of(record: &Value) -> Option<ProgramCost> {
+    serde_json::from_value(record.get("cost")?.clone()).ok()
+}
+
+/// Entry `e`'s [`ProgramCost`], from the record that describes it.
+fn entry_cost(x: &Explanation, e: &EntrySummary) -> Option<ProgramCost> {
+    cost_of(entry_record(x, e)?)
+}
+
+/// The cost `explain --cost` reports for `x`: its most recently used listed entry's that has
+/// one, else (no entries listed) the program's latest use.
+fn recorded_cost(x: &Explanation) -> Option<ProgramCost> {
+    if x.entries.is_empty() {
+        return cost_of(x.record.as_ref()?);
+    }
+    x.entries.iter().find_map(|e| entry_cost(x, e))
+}
+
+/// `explain --cost`: what each listed entry of the program holds, from its own record.
 fn cost_text(out: &mut String, x: &Explanation) {
-    match recorded_cost(x) {
-        Some(cost) => {
-            let _ = write!(out, "{cost}");
+    let costs: Vec<(Option<&str>, Option<ProgramCost>)> = if x.entries.is_empty() {
+        vec![(None, x.record.as_ref().and_then(cost_of))]
+    } else {
+        x.entries
+            .iter()
+            .map(|e| (Some(e.key.as_str()), entry_cost(x, e)))
+            .collect()
+    };
+    for (key, cost) in costs {
+        match (key, cost) {
+            (Some(key), Some(cost)) => {
+                let _ = writeln!(out, "entry {}:", key.get(..12).unwrap_or(key));
+                let _ = write!(out, "{cost}");
+            }
+            (None, Some(cost)) => {
+                let _ = write!(out, "{cost}");
+            }
+            (key, None) => {
+                let which = key.map_or_else(String::new, |k| {
+                    format!(", entry {}", k.get(..12).unwrap_or(k))
+                });
+                let _ = writeln!(
+                    out,
+                    "program {}{which}\n  no cost is recorded for it (its record predates \
+                     per-entry records, or there is none): run the program once to record it",
+                    x.program
+                );
+            }
         }
-        None => {
-            let _ = writeln!(
-                out,
-                "program {}\n  no cost is recorded (the record predates costs, or there is none): \
-                 run the program once to record it",
-                x.program
-            );
+    }
+}
+
+/// The fields of a record, one per line (the cost summarised in one line).
+fn record_fields_text(out: &mut String, record: &Value, indent: &str) {
+    let Value::Object(fields) = record else {
+        let _ = writeln!(out, "{indent}record: {record}");
+        return;
+    };
+    let width = fields.keys().map(String::len).max().unwrap_or(0);
+    for (name, value) in fields.iter().filter(|(name, _)| *name != "cost") {
+        for (i, line) in render_lines(value).iter().enumerate() {
+            let label = if i == 0 { name.as_str() } else { "" };
+            let _ = writeln!(out, "{indent}{label:<width$}  {line}");
         }
+    }
+    if let Some(cost) = cost_of(record) {
+        let _ = writeln!(
+            out,
+            "{indent}cost: {} ops, {} bytes of StableHLO, {} bytes of constants \
+             (`nitro cache explain --cost` says more)",
+            cost.ops, cost.hlo_bytes, cost.constant_bytes
+        );
     }
 }
 
@@ -318,46 +394,33 @@ fn explanation_text(out: &mut String, x: &Explanation, now: u64) {
                 );
             }
         }
-    }
-    match &x.record {
-        Some(Value::Object(fields)) => {
-            let latest = x.entries.iter().find(|e| {
-                e.meta.as_ref().is_some_and(|m| {
-                    let same = |name: &str, v: String| fields.get(name) == Some(&Value::String(v));
-                    same("fingerprint", m.fingerprint.to_string())
-                        && same("backend", m.backend.to_string())
-                        && same("options", m.options.to_string())
-                })
-            });
-            let which = match latest {
-                Some(e) => format!("entry {}", e.key.get(..12).unwrap_or(&e.key)),
-                None => "not one of the entries above".to_owned(),
-            };
-            let _ = writeln!(
-                out,
-                "  key components at the program's latest compile or load ({which}):"
-            );
-            let width = fields.keys().map(String::len).max().unwrap_or(0);
-            for (name, value) in fields.iter().filter(|(name, _)| *name != "cost") {
-                for (i, line) in render_lines(value).iter().enumerate() {
-                    let label = if i == 0 { name.as_str() } else { "" };
-                    let _ = writeln!(out, "    {label:<width$}  {line}");
-                }
+        match entry_record(x, e) {
+            Some(record) => {
+                let _ = writeln!(out, "    key components of this entry:");
+                record_fields_text(out, record, "      ");
             }
-            if let Some(cost) = recorded_cost(x) {
+            None => {
                 let _ = writeln!(
                     out,
-                    "  cost: {} ops, {} bytes of StableHLO, {} bytes of constants \
-                     (`nitro cache explain --cost` says more)",
-                    cost.ops, cost.hlo_bytes, cost.constant_bytes
+                    "    no record of this entry's key components is kept (it predates \
+                     per-entry records; its next compile or load writes one)"
                 );
             }
         }
-        Some(other) => {
-            let _ = writeln!(out, "  record: {other}");
-        }
-        None => {
-            let _ = writeln!(out, "  no record of its key components is kept");
+    }
+    // A program without listed entries (evicted or cleared) still says what its latest use was.
+    if x.entries.is_empty() {
+        match &x.record {
+            Some(record) => {
+                let _ = writeln!(
+                    out,
+                    "  key components at the program's latest compile or load (no longer stored):"
+                );
+                record_fields_text(out, record, "    ");
+            }
+            None => {
+                let _ = writeln!(out, "  no record of its key components is kept");
+            }
         }
     }
 }

@@ -225,6 +225,60 @@ fn explain_shows_the_key_components() {
     assert!(run.stderr.contains("nitro cache ls"), "{}", run.stderr);
 }
 
+/// Issue 40, item 6: two entries of one program (k = 3 and k = 4) each explain with their own
+/// record — the older one's key components and cost are its own, not the program's latest.
+#[test]
+fn each_entry_of_a_program_explains_with_its_own_record() {
+    let tmp = TempDir::new("explain-own");
+    fill(tmp.path(), None);
+    let ls = ls_json(tmp.path());
+    let steps: Vec<&Value> = ls["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["meta"]["program"].as_str().unwrap().ends_with("step"))
+        .collect();
+    assert_eq!(steps.len(), 2);
+    let mut digests = Vec::new();
+    for entry in &steps {
+        let key = entry["key"].as_str().unwrap();
+        let run = nitro(&in_dir(&["explain", &key[..12], "--json"], tmp.path()), &[]);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        let doc = run.json();
+        let listed = &doc["programs"][0]["entries"];
+        assert_eq!(listed.as_array().unwrap().len(), 1);
+        let record = &listed[0]["record"];
+        // The entry's record is of this entry: its fingerprint and backend.
+        assert_eq!(record["fingerprint"], entry["meta"]["fingerprint"], "{doc}");
+        assert_eq!(record["backend"], entry["meta"]["backend"], "{doc}");
+        digests.push(record["graph_const_fields"].clone());
+        // The text shows this entry's components under it, never "not one of the entries".
+        let run = nitro(&in_dir(&["explain", &key[..12]], tmp.path()), &[]);
+        assert!(
+            run.stdout.contains("key components of this entry"),
+            "{}",
+            run.stdout
+        );
+        assert!(
+            !run.stdout.contains("not one of the entries"),
+            "{}",
+            run.stdout
+        );
+        let fingerprint = entry["meta"]["fingerprint"].as_str().unwrap();
+        assert_eq!(run.stdout.matches(fingerprint).count(), 2, "{}", run.stdout);
+        // --cost of this key: this entry's cost.
+        let run = nitro(
+            &in_dir(&["explain", "--cost", &key[..12], "--json"], tmp.path()),
+            &[],
+        );
+        let doc = run.json();
+        assert_eq!(doc["programs"][0]["entries"][0]["key"], key);
+        assert!(doc["programs"][0]["cost"].is_object(), "{doc}");
+    }
+    // k = 3 and k = 4: the two records' GraphConst digests differ.
+    assert_ne!(digests[0], digests[1]);
+}
+
 #[test]
 fn gc_shrinks_to_the_bound_removing_least_recently_used_first() {
     let tmp = TempDir::new("gc");

@@ -930,7 +930,11 @@ impl Cache {
         let reason = self
             .reason_here(&key, &program_key, &details)
             .unwrap_or_else(|| self.reason_stored(&program_key, &details));
-        let record = recorded_times(store.map(|s| &**s), &program_key);
+        let record = recorded_times(
+            store.map(|s| &**s),
+            &l2_key(backend, &traced.fingerprint),
+            &program_key,
+        );
         let will = match located {
             Some(Location::Local) => Will::Load,
             Some(Location::Remote) => Will::Fetch,
@@ -1040,8 +1044,8 @@ impl Cache {
             Some(s) => s.lock(&l2_key, COMPILE_LEASE).unwrap_or(None),
             None => None,
         };
-        // What this program last cost here: shown by a long compile, kept by the write-back.
-        let before = recorded_times(store, &program_key);
+        // What this entry last cost here: shown by a long compile, kept by the write-back.
+        let before = recorded_times(store, &l2_key, &program_key);
         let built = self.load_or_compile(
             backend,
             store,
@@ -1069,7 +1073,7 @@ impl Cache {
         );
         cost.trace_ms = Some(trace_time.as_secs_f64() * 1e3);
         cost.compile_ms = if built.loaded {
-            before.compile_ms.or(built.stored_compile_ms)
+            built.stored_compile_ms.or(before.compile_ms)
         } else {
             Some(built.build_time.as_secs_f64() * 1e3)
         };
@@ -1220,7 +1224,7 @@ impl Cache {
             cost,
             times: ProgramTimes {
                 compile_ms: if built.loaded {
-                    before.compile_ms.or(built.stored_compile_ms)
+                    built.stored_compile_ms.or(before.compile_ms)
                 } else {
                     Some(ms)
                 },
@@ -1232,7 +1236,11 @@ impl Cache {
             },
         };
         if let Ok(record) = serde_json::to_vec(&record) {
+            // The program's latest use (for the next miss's reason, in any process), and this
+            // entry's own record (for `explain` and a preflight's times of this entry).
             let _ = store.record_program(program_key, &record);
+            let entry = l2_key(backend, &traced.fingerprint);
+            let _ = store.record_program(&store::entry_record_key(&entry), &record);
         }
         write_failed
     }
@@ -1734,13 +1742,22 @@ struct ProgramTimes {
     load_ms: Option<f64>,
 }
 
-/// What `store` recorded of what the program `program_key` last cost here (nothing when there
-/// is no store or no readable record).
-fn recorded_times(store: Option<&dyn Store>, program_key: &Digest) -> ProgramTimes {
-    store
-        .and_then(|s| s.program_record(program_key))
-        .and_then(|bytes| serde_json::from_slice::<ProgramTimes>(&bytes).ok())
-        .unwrap_or_default()
+/// What `store` recorded of what the entry under `entry` (a persistent key) last cost here:
+/// its own record's compile and load times. An entry without a record (not stored yet, or
+/// stored before records were kept per entry) takes only the compile time of the program
+/// `program_key`'s latest compile — an estimate for a compile, from another key — and no load
+/// time: another entry's load is never reported as this one's. Nothing when there is no store
+/// or no readable record.
+fn recorded_times(store: Option<&dyn Store>, entry: &Digest, program_key: &Digest) -> ProgramTimes {
+    let read = |digest: &Digest| {
+        store
+            .and_then(|s| s.program_record(digest))
+            .and_then(|bytes| serde_json::from_slice::<ProgramTimes>(&bytes).ok())
+    };
+    read(&store::entry_record_key(entry)).unwrap_or_else(|| ProgramTimes {
+        compile_ms: read(program_key).and_then(|t| t.compile_ms),
+        load_ms: None,
+    })
 }
 
 /// A program a miss loaded or compiled ([`Cache::load_or_compile`]).

@@ -881,6 +881,7 @@ impl RedisStore {
                 size_bytes: size,
                 last_used: idle.map_or(0, |i| now.saturating_sub(i)),
                 meta,
+                record: None,
             });
         }
         out.sort_by(|a, b| {
@@ -895,7 +896,7 @@ impl RedisStore {
     /// [`DirStore::explain`] matches (a key or key prefix, or a program identity). Program
     /// records stay local, so every explanation's `record` is `None`.
     pub fn explain(&self, query: &str) -> Result<Vec<Explanation>> {
-        Ok(explain_entries(self.list()?, query, &|_| None))
+        Ok(explain_entries(self.list()?, query, &|_| None, &|_| None))
     }
 
     /// Uploads every entry of `local` that the server lacks (`nitro cache push`). Each is
@@ -948,7 +949,7 @@ impl RedisStore {
         } else {
             let mut v: Vec<EntrySummary> = Vec::new();
             for q in queries {
-                let found = explain_entries(all.clone(), q, &|_| None);
+                let found = explain_entries(all.clone(), q, &|_| None, &|_| None);
                 if found.iter().all(|x| x.entries.is_empty()) {
                     t.unmatched.push(q.clone());
                 }

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::error::{Error, Result};
 use crate::files::{self, Opened, Owner, Refusal, Untrusted, TEMP_MARK};
 use crate::files::{private_dir_builder, private_file};
-use crate::hash::Digest;
+use crate::hash::{ContentHasher, Digest};
 
 const MAGIC: &[u8; 8] = b"NITROC1\n";
 const ENTRY_EXT: &str = "entry";
@@ -189,6 +189,14 @@ pub struct EntrySummary {
     /// (which is what each later hit saves). `None` when the header cannot be read (a damaged
     /// or foreign file).
     pub meta: Option<EntryMeta>,
+    /// This entry's own record, as JSON, where [`DirStore::explain`] found one: what its key
+    /// was made of (GraphConst digests by field, handle settings, input signature, backend
+    /// components, shardings), what the program holds (`cost`) and what it last cost to compile
+    /// and load. Written by the cache on every compile or load of the entry; never another
+    /// entry's (two entries of one program — on one device and on a mesh — each have their
+    /// own). `None` in listings, and for entries stored before records were kept per entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record: Option<serde_json::Value>,
 }
 
 impl EntrySummary {
@@ -241,8 +249,9 @@ pub struct Explanation {
     /// The program's record (written by the cache on every compile or load: program,
     /// GraphConst digests by field, handle settings, input signature, backend components,
     /// compile options, program fingerprint), as JSON; `None` when none is kept. It describes
-    /// the program's latest use, which is one of `entries` when its `fingerprint`, `backend` and
-    /// `options` match that entry's metadata.
+    /// the program's latest use — what the next miss's reason is named against — which is one
+    /// of `entries` when its `fingerprint`, `backend` and `options` match that entry's
+    /// metadata. Each entry's own record is [`EntrySummary::record`].
     pub record: Option<serde_json::Value>,
 }
 
@@ -577,12 +586,21 @@ impl DirStore {
     /// program matched; empty when nothing matches. A program whose entries were all evicted
     /// is still explained by its exact identity when its record is kept.
     pub fn explain(&self, query: &str) -> Vec<Explanation> {
-        explain_entries(self.list(), query, &|program| self.record_json(program))
+        explain_entries(
+            self.list(),
+            query,
+            &|program| self.record_json(&Digest::of(program)),
+            &|key| {
+                let key: Digest = key.parse().ok()?;
+                self.record_json(&entry_record_key(&key))
+            },
+        )
     }
 
-    /// The record of `program` (an identity), as JSON.
-    fn record_json(&self, program: &str) -> Option<serde_json::Value> {
-        let bytes = self.program_record(&Digest::of(program))?;
+    /// The record kept under `digest` (a program identity's, or an entry's
+    /// [`entry_record_key`]), as JSON.
+    fn record_json(&self, digest: &Digest) -> Option<serde_json::Value> {
+        let bytes = self.program_record(digest)?;
         serde_json::from_slice(&bytes).ok()
     }
 
@@ -610,17 +628,34 @@ impl DirStore {
     }
 }
 
+/// The key under which a store keeps the record of the entry stored under `entry` (the
+/// persistent key): apart from the program identities' records, which describe a program's
+/// latest use of any of its entries.
+pub(crate) fn entry_record_key(entry: &Digest) -> Digest {
+    let mut h = ContentHasher::new();
+    h.write_str("nitro entry record");
+    h.write_digest(entry);
+    h.finish()
+}
+
 /// The explanations of `query` (see [`DirStore::explain`]) among the entries `all`, with each
-/// program's record from `record`.
+/// program's record from `record` and each entry's own from `entry_record` (by key).
 pub(crate) fn explain_entries(
     all: Vec<EntrySummary>,
     query: &str,
     record: &dyn Fn(&str) -> Option<serde_json::Value>,
+    entry_record: &dyn Fn(&str) -> Option<serde_json::Value>,
 ) -> Vec<Explanation> {
     let query = query.trim();
     let explain = |program: &str, entries: Vec<EntrySummary>| Explanation {
         program: program.to_owned(),
-        entries,
+        entries: entries
+            .into_iter()
+            .map(|mut e| {
+                e.record = entry_record(&e.key);
+                e
+            })
+            .collect(),
         record: record(program),
     };
     let mut programs: Vec<String> = Vec::new();
@@ -696,6 +731,7 @@ fn summarize(path: &Path, len: u64, modified: SystemTime, meta: Option<EntryMeta
             .map(|d| d.as_secs())
             .unwrap_or(0),
         meta,
+        record: None,
     }
 }
 
