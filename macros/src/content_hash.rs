@@ -31,8 +31,15 @@ pub(crate) fn expand(input: &syn::DeriveInput) -> TokenStream {
                 let index = index as u32;
                 let variant = &v.ident;
                 let (pattern, writes) = destructure(&v.fields, &hasher);
+                // What a miss reason prints for the variant (`Relu`, `Scale(…)`).
+                let shown = match &v.fields {
+                    syn::Fields::Unit => variant.to_string(),
+                    syn::Fields::Unnamed(_) => format!("{variant}(…)"),
+                    syn::Fields::Named(_) => format!("{variant} {{ … }}"),
+                };
                 quote! {
                     #name::#variant #pattern => {
+                        #hasher.show(|| ::std::borrow::ToOwned::to_owned(#shown));
                         #hasher.write_variant(#index);
                         #writes
                     }
@@ -80,13 +87,21 @@ pub(crate) fn expand(input: &syn::DeriveInput) -> TokenStream {
 
 /// A pattern binding every field (`{ a: __f0, b: __f1 }` or `(__f0, __f1)`), and the writes
 /// of each binding, each spanned at its field's type so an unhashable field is reported there.
+/// Each write is one named field of the hasher's (the same bytes; a recording hasher makes it
+/// the part `….a`, see `ContentHasher::parts_of`).
 fn destructure(fields: &syn::Fields, hasher: &syn::Ident) -> (TokenStream, TokenStream) {
     let bindings: Vec<syn::Ident> = (0..fields.len())
         .map(|i| syn::Ident::new(&format!("__f{i}"), Span::call_site()))
         .collect();
-    let writes = fields.iter().zip(&bindings).map(|(f, b)| {
+    let writes = fields.iter().zip(&bindings).enumerate().map(|(i, (f, b))| {
         let ty = &f.ty;
-        quote_spanned!(ty.span()=> <#ty as ::nitro::__private::ContentHash>::content_hash(#b, #hasher);)
+        let name = f.ident.as_ref().map_or_else(
+            || i.to_string(),
+            |ident| ident.to_string().trim_start_matches("r#").to_owned(),
+        );
+        quote_spanned!(ty.span()=> #hasher.field(#name, |#hasher| {
+            <#ty as ::nitro::__private::ContentHash>::content_hash(#b, #hasher)
+        });)
     });
     let writes = quote!(#(#writes)*);
     let pattern = match fields {

@@ -137,6 +137,16 @@ pub trait Experiment {
     /// compiled programs so that a miss can name the fields that moved.
     fn graph_const_field_digests(&self) -> Vec<(&'static str, Digest)>;
 
+    /// The parts of every GraphConst field's value, rooted at the field's name
+    /// ([`ContentHasher::parts_of`](crate::ContentHasher::parts_of)): each sub-field and
+    /// element with the digest of the bytes the key hashes of it, and its print where short.
+    /// The cache records them when it compiles or loads a program, so a later miss names the
+    /// sub-field that moved (`arch.hidden 32 → 48`). `#[experiment]` generates it; the default
+    /// records none (a miss then names the top-level field).
+    fn graph_const_field_parts(&self) -> Vec<crate::hash::Part> {
+        Vec::new()
+    }
+
     /// Each GraphConst field's value as `{:#?}` prints it, in declaration order, where the
     /// field's type is `Debug` (`None` where it is not): checkpoints keep them, so a resume
     /// refused for a changed GraphConst can say what changed (`arch.hidden: 128 → 64`).

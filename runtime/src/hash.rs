@@ -168,6 +168,51 @@ impl fmt::Debug for ShortDigest {
 /// listed in the [module docs](self).
 pub struct ContentHasher {
     inner: blake3::Hasher,
+    /// While [`ContentHasher::parts_of`] records: the parts open and done.
+    parts: Option<Box<PartRecorder>>,
+}
+
+/// The most parts [`ContentHasher::parts_of`] records of one value: a value with more (a long
+/// `Vec` of structs) has its first parts recorded, in walk order, and the rest counted in the
+/// innermost recorded part.
+const MAX_PARTS: usize = 256;
+
+/// The longest print a part keeps as its [`Part::value`].
+const MAX_PART_PRINT: usize = 40;
+
+/// One part of a value as [`ContentHasher::parts_of`] saw it: a sub-field (`arch.hidden`), an
+/// element (`arch.layers[1]`) or the value itself (`arch`), with the digest of exactly the bytes
+/// the value's content hash wrote while in it — so two parts of one path differ exactly when
+/// those bytes did — and its print where it printed short.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Part {
+    /// The path, from the root the parts were recorded at (`arch.layers[1].width`).
+    pub path: String,
+    /// The digest of the bytes written in it.
+    pub digest: Digest,
+    /// Its value as printed where it is one short printable value (a number, a string, a
+    /// variant without fields, a short slice of numbers): `48`, `Relu`, `[32, 64]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+}
+
+/// The parts being recorded.
+#[derive(Default)]
+struct PartRecorder {
+    /// Open parts, outermost first; `None` for a part past [`MAX_PARTS`], not recorded.
+    open: Vec<Option<OpenPart>>,
+    /// Parts closed, in the order they closed.
+    done: Vec<Part>,
+    /// Parts opened so far (recorded ones).
+    opened: usize,
+}
+
+struct OpenPart {
+    path: String,
+    hasher: blake3::Hasher,
+    /// Values shown while it was the innermost recorded part.
+    shows: u32,
+    shown: Option<String>,
 }
 
 impl Default for ContentHasher {
@@ -189,27 +234,167 @@ impl ContentHasher {
     pub fn new() -> Self {
         ContentHasher {
             inner: blake3::Hasher::new(),
+            parts: None,
+        }
+    }
+
+    /// The parts of `value` rooted at `root`: `root` itself, then every sub-field, element and
+    /// variant field its content hash walks (up to 256), each with the digest of the bytes
+    /// written in it and its print where short. The bytes are those [`Digest::of`] hashes, so
+    /// the parts of two values differ exactly where their encodings do: a miss reason names the
+    /// sub-field that moved (`arch.hidden 32 → 48`) from the key's own bytes, not from a print.
+    ///
+    /// ```
+    /// use nitro::{ContentHash, ContentHasher};
+    ///
+    /// #[derive(ContentHash)]
+    /// struct Arch { hidden: usize, act: Act, widths: Vec<usize> }
+    /// #[derive(ContentHash)]
+    /// enum Act { Tanh, Relu }
+    ///
+    /// let parts = ContentHasher::parts_of("arch", &Arch { hidden: 32, act: Act::Relu, widths: vec![8, 4] });
+    /// let paths: Vec<(&str, Option<&str>)> =
+    ///     parts.iter().map(|p| (p.path.as_str(), p.value.as_deref())).collect();
+    /// assert_eq!(paths, [
+    ///     ("arch.hidden", Some("32")),
+    ///     ("arch.act", Some("Relu")),
+    ///     ("arch.widths", Some("[8, 4]")),
+    ///     ("arch", None),
+    /// ]);
+    /// ```
+    pub fn parts_of<T: ContentHash + ?Sized>(root: &str, value: &T) -> Vec<Part> {
+        let mut h = ContentHasher {
+            inner: blake3::Hasher::new(),
+            parts: Some(Box::default()),
+        };
+        h.open_part(root.to_owned());
+        value.content_hash(&mut h);
+        h.close_part();
+        h.parts.map(|r| r.done).unwrap_or_default()
+    }
+
+    /// Hashes the content `f` writes as the field `name` of the value being hashed (what
+    /// `#[derive(ContentHash)]` calls for each field). The bytes are the same either way; while
+    /// [`parts_of`](ContentHasher::parts_of) records, they also make the part `….name`.
+    #[doc(hidden)]
+    #[inline]
+    pub fn field(&mut self, name: &str, f: impl FnOnce(&mut ContentHasher)) {
+        match self.parts.as_deref().and_then(|r| r.open.last()) {
+            None => f(self),
+            Some(parent) => {
+                let path = match parent {
+                    Some(p) => format!("{}.{name}", p.path),
+                    None => String::new(),
+                };
+                self.open_part(path);
+                f(self);
+                self.close_part();
+            }
+        }
+    }
+
+    /// As [`field`](ContentHasher::field), for element `index` of a sequence (`…[index]`).
+    #[doc(hidden)]
+    #[inline]
+    pub fn element(&mut self, index: usize, f: impl FnOnce(&mut ContentHasher)) {
+        match self.parts.as_deref().and_then(|r| r.open.last()) {
+            None => f(self),
+            Some(parent) => {
+                let path = match parent {
+                    Some(p) => format!("{}[{index}]", p.path),
+                    None => String::new(),
+                };
+                self.open_part(path);
+                f(self);
+                self.close_part();
+            }
+        }
+    }
+
+    /// Shows the value being hashed as `print` gives it, for the part it is in: a part that
+    /// shows exactly one value keeps it as its [`Part::value`]. Nothing unless recording.
+    #[doc(hidden)]
+    #[inline]
+    pub fn show(&mut self, print: impl FnOnce() -> String) {
+        let Some(r) = self.parts.as_deref_mut() else {
+            return;
+        };
+        if let Some(Some(part)) = r.open.last_mut() {
+            part.shows += 1;
+            part.shown = if part.shows == 1 {
+                Some(print()).filter(|p| p.chars().count() <= MAX_PART_PRINT)
+            } else {
+                None
+            };
+        }
+    }
+
+    /// Opens a part at `path` (unrecorded past [`MAX_PARTS`], or under an unrecorded one).
+    fn open_part(&mut self, path: String) {
+        let Some(r) = self.parts.as_deref_mut() else {
+            return;
+        };
+        let recorded = r.opened < MAX_PARTS && !matches!(r.open.last(), Some(None));
+        if recorded {
+            r.opened += 1;
+            r.open.push(Some(OpenPart {
+                path,
+                hasher: blake3::Hasher::new(),
+                shows: 0,
+                shown: None,
+            }));
+        } else {
+            r.open.push(None);
+        }
+    }
+
+    /// Closes the innermost part.
+    fn close_part(&mut self) {
+        let Some(r) = self.parts.as_deref_mut() else {
+            return;
+        };
+        if let Some(Some(part)) = r.open.pop() {
+            r.done.push(Part {
+                path: part.path,
+                digest: Digest(*part.hasher.finalize().as_bytes()),
+                value: part.shown,
+            });
+        } else if let Some(Some(parent)) = r.open.last_mut() {
+            // An unrecorded part's values count in the recorded part around it.
+            parent.shows += 2;
+            parent.shown = None;
+        }
+    }
+
+    /// Feeds `bytes` to the digest, and to every open part while recording.
+    #[inline]
+    fn update(&mut self, bytes: &[u8]) {
+        self.inner.update(bytes);
+        if let Some(r) = self.parts.as_deref_mut() {
+            for part in r.open.iter_mut().flatten() {
+                part.hasher.update(bytes);
+            }
         }
     }
 
     /// Writes raw bytes, with no length prefix.
     pub fn write_bytes(&mut self, bytes: &[u8]) {
-        self.inner.update(bytes);
+        self.update(bytes);
     }
 
     /// Writes one byte.
     pub fn write_u8(&mut self, v: u8) {
-        self.inner.update(&[v]);
+        self.update(&[v]);
     }
 
     /// Writes a `u32`, little-endian.
     pub fn write_u32(&mut self, v: u32) {
-        self.inner.update(&v.to_le_bytes());
+        self.update(&v.to_le_bytes());
     }
 
     /// Writes a `u64`, little-endian.
     pub fn write_u64(&mut self, v: u64) {
-        self.inner.update(&v.to_le_bytes());
+        self.update(&v.to_le_bytes());
     }
 
     /// Writes a length (or any `usize`) as a `u64`.
@@ -308,8 +493,8 @@ pub trait ContentHash: sealed::NotATraitObject {
     where
         Self: Sized,
     {
-        for item in items {
-            item.content_hash(h);
+        for (i, item) in items.iter().enumerate() {
+            h.element(i, |h| item.content_hash(h));
         }
     }
 }
@@ -340,14 +525,16 @@ macro_rules! plain_numbers {
         impl ContentHash for $t {
             #[inline]
             fn content_hash(&self, h: &mut ContentHasher) {
+                h.show(|| self.to_string());
                 h.write_bytes(&self.to_le_bytes());
             }
             fn content_hash_slice(items: &[Self], h: &mut ContentHasher) {
+                show_slice(items, h);
                 #[cfg(target_endian = "little")]
                 h.write_bytes(bytemuck::cast_slice(items));
                 #[cfg(not(target_endian = "little"))]
                 for item in items {
-                    item.content_hash(h);
+                    h.write_bytes(&item.to_le_bytes());
                 }
             }
         }
@@ -355,20 +542,30 @@ macro_rules! plain_numbers {
 }
 plain_numbers!(u8, u16, u32, u64, u128, i8, i16, i32, i64, i128);
 
+/// Shows a short slice of numbers (`[8, 4]`) for the part it is in
+/// ([`ContentHasher::parts_of`]).
+fn show_slice<T: fmt::Debug>(items: &[T], h: &mut ContentHasher) {
+    if items.len() <= 8 {
+        h.show(|| format!("{items:?}"));
+    }
+}
+
 macro_rules! floats {
     ($($t:ty),*) => {$(
         impl ContentHash for $t {
             #[inline]
             fn content_hash(&self, h: &mut ContentHasher) {
+                h.show(|| format!("{self:?}"));
                 h.write_bytes(&self.to_bits().to_le_bytes());
             }
             fn content_hash_slice(items: &[Self], h: &mut ContentHasher) {
+                show_slice(items, h);
                 // A float's little-endian bytes are its bit pattern's little-endian bytes.
                 #[cfg(target_endian = "little")]
                 h.write_bytes(bytemuck::cast_slice(items));
                 #[cfg(not(target_endian = "little"))]
                 for item in items {
-                    item.content_hash(h);
+                    h.write_bytes(&item.to_bits().to_le_bytes());
                 }
             }
         }
@@ -382,6 +579,7 @@ macro_rules! half_floats {
         impl ContentHash for $t {
             #[inline]
             fn content_hash(&self, h: &mut ContentHasher) {
+                h.show(|| format!("{self:?}"));
                 h.write_bytes(&self.to_bits().to_le_bytes());
             }
         }
@@ -395,14 +593,16 @@ macro_rules! pointer_sized {
     ($($t:ty => $wide:ty),*) => {$(
         impl ContentHash for $t {
             fn content_hash(&self, h: &mut ContentHasher) {
+                h.show(|| self.to_string());
                 h.write_bytes(&(*self as $wide).to_le_bytes());
             }
             fn content_hash_slice(items: &[Self], h: &mut ContentHasher) {
+                show_slice(items, h);
                 #[cfg(all(target_endian = "little", target_pointer_width = "64"))]
                 h.write_bytes(bytemuck::cast_slice(items));
                 #[cfg(not(all(target_endian = "little", target_pointer_width = "64")))]
                 for item in items {
-                    item.content_hash(h);
+                    h.write_bytes(&(*item as $wide).to_le_bytes());
                 }
             }
         }
@@ -412,9 +612,11 @@ pointer_sized!(usize => u64, isize => i64);
 
 impl ContentHash for bool {
     fn content_hash(&self, h: &mut ContentHasher) {
+        h.show(|| self.to_string());
         h.write_u8(u8::from(*self));
     }
     fn content_hash_slice(items: &[Self], h: &mut ContentHasher) {
+        show_slice(items, h);
         // A bool is one byte, 0 or 1: the same as its encoding.
         let bytes: Vec<u8> = items.iter().map(|&b| u8::from(b)).collect();
         h.write_bytes(&bytes);
@@ -423,19 +625,21 @@ impl ContentHash for bool {
 
 impl ContentHash for char {
     fn content_hash(&self, h: &mut ContentHasher) {
+        h.show(|| format!("{self:?}"));
         h.write_u32(u32::from(*self));
     }
 }
 
 impl ContentHash for str {
     fn content_hash(&self, h: &mut ContentHasher) {
+        h.show(|| format!("{self:?}"));
         h.write_str(self);
     }
 }
 
 impl ContentHash for String {
     fn content_hash(&self, h: &mut ContentHasher) {
-        h.write_str(self);
+        self.as_str().content_hash(h);
     }
 }
 
@@ -503,6 +707,13 @@ impl<T: ContentHash> ContentHash for VecDeque<T> {
     fn content_hash(&self, h: &mut ContentHasher) {
         h.write_len(self.len());
         let (a, b) = self.as_slices();
+        if h.parts.is_some() {
+            // Recording parts: one index per element across both halves (the same bytes).
+            for (i, item) in self.iter().enumerate() {
+                h.element(i, |h| item.content_hash(h));
+            }
+            return;
+        }
         T::content_hash_slice(a, h);
         T::content_hash_slice(b, h);
     }

@@ -222,7 +222,7 @@ pub mod prelude {
 #[doc(hidden)]
 pub mod __private {
     pub use crate::experiment::{Experiment, FieldInfo, Role};
-    pub use crate::hash::{ContentHash, ContentHasher, Digest};
+    pub use crate::hash::{ContentHash, ContentHasher, Digest, Part};
     pub use crate::trace::Tensor;
     pub use crate::tree::{Array, LeafPath, Node, Tree};
     pub use core::clone::Clone;
@@ -263,6 +263,35 @@ pub mod __private {
     impl<T: ?Sized> Unprintable for &DebugProbe<'_, T> {
         fn nitro_print(&self) -> Option<String> {
             None
+        }
+    }
+
+    /// A GraphConst field's parts ([`ContentHasher::parts_of`]) where its type is
+    /// `ContentHash`, and none elsewhere — the same fallback as [`DebugProbe`], so a field
+    /// without a content hash is reported once (by its digest), not once per use.
+    pub struct PartsProbe<'a, T: ?Sized>(pub &'a T);
+
+    /// The `ContentHash` side of [`PartsProbe`].
+    pub trait HasParts {
+        /// The parts, rooted at `root`.
+        fn nitro_parts(&self, root: &str) -> Vec<Part>;
+    }
+
+    impl<T: ?Sized + ContentHash> HasParts for PartsProbe<'_, T> {
+        fn nitro_parts(&self, root: &str) -> Vec<Part> {
+            ContentHasher::parts_of(root, self.0)
+        }
+    }
+
+    /// The fallback side of [`PartsProbe`].
+    pub trait NoParts {
+        /// None: the type has no content hash (an error reported elsewhere).
+        fn nitro_parts(&self, root: &str) -> Vec<Part>;
+    }
+
+    impl<T: ?Sized> NoParts for &PartsProbe<'_, T> {
+        fn nitro_parts(&self, _: &str) -> Vec<Part> {
+            Vec::new()
         }
     }
 }

@@ -194,13 +194,22 @@ fn look_on<E: Experiment, M, O: Outputs, I: Tree<Mirror<Tensor> = M>>(
         assert_eq!(after.misses, before.misses + 1, "one lookup, one miss");
         assert_eq!(after.hits, before.hits, "a miss is not also a hit");
         let last = cache.recent_misses().pop().expect("a miss is recorded");
-        Miss(last.reason)
+        // These tables check which fields moved; the sub-field changes inside them are
+        // checked by `graph_const_reasons_name_the_sub_field_and_its_values`.
+        Miss(match last.reason {
+            MissReason::GraphConstChanged { fields, .. } => MissReason::GraphConstChanged {
+                fields,
+                changes: Vec::new(),
+            },
+            other => other,
+        })
     }
 }
 
 fn gc(fields: &[&str]) -> MissReason {
     MissReason::GraphConstChanged {
         fields: fields.iter().map(|f| (*f).to_owned()).collect(),
+        changes: Vec::new(),
     }
 }
 
@@ -1632,4 +1641,152 @@ fn a_compile_preset_misses_naming_xla_flags_and_loads_nothing_stale() {
         again.stats
     );
     assert_eq!(again.forward, first.forward);
+}
+
+// ---- GraphConst reasons by sub-field (issue 40, item 14) ----------------------------------
+
+#[derive(ContentHash, Clone, Debug, PartialEq)]
+pub enum Activation {
+    Tanh,
+    Relu,
+    Scale(f64),
+}
+
+#[derive(ContentHash, Clone, Debug, PartialEq)]
+pub struct Arch {
+    pub hidden: usize,
+    pub act: Activation,
+    pub widths: Vec<usize>,
+    pub name: String,
+    pub blocks: Vec<Block>,
+}
+
+#[derive(ContentHash, Clone, Debug, PartialEq)]
+pub struct Block {
+    pub heads: u32,
+}
+
+#[experiment]
+#[derive(Clone)]
+pub struct Deep {
+    #[graph_const]
+    pub arch: Arch,
+    #[graph_const]
+    pub k: u32,
+    #[device]
+    pub w: Array,
+}
+
+fn deep_step(v: &DeepView<'_>, _: &()) -> Tensor {
+    v.w * (v.arch.hidden as f64 + f64::from(*v.k) + v.arch.blocks.len() as f64)
+}
+
+const DEEP: Program<Deep> = Deep::program("deep", deep_step);
+
+#[test]
+fn graph_const_reasons_name_the_sub_field_and_its_values() {
+    let cache = Cache::in_memory(16);
+    let base = Deep {
+        arch: Arch {
+            hidden: 32,
+            act: Activation::Tanh,
+            widths: vec![8, 4],
+            name: "mlp".into(),
+            blocks: vec![Block { heads: 2 }, Block { heads: 4 }],
+        },
+        k: 1,
+        w: Array::full(&[3], 1.0f32),
+    };
+    let reason = |e: &Deep| -> String {
+        let before = cache.stats().misses;
+        cache.get(backend::interpreter(), &DEEP, e, &()).unwrap();
+        assert_eq!(cache.stats().misses, before + 1, "a miss");
+        cache.recent_misses().pop().unwrap().reason.to_string()
+    };
+    assert_eq!(reason(&base), "empty (never compiled here)");
+    let mut e = base.clone();
+    let mut step = |f: &dyn Fn(&mut Deep), want: &str| {
+        f(&mut e);
+        assert_eq!(reason(&e), want);
+    };
+    step(
+        &|e| e.arch.hidden = 48,
+        "graph_const_changed: arch.hidden 32 → 48",
+    );
+    step(
+        &|e| e.arch.act = Activation::Relu,
+        "graph_const_changed: arch.act Tanh → Relu",
+    );
+    step(
+        &|e| e.arch.act = Activation::Scale(0.5),
+        "graph_const_changed: arch.act Relu → Scale(…)",
+    );
+    step(
+        &|e| e.arch.act = Activation::Scale(2.0),
+        "graph_const_changed: arch.act.0 0.5 → 2.0",
+    );
+    step(
+        &|e| e.arch.widths = vec![8, 5],
+        "graph_const_changed: arch.widths [8, 4] → [8, 5]",
+    );
+    step(
+        &|e| e.arch.name = "wide".into(),
+        "graph_const_changed: arch.name \"mlp\" → \"wide\"",
+    );
+    step(
+        &|e| e.arch.blocks[1].heads = 8,
+        "graph_const_changed: arch.blocks[1].heads 4 → 8",
+    );
+    // A sequence that grew: its common elements are equal, so the sequence itself is named.
+    step(
+        &|e| e.arch.blocks.push(Block { heads: 1 }),
+        "graph_const_changed: arch.blocks",
+    );
+    // Two fields at once: each named by what moved in it.
+    step(
+        &|e| {
+            e.arch.hidden = 64;
+            e.k = 2;
+        },
+        "graph_const_changed: arch.hidden 48 → 64, k 1 → 2",
+    );
+    // The fields are still listed as before (the lint counts them).
+    let last = cache.recent_misses().pop().unwrap().reason;
+    match last {
+        MissReason::GraphConstChanged { fields, changes } => {
+            assert_eq!(fields, ["arch", "k"]);
+            assert_eq!(changes.len(), 2);
+            assert_eq!(changes[0].from.as_deref(), Some("48"));
+        }
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn graph_const_reasons_by_sub_field_cross_processes_through_the_store() {
+    let tmp = TempDir::new("subfield-store");
+    let open = || {
+        let store = Arc::new(DirStore::open(tmp.path(), 1 << 30, None).unwrap());
+        Cache::new(8, Some(store))
+    };
+    let mut e = Deep {
+        arch: Arch {
+            hidden: 32,
+            act: Activation::Tanh,
+            widths: vec![8],
+            name: "mlp".into(),
+            blocks: Vec::new(),
+        },
+        k: 1,
+        w: Array::full(&[3], 1.0f32),
+    };
+    open().get(backend::interpreter(), &DEEP, &e, &()).unwrap();
+    // A fresh cache (as a new process) on the same store: the record's parts name the move.
+    e.arch.act = Activation::Relu;
+    let fresh = open();
+    fresh.get(backend::interpreter(), &DEEP, &e, &()).unwrap();
+    assert_eq!(
+        fresh.recent_misses()[0].reason.to_string(),
+        "graph_const_changed: arch.act Tanh → Relu"
+    );
 }

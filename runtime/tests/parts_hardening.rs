@@ -339,3 +339,71 @@ fn a_batch_the_mesh_axis_does_not_divide_names_the_mesh_and_its_axis() {
     );
     assert!(!err.contains("Config::devices"), "{err}");
 }
+
+// ---- 13. predicting any number of rows ----------------------------------------------------------
+
+#[test]
+fn predict_data_predicts_any_number_of_rows_on_the_programs_there_are() {
+    use nitro::cache::Cache;
+    use nitro::optim::Adam;
+    use nitro::train::Nitro;
+    let cache: &'static Cache = Box::leak(Box::new(Cache::in_memory(16)));
+    let mut h = Nitro::with_backend(
+        mlp::mlp(mlp::Act::Tanh),
+        Adam::default(),
+        Config::new().batch(32).progress(false),
+        nitro::backend::interpreter(),
+        cache,
+    )
+    .unwrap();
+    let train = mlp::dataset(64, 1);
+    h.fit(&train, None).unwrap();
+    let all = mlp::dataset(200, 9);
+    // One batch of exactly 32 rows, through `predict`: the reference.
+    let (x, y) = mlp::data(200, 9);
+    let reference: Vec<Vec<f32>> = (0..200)
+        .step_by(32)
+        .flat_map(|start| {
+            let real = (200 - start).min(32);
+            let p = h.predict(&mlp::batch(&x, &y, start, real, 32)).unwrap();
+            let rows: Vec<Vec<f32>> = p
+                .as_slice::<f32>()
+                .unwrap()
+                .chunks(3)
+                .take(real)
+                .map(<[f32]>::to_vec)
+                .collect();
+            rows
+        })
+        .collect();
+    let compiles = cache.stats().compiles;
+    for rows in [7usize, 32, 200] {
+        let data = all.select(&(0..rows).collect::<Vec<_>>()).unwrap();
+        let p = h.predict_data(&data).unwrap();
+        assert_eq!(p.dims(), [rows, 3]);
+        let got: Vec<&[f32]> = p.as_slice::<f32>().unwrap().chunks(3).collect();
+        for (i, row) in got.iter().enumerate() {
+            assert_eq!(*row, reference[i].as_slice(), "rows={rows}, row {i}");
+        }
+    }
+    assert_eq!(
+        cache.stats().compiles,
+        compiles,
+        "predicting compiled nothing new"
+    );
+    // `predict` with another row count says how to predict any number of rows.
+    let err = h
+        .predict(&mlp::batch(&x, &y, 0, 7, 7))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("7 rows") && err.contains("predict_data"),
+        "{err}"
+    );
+    // What `validate` returns, as fractions.
+    let r = h.validate(&all).unwrap();
+    assert_eq!(r.rows, 200);
+    assert!((r.accuracy() - r.correct / 200.0).abs() < 1e-12);
+    assert!((r.mean_loss() - r.loss_sum / 200.0).abs() < 1e-12);
+    assert!(r.accuracy() > 0.0 && r.accuracy() <= 1.0);
+}

@@ -73,6 +73,15 @@ pub(crate) fn expand(input: &mut syn::DeriveInput, fields: &[Field]) -> TokenStr
         quote_spanned!(ty.span()=> (#n, graph_const_must_be_content_hash::<#ty>(&self.#ident)))
     });
 
+    let gc_parts = graph_consts.iter().map(|f| {
+        let ident = &f.ident;
+        let n = &f.name;
+        quote!(::core::iter::Extend::extend(
+            &mut __parts,
+            (&#p::PartsProbe(&self.#ident)).nitro_parts(#n),
+        );)
+    });
+
     let gc_values = graph_consts.iter().map(|f| {
         let ident = &f.ident;
         let n = &f.name;
@@ -195,6 +204,15 @@ pub(crate) fn expand(input: &mut syn::DeriveInput, fields: &[Field]) -> TokenStr
                         #p::Digest::of(value)
                     }
                     ::std::vec![#(#gc_digests),*]
+                }
+
+                fn graph_const_field_parts(&self) -> #p::Vec<#p::Part> {
+                    #[allow(unused_imports)]
+                    use #p::{HasParts as _, NoParts as _};
+                    #[allow(unused_mut)]
+                    let mut __parts = #p::Vec::new();
+                    #(#gc_parts)*
+                    __parts
                 }
 
                 fn graph_const_field_values(&self) -> #p::Vec<(&'static ::core::primitive::str, #p::Option<::std::string::String>)> {

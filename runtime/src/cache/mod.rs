@@ -28,7 +28,7 @@
 //! cache.get(backend, &APPLY, &exp, &())?;                 // miss: `k` moved
 //! let stats = cache.stats();
 //! assert_eq!((stats.hits, stats.misses), (1, 2));
-//! assert_eq!(cache.recent_misses()[1].reason, MissReason::GraphConstChanged { fields: vec!["k".into()] });
+//! assert_eq!(cache.recent_misses()[1].reason.to_string(), "graph_const_changed: k 2 → 3");
 //! # Ok::<(), nitro::Error>(())
 //! ```
 
@@ -48,7 +48,7 @@ use std::time::{Duration, Instant};
 pub use cost::{CompileReport, ConstantCost, ProgramCost, Repeat, CONSTANT_BYTES_LINT};
 pub use manifest::{store_key, Manifest, ManifestEntry};
 pub use progress::{quietly, ANNOUNCE_AFTER};
-pub use reason::MissReason;
+pub use reason::{GraphConstChange, MissReason};
 pub use remote::{LayeredStore, RedisStore, RemoteConfig, RemoteMode, Transfer};
 pub use stats::{CacheStats, RemoteStats};
 pub use store::{
@@ -323,6 +323,10 @@ struct KeyDetails {
     program: String,
     graph_const: Digest,
     graph_const_fields: Vec<(String, Digest)>,
+    /// The GraphConst fields' parts ([`Experiment::graph_const_field_parts`]): what a miss
+    /// names the moved sub-fields from (empty in details recorded before they were kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    graph_const_parts: Vec<crate::hash::Part>,
     settings: Digest,
     /// The whole input structure: Device fields, then the program's inputs.
     signature: Signature,
@@ -381,7 +385,12 @@ impl KeyDetails {
             }
         }
         if !fields.is_empty() {
-            return Some(MissReason::GraphConstChanged { fields });
+            let changes = reason::graph_const_changes(
+                &self.graph_const_parts,
+                &now.graph_const_parts,
+                &fields,
+            );
+            return Some(MissReason::GraphConstChanged { fields, changes });
         }
         let changes = self.signature.diff(&now.signature);
         if !changes.is_empty() {
@@ -844,11 +853,14 @@ impl Cache {
             key,
             flight,
         };
+        // The GraphConst fields' parts, recorded with the key's details so that the next miss
+        // names the sub-field that moved: hashed again only here, on a miss.
+        let gc_parts = experiment.graph_const_field_parts();
         let result = self.miss(
             backend,
             program_id,
             (traced, trace_time),
-            parts,
+            (parts, gc_parts),
             (components, key, address),
         );
         guard.flight.finish(match &result {
@@ -923,7 +935,8 @@ impl Cache {
                 fingerprint: traced.fingerprint,
             });
         }
-        let details = key_details(backend, &program_id, &traced, &parts);
+        let gc_parts = experiment.graph_const_field_parts();
+        let details = key_details(backend, &program_id, &traced, &parts, gc_parts);
         let program_key = Digest::of(program_id.as_str());
         let store = self.store.as_ref().filter(|_| backend.persistent());
         let located = store.and_then(|s| s.locate(&l2_key(backend, &traced.fingerprint)));
@@ -1029,10 +1042,10 @@ impl Cache {
         backend: &dyn Backend,
         program_id: String,
         (traced, trace_time): (Traced, Duration),
-        parts: &KeyParts<'_>,
+        (parts, gc_parts): (&KeyParts<'_>, Vec<crate::hash::Part>),
         (components, key, address): (Digest, Digest, usize),
     ) -> Result<Served> {
-        let details = key_details(backend, &program_id, &traced, parts);
+        let details = key_details(backend, &program_id, &traced, parts, gc_parts);
         let l2_key = l2_key(backend, &traced.fingerprint);
         let program_key = Digest::of(program_id.as_str());
 
@@ -1379,7 +1392,7 @@ impl Cache {
         let variant_warning = self.variant_warning.load(Ordering::Relaxed);
         let lint = st.lint.entry(program).or_default();
         let mut found = Vec::new();
-        if let MissReason::GraphConstChanged { fields } = reason {
+        if let MissReason::GraphConstChanged { fields, .. } = reason {
             for field in fields.iter().filter(|f| !f.starts_with('<')) {
                 let n = lint.field_changes.entry(field.clone()).or_default();
                 *n += 1;
@@ -1680,6 +1693,7 @@ fn key_details(
     program_id: &str,
     traced: &Traced,
     parts: &KeyParts<'_>,
+    graph_const_parts: Vec<crate::hash::Part>,
 ) -> KeyDetails {
     let identity = backend.identity();
     KeyDetails {
@@ -1690,6 +1704,7 @@ fn key_details(
             .iter()
             .map(|(n, d)| ((*n).to_owned(), *d))
             .collect(),
+        graph_const_parts,
         settings: parts.settings,
         signature: traced.structure.clone(),
         backend: identity.digest,

@@ -21,6 +21,13 @@ pub enum MissReason {
     GraphConstChanged {
         /// The fields whose content digests differ.
         fields: Vec<String>,
+        /// Inside them, the deepest sub-values whose digests differ, by path, with their old
+        /// and new values where they print short (`arch.hidden 32 → 48`, `arch.act Tanh →
+        /// Relu`): from the parts of the key's own bytes
+        /// ([`ContentHasher::parts_of`](crate::ContentHasher::parts_of)), so exact. Empty when
+        /// the earlier use recorded no parts (details from before they were kept).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        changes: Vec<GraphConstChange>,
     },
     /// The structure of the inputs moved: a Device or input leaf's shape or dtype (a ragged
     /// batch, a new width), a sequence's length, an option's presence. Named by path: leaves
@@ -74,6 +81,85 @@ pub enum MissReason {
     },
 }
 
+/// One sub-value of a GraphConst field that moved, as [`MissReason::GraphConstChanged`] names
+/// it: `arch.hidden 32 → 48`, or the path alone where a side does not print short.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct GraphConstChange {
+    /// The path from the field (`arch.hidden`, `arch.layers[1].width`).
+    pub path: String,
+    /// Its value before, where it printed short.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// Its value now, where it prints short.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+}
+
+impl fmt::Display for GraphConstChange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.from, &self.to) {
+            (Some(a), Some(b)) => write!(f, "{} {a} → {b}", self.path),
+            _ => f.write_str(&self.path),
+        }
+    }
+}
+
+/// What moved inside the GraphConst `fields` between the parts `before` and `now`: per field,
+/// the deepest paths both sides recorded whose digests differ (a path none of whose recorded
+/// sub-paths differ); the field itself where the parts say nothing more (none recorded, or a
+/// length or variant changed with every common sub-part equal).
+pub(crate) fn graph_const_changes(
+    before: &[crate::hash::Part],
+    now: &[crate::hash::Part],
+    fields: &[String],
+) -> Vec<GraphConstChange> {
+    if before.is_empty() || now.is_empty() {
+        return Vec::new();
+    }
+    let old: std::collections::HashMap<&str, &crate::hash::Part> =
+        before.iter().map(|p| (p.path.as_str(), p)).collect();
+    let under = |path: &str, root: &str| {
+        path.strip_prefix(root)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('.') || rest.starts_with('['))
+    };
+    // Paths on both sides whose digests differ, in `now`'s order (children before parents).
+    let moved: Vec<(&crate::hash::Part, &crate::hash::Part)> = now
+        .iter()
+        .filter_map(|p| {
+            let was = old.get(p.path.as_str())?;
+            (was.digest != p.digest).then_some((*was, p))
+        })
+        .collect();
+    let mut changes = Vec::new();
+    for field in fields.iter().filter(|f| !f.starts_with('<')) {
+        let mine: Vec<&(&crate::hash::Part, &crate::hash::Part)> = moved
+            .iter()
+            .filter(|(_, p)| under(&p.path, field))
+            .collect();
+        let deepest = mine.iter().filter(|(_, p)| {
+            !mine
+                .iter()
+                .any(|(_, q)| q.path != p.path && under(&q.path, &p.path))
+        });
+        let before_len = changes.len();
+        for (was, is) in deepest {
+            changes.push(GraphConstChange {
+                path: is.path.clone(),
+                from: was.value.clone().filter(|_| is.value.is_some()),
+                to: is.value.clone().filter(|_| was.value.is_some()),
+            });
+        }
+        if changes.len() == before_len {
+            changes.push(GraphConstChange {
+                path: field.clone(),
+                from: None,
+                to: None,
+            });
+        }
+    }
+    changes
+}
+
 impl MissReason {
     /// The reason's name, as in the stats' `misses_by_reason` (`graph_const_changed`, …).
     pub const fn name(&self) -> &'static str {
@@ -95,8 +181,25 @@ impl fmt::Display for MissReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             MissReason::Empty => f.write_str("empty (never compiled here)"),
-            MissReason::GraphConstChanged { fields } => {
+            MissReason::GraphConstChanged { fields, changes } if changes.is_empty() => {
                 write!(f, "graph_const_changed: {}", fields.join(", "))
+            }
+            MissReason::GraphConstChanged { fields, changes } => {
+                f.write_str("graph_const_changed: ")?;
+                for (i, c) in changes.iter().take(SHOWN_CHANGES).enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(f, "{c}")?;
+                }
+                if changes.len() > SHOWN_CHANGES {
+                    write!(f, " and {} more", changes.len() - SHOWN_CHANGES)?;
+                }
+                // Pseudo-fields (`<handle>`) have no parts: named after the changes.
+                for pseudo in fields.iter().filter(|f| f.starts_with('<')) {
+                    write!(f, ", {pseudo}")?;
+                }
+                Ok(())
             }
             MissReason::SignatureChanged { changes } => {
                 f.write_str("signature_changed: ")?;

@@ -336,6 +336,38 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         Ok(total)
     }
 
+    /// [`Model::predict`] for every row of `data`, in order: `[rows, ...]` for any number of
+    /// rows. The rows go through the evaluation program in batches of [`Config::batch`], the
+    /// last padded (as [`validate`](Nitro::validate) pads it) and its padding's predictions
+    /// dropped — on the programs a handle already has for its batch size: predicting 7 or 200
+    /// rows compiles nothing new. [`predict`](Nitro::predict) is the form for one batch of
+    /// exactly `Config::batch` rows.
+    ///
+    /// Errors: [`Error::EmptyData`] for a data set without rows; an error when the model does
+    /// not predict.
+    pub fn predict_data(&mut self, data: &Dataset) -> Result<Array>
+    where
+        E::Batch: FromBatch,
+    {
+        if data.rows() == 0 {
+            return Err(Error::EmptyData {
+                which: "the data to predict".into(),
+            });
+        }
+        let plan = data.plan(self.config.batch, Order::Sequential)?;
+        let epoch = plan.epoch(0);
+        let mut parts: Vec<Array> = Vec::new();
+        for span in epoch.spans() {
+            let batch = data.gather(span, self.config.batch)?;
+            let real = batch.real_rows();
+            let batch = E::Batch::from_batch(batch)?;
+            let (r, _) = self.run_eval(&batch, RowMask::Real(real), true, Some(span))?;
+            let predictions = r.predictions.ok_or_else(not_predicting::<E>)?;
+            parts.push(first_rows(&predictions, real)?);
+        }
+        concat_rows(&parts)
+    }
+
     /// Trains on `train` until the handle has completed [`Config::epochs`] epochs, validating
     /// on `validation` after each epoch when given. A train-only run compiles two programs,
     /// validation a third (and one per device metric), all concurrently before the first step;

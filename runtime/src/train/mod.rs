@@ -156,6 +156,74 @@ pub struct EvalResult {
     pub metrics: Vec<(String, f64)>,
 }
 
+impl EvalResult {
+    /// The mean loss over the real rows (`loss_sum / rows`; 0 without rows).
+    pub fn mean_loss(&self) -> f64 {
+        if self.rows == 0 {
+            0.0
+        } else {
+            self.loss_sum / self.rows as f64
+        }
+    }
+
+    /// The fraction of real rows classified correctly (`correct / rows`; 0 without rows, and
+    /// for a model without [`Model::correct`]).
+    ///
+    /// ```
+    /// let r = nitro::train::EvalResult { loss_sum: 12.0, correct: 45.0, rows: 60, ..Default::default() };
+    /// assert_eq!((r.accuracy(), r.mean_loss()), (0.75, 0.2));
+    /// ```
+    pub fn accuracy(&self) -> f64 {
+        if self.rows == 0 {
+            0.0
+        } else {
+            self.correct / self.rows as f64
+        }
+    }
+}
+
+/// The error of predicting with a model whose [`Model::predict`] gives nothing.
+fn not_predicting<E: Model>() -> Error {
+    Error::InvalidSetting {
+        variable: "Model::predict",
+        value: "None".into(),
+        expected: format!(
+            "a model that predicts: implement `Model::predict` for {}",
+            E::TYPE_PATH
+        ),
+    }
+}
+
+/// The first `rows` rows of `a` (along its first dim).
+fn first_rows(a: &Array, rows: usize) -> Result<Array> {
+    let all = a.dims().first().copied().unwrap_or(1);
+    if rows >= all {
+        return Ok(a.clone());
+    }
+    let per = a.len() / all.max(1);
+    let data = a.data().range(0, rows * per).ok_or_else(no_output)?;
+    let mut dims = a.dims().to_vec();
+    dims[0] = rows;
+    Array::from_data(&dims, data)
+}
+
+/// `parts` one after another along their first dim.
+fn concat_rows(parts: &[Array]) -> Result<Array> {
+    let first = parts.first().ok_or_else(no_output)?;
+    let rows: usize = parts
+        .iter()
+        .map(|p| p.dims().first().copied().unwrap_or(1))
+        .sum();
+    let data: Vec<&crate::tree::ArrayData> = parts.iter().map(Array::data).collect();
+    let joined = crate::tree::ArrayData::concat(first.data(), &data).ok_or_else(no_output)?;
+    let mut dims = first.dims().to_vec();
+    match dims.first_mut() {
+        Some(n) => *n = rows,
+        None => dims.push(rows),
+    }
+    Array::from_data(&dims, joined)
+}
+
 /// A model batch built from a data set's gathered [`crate::data::Batch`] (its columns, padded
 /// to the batch size), so that [`Nitro::fit`] can feed a [`Dataset`] to any model.
 pub trait FromBatch: Sized {
@@ -743,17 +811,27 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// [`Model::predict`] for every row of `batch` (the evaluation program's forward pass:
     /// no program of its own). Rows past the real ones hold the padding's predictions. An
     /// error when the model does not predict.
+    ///
+    /// The batch has the rows the programs are compiled for ([`Config::batch`], or its bucket's
+    /// rows); for any other number of rows, [`predict_data`](Nitro::predict_data) pads and
+    /// trims on the same programs.
     pub fn predict(&mut self, batch: &E::Batch) -> Result<Array> {
         let rows = batch_rows(batch)?;
+        let expected = self.expected_rows(batch)?;
+        if rows != expected {
+            return Err(Error::InvalidSetting {
+                variable: "the batch given to Nitro::predict",
+                value: format!("{rows} rows"),
+                expected: format!(
+                    "batches of {expected} rows, what the programs are compiled for \
+                     (Config::batch); to predict any number of rows, put them in a Dataset and \
+                     call Nitro::predict_data(&data): it pads the last batch and drops the \
+                     padding's predictions, compiling nothing new"
+                ),
+            });
+        }
         let (result, _) = self.run_eval(batch, RowMask::Real(rows), true, None)?;
-        result.predictions.ok_or_else(|| Error::InvalidSetting {
-            variable: "Model::predict",
-            value: "None".into(),
-            expected: format!(
-                "a model that predicts: implement `Model::predict` for {}",
-                E::TYPE_PATH
-            ),
-        })
+        result.predictions.ok_or_else(not_predicting::<E>)
     }
 
     /// Runs the evaluation program on `batch`; reads the predictions back when `predictions`
