@@ -224,7 +224,8 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         )
     });
     let unigram = text::unigram_bits(train_ids);
-    let backend = nitro::backend::current()?;
+    // The devices the handle runs on (a mesh, or --devices), not the process's default.
+    let backend = config.backend()?;
     say(format!(
         "data     fortunes: {} characters, vocabulary {}, unigram {unigram:.3} bits/char",
         ids.len(),

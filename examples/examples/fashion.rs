@@ -73,7 +73,17 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     let raw = idx::fashion_mnist(args.data.as_deref())?;
     let train = fashion::dataset(&raw.train_images, &raw.train_labels, args.train_rows)?;
     let test = fashion::dataset(&raw.test_images, &raw.test_labels, None)?;
-    let backend = nitro::backend::current()?;
+    let steps = (train.rows().div_ceil(args.batch) * args.epochs) as u64;
+    let config = Config::new()
+        .batch(args.batch)
+        .epochs(args.epochs)
+        .seed(args.seed)
+        .schedule(fashion::schedule(args.lr, steps))
+        .concurrent_compiles(!args.run.serial_compiles)
+        .progress(!args.run.json);
+    let config = args.run.apply_layout(config)?;
+    // The devices the handle runs on (a mesh, or --devices), not the process's default.
+    let backend = config.backend()?;
     say(format!(
         "data     Fashion-MNIST, {} train / {} test images",
         train.rows(),
@@ -87,15 +97,6 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     if !args.run.json {
         print!("{}", FashionCnn::key_manifest());
     }
-    let steps = (train.rows().div_ceil(args.batch) * args.epochs) as u64;
-    let config = Config::new()
-        .batch(args.batch)
-        .epochs(args.epochs)
-        .seed(args.seed)
-        .schedule(fashion::schedule(args.lr, steps))
-        .concurrent_compiles(!args.run.serial_compiles)
-        .progress(!args.run.json);
-    let config = args.run.apply_layout(config)?;
     let experiment = FashionCnn::new(args.seed);
     if let Some(dir) = &args.run.twin {
         let schedule = fashion::schedule(args.lr, steps);

@@ -94,11 +94,11 @@ impl Model for Probe {
     type Batch = nitro::data::Batch;
 
     fn loss(v: &ProbeView<'_>, b: &BatchMirror<Tensor>) -> Tensor {
-        nitro::trace::nn::softmax_cross_entropy(logits(v, b), *b.get("y").expect("labels"))
+        nitro::nn::softmax_cross_entropy(logits(v, b), *b.get("y").expect("labels"))
     }
 
     fn correct(v: &ProbeView<'_>, b: &BatchMirror<Tensor>) -> Option<Tensor> {
-        Some(nitro::trace::nn::correct(
+        Some(nitro::nn::correct(
             logits(v, b),
             *b.get("y").expect("labels"),
         ))

@@ -91,7 +91,7 @@ fn sgd_step(
     let h = hidden.iter().fold(batch.x, |h, layer| {
         arch.activation.apply(h.matmul(layer.w) + layer.b)
     });
-    let per_example = nitro::trace::nn::softmax_cross_entropy(h.matmul(out.w) + out.b, batch.y);
+    let per_example = nitro::nn::softmax_cross_entropy(h.matmul(out.w) + out.b, batch.y);
     let loss = (per_example * batch.mask).sum_all() / batch.mask.sum_all();
     let params: Vec<Tensor> = layers.iter().flat_map(|l| [l.w, l.b]).collect();
     let grads = nitro::trace::grad(loss, &params);

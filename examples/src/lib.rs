@@ -217,7 +217,7 @@ pub fn forward(v: &DigitsMlpView<'_>, x: Tensor) -> Tensor {
 
 /// Per-example cross-entropy, shape `[batch]`.
 pub fn loss(v: &DigitsMlpView<'_>, batch: &BatchMirror<Tensor>) -> Tensor {
-    nitro::trace::nn::softmax_cross_entropy(forward(v, batch.x), batch.y)
+    nitro::nn::softmax_cross_entropy(forward(v, batch.x), batch.y)
 }
 
 /// The gradient program: the mean loss over the real rows (padding masked out), then the
@@ -236,7 +236,7 @@ pub const GRAD: nitro::program::Program<DigitsMlp, BatchMirror<Tensor>, Vec<Tens
 /// Number of correct predictions among a batch's real rows, as an f32 scalar. Labels must be
 /// `[batch]` (checked while tracing, never broadcast).
 pub fn correct(v: &DigitsMlpView<'_>, batch: &BatchMirror<Tensor>) -> Tensor {
-    (nitro::trace::nn::correct(forward(v, batch.x), batch.y) * batch.mask).sum_all()
+    (nitro::nn::correct(forward(v, batch.x), batch.y) * batch.mask).sum_all()
 }
 
 /// The evaluation program of [`DigitsMlp`].
@@ -277,10 +277,16 @@ pub struct HandleFlags {
     #[arg(long, value_name = "AXIS=N")]
     pub mesh: Option<String>,
     /// Fully sharded data parallelism: parameters, optimizer state and gradients split along
-    /// the mesh's axis too (without --mesh: over `data=` the device count `NITRO_DEVICES`
-    /// sets).
+    /// the mesh's axis too (without --mesh: over `data=` the device count of --devices, else
+    /// `NITRO_DEVICES`).
     #[arg(long)]
     pub fsdp: bool,
+    /// Devices to train on, data parallel: the same programs replicated, each batch split
+    /// across them (on a CPU plugin, CPU devices sharing the machine's cores); with --fsdp the
+    /// size of its `data` axis. Default: `NITRO_DEVICES`, else 1. With --mesh, the mesh says
+    /// how many.
+    #[arg(long, value_name = "N")]
+    pub devices: Option<usize>,
 }
 
 impl HandleFlags {
@@ -289,6 +295,9 @@ impl HandleFlags {
     /// flag. The batch (and, with --fsdp, every leaf) is split along the mesh's first axis.
     pub fn layout(&self) -> Result<Option<nitro::shard::Partitioning>, FlagError> {
         use nitro::shard::{Mesh, Partitioning, Sharding};
+        if let Some(n) = self.devices {
+            at_least_one("--devices", n, "the device count")?;
+        }
         let mesh = match (&self.mesh, self.fsdp) {
             (None, false) => return Ok(None),
             (Some(text), _) => {
@@ -309,13 +318,23 @@ impl HandleFlags {
                 Mesh::new(axes).map_err(|e| FlagError::new("--mesh", text, e.to_string()))?
             }
             (None, true) => {
-                let devices = nitro::backend::pjrt::devices_setting()
-                    .map_err(|e| FlagError::new("--fsdp", "", e.to_string()))?
-                    .unwrap_or(1);
+                let devices = match self.devices {
+                    Some(n) => n,
+                    None => nitro::backend::pjrt::devices_setting()
+                        .map_err(|e| FlagError::new("--fsdp", "", e.to_string()))?
+                        .unwrap_or(1),
+                };
                 Mesh::new([("data", devices)])
                     .map_err(|e| FlagError::new("--fsdp", "", e.to_string()))?
             }
         };
+        if let (Some(n), Some(text)) = (self.devices, &self.mesh) {
+            return Err(FlagError::new(
+                "--devices",
+                n,
+                format!("--mesh {text} says how many devices to use; drop --devices"),
+            ));
+        }
         let axis = mesh.axes()[0].0.clone();
         let sharding = match self.fsdp {
             true => Sharding::fsdp(axis),
@@ -332,14 +351,15 @@ impl HandleFlags {
             .map_err(|e| FlagError::new(flag, shown, e.to_string()))
     }
 
-    /// `config` laid out as [`layout`](HandleFlags::layout) says.
+    /// `config` laid out as [`layout`](HandleFlags::layout) says, or over --devices.
     pub fn apply_layout(
         &self,
         config: nitro::train::Config,
     ) -> Result<nitro::train::Config, FlagError> {
-        Ok(match self.layout()? {
-            Some(p) => config.mesh(p.mesh().clone()).sharding(p.sharding().clone()),
-            None => config,
+        Ok(match (self.layout()?, self.devices) {
+            (Some(p), _) => config.mesh(p.mesh().clone()).sharding(p.sharding().clone()),
+            (None, Some(n)) => config.devices(n),
+            (None, None) => config,
         })
     }
 

@@ -26,10 +26,10 @@ impl Model for DigitsMlp {
     type Batch = Rows;
 
     fn loss(v: &DigitsMlpView<'_>, batch: &RowsMirror<Tensor>) -> Tensor {
-        nitro::trace::nn::softmax_cross_entropy(forward(v, batch.x), batch.y)
+        nitro::nn::softmax_cross_entropy(forward(v, batch.x), batch.y)
     }
 
     fn correct(v: &DigitsMlpView<'_>, batch: &RowsMirror<Tensor>) -> Option<Tensor> {
-        Some(nitro::trace::nn::correct(forward(v, batch.x), batch.y))
+        Some(nitro::nn::correct(forward(v, batch.x), batch.y))
     }
 }

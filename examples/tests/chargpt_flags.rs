@@ -526,6 +526,23 @@ fn a_context_beyond_the_fortunes_is_an_error() {
     assert!(err.contains("use at most --context "), "{err}");
 }
 
+// ---- issue 40: one --devices flag, refused beside --mesh ----
+
+#[test]
+fn devices_is_a_flag_refused_at_zero_and_beside_a_mesh() {
+    assert_eq!(args(&["--devices", "2"]).run.devices, Some(2));
+    refused(&["--devices", "0"], "--devices 0");
+    let err = refused(&["--mesh", "data=2", "--devices", "2"], "--devices 2");
+    assert!(err.contains("--mesh data=2"), "{err}");
+    // With --fsdp and no --mesh, --devices sizes the data axis.
+    let layout = args(&["--fsdp", "--devices", "2"])
+        .run
+        .layout()
+        .unwrap()
+        .unwrap();
+    assert_eq!(layout.devices(), 2);
+}
+
 // ---- issue 33: a run over a mesh reports its layout ----
 
 #[test]
@@ -574,6 +591,12 @@ fn an_fsdp_run_reports_its_devices_sharding_and_per_device_memory_in_its_json_li
     );
     let v = Value::Object(last_json_line(&stdout).expect("a JSON line"));
     assert_eq!(v["devices"], 2, "{v}");
+    // The plugin line describes the devices the handle uses, not the default one-device client.
+    let plugin = v["plugin"].as_str().expect("a plugin");
+    assert!(
+        plugin.contains("partitioned over 2 devices") && !plugin.contains("1 device(s)"),
+        "{plugin}"
+    );
     let sharding = v["sharding"].as_str().expect("a sharding");
     assert!(
         sharding.contains("data=2") && sharding.contains("fsdp(data)"),

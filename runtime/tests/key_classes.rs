@@ -513,7 +513,7 @@ fn each_lookup_says_what_it_did() {
     assert_eq!(loaded.fingerprint, compiled.fingerprint);
     assert_eq!(
         loaded.outcome.to_string(),
-        "loaded (empty (never compiled here))"
+        "loaded (empty: first use in this process)"
     );
 }
 

@@ -253,9 +253,19 @@ impl std::fmt::Display for Outcome {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Outcome::Hit => f.write_str("hit"),
-            Outcome::Loaded { reason } => write!(f, "loaded ({reason})"),
+            Outcome::Loaded { reason } => write!(f, "loaded ({})", loaded_reason(reason)),
             Outcome::Compiled { reason } => write!(f, "compiled ({reason})"),
         }
+    }
+}
+
+/// How a load's reason reads: `empty` for a program loaded from the store is its first use in
+/// this process (nothing moved since the store's record of it, or there is none), not a
+/// program "never compiled".
+fn loaded_reason(reason: &MissReason) -> std::borrow::Cow<'static, str> {
+    match reason {
+        MissReason::Empty => "empty: first use in this process".into(),
+        other => other.to_string().into(),
     }
 }
 
@@ -1105,6 +1115,7 @@ impl Cache {
         let ms = built.build_time.as_secs_f64() * 1e3;
         if built.loaded {
             let from = store.map_or_else(String::new, |s| s.describe());
+            let reason = loaded_reason(&reason);
             tracing::info!(program = %program_id, reason = %reason, ms, from = %from, "nitro: not in memory; loaded from the store (no compile)");
         } else {
             tracing::info!(program = %program_id, reason = %reason, ms, "nitro: compile-cache miss; compiled");

@@ -1,5 +1,7 @@
 //! Compositions used by models: activations, softmax and losses, built from [`Tensor`] ops (so
-//! they differentiate and emit like any other code).
+//! they differentiate and emit like any other code). Write them as [`crate::nn`]'s (`nn::relu`,
+//! `nn::softmax_cross_entropy`), the one path for layers and losses alike; they live here, under
+//! the tracer, because the layers are built on them.
 //!
 //! Losses return **per-example** values (shape `[batch]`); averaging, and masking the padding of
 //! a ragged last batch, is the caller's (the training handle's) business.

@@ -279,6 +279,14 @@ impl Config {
         }
     }
 
+    /// The backend a handle made with [`Nitro::new`] on this config runs on: partitioned over
+    /// [`Config::mesh`], else replicated over [`Config::device_count`] devices — what to
+    /// describe when saying which devices a run uses (the process's default backend,
+    /// [`crate::backend::current`], has one device).
+    pub fn backend(&self) -> Result<&'static dyn crate::backend::Backend> {
+        backend_for(self)
+    }
+
     /// Into how many runs of rows a handle made with [`Nitro::new`] splits each batch, so the
     /// multiple every batch's row count must be: on a mesh the size of the sharding's axis
     /// (devices that differ only along another axis get the same rows), else the device count.

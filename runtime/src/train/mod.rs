@@ -1230,7 +1230,7 @@ fn host_leaves<E: Experiment>(experiment: &E) -> (Vec<Array>, Vec<Array>) {
 
 /// The backend a handle made by [`Nitro::new`] (or resumed by [`Nitro::resume`]) with
 /// `config` runs on: partitioned over its mesh, or replicated over its device count.
-fn backend_for(config: &Config) -> Result<&'static dyn Backend> {
+pub(super) fn backend_for(config: &Config) -> Result<&'static dyn Backend> {
     match config.partitioning()? {
         Some(p) => crate::backend::for_mesh(&p),
         None => crate::backend::for_devices(config.device_count()?),
