@@ -124,6 +124,42 @@ fn a_mesh_of_one_device_trains_as_no_mesh_does() {
     assert_close(&flat(&base), &flat(&trained), 1e-6, "leaves");
 }
 
+/// Issue 40, item 11: from no mesh to a one-device mesh, every program's reason names the mesh
+/// (the update program's too, whose layout GraphConst moves with it).
+#[test]
+fn going_onto_a_mesh_names_the_mesh_in_every_programs_reason() {
+    let test = "going_onto_a_mesh_names_the_mesh_in_every_programs_reason";
+    let Some(one) = xla_devices_or_skip(test, 1) else {
+        return;
+    };
+    let cache = own_cache();
+    let (x, y) = data(8, 3);
+    let sample = batch(&x, &y, 0, 8, 8);
+    let mut plain = handle(mlp(Act::Tanh), Config::new().batch(8), one, cache).unwrap();
+    assert!(plain.prepare(&sample).unwrap().iter().all(|o| !o.is_hit()));
+    let config = fsdp(1).batch(8);
+    let mut meshed = handle(mlp(Act::Tanh), config.clone(), partitioned(&config), cache).unwrap();
+    let outcomes = meshed.prepare(&sample).unwrap();
+    assert_eq!(outcomes.len(), 2);
+    for outcome in &outcomes {
+        match outcome {
+            Outcome::Compiled {
+                reason:
+                    MissReason::BackendChanged {
+                        component,
+                        from,
+                        to,
+                    },
+            } => {
+                assert_eq!(component, "sharding", "{outcome}");
+                assert_eq!(from, "absent", "{outcome}");
+                assert!(to.contains("data=1"), "{outcome}");
+            }
+            other => panic!("the mesh, not the layout: {other}"),
+        }
+    }
+}
+
 #[test]
 fn fsdp_with_gradient_accumulation_matches_one_device() {
     let test = "fsdp_with_gradient_accumulation_matches_one_device";

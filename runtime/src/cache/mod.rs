@@ -379,6 +379,22 @@ impl KeyDetails {
         if fields.is_empty() && now.graph_const != self.graph_const {
             fields.push("<graph_const>".to_owned());
         }
+        // A mesh that came, went or changed explains a GraphConst moved with it (the update
+        // program's layout): name the mesh, as every program of the handle does.
+        if now.backend != self.backend {
+            let moved =
+                Identity::first_difference(&self.backend_components, &now.backend_components)
+                    .filter(|(component, _, _)| component == "sharding");
+            if let Some((component, from, to)) = moved {
+                if self.shardings.is_empty() || now.shardings.is_empty() {
+                    return Some(MissReason::BackendChanged {
+                        component,
+                        from,
+                        to,
+                    });
+                }
+            }
+        }
         // A spec that moved on the same mesh explains more than the GraphConst (the update
         // program's layout) or the backend component that carries it.
         if !self.shardings.is_empty() && !now.shardings.is_empty() {
