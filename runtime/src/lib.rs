@@ -72,7 +72,7 @@ pub mod weights;
 
 pub use error::{Error, Result};
 pub use experiment::{
-    assert_graphconst_hashable, Experiment, FieldInfo, KeyManifest, ManifestField, Role,
+    assert_graphconst_hashable, Experiment, FieldInfo, HostField, KeyManifest, ManifestField, Role,
 };
 /// The half-precision element types of [`DType::BF16`] and [`DType::F16`] arrays.
 pub use half::{bf16, f16};
@@ -183,7 +183,8 @@ pub use nitro_macros::Tree;
 /// #[experiment]
 /// pub struct Probe { #[graph_const] hidden: usize, data: Vec<f32> }
 ///
-/// fn forward(v: &ProbeView<'_>) -> usize { v.data.len() } // no field `data` on the view
+/// // `data` is a Host field of `Probe` …: traced code cannot read it (and `HostField` has no `len`)
+/// fn forward(v: &ProbeView<'_>) -> usize { v.data.len() }
 /// ```
 ///
 /// # What it generates
@@ -221,7 +222,7 @@ pub mod prelude {
 /// Items used by generated code; not part of the public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::experiment::{Experiment, FieldInfo, Role};
+    pub use crate::experiment::{Experiment, FieldInfo, HostField, Role};
     pub use crate::hash::{ContentHash, ContentHasher, Digest, Part};
     pub use crate::trace::Tensor;
     pub use crate::tree::{Array, LeafPath, Node, Tree};

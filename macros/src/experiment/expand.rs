@@ -34,18 +34,20 @@ pub(crate) fn expand(input: &mut syn::DeriveInput, fields: &[Field]) -> TokenStr
         .collect();
 
     // ---- the view types ------------------------------------------------------------------
-    let (view_struct, view_args) =
-        view_type(input, fields, &view, &docs::view_doc(&name), &lt, |r| {
-            r != Role::Host
-        });
+    let (view_struct, view_args) = view_type(
+        input,
+        fields,
+        (&view, &docs::view_doc(&name), &lt),
+        |r| r != Role::Host,
+        true,
+    );
     let frozen_view = format_ident!("{}FrozenView", name);
     let (frozen_struct, _) = view_type(
         input,
         fields,
-        &frozen_view,
-        &docs::frozen_view_doc(&name),
-        &lt,
+        (&frozen_view, &docs::frozen_view_doc(&name), &lt),
         |r| matches!(r, Role::GraphConst | Role::Frozen),
+        false,
     );
 
     // ---- impl Experiment -----------------------------------------------------------------
@@ -126,7 +128,12 @@ pub(crate) fn expand(input: &mut syn::DeriveInput, fields: &[Field]) -> TokenStr
                 }
             })
     };
-    let build_full_view = build_view(|r| r != Role::Host);
+    // The full view's placeholders of the Host fields (see `view_type`).
+    let host_placeholders = fields.iter().filter(|f| f.role == Role::Host).map(|f| {
+        let ident = &f.ident;
+        quote!(#ident: #p::HostField)
+    });
+    let build_full_view = build_view(|r| r != Role::Host).chain(host_placeholders);
     let build_frozen_view = build_view(|r| matches!(r, Role::GraphConst | Role::Frozen));
 
     // A struct without generic parameters is 'static: its TypeId is there to take.
@@ -237,7 +244,8 @@ pub(crate) fn expand(input: &mut syn::DeriveInput, fields: &[Field]) -> TokenStr
                     #(#visit_mut)*
                 }
 
-                #[allow(unused_variables)]
+                // The Host fields' placeholders are deprecated, to explain a read in traced code.
+                #[allow(unused_variables, deprecated)]
                 fn view<#lt>(
                     &#lt self,
                     __leaf_fn: &mut dyn ::core::ops::FnMut(&#p::FieldInfo, &#p::LeafPath, &#p::Array) -> #p::Tensor,
@@ -273,10 +281,9 @@ pub(crate) fn expand(input: &mut syn::DeriveInput, fields: &[Field]) -> TokenStr
 fn view_type(
     input: &syn::DeriveInput,
     fields: &[Field],
-    view: &syn::Ident,
-    doc: &str,
-    lt: &syn::Lifetime,
+    (view, doc, lt): (&syn::Ident, &str, &syn::Lifetime),
     include: fn(Role) -> bool,
+    host_placeholders: bool,
 ) -> (TokenStream, TokenStream) {
     let p = quote!(::nitro::__private);
     let vis = &input.vis;
@@ -284,7 +291,38 @@ fn view_type(
         syn::Data::Struct(s) => s.fields.iter().collect(),
         _ => Vec::new(),
     };
+    // What a read of a Host field in traced code is told: the field is Host, and which fields
+    // (of which roles) the view holds.
+    let in_view: Vec<String> = fields
+        .iter()
+        .filter(|f| f.role != Role::Host)
+        .map(|f| format!("`{}`", f.name))
+        .collect();
+    let in_view = match in_view.is_empty() {
+        true => "none here".to_owned(),
+        false => in_view.join(", "),
+    };
+    let type_name = &input.ident;
     let view_fields = fields.iter().zip(named).filter_map(|(f, orig)| {
+        if f.role == Role::Host && host_placeholders {
+            // A placeholder of the Host field's name, so that reading it in traced code is
+            // nitro's explanation (the deprecation note, on every use) and an error at its
+            // first use (`HostField` has nothing to read) rather than rustc's "no field" with
+            // the view's internals listed.
+            let (ident, fvis) = (&f.ident, &orig.vis);
+            let note = format!(
+                "`{}` is a Host field of `{type_name}` (unmarked or #[host]): traced code cannot \
+                 read it. The compile view holds the #[graph_const] fields, by reference, and \
+                 the #[device] fields, as tensors ({in_view}). Mark `{}` #[device] to trace it \
+                 as an input, or #[graph_const] if its value shapes the graph",
+                f.name, f.name
+            );
+            return Some(quote! {
+                #[doc(hidden)]
+                #[deprecated(note = #note)]
+                #fvis #ident: #p::HostField
+            });
+        }
         if !include(f.role) {
             return None;
         }
