@@ -754,6 +754,9 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
                 Vec::new()
             },
             sharding: graph.sharding.clone(),
+            // Axes named by position: a mesh renamed with the same partitioning is the same
+            // program (the names stay in the graph's sharding, for messages and reasons).
+            canonical_axes: true,
         };
         let text = crate::emit::emit_with(&graph, &options);
         let fingerprint = crate::emit::fingerprint(&text);

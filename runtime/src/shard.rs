@@ -107,6 +107,26 @@ impl Mesh {
         0
     }
 
+    /// The same mesh with its axes named by position (`a0`, `a1`, …): what a program's text
+    /// names them when its fingerprint must not depend on what they are called
+    /// ([`EmitOptions::canonical_axes`](crate::emit::EmitOptions::canonical_axes)).
+    pub fn canonical(&self) -> Mesh {
+        Mesh {
+            axes: self
+                .axes
+                .iter()
+                .enumerate()
+                .map(|(i, (_, s))| (format!("a{i}"), *s))
+                .collect(),
+        }
+    }
+
+    /// The shape: each axis's size, in order (what a partitioned executable depends on; the
+    /// names do not).
+    pub fn shape(&self) -> Vec<usize> {
+        self.axes.iter().map(|(_, s)| *s).collect()
+    }
+
     /// Shardy's declaration of the mesh, `sdy.mesh @mesh = <["data"=2, "model"=2]>`.
     pub(crate) fn sdy(&self) -> String {
         let axes: Vec<String> = self
@@ -196,6 +216,23 @@ impl PartitionSpec {
             }
         }
         Ok(())
+    }
+
+    /// This spec with each axis of `mesh` named by its position, as in [`Mesh::canonical`] (an
+    /// axis `mesh` lacks keeps its name).
+    pub fn canonical_in(&self, mesh: &Mesh) -> PartitionSpec {
+        PartitionSpec(
+            self.0
+                .iter()
+                .map(|d| {
+                    d.as_ref()
+                        .map(|axis| match mesh.axes.iter().position(|(n, _)| n == axis) {
+                            Some(i) => format!("a{i}"),
+                            None => axis.clone(),
+                        })
+                })
+                .collect(),
+        )
     }
 
     /// One device's shard type of an array of type `ty`.
@@ -319,6 +356,16 @@ pub struct ProgramSharding {
 }
 
 impl ProgramSharding {
+    /// The same sharding with the mesh's axes named by position ([`Mesh::canonical`]).
+    pub fn canonical(&self) -> ProgramSharding {
+        let spec = |s: &PartitionSpec| s.canonical_in(&self.mesh);
+        ProgramSharding {
+            mesh: self.mesh.canonical(),
+            inputs: self.inputs.iter().map(spec).collect(),
+            outputs: self.outputs.iter().map(spec).collect(),
+        }
+    }
+
     /// Shardy's attribute for `spec` on an array of rank `rank`: `#sdy.sharding<@mesh, [{"data"},
     /// {}]>`.
     pub(crate) fn sdy(spec: Option<&PartitionSpec>, rank: usize) -> String {
@@ -351,8 +398,13 @@ impl ProgramSharding {
 ///   MLP's first weight split by columns on a `model` axis and its second by rows. The first
 ///   matching pattern wins; the others follow the FSDP or replicated rule.
 ///
-/// All of it is part of every program's key (through the backend's identity), so a handle
-/// whose sharding changes compiles its programs again and never runs one compiled for another.
+/// What it resolves to is part of every program's key: the mesh's shape (in the backend's
+/// identity), its axis names and each trainable leaf's resolved spec (in the key's
+/// components), and the program's text, which names the axes by position. So a handle whose
+/// sharding splits some array differently compiles its programs again and never runs one
+/// compiled for another, while a rule that restates what another gives (a `leaf` pattern
+/// repeating FSDP's spec) shares its programs, and a mesh renamed with the same partitioning
+/// loads them from the store.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Sharding {
     axis: String,

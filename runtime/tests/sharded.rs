@@ -552,6 +552,75 @@ fn a_sharding_change_misses_naming_both_and_serves_nothing_stale() {
     assert!(prepare(fsdp(4)).iter().all(|o| *o == Outcome::Hit));
 }
 
+/// Issue 40, item 10: a `Sharding::leaf` pattern restating what FSDP gives the leaf shares the
+/// FSDP programs in memory; a mesh whose axis is renamed, with the same partitioning, loads the
+/// same programs from the store (no compile), its reason naming the leaf and both specs; and the
+/// renamed run trains to the same losses.
+#[test]
+fn equal_partitionings_share_programs_and_renamed_axes_load_them() {
+    let test = "equal_partitionings_share_programs_and_renamed_axes_load_them";
+    let Some(_) = xla_devices_or_skip(test, 4) else {
+        return;
+    };
+    let dir = common::TempDir::new("sharded-equal");
+    let store = nitro::cache::DirStore::open(dir.path(), 1 << 30, None).expect("store");
+    let cache: &'static Cache =
+        Box::leak(Box::new(Cache::new(16, Some(std::sync::Arc::new(store)))));
+    let (x, y) = data(16, 9);
+    let sample = batch(&x, &y, 0, 8, 8);
+    let run = |config: Config| {
+        let config = config.batch(8).lr(0.02);
+        let mut run = handle(mlp(Act::Tanh), config.clone(), partitioned(&config), cache).unwrap();
+        let outcomes = run.prepare(&sample).unwrap();
+        let losses: Vec<f64> = [0, 8]
+            .iter()
+            .map(|&start| run.step(&batch(&x, &y, start, 8, 8), 8).unwrap().loss)
+            .collect();
+        (outcomes, losses)
+    };
+    let (first, losses) = run(fsdp(4));
+    assert!(
+        first.iter().all(|o| matches!(o, Outcome::Compiled { .. })),
+        "{first:?}"
+    );
+    let compiles = cache.stats().compiles;
+
+    // FSDP splits `layers[0].w` (f32[4,16]) along its dim 1; saying so again changes nothing.
+    let restated = Config::new()
+        .mesh(Mesh::new([("data", 4)]).unwrap())
+        .sharding(
+            Sharding::fsdp("data").leaf("layers[0].w", PartitionSpec::new([None, Some("data")])),
+        );
+    let (outcomes, again) = run(restated);
+    assert!(outcomes.iter().all(|o| *o == Outcome::Hit), "{outcomes:?}");
+    assert_eq!(again, losses);
+
+    // The axis renamed: the same programs, loaded from the store.
+    let renamed = Config::new()
+        .mesh(Mesh::new([("batch", 4)]).unwrap())
+        .sharding(Sharding::fsdp("batch"));
+    let (outcomes, renamed_losses) = run(renamed);
+    for o in &outcomes {
+        match o {
+            Outcome::Loaded {
+                reason: MissReason::ShardingChanged { from, to, .. },
+            } => assert!(from.contains("\"data\"") && to.contains("\"batch\""), "{o}"),
+            other => panic!("a load naming both specs, got {other}"),
+        }
+    }
+    assert_eq!(cache.stats().compiles, compiles, "nothing compiled again");
+    assert_close(&losses, &renamed_losses, 1e-6, "renamed losses");
+
+    // A sharding that splits differently still compiles its own programs.
+    let (outcomes, _) = run(Config::new().mesh(Mesh::new([("data", 4)]).unwrap()));
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| matches!(o, Outcome::Compiled { .. })),
+        "{outcomes:?}"
+    );
+}
+
 #[test]
 fn a_fresh_cache_on_the_same_store_loads_the_partitioned_programs_and_compiles_nothing() {
     let test =

@@ -440,7 +440,12 @@ impl Xla {
 
     /// The XLA backend for programs partitioned by XLA's SPMD partitioner over `partitioning`'s
     /// mesh, partition `p` on device `p` of `client` (which must have that many devices). Its
-    /// identity names the mesh and the sharding, so their programs never meet another's.
+    /// identity's digest holds the mesh's shape (the axes' sizes, in order), not its axis names
+    /// or the sharding's rules: a partitioned executable depends on how many partitions it has
+    /// and how its program splits its arrays, and the program's text says the latter (with the
+    /// axes named by position). So two shardings that split every array alike share programs,
+    /// while the cache's key components hold the resolved per-leaf specs and the axis names,
+    /// and a sharding that splits differently misses naming the leaf and both specs.
     pub fn partitioned(
         client: &'static pjrt::Client,
         partitioning: crate::shard::Partitioning,
@@ -449,7 +454,11 @@ impl Xla {
         client.check_replicas(devices)?;
         let mut xla = Xla::replicated(client, 1)?;
         let described = partitioning.describe();
-        xla.identity.digest = Digest::of(&format!("{}|{described}", xla.identity.digest));
+        xla.identity.digest = Digest::of(&format!(
+            "{}|partitioned over a mesh of shape {:?}",
+            xla.identity.digest,
+            partitioning.mesh().shape()
+        ));
         xla.identity.options = Digest::from(blake3::hash(&pjrt::spmd_compile_options(devices)));
         xla.identity.description.push_str(&format!(
             "; programs partitioned over {devices} devices ({described})"

@@ -1711,7 +1711,39 @@ fn key_components<E: Experiment, M, O: Outputs, I: Tree<Mirror<Tensor> = M>>(
     k.write_digest(&signature);
     k.write_digest(&identity.digest);
     k.write_digest(&identity.options);
+    if let Some(p) = backend.partitioning() {
+        k.write_digest(&resolved_layout(p, experiment));
+    }
     k.finish()
+}
+
+/// What decides how a program on `partitioning` splits its arrays, resolved: the mesh's axes
+/// (names and sizes), the batch axis, and each trainable leaf's spec by the sharding's rules.
+/// Two shardings whose rules resolve alike (a `Sharding::leaf` pattern restating what FSDP
+/// gives the leaf) have one digest, and share programs; the backend's identity holds only the
+/// mesh's shape.
+fn resolved_layout<E: Experiment>(
+    partitioning: &crate::shard::Partitioning,
+    experiment: &E,
+) -> Digest {
+    let mut h = ContentHasher::new();
+    for (name, size) in partitioning.mesh().axes() {
+        h.write_str(name);
+        h.write_len(*size);
+    }
+    h.write_str(partitioning.sharding().axis());
+    experiment.visit_device(&mut |field, path, node| {
+        let trainable = field.role == (crate::experiment::Role::Device { trainable: true });
+        if let (true, crate::tree::Node::Leaf(a)) = (trainable, node) {
+            h.write_str(path.as_str());
+            // A spec that does not fit is the trace's error; its text keys the same.
+            match partitioning.leaf_spec(path.as_str(), &a.leaf_type()) {
+                Ok(spec) => h.write_str(&spec.to_string()),
+                Err(e) => h.write_str(&e.to_string()),
+            }
+        }
+    });
+    h.finish()
 }
 
 /// What the key of a traced program is made of.

@@ -85,6 +85,12 @@ pub struct EmitOptions {
     /// `sdy.sharding`. Compile it with
     /// [`Client::compile_partitioned`](crate::backend::pjrt::Client::compile_partitioned).
     pub sharding: Option<crate::shard::ProgramSharding>,
+    /// With [`sharding`](EmitOptions::sharding): name the mesh's axes by position (`a0`, `a1`,
+    /// …) in the text — the mesh, every argument's and result's sharding and every sharding
+    /// constraint — so that the text, and so the fingerprint, does not depend on what the axes
+    /// are called: a mesh renamed with the same partitioning emits the same program. The
+    /// training handle's programs are emitted so.
+    pub canonical_axes: bool,
 }
 
 /// The StableHLO text of `graph`, with no donated arguments (see the [module docs](self)).
@@ -96,6 +102,20 @@ pub fn emit(graph: &Graph) -> String {
 ///
 /// The same graph and options always give byte-identical text.
 pub fn emit_with(graph: &Graph, options: &EmitOptions) -> String {
+    // Axes named by position: the sharding renamed, and the user's mesh kept to rename the
+    // constraints inside the program.
+    let renamed;
+    let (options, rename) = match (&options.sharding, options.canonical_axes) {
+        (Some(sharding), true) => {
+            renamed = EmitOptions {
+                donate: options.donate.clone(),
+                sharding: Some(sharding.canonical()),
+                canonical_axes: false,
+            };
+            (&renamed, Some(sharding.mesh.clone()))
+        }
+        _ => (options, None),
+    };
     let mut out = String::new();
     if let Some(sharding) = &options.sharding {
         let _ = writeln!(
@@ -118,6 +138,7 @@ pub fn emit_with(graph: &Graph, options: &EmitOptions) -> String {
     let mut bodies = Bodies::default();
     let mut e = Emitter::new(graph, &mut bodies);
     e.partitioned |= options.sharding.is_some();
+    e.rename = rename.map(std::sync::Arc::new);
     // Writing into a `String` cannot fail; the `fmt::Result` plumbing only serves `write!`.
     let _ = e.function("public @main", options);
     out.push_str(&e.out);
@@ -168,6 +189,9 @@ struct Emitter<'g, 'b> {
     /// Whether the module is partitioned over a mesh (its sharding constraints are emitted;
     /// otherwise each is its operand).
     partitioned: bool,
+    /// With [`EmitOptions::canonical_axes`], the user's mesh: constraints name its axes by
+    /// position.
+    rename: Option<std::sync::Arc<crate::shard::Mesh>>,
     live: Vec<bool>,
     names: Vec<Ssa>,
     out: String,
@@ -216,6 +240,7 @@ impl<'g, 'b> Emitter<'g, 'b> {
         Emitter {
             graph,
             partitioned: graph.sharding.is_some(),
+            rename: None,
             live,
             names,
             out: String::new(),
@@ -372,7 +397,11 @@ impl<'g, 'b> Emitter<'g, 'b> {
             // Named as parts of their scan's `while`; no line of their own.
             Op::Result { .. } => Ok(()),
             Op::Shard(spec) if partitioned => {
-                let sdy = crate::shard::ProgramSharding::sdy(Some(spec), node.ty.dims.len());
+                let spec = match &self.rename {
+                    Some(mesh) => spec.canonical_in(mesh),
+                    None => spec.clone(),
+                };
+                let sdy = crate::shard::ProgramSharding::sdy(Some(&spec), node.ty.dims.len());
                 let sdy = sdy.trim_start_matches("#sdy.sharding");
                 writeln!(out, "    {me} = sdy.sharding_constraint {an} {sdy} : {ty}")
             }
@@ -622,9 +651,11 @@ impl Emitter<'_, '_> {
         self.bodies.texts.push(String::new());
         let name = format!("@scan{k}");
         let partitioned = self.partitioned;
+        let rename = self.rename.clone();
         let text = {
             let mut e = Emitter::new(body, self.bodies);
             e.partitioned = partitioned;
+            e.rename = rename;
             e.function(&format!("private {name}"), &EmitOptions::default())?;
             e.out
         };
