@@ -1790,3 +1790,42 @@ fn graph_const_reasons_by_sub_field_cross_processes_through_the_store() {
         "graph_const_changed: arch.act Tanh → Relu"
     );
 }
+
+/// Issue 40, item 6: a preflight's recorded times are its entry's own. Two entries of one
+/// program (k = 3 and k = 4); only k = 4's is loaded by a later cache, so only its probe reports
+/// a load time — k = 3's does not borrow it.
+#[test]
+fn a_probes_recorded_times_are_its_entrys_own() {
+    let tmp = TempDir::new("probe-times");
+    let open = || {
+        let store = Arc::new(DirStore::open(tmp.path(), 1 << 30, None).unwrap());
+        Cache::new(8, Some(store))
+    };
+    let first = open();
+    first
+        .get(backend::interpreter(), &SCALE, &keyed(3), &())
+        .unwrap();
+    first
+        .get(backend::interpreter(), &SCALE, &keyed(4), &())
+        .unwrap();
+    // A second cache loads k = 4 (its entry's record now has a load time).
+    let second = open();
+    second
+        .get(backend::interpreter(), &SCALE, &keyed(4), &())
+        .unwrap();
+    assert_eq!(second.stats().l2_hits, 1);
+    let fresh = open();
+    let four = fresh
+        .probe(backend::interpreter(), &SCALE, &keyed(4), &())
+        .unwrap();
+    let three = fresh
+        .probe(backend::interpreter(), &SCALE, &keyed(3), &())
+        .unwrap();
+    assert_eq!(
+        (four.will, three.will),
+        (cache::Will::Load, cache::Will::Load)
+    );
+    assert!(four.load_ms.is_some(), "{four:?}");
+    assert_eq!(three.load_ms, None, "k = 3 was never loaded: {three:?}");
+    assert!(three.compile_ms.is_some() && four.compile_ms.is_some());
+}

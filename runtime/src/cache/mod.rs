@@ -1907,10 +1907,12 @@ pub struct Probe {
     pub will: Will,
     /// Why memory cannot serve it (`None` for a hit).
     pub reason: Option<MissReason>,
-    /// From the store's record of the program: how long its last compile took, in
-    /// milliseconds (`None` when no record says, and for a hit).
+    /// From the store's record of this entry: how long its compile took, in milliseconds; for
+    /// a program not stored yet, the program's last compile (of another key: an estimate).
+    /// `None` when no record says, and for a hit.
     pub compile_ms: Option<f64>,
-    /// From the same record: how long its last load took (`None` when it was never loaded).
+    /// From the store's record of this entry: how long its last load took (`None` when it was
+    /// never loaded — another entry's load is never reported as this one's).
     pub load_ms: Option<f64>,
     /// The traced program's fingerprint (what a manifest lists).
     pub fingerprint: Digest,
