@@ -279,31 +279,23 @@ impl ContentHasher {
     #[doc(hidden)]
     #[inline]
     pub fn field(&mut self, name: &str, f: impl FnOnce(&mut ContentHasher)) {
-        match self.parts.as_deref().and_then(|r| r.open.last()) {
-            None => f(self),
-            Some(parent) => {
-                let path = match parent {
-                    Some(p) => format!("{}.{name}", p.path),
-                    None => String::new(),
-                };
-                self.open_part(path);
-                f(self);
-                self.close_part();
-            }
-        }
+        self.sub_part(|parent| format!("{parent}.{name}"), f);
     }
 
     /// As [`field`](ContentHasher::field), for element `index` of a sequence (`…[index]`).
     #[doc(hidden)]
     #[inline]
     pub fn element(&mut self, index: usize, f: impl FnOnce(&mut ContentHasher)) {
+        self.sub_part(|parent| format!("{parent}[{index}]"), f);
+    }
+
+    /// Runs `f` in a part whose path `path` makes from its parent's, while recording.
+    #[inline]
+    fn sub_part(&mut self, path: impl FnOnce(&str) -> String, f: impl FnOnce(&mut ContentHasher)) {
         match self.parts.as_deref().and_then(|r| r.open.last()) {
             None => f(self),
             Some(parent) => {
-                let path = match parent {
-                    Some(p) => format!("{}[{index}]", p.path),
-                    None => String::new(),
-                };
+                let path = parent.as_ref().map_or_else(String::new, |p| path(&p.path));
                 self.open_part(path);
                 f(self);
                 self.close_part();

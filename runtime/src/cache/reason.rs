@@ -177,6 +177,20 @@ impl MissReason {
     }
 }
 
+/// The first [`SHOWN_CHANGES`] of `changes`, comma-separated, then how many more there are.
+fn write_shown<T: fmt::Display>(f: &mut fmt::Formatter<'_>, changes: &[T]) -> fmt::Result {
+    for (i, c) in changes.iter().take(SHOWN_CHANGES).enumerate() {
+        if i > 0 {
+            f.write_str(", ")?;
+        }
+        write!(f, "{c}")?;
+    }
+    if changes.len() > SHOWN_CHANGES {
+        write!(f, " and {} more", changes.len() - SHOWN_CHANGES)?;
+    }
+    Ok(())
+}
+
 impl fmt::Display for MissReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -186,15 +200,7 @@ impl fmt::Display for MissReason {
             }
             MissReason::GraphConstChanged { fields, changes } => {
                 f.write_str("graph_const_changed: ")?;
-                for (i, c) in changes.iter().take(SHOWN_CHANGES).enumerate() {
-                    if i > 0 {
-                        f.write_str(", ")?;
-                    }
-                    write!(f, "{c}")?;
-                }
-                if changes.len() > SHOWN_CHANGES {
-                    write!(f, " and {} more", changes.len() - SHOWN_CHANGES)?;
-                }
+                write_shown(f, changes)?;
                 // Pseudo-fields (`<handle>`) have no parts: named after the changes.
                 for pseudo in fields.iter().filter(|f| f.starts_with('<')) {
                     write!(f, ", {pseudo}")?;
@@ -203,16 +209,7 @@ impl fmt::Display for MissReason {
             }
             MissReason::SignatureChanged { changes } => {
                 f.write_str("signature_changed: ")?;
-                for (i, c) in changes.iter().take(SHOWN_CHANGES).enumerate() {
-                    if i > 0 {
-                        f.write_str(", ")?;
-                    }
-                    write!(f, "{c}")?;
-                }
-                if changes.len() > SHOWN_CHANGES {
-                    write!(f, " and {} more", changes.len() - SHOWN_CHANGES)?;
-                }
-                Ok(())
+                write_shown(f, changes)
             }
             MissReason::CodeChanged { from, to } => {
                 write!(f, "code_changed: program {from} → {to}")
