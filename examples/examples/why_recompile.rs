@@ -6,7 +6,7 @@
 //!
 //! - **A — a learning rate declared `#[graph_const]`.** Its value is hashed into the compile
 //!   key and baked into the program as a constant: every new value compiles the step again
-//!   (`graph_const_changed: lr`), and after three such changes the lint names the field and
+//!   (`graph_const_changed: lr 0.05 → 0.1`), and after three such changes the lint names the field and
 //!   advises `#[device]`.
 //! - **B — a ragged last batch, not padded.** 1438 training rows in batches of 32 leave 30 rows
 //!   at the end of each epoch: a batch of another shape, a program of its own
