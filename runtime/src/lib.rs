@@ -61,6 +61,7 @@ pub mod nn;
 pub mod npy;
 pub mod ops;
 pub mod optim;
+pub mod pattern;
 pub mod program;
 pub mod settings;
 pub mod shard;

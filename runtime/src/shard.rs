@@ -393,7 +393,7 @@ impl ProgramSharding {
 ///   every leaf whole; only the batch is split (what
 ///   [`Config::devices`](crate::train::Config::devices) does with replicated programs).
 /// - [`Sharding::leaf`]: an explicit spec for the leaves whose path matches a pattern (the
-///   pattern language of [`AdamW::no_decay`](crate::optim::AdamW::no_decay): `*` any run of
+///   pattern language of [`crate::pattern`] (`AdamW::no_decay`'s too): `*` any run of
 ///   characters, `|` alternatives), over any axis of the mesh — tensor parallelism, such as an
 ///   MLP's first weight split by columns on a `model` axis and its second by rows. The first
 ///   matching pattern wins; the others follow the FSDP or replicated rule.
@@ -536,7 +536,7 @@ impl Partitioning {
             .sharding
             .leaves
             .iter()
-            .find(|(pattern, _)| crate::optim::path_match(pattern, path));
+            .find(|(pattern, _)| crate::pattern::path_match(pattern, path));
         match explicit {
             Some((pattern, spec)) => {
                 spec.check(

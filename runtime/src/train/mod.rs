@@ -1187,7 +1187,7 @@ fn device_layout<E: Experiment>(experiment: &E, backend: &dyn Backend) -> Result
         .sharding()
         .leaves()
         .iter()
-        .find(|(pattern, _)| !paths.iter().any(|q| crate::optim::path_match(pattern, q)));
+        .find(|(pattern, _)| !paths.iter().any(|q| crate::pattern::path_match(pattern, q)));
     if let Some((pattern, spec)) = unused {
         let shown: Vec<&str> = paths.iter().take(8).map(String::as_str).collect();
         return Err(Error::Sharding {
