@@ -116,7 +116,7 @@ impl Mesh {
                 .axes
                 .iter()
                 .enumerate()
-                .map(|(i, (_, s))| (format!("a{i}"), *s))
+                .map(|(i, (_, s))| (canonical_axis(i), *s))
                 .collect(),
         }
     }
@@ -136,6 +136,11 @@ impl Mesh {
             .collect();
         format!("sdy.mesh @mesh = <[{}]>", axes.join(", "))
     }
+}
+
+/// The name of a mesh's axis `i` in a program's text that names axes by position (`a0`).
+fn canonical_axis(i: usize) -> String {
+    format!("a{i}")
 }
 
 /// Per dim of an array, the mesh axis it is split along (`None`: whole on every device) — JAX's
@@ -227,7 +232,7 @@ impl PartitionSpec {
                 .map(|d| {
                     d.as_ref()
                         .map(|axis| match mesh.axes.iter().position(|(n, _)| n == axis) {
-                            Some(i) => format!("a{i}"),
+                            Some(i) => canonical_axis(i),
                             None => axis.clone(),
                         })
                 })

@@ -336,15 +336,12 @@ impl Cache {
         let details = key_details(backend, &program_id, &traced, &parts, gc_parts);
         let program_key = Digest::of(program_id.as_str());
         let store = self.store.as_ref().filter(|_| backend.persistent());
-        let located = store.and_then(|s| s.locate(&l2_key(backend, &traced.fingerprint)));
+        let entry = l2_key(backend, &traced.fingerprint);
+        let located = store.and_then(|s| s.locate(&entry));
         let reason = self
             .reason_here(&key, &program_key, &details)
             .unwrap_or_else(|| self.reason_stored(&program_key, &details));
-        let record = recorded_times(
-            store.map(|s| &**s),
-            &l2_key(backend, &traced.fingerprint),
-            &program_key,
-        );
+        let record = recorded_times(store.map(|s| &**s), &entry, &program_key);
         let will = match located {
             Some(Location::Local) => Will::Load,
             Some(Location::Remote) => Will::Fetch,
@@ -453,7 +450,7 @@ impl Cache {
                 store,
                 &built,
                 &traced,
-                (&program_id, &program_key),
+                (&program_id, &program_key, &l2_key),
                 (&details, &before, &cost),
             ),
             None => false,
@@ -539,10 +536,11 @@ impl Cache {
         })
     }
 
-    /// Writes a compiled program back to `store` (not one it loaded, and not over an entry
-    /// signed with a key this process lacks), then the program's record: what its key was made
-    /// of (for the next miss's reason) and what it last cost to compile and to load (for a
-    /// preflight's estimate; `before`, the record as it was, keeps what this lookup did not
+    /// Writes a compiled program back to `store` under `entry`, its persistent key (not one it
+    /// loaded, and not over an entry signed with a key this process lacks), then its record,
+    /// under the program and under the entry: what its key was made of (for the next miss's
+    /// reason, and `explain`) and what it last cost to compile and to load (for a preflight's
+    /// estimate; `before`, the entry's record as it was, keeps what this lookup did not
     /// measure). Whether the write failed.
     pub(super) fn write_back(
         &self,
@@ -550,7 +548,7 @@ impl Cache {
         store: &dyn Store,
         built: &Built,
         traced: &Traced,
-        (program_id, program_key): (&str, &Digest),
+        (program_id, program_key, entry): (&str, &Digest, &Digest),
         (details, before, cost): (&KeyDetails, &ProgramTimes, &ProgramCost),
     ) -> bool {
         let identity = backend.identity();
@@ -565,7 +563,7 @@ impl Cache {
                 Ok(payload) => {
                     let entry = Entry {
                         meta: EntryMeta {
-                            key: l2_key(backend, &traced.fingerprint),
+                            key: *entry,
                             program: program_id.to_owned(),
                             fingerprint: traced.fingerprint,
                             backend: identity.digest,
@@ -609,8 +607,7 @@ impl Cache {
             // The program's latest use (for the next miss's reason, in any process), and this
             // entry's own record (for `explain` and a preflight's times of this entry).
             let _ = store.record_program(program_key, &record);
-            let entry = l2_key(backend, &traced.fingerprint);
-            let _ = store.record_program(&store::entry_record_key(&entry), &record);
+            let _ = store.record_program(&store::entry_record_key(entry), &record);
         }
         write_failed
     }

@@ -348,14 +348,8 @@ impl Conv2d {
         let out = self
             .conv(hw)
             .and_then(|conv| crate::ops::conv::conv_type(&ty(&x), &ty(&self.kernel_dims()), &conv));
-        match out {
-            Ok(out) => Ok(out.dims[1..].to_vec()),
-            Err(problem) => Err(Error::Layer {
-                layer: format!("{self:?}"),
-                input: input.to_vec(),
-                problem,
-            }),
-        }
+        out.map(|out| out.dims[1..].to_vec())
+            .map_err(|problem| layer_error(self, input, problem))
     }
 
     /// The kernel's dims: HWIO channels last, OIHW channels first.
@@ -480,14 +474,9 @@ impl Pool2d {
     /// with the message a trace of the forward pass fails with.
     pub fn output_dims(&self, input: &[usize]) -> Result<Vec<usize>> {
         let x: Vec<usize> = std::iter::once(1).chain(input.iter().copied()).collect();
-        match crate::ops::window::window_dims(&x, &self.window()) {
-            Ok(out) => Ok(out[1..].to_vec()),
-            Err(problem) => Err(Error::Layer {
-                layer: format!("{self:?}"),
-                input: input.to_vec(),
-                problem,
-            }),
-        }
+        crate::ops::window::window_dims(&x, &self.window())
+            .map(|out| out[1..].to_vec())
+            .map_err(|problem| layer_error(self, input, problem))
     }
 
     /// The window over `[N, …]`: `window` and `stride` on the height and width dims.
@@ -591,10 +580,12 @@ impl OutputDims for Flatten {
     fn output_dims(&self, input: &[usize]) -> Result<Vec<usize>> {
         crate::tree::dims_product(input)
             .map(|n| vec![n])
-            .ok_or_else(|| Error::Layer {
-                layer: "Flatten".into(),
-                input: input.to_vec(),
-                problem: "the product of the dims overflows a size".into(),
+            .ok_or_else(|| {
+                layer_error(
+                    self,
+                    input,
+                    "the product of the dims overflows a size".into(),
+                )
             })
     }
 }
@@ -607,6 +598,15 @@ impl OutputDims for Linear {
             None => out.push(self.outputs),
         }
         Ok(out)
+    }
+}
+
+/// The [`Error::Layer`] of `layer` refusing input dims `input`.
+fn layer_error(layer: &impl std::fmt::Debug, input: &[usize], problem: String) -> Error {
+    Error::Layer {
+        layer: format!("{layer:?}"),
+        input: input.to_vec(),
+        problem,
     }
 }
 

@@ -363,9 +363,10 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             let batch = E::Batch::from_batch(batch)?;
             let (r, _) = self.run_eval(&batch, RowMask::Real(real), true, Some(span))?;
             let predictions = r.predictions.ok_or_else(not_predicting::<E>)?;
-            parts.push(first_rows(&predictions, real)?);
+            let real_rows: Vec<usize> = (0..real).collect();
+            parts.push(crate::data::gather_rows(&predictions, &real_rows)?);
         }
-        concat_rows(&parts)
+        values::join_rows(&parts)
     }
 
     /// Trains on `train` until the handle has completed [`Config::epochs`] epochs, validating

@@ -194,36 +194,6 @@ fn not_predicting<E: Model>() -> Error {
     }
 }
 
-/// The first `rows` rows of `a` (along its first dim).
-fn first_rows(a: &Array, rows: usize) -> Result<Array> {
-    let all = a.dims().first().copied().unwrap_or(1);
-    if rows >= all {
-        return Ok(a.clone());
-    }
-    let per = a.len() / all.max(1);
-    let data = a.data().range(0, rows * per).ok_or_else(no_output)?;
-    let mut dims = a.dims().to_vec();
-    dims[0] = rows;
-    Array::from_data(&dims, data)
-}
-
-/// `parts` one after another along their first dim.
-fn concat_rows(parts: &[Array]) -> Result<Array> {
-    let first = parts.first().ok_or_else(no_output)?;
-    let rows: usize = parts
-        .iter()
-        .map(|p| p.dims().first().copied().unwrap_or(1))
-        .sum();
-    let data: Vec<&crate::tree::ArrayData> = parts.iter().map(Array::data).collect();
-    let joined = crate::tree::ArrayData::concat(first.data(), &data).ok_or_else(no_output)?;
-    let mut dims = first.dims().to_vec();
-    match dims.first_mut() {
-        Some(n) => *n = rows,
-        None => dims.push(rows),
-    }
-    Array::from_data(&dims, joined)
-}
-
 /// A model batch built from a data set's gathered [`crate::data::Batch`] (its columns, padded
 /// to the batch size), so that [`Nitro::fit`] can feed a [`Dataset`] to any model.
 pub trait FromBatch: Sized {

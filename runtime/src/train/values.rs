@@ -730,29 +730,9 @@ pub(crate) fn join_rows(parts: &[Array]) -> Result<Array> {
     }
     let mut dims = first.dims().to_vec();
     dims[0] = parts.iter().map(|p| p.dims()[0]).sum();
-    macro_rules! join {
-        ($variant:ident) => {{
-            let mut out = Vec::new();
-            for p in parts {
-                match p.data() {
-                    ArrayData::$variant(v) => out.extend_from_slice(v),
-                    _ => return Err(mixed()),
-                }
-            }
-            Array::from_data(&dims, ArrayData::$variant(out))
-        }};
-    }
-    match first.data() {
-        ArrayData::F32(_) => join!(F32),
-        ArrayData::F64(_) => join!(F64),
-        ArrayData::I32(_) => join!(I32),
-        ArrayData::I64(_) => join!(I64),
-        ArrayData::U8(_) => join!(U8),
-        ArrayData::Bool(_) => join!(Bool),
-        ArrayData::U32(_) => join!(U32),
-        ArrayData::BF16(_) => join!(BF16),
-        ArrayData::F16(_) => join!(F16),
-    }
+    let data: Vec<&ArrayData> = parts.iter().map(Array::data).collect();
+    let joined = ArrayData::concat(first.data(), &data).ok_or_else(mixed)?;
+    Array::from_data(&dims, joined)
 }
 
 fn mixed() -> Error {
