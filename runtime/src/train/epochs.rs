@@ -159,21 +159,12 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 seed: self.config.seed,
             },
         )?;
-        let skip = if epoch == self.epoch {
-            usize::try_from(self.epoch_batches).unwrap_or(usize::MAX)
-        } else {
-            0
-        };
-        if epoch != self.epoch {
-            self.epoch = epoch;
-            self.epoch_batches = 0;
-        }
+        let skip = usize::try_from(self.progress.start_epoch(epoch)).unwrap_or(usize::MAX);
         let number = epoch + 1;
         let order = plan.epoch(epoch);
         let count = order.len();
         let mut rows = Vec::with_capacity(count);
         let mut steps = Vec::with_capacity(count);
-        self.timings = EpochTimings::default();
         let every = count.div_ceil(WAITED_SAMPLES).max(1);
         let bar = progress_bar(self.config.progress, count as u64, number);
         bar.inc(skip.min(count) as u64);
@@ -183,7 +174,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             let real = batch.real_rows();
             let batch = E::Batch::from_batch(batch)?;
             // An epoch's last batch closes an accumulation window, full or not.
-            let closes = self.window.micro_batches + 1 >= self.config.accum || i + 1 == count;
+            let closes = self.progress.closes(self.config.accum) || i + 1 == count;
             // A few steps are timed alone: nothing in flight before, waited for after.
             let timed = closes && i % every == every / 2;
             if timed {
@@ -193,19 +184,17 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             self.micro_step(&batch, RowMask::Real(real), closes, Some(span))?;
             if timed {
                 self.wait()?;
-                self.timings.waited.push(step_started.elapsed());
+                self.progress.timed(step_started.elapsed());
             }
-            self.epoch_batches += 1;
-            steps.push(self.step);
+            self.progress.batch_done();
+            steps.push(self.progress.step());
             rows.push(real);
             bar.inc(1);
         }
         let losses = self.take_losses()?;
-        self.timings.wall = started.elapsed();
-        self.timings.batches = rows.len();
+        self.progress
+            .end_epoch(epoch, rows.len(), started.elapsed());
         bar.finish_and_clear();
-        self.epoch = epoch + 1;
-        self.epoch_batches = 0;
         self.check_losses(number, skip, &losses, &steps)?;
         let total: usize = rows.iter().sum();
         let sum: f64 = losses.iter().zip(&rows).map(|(l, &r)| l * r as f64).sum();
@@ -232,7 +221,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 batch,
                 step,
                 loss,
-                state_step: self.step,
+                state_step: self.progress.step(),
             });
         }
         let later = losses[i..].iter().filter(|l| !l.is_finite()).count();
@@ -290,8 +279,8 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let epoch = plan.epoch(0);
         let mut total = EvalResult::default();
         let mut sums: Vec<Option<Value>> = Vec::new();
-        for _ in &self.device_metrics {
-            sums.push(Some(self.place_one(Array::scalar(0.0f32))?));
+        for _ in self.inventory.metrics() {
+            sums.push(Some(place_one(self.backend, Array::scalar(0.0f32))?));
         }
         let want_predictions = !self.host_metrics.is_empty();
         for span in epoch.spans() {
@@ -302,18 +291,13 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 self.run_eval(&batch, RowMask::Real(real), want_predictions, Some(span))?;
             for (i, sum) in sums.iter_mut().enumerate() {
                 let compiled = self.metric_program(i, &batch)?;
-                self.make_leaves()?;
+                self.state.ready(self.backend, self.config.leaf_views)?;
                 let partitioned = self.backend.partitioning().is_some();
-                let leaves = leaf_args(partitioned, &self.leaves).ok_or_else(no_output)?;
-                let mut args = batch_args(
-                    leaves,
-                    &self.trainable,
-                    &self.frozen,
-                    &batch,
-                    In::Rows(&mask),
-                );
+                let mut args = self
+                    .state
+                    .batch_args(partitioned, &batch, In::Rows(&mask))?;
                 args.push(In::Give(sum.take().ok_or_else(no_output)?));
-                let (out, _) = exec(&compiled, args)?;
+                let (out, _) = args.run(&compiled)?;
                 *sum = out.into_iter().next();
             }
             for m in &mut self.host_metrics {
@@ -324,7 +308,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             total.rows += r.rows;
         }
         let rows = total.rows.max(1) as f64;
-        for (state, sum) in self.device_metrics.iter().zip(&sums) {
+        for (state, sum) in self.inventory.metrics().iter().zip(&sums) {
             let value = sum.as_ref().ok_or_else(no_output)?.scalar()?;
             total
                 .metrics
@@ -409,22 +393,22 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             });
         }
         let target = self.config.epochs as u64;
-        if self.epoch >= target {
+        if self.progress.epoch() >= target {
             return Err(Error::InvalidSetting {
                 variable: "Config::epochs",
                 value: self.config.epochs.to_string(),
                 expected: format!(
                     "more than the {} epochs this handle has completed: `fit` continues a run up \
                      to Config::epochs epochs; raise it with `Nitro::set_epochs` to train on",
-                    self.epoch
+                    self.progress.epoch()
                 ),
             });
         }
         let mut history = History::default();
-        let first = self.epoch;
+        let first = self.progress.epoch();
         for epoch in first..target {
             let started = Instant::now();
-            let steps_before = self.step;
+            let steps_before = self.progress.step();
             let train = each_epoch(self, train)?;
             let validation = match validation {
                 Some(v) => Some(each_epoch(self, v)?),
@@ -437,8 +421,8 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 if let Some(first) = plan.epoch(0).batches(&train).next() {
                     let first = E::Batch::from_batch(first?)?;
                     let inventory = match validation {
-                        Some(_) => Inventory::Validate,
-                        None => Inventory::Train,
+                        Some(_) => Need::Validate,
+                        None => Need::Train,
                     };
                     self.prepare_programs(&first, inventory)?;
                 }
@@ -450,11 +434,10 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                     let r = self.validate(v)?;
                     metrics = r.metrics.clone();
                     let rows = r.rows.max(1) as f64;
-                    let has_accuracy = self.programs.as_ref().is_some_and(|p| {
-                        p.eval
-                            .as_ref()
-                            .is_some_and(|e| e.outputs.get(1).is_some_and(|t| t.dims.is_empty()))
-                    });
+                    let has_accuracy = self
+                        .inventory
+                        .eval()
+                        .is_some_and(|e| e.outputs.get(1).is_some_and(|t| t.dims.is_empty()));
                     (
                         Some(r.loss_sum / rows),
                         has_accuracy.then_some(r.correct / rows),
@@ -462,16 +445,17 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 }
                 None => (None, None),
             };
-            let batches = self.timings.batches.max(1) as f64;
+            let timings = self.progress.timings();
+            let batches = timings.batches.max(1) as f64;
             let record = EpochRecord {
                 epoch: usize::try_from(epoch + 1).unwrap_or(usize::MAX),
                 train_loss,
                 val_loss,
                 val_accuracy,
                 metrics,
-                steps: self.step - steps_before,
-                step_us_median: self.timings.waited_median_us(),
-                step_us_pipelined: self.timings.wall.as_secs_f64() * 1e6 / batches,
+                steps: self.progress.step() - steps_before,
+                step_us_median: timings.waited_median_us(),
+                step_us_pipelined: timings.wall.as_secs_f64() * 1e6 / batches,
                 seconds: started.elapsed().as_secs_f64(),
             };
             tracing::info!(
@@ -520,9 +504,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             self.cache.set_variant_warning(edges);
         }
         let inventory = if validating {
-            Inventory::Validate
+            Need::Validate
         } else {
-            Inventory::Train
+            Need::Train
         };
         let mut samples = Vec::new();
         for &edge in buckets.edges() {
@@ -567,12 +551,12 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let batch = self.config.batch;
         let rows_for = |edge: usize| buckets.rows_for(edge, batch, replicas);
         let mut history = History { epochs: Vec::new() };
-        for epoch in self.epoch..self.config.epochs as u64 {
+        for epoch in self.progress.epoch()..self.config.epochs as u64 {
             let started = Instant::now();
-            let steps_before = self.step;
+            let steps_before = self.progress.step();
             let plan = train.epoch_batches(&buckets, rows_for, self.config.seed, epoch)?;
             let every = plan.len().div_ceil(WAITED_SAMPLES).max(1);
-            self.timings = EpochTimings::default();
+            self.progress.start_epoch(epoch);
             let mut weights = Vec::with_capacity(plan.len());
             let mut steps = Vec::with_capacity(plan.len());
             let bar = progress_bar(self.config.progress, plan.len() as u64, epoch + 1);
@@ -580,8 +564,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 let edge = buckets.edges()[*b];
                 let (batch, w) = train.gather(rows, edge, rows_for(edge), &buckets)?;
                 let batch = E::Batch::from_batch(batch)?;
-                let closes =
-                    self.window.micro_batches + 1 >= self.config.accum || i + 1 == plan.len();
+                let closes = self.progress.closes(self.config.accum) || i + 1 == plan.len();
                 let timed = closes && i % every == every / 2;
                 if timed {
                     self.wait()?;
@@ -590,18 +573,17 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 self.micro_step(&batch, RowMask::Weights(&w), closes, None)?;
                 if timed {
                     self.wait()?;
-                    self.timings.waited.push(step_started.elapsed());
+                    self.progress.timed(step_started.elapsed());
                 }
                 weights.push(w.iter().map(|&x| f64::from(x)).sum::<f64>());
-                steps.push(self.step);
+                steps.push(self.progress.step());
                 bar.inc(1);
             }
             let losses = self.take_losses()?;
-            self.timings.wall = started.elapsed();
             bar.finish_and_clear();
             // The epoch is trained, as in `train_epoch`, before a non-finite loss may stop it.
-            self.epoch = epoch + 1;
-            self.epoch_batches = 0;
+            self.progress
+                .end_epoch(epoch, plan.len(), started.elapsed());
             self.check_losses(epoch + 1, 0, &losses, &steps)?;
             let total: f64 = weights.iter().sum();
             let train_loss = losses.iter().zip(&weights).map(|(l, w)| l * w).sum::<f64>()
@@ -616,9 +598,10 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 val_loss,
                 val_accuracy: None,
                 metrics: Vec::new(),
-                steps: self.step - steps_before,
-                step_us_median: self.timings.waited_median_us(),
-                step_us_pipelined: self.timings.wall.as_secs_f64() * 1e6 / plan.len().max(1) as f64,
+                steps: self.progress.step() - steps_before,
+                step_us_median: self.progress.timings().waited_median_us(),
+                step_us_pipelined: self.progress.timings().wall.as_secs_f64() * 1e6
+                    / plan.len().max(1) as f64,
                 seconds: started.elapsed().as_secs_f64(),
             };
             tracing::info!(

@@ -1,9 +1,9 @@
 //! The program inventory of a handle: the programs it derives from a [`Model`] and its
-//! optimizer, and how [`Nitro::prepare`] gets (or compiles) them — concurrently or one at a
-//! time — with what each lookup did and spent ([`ProgramTime`]).
+//! optimizer (traced from the `fn`s here), and the [`Inventory`] of those it holds, with what
+//! each lookup did and spent ([`ProgramTime`]). How they are got is in `prepare.rs`.
 
 use super::*;
-use crate::cache::{Probe, Will};
+use crate::cache::Probe;
 use crate::hash::Digest;
 
 /// The inputs of the per-batch programs: the batch, its row mask, and what else the program
@@ -259,21 +259,21 @@ impl<E: Model, M: DeviceMetric<E>> MetricSlot<E> for MetricOf<M> {
 /// What [`Nitro::prepare_programs`] compiles: the training programs, with the evaluation
 /// program, with that and every device metric's.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum Inventory {
+pub(super) enum Need {
     Train,
     Evaluate,
     Validate,
 }
 
-impl Inventory {
+impl Need {
     /// Whether it holds the evaluation program.
     fn evaluates(self) -> bool {
-        self != Inventory::Train
+        self != Need::Train
     }
 
     /// Whether it holds the device metrics' programs.
     fn measures(self) -> bool {
-        self == Inventory::Validate
+        self == Need::Validate
     }
 }
 
@@ -433,6 +433,337 @@ pub(super) fn update_program<O: Optimizer>() -> Program<OptimizerStep<O>, Update
     OptimizerStep::<O>::program("nitro.update", update_fn::<O>).donating_device()
 }
 
+/// The programs a handle holds and what getting them took: the current batch shape's
+/// gradient, update and evaluation programs, those of other shapes (buckets) swapped in when a
+/// batch needs them, the device metrics with their programs, and every lookup's times — what
+/// [`Nitro::prepare`], [`Nitro::plan`], [`Nitro::manifest`] and the program budget read.
+pub(super) struct Inventory<E: Model> {
+    /// The current batch shape's programs.
+    current: Option<Programs>,
+    /// Programs for other batch shapes (other buckets).
+    held: Vec<Programs>,
+    /// Validation metrics accumulated on the device, each with a program of its own (kept for
+    /// the current shape).
+    metrics: Vec<DeviceMetricState<E>>,
+    /// Wall time spent getting programs (tracing, loading, compiling).
+    compile_time: Duration,
+    /// Every program lookup that prepared the inventory, in order.
+    times: Vec<ProgramTime>,
+}
+
+impl<E: Model> Inventory<E> {
+    /// No programs yet.
+    pub(super) fn new() -> Inventory<E> {
+        Inventory {
+            current: None,
+            held: Vec::new(),
+            metrics: Vec::new(),
+            compile_time: Duration::ZERO,
+            times: Vec::new(),
+        }
+    }
+
+    /// Registers a device metric: one more program, got with the evaluation program.
+    pub(super) fn add_metric(&mut self, slot: Box<dyn MetricSlot<E>>) {
+        self.metrics.push(DeviceMetricState {
+            slot,
+            compiled: None,
+        });
+    }
+
+    /// The device metrics, in registration order.
+    pub(super) fn metrics(&self) -> &[DeviceMetricState<E>] {
+        &self.metrics
+    }
+
+    /// The current batch shape's programs.
+    pub(super) fn current(&self) -> Option<&Programs> {
+        self.current.as_ref()
+    }
+
+    /// Whether nothing is held (no update program yet).
+    pub(super) fn is_empty(&self) -> bool {
+        self.current.is_none() && self.held.is_empty()
+    }
+
+    /// Whether everything `need` names is held for batches like `sample` as the current
+    /// shape's (the common case of every step, answered without allocating).
+    pub(super) fn ready<B: Tree>(&self, sample: &B, need: Need) -> bool {
+        let Some(p) = self
+            .current
+            .as_ref()
+            .filter(|p| has_types(sample, &p.batch_types))
+        else {
+            return false;
+        };
+        (!need.evaluates() || p.eval.is_some())
+            && (!need.measures() || self.metrics.iter().all(|m| m.compiled.is_some()))
+    }
+
+    /// What must be looked up for batches like `sample` to run `need`.
+    pub(super) fn wants<B: Tree>(&self, sample: &B, need: Need) -> Wants {
+        let (want_eval, want_metrics) = (need.evaluates(), need.measures());
+        let current = self
+            .current
+            .as_ref()
+            .filter(|p| has_types(sample, &p.batch_types));
+        let held = current.or_else(|| self.held.iter().find(|p| has_types(sample, &p.batch_types)));
+        match held {
+            None => Wants {
+                grad: true,
+                update: true,
+                eval: want_eval,
+                metrics: vec![want_metrics; self.metrics.len()],
+            },
+            Some(p) => Wants {
+                grad: false,
+                update: false,
+                eval: want_eval && p.eval.is_none(),
+                // A metric's program is kept for the current shape only.
+                metrics: self
+                    .metrics
+                    .iter()
+                    .map(|m| want_metrics && !(current.is_some() && m.compiled.is_some()))
+                    .collect(),
+            },
+        }
+    }
+
+    /// Installs the programs `got` for batches of `batch_types` (making them the current
+    /// ones, or swapping in those held for that shape) and records what each lookup did and
+    /// spent; returns the outcomes, training programs first.
+    pub(super) fn install(
+        &mut self,
+        batch_types: Vec<LeafType>,
+        mut got: Vec<(Slot, &'static str, Served)>,
+        backend: &dyn Backend,
+        edge: Option<usize>,
+    ) -> Vec<Outcome> {
+        let take = |got: &mut Vec<(Slot, &'static str, Served)>, slot: Slot| {
+            got.iter()
+                .position(|(s, _, _)| *s == slot)
+                .map(|i| got.remove(i))
+        };
+        let mut outcomes = Vec::new();
+        match (take(&mut got, Slot::Grad), take(&mut got, Slot::Update)) {
+            (Some((_, role, grad)), Some((_, _, update))) => {
+                outcomes.extend([grad.outcome.clone(), update.outcome.clone()]);
+                self.times.push(ProgramTime::of(role, &grad, backend, edge));
+                self.times
+                    .push(ProgramTime::of("update", &update, backend, None));
+                for m in &mut self.metrics {
+                    m.compiled = None;
+                }
+                if let Some(old) = self.current.take() {
+                    if old.batch_types != batch_types {
+                        self.held.push(old);
+                    }
+                }
+                self.current = Some(Programs {
+                    grad: grad.compiled,
+                    update: update.compiled,
+                    eval: None,
+                    batch_types,
+                });
+            }
+            _ => {
+                // Held programs for another shape than the current one: swap them in.
+                let current = self
+                    .current
+                    .as_ref()
+                    .is_some_and(|p| p.batch_types == batch_types);
+                if !current {
+                    if let Some(i) = self.held.iter().position(|p| p.batch_types == batch_types) {
+                        let found = self.held.swap_remove(i);
+                        if let Some(old) = self.current.replace(found) {
+                            self.held.push(old);
+                        }
+                        for m in &mut self.metrics {
+                            m.compiled = None;
+                        }
+                    }
+                }
+            }
+        }
+        for (slot, role, served) in got {
+            outcomes.push(served.outcome.clone());
+            self.times
+                .push(ProgramTime::of(role, &served, backend, edge));
+            match slot {
+                Slot::Eval => {
+                    if let Some(p) = &mut self.current {
+                        p.eval = Some(served.compiled);
+                    }
+                }
+                Slot::Metric(i) => {
+                    if let Some(m) = self.metrics.get_mut(i) {
+                        m.compiled = Some(served.compiled);
+                    }
+                }
+                Slot::Grad | Slot::Update => {}
+            }
+        }
+        outcomes
+    }
+
+    /// Adds wall time spent getting programs.
+    pub(super) fn spent(&mut self, took: Duration) {
+        self.compile_time += took;
+    }
+
+    /// Wall time spent getting programs.
+    pub(super) fn compile_time(&self) -> Duration {
+        self.compile_time
+    }
+
+    /// Every lookup's times, in order.
+    pub(super) fn times(&self) -> &[ProgramTime] {
+        &self.times
+    }
+
+    /// The current shape's evaluation program, once got.
+    pub(super) fn eval(&self) -> Option<Arc<Compiled>> {
+        self.current.as_ref().and_then(|p| p.eval.clone())
+    }
+
+    /// Device metric `i`'s program for the current shape, once got.
+    pub(super) fn metric(&self, i: usize) -> Option<Arc<Compiled>> {
+        self.metrics.get(i).and_then(|m| m.compiled.clone())
+    }
+
+    /// Forgets every program (after the experiment changed: they are looked up again).
+    pub(super) fn forget(&mut self) {
+        self.current = None;
+        self.held.clear();
+    }
+
+    /// The programs held: the update program, and per batch shape its gradient program, with
+    /// its evaluation program and device metrics when it validated.
+    pub(super) fn held_count(&self) -> usize {
+        let per_shape = |p: &Programs| {
+            1 + match p.eval {
+                Some(_) => 1 + self.metrics.len(),
+                None => 0,
+            }
+        };
+        let shapes: usize = self.current.iter().chain(&self.held).map(per_shape).sum();
+        shapes + usize::from(self.current.is_some())
+    }
+
+    /// Refuses, before anything compiles, to get `new` more programs (for batches like
+    /// `sample`) than `budget` ([`Config::max_programs`]) allows.
+    pub(super) fn check_budget<B: Tree>(
+        &self,
+        budget: Option<usize>,
+        sample: &B,
+        new: usize,
+    ) -> Result<()> {
+        let Some(budget) = budget else {
+            return Ok(());
+        };
+        let needed = self.held_count() + new;
+        if new > 0 && needed > budget {
+            let shape: Vec<String> = leaves(sample)
+                .iter()
+                .map(|a| a.leaf_type().to_string())
+                .collect();
+            return Err(Error::ProgramBudget {
+                budget,
+                needed,
+                what: format!("programs for batches of {}", shape.join(", ")),
+            });
+        }
+        Ok(())
+    }
+
+    /// The programs declared for `edges` bucket edges: the update program, and per edge the
+    /// gradient program (plus, when `validating`, the evaluation program and one per device
+    /// metric).
+    pub(super) fn declared(&self, edges: usize, validating: bool) -> usize {
+        let per_edge = 1 + if validating {
+            1 + self.metrics.len()
+        } else {
+            0
+        };
+        1 + edges * per_edge
+    }
+
+    /// Every program got (from memory, the store or a compile), each once, with its
+    /// fingerprint and store key.
+    pub(super) fn manifest(&self) -> crate::cache::Manifest {
+        let mut m = crate::cache::Manifest::new();
+        for t in &self.times {
+            m.push(crate::cache::ManifestEntry {
+                role: t.role.clone(),
+                edge: t.edge,
+                program: t.program.clone(),
+                fingerprint: t.fingerprint.to_string(),
+                key: t.key.to_string(),
+            });
+        }
+        m
+    }
+
+    /// What each held program holds, and what tracing and compiling it took.
+    pub(super) fn compile_report(&self) -> crate::cache::CompileReport {
+        let mut programs = Vec::new();
+        for p in self.current.iter().chain(&self.held) {
+            programs.push(("grad".to_owned(), (*p.grad.cost).clone()));
+            programs.push(("update".to_owned(), (*p.update.cost).clone()));
+            if let Some(eval) = &p.eval {
+                programs.push(("eval".to_owned(), (*eval.cost).clone()));
+            }
+        }
+        crate::cache::CompileReport { programs }
+    }
+
+    /// The current shape's programs as [`Memory`] reports them; the gradient program under
+    /// `grad_role`.
+    pub(super) fn memory(&self, grad_role: &str) -> Vec<ProgramMemory> {
+        let Some(p) = &self.current else {
+            return Vec::new();
+        };
+        [Some((grad_role, &p.grad)), Some(("update", &p.update))]
+            .into_iter()
+            .chain(std::iter::once(p.eval.as_ref().map(|e| ("eval", e))))
+            .flatten()
+            .map(|(role, c)| ProgramMemory {
+                role: role.to_owned(),
+                cached_bytes: c.executable.size_bytes(),
+                compiled: c.executable.memory(),
+            })
+            .collect()
+    }
+}
+
+/// Which programs of the inventory one batch shape needs looked up.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Wants {
+    pub(super) grad: bool,
+    pub(super) update: bool,
+    pub(super) eval: bool,
+    pub(super) metrics: Vec<bool>,
+}
+
+impl Wants {
+    /// How many programs these lookups add to what the handle holds (`nothing_held`: no
+    /// update program is held yet); device metrics count with a new evaluation program.
+    pub(super) fn new_programs(&self, nothing_held: bool, metrics: usize) -> usize {
+        let mut new = 0;
+        if self.grad {
+            new += 1 + usize::from(nothing_held);
+        }
+        if self.eval {
+            new += 1 + if self.metrics.iter().any(|&m| m) {
+                metrics
+            } else {
+                0
+            };
+        }
+        new
+    }
+}
+
 /// The programs of a handle, once compiled for a batch shape.
 pub(super) struct Programs {
     pub(super) grad: Arc<Compiled>,
@@ -494,7 +825,7 @@ pub(super) struct Shaped<'a, B> {
 
 impl<'a, B: Tree> Shaped<'a, B> {
     /// `batch` shaped for `replicas` replicas (itself for one).
-    fn new(batch: &'a B, replicas: usize) -> Result<Shaped<'a, B>> {
+    pub(super) fn new(batch: &'a B, replicas: usize) -> Result<Shaped<'a, B>> {
         let mut leaves = Vec::new();
         let mut bad = None;
         batch.for_each_leaf("", &mut |path, a| {
@@ -624,816 +955,5 @@ pub(super) fn update_inputs_shape<O: Optimizer>(opt: &OptimizerStep<O>) -> Updat
             .map(|a| Array::zeros(a.dtype(), a.dims()))
             .collect(),
         lr: Array::scalar(0.0f32),
-    }
-}
-
-impl<E: Model, O: Optimizer> Nitro<E, O> {
-    /// Gets (or compiles) the training programs — gradient and update — for batches like
-    /// `sample`, concurrently, and returns what each lookup did. Called by the first step; call
-    /// it earlier to pay for compiles before training. The evaluation program is compiled by
-    /// the first [`evaluate`](Nitro::evaluate) — or with these by [`fit`](Nitro::fit) when it
-    /// is given validation data.
-    pub fn prepare(&mut self, sample: &E::Batch) -> Result<Vec<Outcome>> {
-        self.prepare_programs(sample, Inventory::Train)
-    }
-
-    /// Gets (or compiles) the programs `inventory` names for batches like `sample` — the
-    /// training programs always — all at once: a `fit` with validation data waits for the
-    /// slowest program of its whole inventory, not for the training programs and then, after
-    /// the first epoch, for the evaluation programs.
-    pub(super) fn prepare_programs(
-        &mut self,
-        sample: &E::Batch,
-        inventory: Inventory,
-    ) -> Result<Vec<Outcome>> {
-        let (want_eval, want_metrics) = (inventory.evaluates(), inventory.measures());
-        // Every step comes here: the common case (programs held for these batch types) is
-        // answered without allocating.
-        let training_ready = self
-            .programs
-            .as_ref()
-            .is_some_and(|p| has_types(sample, &p.batch_types));
-        let evaluation_ready = training_ready
-            && (!want_eval || self.programs.as_ref().is_some_and(|p| p.eval.is_some()))
-            && (!want_metrics || self.device_metrics.iter().all(|m| m.compiled.is_some()));
-        if training_ready && evaluation_ready {
-            return Ok(Vec::new());
-        }
-        self.prepare_shapes(std::slice::from_ref(sample), inventory)
-    }
-
-    /// Gets (or compiles) what `inventory` names for batches like each of `samples` that the
-    /// handle does not hold: every lookup of every
-    /// shape at once, at most [`Config::compile_threads`] at a time, checked against the
-    /// program budget before any compiles; then each shape's programs are installed in order
-    /// (the last shape's are current).
-    pub(super) fn prepare_shapes(
-        &mut self,
-        samples: &[E::Batch],
-        inventory: Inventory,
-    ) -> Result<Vec<Outcome>> {
-        let started = Instant::now();
-        let replicas = self.backend.replicas();
-        // What each shape needs, its rows checked; the new programs counted for the budget.
-        let mut jobs = Vec::new();
-        let mut new = 0;
-        let mut nothing_held = self.programs.is_none() && self.held.is_empty();
-        for (i, sample) in samples.iter().enumerate() {
-            let wants = self.wants(sample, inventory);
-            let rows = batch_rows(sample)?;
-            let expected_rows = self.expected_rows(sample)?;
-            if rows != expected_rows {
-                let why = match &self.config.buckets {
-                    Some(_) => "rows for this bucket (Buckets::rows_for)",
-                    None => "rows (Config::batch)",
-                };
-                return Err(Error::InvalidSetting {
-                    variable: "batch",
-                    value: rows.to_string(),
-                    expected: format!("batches of {expected_rows} {why}"),
-                });
-            }
-            new += wants.new_programs(nothing_held, self.device_metrics.len());
-            nothing_held &= !wants.grad;
-            jobs.push((i, wants, rows));
-        }
-        self.check_budget(&samples[jobs.first().map_or(0, |j| j.0)], new)?;
-        // Tracing reads the experiment's leaf types only, which steps never change: no sync.
-        let shaped: Vec<(Shaped<'_, E::Batch>, ProgramInputs<O>)> = jobs
-            .iter()
-            .map(|&(i, _, rows)| {
-                Ok((
-                    Shaped::new(&samples[i], replicas)?,
-                    self.program_inputs(rows),
-                ))
-            })
-            .collect::<Result<_>>()?;
-        let found = {
-            let lookups: Vec<(usize, Lookup<'_>)> = jobs
-                .iter()
-                .zip(&shaped)
-                .enumerate()
-                .flat_map(|(j, ((i, wants, _), (sample, inputs)))| {
-                    self.lookups(sample, inputs, wants, self.bucket_edge(&samples[*i]))
-                        .into_iter()
-                        .map(move |l| (j, l))
-                })
-                .collect();
-            let threads = if self.config.concurrent_compiles {
-                self.config.compile_thread_count()
-            } else {
-                1
-            };
-            get_all(lookups, threads, !self.config.progress)
-        };
-        drop(shaped);
-        let mut by_job: Vec<Vec<(Slot, &'static str, Result<Served>)>> =
-            jobs.iter().map(|_| Vec::new()).collect();
-        for (j, slot, role, result) in found {
-            by_job[j].push((slot, role, result));
-        }
-        let mut outcomes = Vec::new();
-        for ((i, _, _), found) in jobs.iter().zip(by_job) {
-            let sample = &samples[*i];
-            outcomes.extend(self.install(sample, found, self.bucket_edge(sample))?);
-        }
-        self.compile_time += started.elapsed();
-        Ok(outcomes)
-    }
-
-    /// What the handle must look up for batches like `sample` to run `inventory`.
-    fn wants(&self, sample: &E::Batch, inventory: Inventory) -> Wants {
-        let (want_eval, want_metrics) = (inventory.evaluates(), inventory.measures());
-        let current = self
-            .programs
-            .as_ref()
-            .filter(|p| has_types(sample, &p.batch_types));
-        let held = current.or_else(|| self.held.iter().find(|p| has_types(sample, &p.batch_types)));
-        match held {
-            None => Wants {
-                grad: true,
-                update: true,
-                eval: want_eval,
-                metrics: vec![want_metrics; self.device_metrics.len()],
-            },
-            Some(p) => Wants {
-                grad: false,
-                update: false,
-                eval: want_eval && p.eval.is_none(),
-                // A metric's program is kept for the current shape only.
-                metrics: self
-                    .device_metrics
-                    .iter()
-                    .map(|m| want_metrics && !(current.is_some() && m.compiled.is_some()))
-                    .collect(),
-            },
-        }
-    }
-
-    /// The inventory's lookups for one batch shape: what `prepare` gets and `plan` probes, one
-    /// list for both, in the plan's order (update, gradient, evaluation, metrics).
-    fn lookups<'a>(
-        &'a self,
-        sample: &'a Shaped<'a, E::Batch>,
-        inputs: &'a ProgramInputs<O>,
-        wants: &Wants,
-        edge: Option<usize>,
-    ) -> Vec<Lookup<'a>> {
-        let (backend, cache, experiment) = (self.backend, self.cache, &self.experiment);
-        let mut out = Vec::new();
-        if wants.update {
-            out.push(Lookup::new(Slot::Update, "update", None, move |mode| {
-                let program = update_program::<O>();
-                found(
-                    mode,
-                    cache,
-                    backend,
-                    &program,
-                    &inputs.opt,
-                    &inputs.update_inputs,
-                )
-            }));
-        }
-        if wants.grad {
-            if self.config.accum > 1 {
-                out.push(Lookup::new(
-                    Slot::Grad,
-                    "grad_accumulate",
-                    edge,
-                    move |mode| {
-                        let batch = BatchRef(sample, &inputs.mask, &inputs.sums);
-                        found(
-                            mode,
-                            cache,
-                            backend,
-                            &grad_accum_program::<E>(),
-                            experiment,
-                            &batch,
-                        )
-                    },
-                ));
-            } else {
-                out.push(Lookup::new(Slot::Grad, "grad", edge, move |mode| {
-                    let batch = BatchRef(sample, &inputs.mask, &inputs.key_sample);
-                    found(
-                        mode,
-                        cache,
-                        backend,
-                        &grad_program::<E>(),
-                        experiment,
-                        &batch,
-                    )
-                }));
-            }
-        }
-        if wants.eval {
-            out.push(Lookup::new(Slot::Eval, "eval", edge, move |mode| {
-                let batch = BatchRef(sample, &inputs.mask, &());
-                found(
-                    mode,
-                    cache,
-                    backend,
-                    &eval_program::<E>(),
-                    experiment,
-                    &batch,
-                )
-            }));
-        }
-        for (i, m) in self.device_metrics.iter().enumerate() {
-            if !wants.metrics.get(i).copied().unwrap_or(false) {
-                continue;
-            }
-            let slot = m.slot.as_ref();
-            out.push(Lookup::new(
-                Slot::Metric(i),
-                slot.name(),
-                edge,
-                move |mode| {
-                    Ok(match mode {
-                        Mode::Get => Found::Served(slot.get(
-                            cache,
-                            backend,
-                            experiment,
-                            sample,
-                            &inputs.mask,
-                        )?),
-                        Mode::Probe => Found::Probe(slot.probe(
-                            cache,
-                            backend,
-                            experiment,
-                            sample,
-                            &inputs.mask,
-                        )?),
-                    })
-                },
-            ));
-        }
-        out
-    }
-
-    /// Installs the programs found for batches like `sample` (making them the current ones)
-    /// and records what each lookup did and spent.
-    fn install(
-        &mut self,
-        sample: &E::Batch,
-        found: Vec<(Slot, &'static str, Result<Served>)>,
-        edge: Option<usize>,
-    ) -> Result<Vec<Outcome>> {
-        let batch_types = leaf_types(sample);
-        let mut got: Vec<(Slot, &'static str, Served)> = Vec::with_capacity(found.len());
-        for (slot, role, result) in found {
-            got.push((slot, role, result?));
-        }
-        let take = |got: &mut Vec<(Slot, &'static str, Served)>, slot: Slot| {
-            got.iter()
-                .position(|(s, _, _)| *s == slot)
-                .map(|i| got.remove(i))
-        };
-        let mut outcomes = Vec::new();
-        let b = self.backend;
-        match (take(&mut got, Slot::Grad), take(&mut got, Slot::Update)) {
-            (Some((_, role, grad)), Some((_, _, update))) => {
-                outcomes.extend([grad.outcome.clone(), update.outcome.clone()]);
-                self.program_times
-                    .push(ProgramTime::of(role, &grad, b, edge));
-                self.program_times
-                    .push(ProgramTime::of("update", &update, b, None));
-                for m in &mut self.device_metrics {
-                    m.compiled = None;
-                }
-                if let Some(old) = self.programs.take() {
-                    if old.batch_types != batch_types {
-                        self.held.push(old);
-                    }
-                }
-                self.programs = Some(Programs {
-                    grad: grad.compiled,
-                    update: update.compiled,
-                    eval: None,
-                    batch_types,
-                });
-            }
-            _ => {
-                // Held programs for another shape than the current one: swap them in.
-                let current = self
-                    .programs
-                    .as_ref()
-                    .is_some_and(|p| has_types(sample, &p.batch_types));
-                if !current {
-                    if let Some(i) = self
-                        .held
-                        .iter()
-                        .position(|p| has_types(sample, &p.batch_types))
-                    {
-                        let found = self.held.swap_remove(i);
-                        if let Some(old) = self.programs.replace(found) {
-                            self.held.push(old);
-                        }
-                        for m in &mut self.device_metrics {
-                            m.compiled = None;
-                        }
-                    }
-                }
-            }
-        }
-        for (slot, role, served) in got {
-            outcomes.push(served.outcome.clone());
-            self.program_times
-                .push(ProgramTime::of(role, &served, b, edge));
-            match slot {
-                Slot::Eval => {
-                    if let Some(p) = &mut self.programs {
-                        p.eval = Some(served.compiled);
-                    }
-                }
-                Slot::Metric(i) => {
-                    if let Some(m) = self.device_metrics.get_mut(i) {
-                        m.compiled = Some(served.compiled);
-                    }
-                }
-                Slot::Grad | Slot::Update => {}
-            }
-        }
-        Ok(outcomes)
-    }
-
-    /// Gets (or compiles) the evaluation program for batches like `sample`.
-    pub(super) fn prepare_eval(&mut self, sample: &E::Batch) -> Result<Arc<Compiled>> {
-        self.prepare_programs(sample, Inventory::Evaluate)?;
-        self.programs
-            .as_ref()
-            .and_then(|p| p.eval.clone())
-            .ok_or_else(no_output)
-    }
-
-    /// The optimizer program's experiment, with arrays of the right types from the layout
-    /// (values unused: zeroed memory, never written, so never resident).
-    pub(super) fn optimizer_step_shape(&self) -> OptimizerStep<O> {
-        let state = zero_state(&self.optimizer, &self.packing);
-        OptimizerStep {
-            optimizer: self.optimizer.clone(),
-            params: self.packing.zeros(),
-            state,
-            masks: self.masks.clone(),
-            layout: self
-                .group_specs
-                .iter()
-                .zip(&self.trainable_paths)
-                .map(|(s, path)| (path.clone(), s.0.clone()))
-                .collect(),
-            steps: Array::scalar(0i64),
-        }
-    }
-
-    /// Device metric `i`'s program for batches like `sample`, compiled (with every other
-    /// device metric's) by the first use.
-    pub(super) fn metric_program(&mut self, i: usize, sample: &E::Batch) -> Result<Arc<Compiled>> {
-        self.prepare_programs(sample, Inventory::Validate)?;
-        self.device_metrics[i]
-            .compiled
-            .clone()
-            .ok_or_else(no_output)
-    }
-
-    /// The rows a batch like `sample` must have: [`Config::batch`], or with buckets the rows
-    /// of its bucket — an error when its variable dimension is not a declared edge.
-    pub(super) fn expected_rows(&self, sample: &E::Batch) -> Result<usize> {
-        let Some(buckets) = &self.config.buckets else {
-            return Ok(self.config.batch);
-        };
-        let axis = buckets.axis();
-        let mut edge = None;
-        for leaf in leaves(sample) {
-            if let Some(&len) = leaf.dims().get(axis) {
-                buckets.check_edge(len)?;
-                edge.get_or_insert(len);
-            }
-        }
-        let edge = edge.ok_or_else(|| Error::InvalidDataArgument {
-            what: format!(
-                "a bucketed batch needs a leaf with a dimension at axis {axis}, the variable \
-                 length; this batch has none"
-            ),
-        })?;
-        Ok(buckets.rows_for(edge, self.config.batch, self.row_multiple()))
-    }
-
-    /// The bucket edge of batches like `sample` (`None` without buckets).
-    fn bucket_edge(&self, sample: &E::Batch) -> Option<usize> {
-        let axis = self.config.buckets.as_ref()?.axis();
-        leaves(sample)
-            .iter()
-            .find_map(|a| a.dims().get(axis).copied())
-    }
-
-    /// The inventory manifest of this handle: every program it got (from memory, the store or
-    /// a compile), each once, with its fingerprint and store key — what `nitro cache pull
-    /// --manifest` fetches onto another machine before it runs the same experiment.
-    pub fn manifest(&self) -> crate::cache::Manifest {
-        let mut m = crate::cache::Manifest::new();
-        for t in &self.program_times {
-            m.push(crate::cache::ManifestEntry {
-                role: t.role.clone(),
-                edge: t.edge,
-                program: t.program.clone(),
-                fingerprint: t.fingerprint.to_string(),
-                key: t.key.to_string(),
-            });
-        }
-        m
-    }
-
-    /// The programs the handle holds: the update program, and per batch shape its gradient
-    /// program, with its evaluation program and device metrics when it validated.
-    pub fn programs_held(&self) -> usize {
-        let per_shape = |p: &Programs| {
-            1 + match p.eval {
-                Some(_) => 1 + self.device_metrics.len(),
-                None => 0,
-            }
-        };
-        let shapes: usize = self.programs.iter().chain(&self.held).map(per_shape).sum();
-        shapes + usize::from(self.programs.is_some())
-    }
-
-    /// Refuses, before anything compiles, to get `new` more programs (for batches like
-    /// `sample`) than [`Config::max_programs`] allows.
-    fn check_budget(&self, sample: &E::Batch, new: usize) -> Result<()> {
-        let Some(budget) = self.config.max_programs else {
-            return Ok(());
-        };
-        let needed = self.programs_held() + new;
-        if new > 0 && needed > budget {
-            let shape: Vec<String> = leaves(sample)
-                .iter()
-                .map(|a| a.leaf_type().to_string())
-                .collect();
-            return Err(Error::ProgramBudget {
-                budget,
-                needed,
-                what: format!("programs for batches of {}", shape.join(", ")),
-            });
-        }
-        Ok(())
-    }
-
-    /// The programs a handle with buckets declares: the update program, and per edge the
-    /// gradient program (plus, when `validating`, the evaluation program and one per device
-    /// metric); without buckets, as for one edge.
-    pub fn declared_inventory(&self, validating: bool) -> usize {
-        let edges = self.config.buckets.as_ref().map_or(1, |b| b.edges().len());
-        let per_edge = 1 + if validating {
-            1 + self.device_metrics.len()
-        } else {
-            0
-        };
-        1 + edges * per_edge
-    }
-
-    /// The inputs the handle's programs are looked up with, for batches of `rows` rows (each
-    /// replica sees its share).
-    fn program_inputs(&self, rows: usize) -> ProgramInputs<O> {
-        let opt = self.optimizer_step_shape();
-        let update_inputs = update_inputs_shape(&opt);
-        let key_sample: GradExtra = E::RANDOM.then(|| Array::zeros(DType::U32, &[2]));
-        ProgramInputs {
-            mask: Array::zeros(DType::F32, &[rows / self.backend.replicas()]),
-            sums: AccumExtra {
-                sums: self.packing.zeros(),
-                scale: Array::scalar(1.0f32),
-                key: key_sample.clone(),
-            },
-            opt,
-            update_inputs,
-            key_sample,
-        }
-    }
-
-    /// The preflight: what getting the programs for batches like `sample` would do — per
-    /// program, a hit, a load, a fetch from the shared server or a compile, with the miss
-    /// reason and the expected time from the store's records — traced and keyed, never compiled
-    /// (the cache's counters do not move). `validating` adds the evaluation and metric
-    /// programs. With buckets, [`plan_buckets`](Nitro::plan_buckets) plans every edge.
-    pub fn plan(&self, sample: &E::Batch, validating: bool) -> Result<Plan> {
-        let mut plan = Plan::default();
-        self.plan_into(&mut plan, sample, validating, None)?;
-        Ok(plan)
-    }
-
-    /// The preflight of the whole declared inventory: [`plan`](Nitro::plan) for every bucket
-    /// edge, with batches of `data`'s columns; the update program once.
-    pub fn plan_buckets(
-        &self,
-        data: &crate::data::buckets::Ragged,
-        validating: bool,
-    ) -> Result<Plan>
-    where
-        E::Batch: FromBatch,
-    {
-        let buckets = self
-            .config
-            .buckets
-            .clone()
-            .ok_or_else(|| Error::InvalidSetting {
-                variable: "Config::buckets",
-                value: "None".into(),
-                expected: "declared bucket edges to plan (or plan one batch with Nitro::plan)"
-                    .into(),
-            })?;
-        let mut plan = Plan::default();
-        for &edge in buckets.edges() {
-            let rows = buckets.rows_for(edge, self.config.batch, self.row_multiple());
-            let sample = E::Batch::from_batch(data.blank(edge, rows, &buckets)?)?;
-            self.plan_into(&mut plan, &sample, validating, Some(edge))?;
-        }
-        Ok(plan)
-    }
-
-    fn plan_into(
-        &self,
-        plan: &mut Plan,
-        sample: &E::Batch,
-        validating: bool,
-        edge: Option<usize>,
-    ) -> Result<()> {
-        let rows = batch_rows(sample)?;
-        let expected = self.expected_rows(sample)?;
-        if rows != expected {
-            return Err(Error::InvalidSetting {
-                variable: "batch",
-                value: rows.to_string(),
-                expected: format!("batches of {expected} rows"),
-            });
-        }
-        let sample = &Shaped::new(sample, self.backend.replicas())?;
-        let inputs = self.program_inputs(rows);
-        let wants = Wants {
-            grad: true,
-            update: !plan.entries.iter().any(|e| e.role == "update"),
-            eval: validating,
-            metrics: vec![validating; self.device_metrics.len()],
-        };
-        for lookup in self.lookups(sample, &inputs, &wants, edge) {
-            let Found::Probe(probe) = (lookup.run)(Mode::Probe)? else {
-                continue;
-            };
-            plan.entries.push(PlanEntry {
-                role: lookup.role.to_owned(),
-                edge: lookup.edge,
-                probe,
-            });
-        }
-        Ok(())
-    }
-}
-
-/// Which program of the inventory a lookup is for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Slot {
-    Grad,
-    Update,
-    Eval,
-    Metric(usize),
-}
-
-/// What a lookup does: get the program (compiling it if need be), or say what getting it
-/// would do ([`Cache::probe`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Mode {
-    Get,
-    Probe,
-}
-
-/// What a lookup found.
-pub(super) enum Found {
-    Served(Served),
-    Probe(Probe),
-}
-
-/// One program of the inventory for one batch shape: its role, its edge, and how to get or
-/// probe it.
-pub(super) struct Lookup<'a> {
-    slot: Slot,
-    role: &'static str,
-    edge: Option<usize>,
-    run: Box<dyn Fn(Mode) -> Result<Found> + Send + Sync + 'a>,
-}
-
-impl<'a> Lookup<'a> {
-    fn new(
-        slot: Slot,
-        role: &'static str,
-        edge: Option<usize>,
-        run: impl Fn(Mode) -> Result<Found> + Send + Sync + 'a,
-    ) -> Lookup<'a> {
-        Lookup {
-            slot,
-            role,
-            edge,
-            run: Box::new(run),
-        }
-    }
-}
-
-/// [`Cache::get`] or [`Cache::probe`] of one program.
-fn found<X: Experiment, M, Out: crate::program::Outputs, I: Tree<Mirror<Tensor> = M>>(
-    mode: Mode,
-    cache: &Cache,
-    backend: &'static dyn Backend,
-    program: &Program<X, M, Out>,
-    experiment: &X,
-    inputs: &I,
-) -> Result<Found> {
-    Ok(match mode {
-        Mode::Get => Found::Served(cache.get(backend, program, experiment, inputs)?),
-        Mode::Probe => Found::Probe(cache.probe(backend, program, experiment, inputs)?),
-    })
-}
-
-/// Gets every lookup's program, at most `threads` at a time (this thread one of them), the
-/// gradient programs first and then the rest in the list's order, the next starting as one
-/// ends; with `quiet`, compiles print no progress.
-/// Each result is returned with its job number, slot and role, in the lookups' order.
-fn get_all(
-    lookups: Vec<(usize, Lookup<'_>)>,
-    threads: usize,
-    quiet: bool,
-) -> Vec<(usize, Slot, &'static str, Result<Served>)> {
-    let n = lookups.len();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let results: Vec<std::sync::Mutex<Option<Result<Served>>>> =
-        (0..n).map(|_| std::sync::Mutex::new(None)).collect();
-    // The gradient programs first: the slowest to compile, and what the first step waits for.
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by_key(|&i| lookups[i].1.slot != Slot::Grad);
-    let work = || {
-        crate::cache::quietly(quiet, || loop {
-            let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let Some(&i) = order.get(k) else {
-                break;
-            };
-            let (_, lookup) = &lookups[i];
-            let result = (lookup.run)(Mode::Get).and_then(|f| match f {
-                Found::Served(s) => Ok(s),
-                Found::Probe(_) => Err(no_output()),
-            });
-            *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(result);
-        })
-    };
-    std::thread::scope(|s| {
-        let helpers: Vec<_> = (1..threads.min(n).max(1)).map(|_| s.spawn(work)).collect();
-        work();
-        // A helper that panicked leaves its lookup without a result: an error below.
-        for h in helpers {
-            let _ = h.join();
-        }
-    });
-    lookups
-        .iter()
-        .zip(results)
-        .map(|((job, lookup), result)| {
-            let result = result
-                .into_inner()
-                .unwrap_or_else(|p| p.into_inner())
-                .unwrap_or_else(|| {
-                    Err(Error::Misconfigured {
-                        message: "a compiling thread panicked".into(),
-                    })
-                });
-            (*job, lookup.slot, lookup.role, result)
-        })
-        .collect()
-}
-
-/// Which programs of the inventory one batch shape needs looked up.
-#[derive(Clone, Debug, Default)]
-pub(super) struct Wants {
-    grad: bool,
-    update: bool,
-    eval: bool,
-    metrics: Vec<bool>,
-}
-
-impl Wants {
-    /// How many programs these lookups add to what the handle holds (`nothing_held`: no
-    /// update program is held yet); device metrics count with a new evaluation program.
-    fn new_programs(&self, nothing_held: bool, metrics: usize) -> usize {
-        let mut new = 0;
-        if self.grad {
-            new += 1 + usize::from(nothing_held);
-        }
-        if self.eval {
-            new += 1 + if self.metrics.iter().any(|&m| m) {
-                metrics
-            } else {
-                0
-            };
-        }
-        new
-    }
-}
-
-/// The inputs a handle's programs are looked up with (values unused: only their types matter).
-pub(super) struct ProgramInputs<O: Optimizer> {
-    pub(super) mask: Array,
-    pub(super) opt: OptimizerStep<O>,
-    pub(super) update_inputs: UpdateArgs,
-    pub(super) key_sample: GradExtra,
-    pub(super) sums: AccumExtra,
-}
-
-/// One program of a [`Plan`].
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct PlanEntry {
-    /// Its role (`grad`, `update`, `eval`, a metric's name).
-    pub role: String,
-    /// The bucket edge of its batches (`None`: no buckets, or the update program).
-    pub edge: Option<usize>,
-    /// What getting it would do.
-    pub probe: Probe,
-}
-
-/// The preflight of a handle's inventory ([`Nitro::plan`], [`Nitro::plan_buckets`]): what
-/// each program's lookup would do, found without compiling.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
-pub struct Plan {
-    /// Per program (× bucket), in lookup order.
-    pub entries: Vec<PlanEntry>,
-}
-
-impl Plan {
-    /// How many entries would do `will`.
-    pub fn count(&self, will: Will) -> usize {
-        self.entries.iter().filter(|e| e.probe.will == will).count()
-    }
-
-    /// The expected wait, in milliseconds: the recorded compile (or load) times summed over
-    /// the programs that are not hits (an upper bound when they compile concurrently), and how
-    /// many of those have no record to go by.
-    pub fn expected_ms(&self) -> (f64, usize) {
-        let misses = self.entries.iter().filter(|e| e.probe.will != Will::Hit);
-        let (mut ms, mut unknown) = (0.0, 0);
-        for e in misses {
-            match e.probe.expected_ms() {
-                Some(t) => ms += t,
-                None => unknown += 1,
-            }
-        }
-        (ms, unknown)
-    }
-
-    /// The fingerprints of every program, in order: a run's inventory manifest.
-    pub fn fingerprints(&self) -> Vec<Digest> {
-        self.entries.iter().map(|e| e.probe.fingerprint).collect()
-    }
-}
-
-impl std::fmt::Display for Plan {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for e in &self.entries {
-            let edge = e.edge.map_or_else(String::new, |n| format!(" [{n}]"));
-            write!(
-                f,
-                "{:<16} {:<22}",
-                format!("{}{edge}", e.role),
-                e.probe.will.to_string()
-            )?;
-            if let Some(reason) = &e.probe.reason {
-                write!(f, " {reason}")?;
-            }
-            match (e.probe.will, e.probe.expected_ms(), e.probe.compile_ms) {
-                (Will::Hit, _, _) => {}
-                (Will::Compile, Some(ms), _) => write!(f, " (~{ms:.0} ms last time)")?,
-                (_, Some(ms), Some(c)) => write!(f, " (~{ms:.0} ms; compiled in {c:.0} ms)")?,
-                (_, Some(ms), None) => write!(f, " (~{ms:.0} ms last time)")?,
-                (_, None, Some(c)) => write!(f, " (saves a {c:.0} ms compile)")?,
-                (_, None, None) => write!(f, " (no record of its time)")?,
-            }
-            writeln!(f)?;
-        }
-        let (ms, unknown) = self.expected_ms();
-        let misses = self.entries.len() - self.count(Will::Hit);
-        write!(
-            f,
-            "{} program(s): {} hit, {} load, {} fetch, {} compile; ",
-            self.entries.len(),
-            self.count(Will::Hit),
-            self.count(Will::Load),
-            self.count(Will::Fetch),
-            self.count(Will::Compile),
-        )?;
-        match (misses, unknown) {
-            (0, _) => write!(f, "nothing to wait for"),
-            (_, 0) => write!(f, "expected wait ~{:.1} s", ms / 1e3),
-            (m, u) if u == m => write!(
-                f,
-                "expected wait unknown (no record of these programs' times)"
-            ),
-            (_, u) => write!(
-                f,
-                "expected wait ~{:.1} s plus {u} program(s) without a record",
-                ms / 1e3
-            ),
-        }
     }
 }

@@ -29,11 +29,9 @@
 //! parameters only when asked ([`Nitro::sync`], [`Nitro::experiment`]); [`Nitro::wait`] waits
 //! for the steps taken so far.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backend::pjrt::Completion;
 use crate::backend::Backend;
 use crate::cache::{Cache, Compiled, Outcome, Served};
 use crate::checkpoint::Checkpoint;
@@ -48,8 +46,11 @@ use crate::tree::{Array, DType, LeafType, Node, Tree};
 mod config;
 mod epochs;
 mod inventory;
+mod prepare;
+mod progress;
 mod resume;
 mod staged;
+mod state;
 mod values;
 mod warm;
 
@@ -57,9 +58,13 @@ pub use config::{Config, NonFinite};
 use epochs::*;
 pub use epochs::{EpochRecord, History};
 use inventory::*;
-pub use inventory::{MaskRuns, OptimizerStep, OptimizerStepView, Plan, PlanEntry, ProgramTime};
+pub use inventory::{MaskRuns, OptimizerStep, OptimizerStepView, ProgramTime};
+use prepare::*;
+pub use prepare::{Plan, PlanEntry};
+use progress::Progress;
+use state::{place_one, DeviceState, Layout};
 pub use values::LeafInputs;
-use values::{exec, exec_donating, place, place_groups, place_rows, to_host, In, LeafViews, Value};
+use values::{place_rows, to_host, In, Value};
 pub use warm::{WarmReport, WarmUp};
 
 /// A model the training handle can train: an experiment with a batch type and a per-example
@@ -209,88 +214,27 @@ impl FromBatch for crate::data::Batch {
 }
 
 /// The training handle. See the [module docs](self).
+///
+/// It composes a few owned parts, each with its methods in a file of its own: the device
+/// state (`state.rs`: parameters, optimizer state and everything placed, with the views'
+/// invariant), the program inventory (`inventory.rs`, got by `prepare.rs`), and the run's
+/// progress (`progress.rs`). `docs/internals.md` draws them.
 pub struct Nitro<E: Model, O: Optimizer> {
     experiment: E,
     optimizer: O,
     config: Config,
     backend: &'static dyn Backend,
     cache: &'static Cache,
-    /// How the trainable leaves are packed into `trainable` (one flat array per dtype).
-    packing: Packing,
-    /// On a mesh, the spec of each group of `packing` (one per trainable leaf there): how the
-    /// group, its optimizer slots and its gradient are split. Empty otherwise.
-    group_specs: Vec<crate::shard::PartitionSpec>,
-    /// The optimizer's leaf mask over `packing` (the update program's GraphConst).
-    masks: MaskRuns,
-    /// The trainable leaves' paths, in walk order (how checkpoints name their optimizer state).
-    trainable_paths: Vec<String>,
-    /// The trainable leaves one per value, as the per-batch programs take them: views of
-    /// `trainable`'s memory (or copies). Declared before `trainable`, so the views go first.
-    leaves: LeafViews,
-    /// The trainable leaves, packed: their storage between steps, what the update program
-    /// takes and replaces. Placed from the experiment by the first step or evaluation
-    /// ([`place_state`](Nitro::place_state)), not when the handle is made: keying and planning
-    /// need only the leaves' types.
-    trainable: Vec<Value>,
-    /// Whether `trainable` and `frozen` are placed (and `state`, when `state_placed`).
-    placed: bool,
-    /// Whether `state` and `counter` are placed.
-    state_placed: bool,
-    /// How many Device leaves are not trainable (`frozen`'s length once placed).
-    frozen_leaves: usize,
-    /// The other Device leaves, in walk order.
-    frozen: Vec<Value>,
-    /// The optimizer state: slot by slot, one array per packed group.
-    state: Vec<Value>,
-    /// The step counter the update program keeps (`i64[]`).
-    counter: Vec<Value>,
-    /// The learning rate as placed, and for which value.
-    lr_value: Option<(f64, Value)>,
-    /// The all-ones mask of a full batch, placed once.
-    full_mask: Option<(usize, Value)>,
-    /// Gradient accumulation: the window's gradient sums so far, how many micro-batches and
-    /// real rows it has seen, and (placed once) zero sums and the factor 1.
-    window: Window,
-    /// Losses of steps taken with [`Nitro::step_deferred`], not read yet.
-    pending_losses: Vec<Value>,
-    /// The end of the last update enqueued on the device (XLA; one per replica), not waited
-    /// for yet.
-    in_flight: Vec<Completion>,
-    /// Whether the experiment's trainable leaves are stale (the device holds newer values).
-    host_stale: bool,
-    step: u64,
-    /// Epochs completed, and batches of the next epoch trained: where `fit` continues.
-    epoch: u64,
-    epoch_batches: u64,
-    /// The random stream of a model that draws random numbers ([`Model::RANDOM`]).
-    random: crate::checkpoint::RandomStream,
-    programs: Option<Programs>,
-    /// Programs for other batch shapes (other buckets), swapped in when a batch needs them.
-    held: Vec<Programs>,
-    compile_time: Duration,
-    /// Every program lookup that prepared the inventory, in order.
-    program_times: Vec<ProgramTime>,
-    /// When the handle was made, and how long after that the first step finished.
-    created: Instant,
-    first_step: Option<Duration>,
-    /// The current epoch's timings: sampled waited steps, and its batches' wall time.
-    timings: EpochTimings,
-    /// Validation metrics accumulated on the device, each with a program of its own.
-    device_metrics: Vec<DeviceMetricState<E>>,
+    /// What lives on the devices between steps, and its layout.
+    state: DeviceState,
+    /// The programs held, and what getting them took.
+    inventory: Inventory<E>,
+    /// Where the run stands.
+    progress: Progress,
     /// Validation metrics computed on the host from the evaluation outputs.
     host_metrics: Vec<Box<dyn HostMetric<E>>>,
     /// A cached stage's program, held outputs and counts (unused without one).
     stage: staged::StageState,
-}
-
-/// The state of a gradient-accumulation window.
-#[derive(Default)]
-struct Window {
-    sums: Option<Vec<Value>>,
-    micro_batches: usize,
-    rows: f64,
-    zeros: Option<Vec<Value>>,
-    one: Option<Value>,
 }
 
 impl<E: Model, O: Optimizer> std::fmt::Debug for Nitro<E, O> {
@@ -300,7 +244,7 @@ impl<E: Model, O: Optimizer> std::fmt::Debug for Nitro<E, O> {
             .field("optimizer", &self.optimizer)
             .field("config", &self.config)
             .field("backend", &self.backend.identity().description)
-            .field("step", &self.step)
+            .field("step", &self.progress.step())
             .finish()
     }
 }
@@ -405,46 +349,17 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 },
             });
         }
-        let (packing, trainable_paths, group_specs, frozen_leaves) =
-            device_layout(&experiment, backend)?;
-        let masks = mask_runs(&optimizer, &trainable_paths, &packing)?;
-        let random = crate::checkpoint::RandomStream::new(config.seed);
+        let layout = Layout::of(&experiment, &optimizer, backend)?;
+        let progress = Progress::new(config.seed);
         Ok(Nitro {
             experiment,
             optimizer,
             config,
             backend,
             cache,
-            packing,
-            group_specs,
-            masks,
-            trainable_paths,
-            leaves: LeafViews::default(),
-            trainable: Vec::new(),
-            placed: false,
-            state_placed: false,
-            frozen_leaves,
-            frozen: Vec::new(),
-            state: Vec::new(),
-            counter: Vec::new(),
-            lr_value: None,
-            full_mask: None,
-            window: Window::default(),
-            pending_losses: Vec::new(),
-            in_flight: Vec::new(),
-            host_stale: false,
-            step: 0,
-            epoch: 0,
-            epoch_batches: 0,
-            random,
-            programs: None,
-            held: Vec::new(),
-            compile_time: Duration::ZERO,
-            program_times: Vec::new(),
-            created: Instant::now(),
-            first_step: None,
-            timings: EpochTimings::default(),
-            device_metrics: Vec::new(),
+            state: DeviceState::new(layout),
+            inventory: Inventory::new(),
+            progress,
             host_metrics: Vec::new(),
             stage: staged::StageState::default(),
         })
@@ -454,10 +369,8 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// program, compiled by the first validation (by the first step of a `fit` with validation
     /// data).
     pub fn add_device_metric<M: DeviceMetric<E>>(&mut self) {
-        self.device_metrics.push(DeviceMetricState {
-            slot: Box::new(MetricOf::<M>(std::marker::PhantomData)),
-            compiled: None,
-        });
+        self.inventory
+            .add_metric(Box::new(MetricOf::<M>(std::marker::PhantomData)));
     }
 
     /// Registers a validation metric computed on the host ([`HostMetric`]): no program.
@@ -472,38 +385,29 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
 
     /// Steps taken so far.
     pub fn steps(&self) -> u64 {
-        self.step
+        self.progress.step()
     }
 
     /// The step count the update program keeps on the device: an `i64`, so it equals
     /// [`steps`](Nitro::steps) however long the run (Adam's bias correction reads it). Reading
     /// it waits for the steps taken so far.
     pub fn device_steps(&mut self) -> Result<u64> {
-        self.wait()?;
-        if !self.state_placed {
-            return Ok(self.step);
+        match self.state.counter()? {
+            None => Ok(self.progress.step()),
+            Some(value) => u64::try_from(value).map_err(|_| no_output()),
         }
-        let counter = to_host(&self.counter)?;
-        let value = counter
-            .first()
-            .ok_or_else(no_output)?
-            .as_slice::<i64>()?
-            .first()
-            .copied()
-            .ok_or_else(no_output)?;
-        u64::try_from(value).map_err(|_| no_output())
     }
 
     /// How long after the handle was made its first step finished (programs compiled or
     /// loaded, and one step run); `None` before the first step.
     pub fn first_step_time(&self) -> Option<Duration> {
-        self.first_step
+        self.progress.first_step()
     }
 
     /// Each program lookup that prepared the inventory — per program its role, what the lookup
     /// did, and its trace and compile (or load) time — in the order they were looked up.
     pub fn program_times(&self) -> &[ProgramTime] {
-        &self.program_times
+        self.inventory.times()
     }
 
     /// Why its compiles cost what they cost: for every program the handle holds (each batch
@@ -513,22 +417,14 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// and what tracing and compiling (or loading) it took. Empty before the first
     /// [`prepare`](Nitro::prepare) or step. [`CompileReport::lints`](crate::cache::CompileReport::lints) says what to change.
     pub fn compile_report(&self) -> crate::cache::CompileReport {
-        let mut programs = Vec::new();
-        for p in self.programs.iter().chain(&self.held) {
-            programs.push(("grad".to_owned(), (*p.grad.cost).clone()));
-            programs.push(("update".to_owned(), (*p.update.cost).clone()));
-            if let Some(eval) = &p.eval {
-                programs.push(("eval".to_owned(), (*eval.cost).clone()));
-            }
-        }
-        crate::cache::CompileReport { programs }
+        self.inventory.compile_report()
     }
 
     /// Time spent getting programs (tracing, loading, compiling), wall clock: the programs
     /// of one [`prepare`](Nitro::prepare) are got concurrently, so this is less than the sum of
     /// [`program_times`](Nitro::program_times).
     pub fn compile_time(&self) -> Duration {
-        self.compile_time
+        self.inventory.compile_time()
     }
 
     /// Sets the learning rate of the next steps (a traced scalar: never recompiles), and
@@ -546,13 +442,13 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// Epochs completed (by `fit`, `train_epoch`, or in the run a resumed checkpoint was taken
     /// in).
     pub fn epochs_done(&self) -> u64 {
-        self.epoch
+        self.progress.epoch()
     }
 
     /// The learning rate the next step uses.
     pub fn lr(&self) -> f64 {
         match &self.config.schedule {
-            Some(s) => s.lr(self.step),
+            Some(s) => s.lr(self.progress.step()),
             None => self.config.lr,
         }
     }
@@ -580,7 +476,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// wait for the device. With gradient accumulation ([`Config::accum`] > 1) this is one
     /// micro-batch, and every `accum`-th call applies the optimizer.
     pub fn step_deferred(&mut self, batch: &E::Batch, real: usize) -> Result<()> {
-        let closes = self.window.micro_batches + 1 >= self.config.accum;
+        let closes = self.progress.closes(self.config.accum);
         self.micro_step(batch, RowMask::Real(real), closes, None)
     }
 
@@ -591,7 +487,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// the batch's real positions — so a batch padded to a bucket's edge trains exactly as the
     /// unpadded rows would. Waits as [`step`](Nitro::step) does.
     pub fn step_weighted(&mut self, batch: &E::Batch, weights: &[f32]) -> Result<StepResult> {
-        let closes = self.window.micro_batches + 1 >= self.config.accum;
+        let closes = self.progress.closes(self.config.accum);
         self.micro_step(batch, RowMask::Weights(weights), closes, None)?;
         let loss = self.take_losses()?.pop().unwrap_or(f64::NAN);
         Ok(StepResult { loss })
@@ -610,14 +506,13 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         self.place_state()?;
         let rows = batch_rows(batch)?;
         let real = mask.real(rows)?;
-        if let Some(p) = &self.programs {
-            check_class_inputs(&p.grad, self.inputs_before_batch(), batch, real, rows_of)?;
-        }
-        self.make_leaves()?;
         let partitioned = self.backend.partitioning().is_some();
-        if self.full_mask.as_ref().is_none_or(|(n, _)| *n != rows) {
-            self.full_mask = Some((rows, place_rows(self.backend, mask_of(rows, rows)?)?));
-        }
+        let programs = self.inventory.current().ok_or_else(no_output)?;
+        let before = self.state.inputs_before_batch(partitioned);
+        check_class_inputs(&programs.grad, before, batch, real, rows_of)?;
+        let (grad, update) = (programs.grad.clone(), programs.update.clone());
+        self.state.ready(self.backend, self.config.leaf_views)?;
+        self.state.full_mask(self.backend, rows)?;
         let ragged = match mask {
             RowMask::Real(real) if real < rows => {
                 Some(place_rows(self.backend, mask_of(rows, real)?)?)
@@ -633,40 +528,24 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         } else {
             None
         };
-        let (Some(programs), Some((_, full)), Some(leaves)) = (
-            &self.programs,
-            &self.full_mask,
-            leaf_args(partitioned, &self.leaves),
-        ) else {
-            return Err(no_output());
-        };
-        let mut args = batch_args(
-            leaves,
-            &self.trainable,
-            &self.frozen,
+        let mut scale = None;
+        let mut sums = None;
+        if accumulating {
+            self.state.place_accumulation(self.backend)?;
+            if let Some(factor) = self.progress.weigh(weight, closes) {
+                scale = Some(place_one(self.backend, Array::scalar(factor))?);
+            }
+            sums = self.progress.take_sums();
+        }
+        let full = self.state.placed_full_mask()?;
+        let mut args = self.state.batch_args(
+            partitioned,
             batch,
             In::Keep(ragged.as_ref().unwrap_or(full)),
-        );
-        let mut scale = None;
+        )?;
         if accumulating {
-            if self.window.zeros.is_none() {
-                let types = self.packing.types();
-                self.window.zeros = Some(values::place_zero_groups(
-                    self.backend,
-                    &types,
-                    &self.group_specs,
-                )?);
-                self.window.one = Some(self.place_one(Array::scalar(1.0f32))?);
-            }
-            self.window.rows += weight;
-            if closes {
-                let rows = self.window.rows.max(f64::MIN_POSITIVE) as f32;
-                scale = Some(self.place_one(Array::scalar(1.0 / rows))?);
-            }
-            let (Some(zeros), Some(one)) = (&self.window.zeros, &self.window.one) else {
-                return Err(no_output());
-            };
-            match self.window.sums.take() {
+            let (zeros, one) = self.state.accumulation()?;
+            match sums {
                 Some(sums) => args.extend(sums.into_iter().map(In::Give)),
                 None => args.extend(zeros.iter().map(In::Keep)),
             }
@@ -679,66 +558,35 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 false => In::Rows(keys),
             });
         }
-        let (out, _) = exec(&programs.grad, args)?;
+        let (out, _) = args.run(&grad)?;
         if E::RANDOM {
-            self.random.draws += 1;
+            self.progress.drew();
         }
         let mut out = out.into_iter();
         let loss = out.next().ok_or_else(no_output)?;
         let grads: Vec<Value> = out.collect();
-        self.pending_losses.push(loss);
-        self.host_stale = true;
+        self.progress.push_loss(loss);
         if !closes {
-            self.window.micro_batches += 1;
-            self.window.sums = Some(grads);
+            self.progress.keep_sums(grads);
             return Ok(());
         }
-        self.window.micro_batches = 0;
-        self.window.rows = 0.0;
-        self.update(grads)
+        self.progress.close_window();
+        self.update(&update, grads)
     }
 
-    /// Applies the optimizer to `grads` (the packed gradient of the step's mean loss).
-    fn update(&mut self, grads: Vec<Value>) -> Result<()> {
+    /// Applies the optimizer (`update`) to `grads` (the packed gradient of the step's mean
+    /// loss).
+    fn update(&mut self, update: &Compiled, grads: Vec<Value>) -> Result<()> {
         if let Some(schedule) = &self.config.schedule {
-            self.config.lr = schedule.lr(self.step);
+            self.config.lr = schedule.lr(self.progress.step());
         }
-        // The learning rate is placed when it changes, not per step.
-        if self
-            .lr_value
-            .as_ref()
-            .is_none_or(|(v, _)| *v != self.config.lr)
-        {
-            let lr = self.place_one(Array::scalar(self.config.lr as f32))?;
-            self.lr_value = Some((self.config.lr, lr));
-        }
-        let (Some(programs), Some((_, lr))) = (&self.programs, &self.lr_value) else {
-            return Err(no_output());
-        };
-        let n = self.trainable.len();
-        let mut args: Vec<In<'_>> = Vec::with_capacity(2 * n + self.state.len() + 2);
-        args.extend(
-            std::mem::take(&mut self.trainable)
-                .into_iter()
-                .map(In::Give),
-        );
-        args.extend(std::mem::take(&mut self.state).into_iter().map(In::Give));
-        args.extend(std::mem::take(&mut self.counter).into_iter().map(In::Give));
-        args.extend(grads.iter().map(In::Keep));
-        args.push(In::Keep(lr));
-        let (mut new, done, in_place) = exec_donating(&programs.update, args)?;
-        self.counter = new.split_off(new.len().saturating_sub(1));
-        self.state = new.split_off(n);
-        self.trainable = new;
-        self.leaves.after_update(in_place);
-        // Only the last update matters: later runs wait for its outputs on the device.
-        self.in_flight = done;
-        self.step += 1;
-        if self.first_step.is_none() {
+        self.state
+            .update(self.backend, update, grads, self.config.lr)?;
+        if self.progress.stepped() {
             // A step is a step finished, not one enqueued: the first one is waited for (once;
             // pipelining starts after it) before its time is taken.
             self.wait()?;
-            self.first_step = Some(self.created.elapsed());
+            self.progress.first_step_done();
         }
         Ok(())
     }
@@ -746,7 +594,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// The next draw's key for every replica, as `u32[2 · replicas]` rows: replica `r` gets
     /// `fold_in(key, r)` when there are several.
     fn draw_keys(&self) -> Result<Array> {
-        let key = self.random.next_key();
+        let key = self.progress.next_key();
         let replicas = self.backend.replicas();
         let words: Vec<u32> = if replicas == 1 {
             key.to_vec()
@@ -758,17 +606,11 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         Array::from_vec(&[words.len()], words)
     }
 
-    /// One array placed where the handle keeps values.
-    fn place_one(&self, a: Array) -> Result<Value> {
-        place(self.backend, vec![a])?.pop().ok_or_else(no_output)
-    }
-
     /// The losses of the steps taken since the last call, in order (read from the device at
     /// once on XLA). With gradient accumulation, one per micro-batch.
     pub fn take_losses(&mut self) -> Result<Vec<f64>> {
         self.wait()?;
-        let pending = std::mem::take(&mut self.pending_losses);
-        pending.iter().map(Value::scalar).collect()
+        self.progress.take_losses()
     }
 
     /// Evaluates `batch` (its first `real` rows) without training: summed loss and correct
@@ -819,18 +661,12 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let rows = batch_rows(batch)?;
         let real = row_mask.real(rows)?;
         let mask = row_mask.array(rows)?;
-        check_class_inputs(&eval, self.inputs_before_batch(), batch, real, rows_of)?;
-        self.make_leaves()?;
         let partitioned = self.backend.partitioning().is_some();
-        let leaves = leaf_args(partitioned, &self.leaves).ok_or_else(no_output)?;
-        let args = batch_args(
-            leaves,
-            &self.trainable,
-            &self.frozen,
-            batch,
-            In::Rows(&mask),
-        );
-        let (out, _) = exec(&eval, args)?;
+        let before = self.state.inputs_before_batch(partitioned);
+        check_class_inputs(&eval, before, batch, real, rows_of)?;
+        self.state.ready(self.backend, self.config.leaf_views)?;
+        let args = self.state.batch_args(partitioned, batch, In::Rows(&mask))?;
+        let (out, _) = args.run(&eval)?;
         // Outputs: the loss sum, then the correct count (a scalar) when the model has
         // `correct`, then the predictions (`[batch, ...]`) when it predicts.
         let has_correct = eval.outputs.get(1).is_some_and(|t| t.dims.is_empty());
@@ -863,26 +699,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     pub fn modify(&mut self, change: impl FnOnce(&mut E)) -> Result<()> {
         self.sync()?;
         change(&mut self.experiment);
-        let (packing, trainable_paths, group_specs, frozen_leaves) =
-            device_layout(&self.experiment, self.backend)?;
-        self.masks = mask_runs(&self.optimizer, &trainable_paths, &packing)?;
-        self.trainable_paths = trainable_paths;
-        if packing != self.packing || group_specs != self.group_specs {
-            // New types or splits: the optimizer state restarts from zero (placed with the
-            // leaves); the step counter stays.
-            self.state.clear();
-            self.state_placed = false;
-        }
-        self.leaves.release();
-        self.packing = packing;
-        self.group_specs = group_specs;
-        self.frozen_leaves = frozen_leaves;
-        // Placed again from the experiment at the next use.
-        self.trainable.clear();
-        self.frozen.clear();
-        self.placed = false;
-        self.programs = None;
-        self.held.clear();
+        let layout = Layout::of(&self.experiment, &self.optimizer, self.backend)?;
+        self.state.relayout(layout);
+        self.inventory.forget();
         // Frozen fields or GraphConsts may have changed: the stage is traced and its frozen
         // state digested again (held outputs stay valid: their keys say what they were).
         self.stage.forget_program();
@@ -891,11 +710,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
 
     /// Copies the trainable leaves back into the experiment (from the device on XLA).
     pub fn sync(&mut self) -> Result<()> {
-        self.wait()?;
-        if !self.host_stale || !self.placed {
+        let Some(values) = self.state.read_back()? else {
             return Ok(());
-        }
-        let values = self.packing.unpack(&to_host(&self.trainable)?)?;
+        };
         let mut it = values.into_iter();
         self.experiment.visit_device_mut(&mut |field, _, leaf| {
             if field.role == (Role::Device { trainable: true }) {
@@ -904,7 +721,6 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 }
             }
         });
-        self.host_stale = false;
         Ok(())
     }
 
@@ -913,92 +729,21 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// device surfaces here. Reading losses, parameters or a checkpoint waits by itself; call
     /// this to time steps, or before measuring anything else.
     pub fn wait(&mut self) -> Result<()> {
-        for done in std::mem::take(&mut self.in_flight) {
-            done.wait()?;
-        }
-        Ok(())
+        self.state.wait()
     }
 
     /// How the per-batch programs got the trainable leaves at the last step or evaluation:
     /// views of the packed parameters, or copies ([`LeafInputs`]); `None` before the first.
     pub fn leaf_inputs(&self) -> Option<LeafInputs> {
-        self.leaves.how()
+        self.state.leaf_inputs()
     }
 
-    /// How many inputs of a per-batch program come before the batch's leaves: those
-    /// [`batch_args`] puts first.
-    fn inputs_before_batch(&self) -> usize {
-        let views = match self.backend.partitioning() {
-            Some(_) => 0,
-            None => self.packing.leaves.len(),
-        };
-        views + self.packing.groups.len() + self.frozen_leaves
-    }
-
-    /// Places the experiment's Device leaves (the trainable ones packed, or split over the
-    /// mesh) and, unless a resume placed them, zeroed optimizer state and the step counter —
-    /// once, at the first step or evaluation, and again after [`modify`](Nitro::modify).
+    /// Places the experiment's Device leaves and the optimizer state where they are not yet
+    /// ([`DeviceState::place`]): at the first step or evaluation, and after
+    /// [`modify`](Nitro::modify).
     pub(super) fn place_state(&mut self) -> Result<()> {
-        if !self.placed {
-            if self.packing.per_leaf && self.backend.partitioning().is_some() {
-                // Each leaf is a group of its own: split straight from the experiment's leaf,
-                // never copied whole on the host first.
-                let (backend, specs) = (self.backend, &self.group_specs);
-                let (mut trainable, mut frozen) = (Vec::new(), Vec::new());
-                self.experiment.visit_device(&mut |field, _, node| {
-                    if let Node::Leaf(a) = node {
-                        if field.role == (Role::Device { trainable: true }) {
-                            let spec = crate::shard::group_spec(specs, trainable.len());
-                            trainable.push(values::place_group(backend, Cow::Borrowed(a), spec));
-                        } else {
-                            frozen.push(a.clone());
-                        }
-                    }
-                });
-                self.trainable = trainable.into_iter().collect::<Result<_>>()?;
-                self.frozen = place(self.backend, frozen)?;
-            } else {
-                let (trainable, frozen) = host_leaves(&self.experiment);
-                let packed = self.packing.pack(&trainable)?;
-                drop(trainable);
-                self.trainable = place_groups(self.backend, packed, &self.group_specs)?;
-                self.frozen = place(self.backend, frozen)?;
-            }
-            self.placed = true;
-        }
-        if !self.state_placed {
-            let types = state_types(&self.optimizer, &self.packing);
-            self.state = values::place_zero_groups(self.backend, &types, &self.group_specs)?;
-            if self.counter.is_empty() {
-                self.counter = place(self.backend, vec![Array::scalar(0i64)])?;
-            }
-            self.state_placed = true;
-        }
-        Ok(())
-    }
-
-    /// The trainable leaves one per value, as the per-batch programs take them: views (or
-    /// copies) made from the packed storage once the update that wrote it has finished (its
-    /// device pointer, or its values, are read then), kept while updates write in place.
-    #[allow(unsafe_code)]
-    fn make_leaves(&mut self) -> Result<()> {
-        if self.backend.partitioning().is_some() {
-            return Ok(());
-        }
-        if self.leaves.values().is_none() {
-            self.wait()?;
-        }
-        // SAFETY: when leaves are made, the update that defines `trainable` has finished
-        // (waited just above; the first values are uploads, complete when placed). Every run
-        // that reads them takes `trainable` as inputs too (`batch_args`), so PJRT orders it
-        // after the update writing that memory and before the update donating it. An update
-        // that does not write in place, and `modify`, drop the leaves (`after_update`,
-        // `release`) before they could be read again.
-        unsafe {
-            self.leaves
-                .make(&self.trainable, &self.packing, self.config.leaf_views)
-        }
-        .map(drop)
+        self.state
+            .place(self.backend, &self.experiment, &self.optimizer)
     }
 
     /// The experiment, with its trainable leaves as of the last step (copied from the device).
@@ -1035,23 +780,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// accumulation window (under FSDP, each device's shard), and the compiled programs held
     /// for the current batch shape.
     pub fn memory(&self) -> Memory {
-        let bytes = |values: &[Value]| values.iter().map(Value::device_bytes).sum::<u64>();
-        // One device's share of groups of `types` (a group's spec repeating for each slot).
-        let per_device = |types: Vec<LeafType>| -> u64 {
-            types
-                .iter()
-                .enumerate()
-                .map(|(g, ty)| {
-                    let ty = match self.backend.partitioning() {
-                        Some(p) => {
-                            crate::shard::group_spec(&self.group_specs, g).shard_type(p.mesh(), ty)
-                        }
-                        None => ty.clone(),
-                    };
-                    ty.size_bytes().unwrap_or(u64::MAX)
-                })
-                .sum()
-        };
+        let layout = self.state.layout();
         let mut frozen = 0u64;
         self.experiment.visit_device(&mut |field, _, node| {
             if let (false, Node::Leaf(a)) = (field.role == (Role::Device { trainable: true }), node)
@@ -1063,29 +792,15 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             true => "grad_accumulate",
             false => "grad",
         };
-        let programs: Vec<ProgramMemory> = self
-            .programs
-            .iter()
-            .flat_map(|p| {
-                [Some((grad_role, &p.grad)), Some(("update", &p.update))]
-                    .into_iter()
-                    .chain(std::iter::once(p.eval.as_ref().map(|e| ("eval", e))))
-                    .flatten()
-                    .map(|(role, c)| ProgramMemory {
-                        role: role.to_owned(),
-                        cached_bytes: c.executable.size_bytes(),
-                        compiled: c.executable.memory(),
-                    })
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        let sums = self.progress.window().sums.as_deref();
         Memory {
             devices: self.backend.devices(),
-            parameters: per_device(self.packing.types()),
+            parameters: layout.per_device_bytes(self.backend, &layout.packing.types()),
             frozen,
-            optimizer_state: per_device(state_types(&self.optimizer, &self.packing)),
-            gradient_sums: self.window.sums.as_deref().map_or(0, bytes),
-            programs,
+            optimizer_state: layout
+                .per_device_bytes(self.backend, &state_types(&self.optimizer, &layout.packing)),
+            gradient_sums: sums.map_or(0, |v| v.iter().map(Value::device_bytes).sum()),
+            programs: self.inventory.memory(grad_role),
         }
     }
 
@@ -1095,107 +810,16 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// check it.
     pub fn replica_params(&mut self) -> Result<Vec<Vec<Array>>> {
         self.place_state()?;
-        self.wait()?;
-        let mut per_replica: Vec<Vec<Array>> = Vec::new();
-        for value in &self.trainable {
-            for (r, a) in value.replicas_to_host()?.into_iter().enumerate() {
-                if per_replica.len() <= r {
-                    per_replica.push(Vec::new());
-                }
-                per_replica[r].push(a);
-            }
-        }
-        per_replica
-            .iter()
-            .map(|packed| self.packing.unpack(packed))
-            .collect()
+        self.state.replica_params()
     }
 
     /// The number of arrays the trainable leaves and the optimizer state are kept in between
     /// steps: the trainable leaves are packed into one flat array per dtype, and each optimizer
     /// slot keeps one array per such group.
     pub fn state_len(&self) -> (usize, usize) {
-        let groups = self.packing.groups.len();
+        let groups = self.state.layout().packing.groups.len();
         (groups, groups * self.optimizer.slots().len())
     }
-}
-
-/// How a handle lays out an experiment's Device leaves, from their types alone: the packing
-/// of the trainable leaves, their paths, each group's spec, and how many leaves are not
-/// trainable.
-type DeviceLayout = (
-    Packing,
-    Vec<String>,
-    Vec<crate::shard::PartitionSpec>,
-    usize,
-);
-
-/// The layout of `experiment`'s Device leaves on `backend` (reading types, copying nothing).
-/// On a partitioned backend every trainable leaf is a group of its own
-/// ([`Packing::per_leaf`]) with its spec ([`crate::shard::Partitioning::leaf_spec`]: a leaf
-/// that cannot be split as asked, or a leaf pattern that matches no leaf, is an error naming
-/// it); otherwise they are packed, and there are no specs.
-fn device_layout<E: Experiment>(experiment: &E, backend: &dyn Backend) -> Result<DeviceLayout> {
-    let (mut types, mut paths, mut frozen) = (Vec::new(), Vec::new(), 0usize);
-    experiment.visit_device(&mut |field, path, node| {
-        if let Node::Leaf(a) = node {
-            if field.role == (Role::Device { trainable: true }) {
-                types.push(a.leaf_type());
-                paths.push(path.as_str().to_owned());
-            } else {
-                frozen += 1;
-            }
-        }
-    });
-    let partitioning = backend.partitioning();
-    let packing = Packing::of(experiment, partitioning.is_some());
-    let Some(p) = partitioning else {
-        return Ok((packing, paths, Vec::new(), frozen));
-    };
-    // A leaf pattern that names no trainable leaf is a spec that would never apply.
-    let unused = p
-        .sharding()
-        .leaves()
-        .iter()
-        .find(|(pattern, _)| !paths.iter().any(|q| crate::pattern::path_match(pattern, q)));
-    if let Some((pattern, spec)) = unused {
-        let shown: Vec<&str> = paths.iter().take(8).map(String::as_str).collect();
-        return Err(Error::Sharding {
-            what: format!("the leaf spec `{pattern}`: {spec}"),
-            problem: format!(
-                "its pattern matches no trainable leaf of {}; the leaves are named like {}{} \
-                 (`*` matches any run of characters)",
-                E::TYPE_PATH,
-                shown.join(", "),
-                if paths.len() > shown.len() {
-                    ", …"
-                } else {
-                    ""
-                }
-            ),
-        });
-    }
-    let specs = paths
-        .iter()
-        .zip(&types)
-        .map(|(path, ty)| p.leaf_spec(path, ty))
-        .collect::<Result<Vec<_>>>()?;
-    Ok((packing, paths, specs, frozen))
-}
-
-/// Copies of `experiment`'s trainable leaves and of its other Device leaves, in walk order.
-fn host_leaves<E: Experiment>(experiment: &E) -> (Vec<Array>, Vec<Array>) {
-    let (mut trainable, mut frozen) = (Vec::new(), Vec::new());
-    experiment.visit_device(&mut |field, _, node| {
-        if let Node::Leaf(a) = node {
-            if field.role == (Role::Device { trainable: true }) {
-                trainable.push(a.clone());
-            } else {
-                frozen.push(a.clone());
-            }
-        }
-    });
-    (trainable, frozen)
 }
 
 /// The backend a handle made by [`Nitro::new`] (or resumed by [`Nitro::resume`]) with
@@ -1213,16 +837,6 @@ fn batch_split(backend: &dyn Backend) -> usize {
     match backend.partitioning() {
         Some(p) => p.row_split(),
         None => backend.replicas(),
-    }
-}
-
-/// The trainable leaves the per-batch programs take one per input: the views (or copies),
-/// once made; none when the programs are `partitioned` (they slice the leaves out of the
-/// packed storage themselves).
-fn leaf_args(partitioned: bool, leaves: &LeafViews) -> Option<&[Value]> {
-    match partitioned {
-        true => Some(&[]),
-        false => leaves.values(),
     }
 }
 
@@ -1324,28 +938,6 @@ fn batch_rows<B: Tree>(batch: &B) -> Result<usize> {
         value: "no leaves".into(),
         expected: "a batch with at least one array".into(),
     })
-}
-
-/// The arguments of a per-batch program: the trainable leaves (views of `packed`), the packed
-/// storage itself (unused by the program: it makes PJRT order the run as a reader of that
-/// memory), the other Device leaves, the batch's leaves and its mask (the caller appends what
-/// else the program takes).
-fn batch_args<'a, B: Tree>(
-    views: &'a [Value],
-    packed: &'a [Value],
-    frozen: &'a [Value],
-    batch: &'a B,
-    mask: In<'a>,
-) -> Vec<In<'a>> {
-    let mut args: Vec<In<'a>> = views
-        .iter()
-        .chain(packed)
-        .chain(frozen)
-        .map(In::Keep)
-        .collect();
-    args.extend(leaves(batch).into_iter().map(In::Rows));
-    args.push(mask);
-    args
 }
 
 /// The leaves of a batch, in walk order (the order of the programs' inputs).

@@ -62,14 +62,15 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         self.place_state()?;
         self.sync()?;
         // The state is kept packed, slot by slot; a checkpoint holds it leaf by leaf.
-        let packed = to_host(&self.state)?;
-        let groups = self.packing.groups.len();
+        let packed = self.state.optimizer_to_host()?;
+        let layout = self.state.layout();
+        let groups = layout.packing.groups.len();
         let mut state = Vec::new();
-        let state_packing = self.packing.for_state();
+        let state_packing = layout.packing.for_state();
         for slot in packed.chunks(groups.max(1)) {
             state.extend(state_packing.unpack(slot)?);
         }
-        let paths = &self.trainable_paths;
+        let paths = &layout.paths;
         let names: Vec<String> = self
             .optimizer
             .slots()
@@ -77,17 +78,19 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             .flat_map(|slot| paths.iter().map(move |p| format!("{slot}/{p}")))
             .collect();
         let named: Vec<(&str, &Array)> = names.iter().map(String::as_str).zip(&state).collect();
-        let mut checkpoint = Checkpoint::capture(&self.experiment, &named, self.step)?
+        let progress = &self.progress;
+        let mut checkpoint = Checkpoint::capture(&self.experiment, &named, progress.step())?
             .with_optimizer(&self.optimizer)
-            .with_position(self.epoch, self.epoch_batches);
+            .with_position(progress.epoch(), progress.epoch_batches());
         if E::RANDOM {
-            checkpoint = checkpoint.with_random(self.random);
+            checkpoint = checkpoint.with_random(progress.random());
         }
-        if let Some(sums) = &self.window.sums {
-            let sums = self.packing.unpack(&to_host(sums)?)?;
+        let window = progress.window();
+        if let Some(sums) = &window.sums {
+            let sums = layout.packing.unpack(&to_host(sums)?)?;
             checkpoint = checkpoint.with_window(crate::checkpoint::AccumulationWindow {
-                micro_batches: self.window.micro_batches,
-                rows: self.window.rows.round() as usize,
+                micro_batches: window.micro_batches,
+                rows: window.rows.round() as usize,
                 sums: paths.iter().cloned().zip(sums).collect(),
             })?;
         }
@@ -142,14 +145,15 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             retunable: false,
         };
         // Optimizer state is of each leaf's state dtype (f32 for half-precision leaves).
-        let state_packing = handle.packing.for_state();
+        let layout = handle.state.layout().clone();
+        let state_packing = layout.packing.for_state();
         let types = state_packing.leaf_types();
         let mut by_name: std::collections::HashMap<String, Array> =
             restored.optimizer.into_iter().collect();
         let mut packed = Vec::new();
         for slot in handle.optimizer.slots() {
             let mut leaves = Vec::with_capacity(types.len());
-            for (path, ty) in handle.trainable_paths.iter().zip(&types) {
+            for (path, ty) in layout.paths.iter().zip(&types) {
                 let name = format!("{slot}/{path}");
                 let array = by_name.remove(&name).ok_or_else(|| {
                     refuse(format!(
@@ -174,7 +178,6 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                  optimizer and no trainable leaf names"
             )));
         }
-        handle.state = place_groups(backend, packed, &handle.group_specs)?;
         let step = i64::try_from(restored.step).map_err(|_| Error::CheckpointCorrupt {
             origin: "the checkpoint".into(),
             why: format!(
@@ -183,14 +186,13 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 crate::checkpoint::MAX_STEP
             ),
         })?;
-        handle.counter = place(backend, vec![Array::scalar(step)])?;
-        handle.state_placed = true;
-        handle.step = restored.step;
-        handle.epoch = restored.epoch;
-        handle.epoch_batches = restored.epoch_batches;
-        if let Some(r) = restored.random {
-            handle.random = r;
-        }
+        handle.state.restore_optimizer(backend, packed, step)?;
+        handle.progress.resume(
+            restored.step,
+            restored.epoch,
+            restored.epoch_batches,
+            restored.random,
+        );
         if let Some(w) = restored.window {
             if handle.config.accum <= 1 || w.micro_batches >= handle.config.accum {
                 return Err(Error::InvalidSetting {
@@ -206,7 +208,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             }
             let mut sums: std::collections::HashMap<String, Array> = w.sums.into_iter().collect();
             let mut leaves = Vec::with_capacity(types.len());
-            for (path, ty) in handle.trainable_paths.iter().zip(&types) {
+            for (path, ty) in layout.paths.iter().zip(&types) {
                 let sum = sums
                     .remove(path)
                     .filter(|a| &a.leaf_type() == ty)
@@ -218,13 +220,14 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                     })?;
                 leaves.push(sum);
             }
-            handle.window.sums = Some(place_groups(
-                backend,
-                handle.packing.pack(&leaves)?,
-                &handle.group_specs,
-            )?);
-            handle.window.micro_batches = w.micro_batches;
-            handle.window.rows = w.rows as f64;
+            let sums = handle
+                .state
+                .place_sums(backend, layout.packing.pack(&leaves)?)?;
+            handle.progress.restore_window(progress::Window {
+                sums: Some(sums),
+                micro_batches: w.micro_batches,
+                rows: w.rows as f64,
+            });
         }
         Ok(handle)
     }

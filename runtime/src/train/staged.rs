@@ -226,7 +226,7 @@ impl<E: Model + Stage, O: Optimizer> Nitro<E, O> {
                 };
                 let started = Instant::now();
                 program.compiled = Some(backend.compile(&program.graph, &program.text)?);
-                self.compile_time += started.elapsed();
+                self.inventory.spent(started.elapsed());
                 self.stage.stats.compiles += 1;
             }
             let exe = program.compiled.as_ref().ok_or_else(super::no_output)?;

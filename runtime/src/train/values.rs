@@ -9,7 +9,6 @@ use crate::backend::pjrt::{Arg, Completion, DeviceBuffer};
 use crate::backend::Backend;
 use crate::cache::Compiled;
 use crate::error::{Error, Result};
-use crate::program::Packing;
 use crate::shard::{group_spec, Mesh, PartitionSpec};
 use crate::tree::{Array, ArrayData, LeafType};
 
@@ -536,167 +535,6 @@ pub enum LeafInputs {
     Copies,
 }
 
-/// The trainable leaves one value per leaf, as the per-batch programs take them, made from the
-/// packed storage ([`leaf_values`]).
-///
-/// Every run that reads the views also takes the packed buffers themselves as (unused) inputs,
-/// so PJRT orders it as a reader of that memory: after the update that wrote it, and before an
-/// update that donates it. An update that donated every packed buffer wrote the new values in
-/// place, so views made before it still show the current values and are kept
-/// ([`after_update`](LeafViews::after_update)); otherwise they are dropped and made again.
-#[derive(Default)]
-pub(crate) struct LeafViews {
-    values: Option<Vec<Value>>,
-    how: Option<LeafInputs>,
-}
-
-impl LeafViews {
-    /// The leaves, when made since the last [`release`](LeafViews::release).
-    pub(crate) fn values(&self) -> Option<&[Value]> {
-        self.values.as_deref()
-    }
-
-    /// How they were last made.
-    pub(crate) fn how(&self) -> Option<LeafInputs> {
-        self.how
-    }
-
-    /// The leaves, made from `packed` unless already made.
-    ///
-    /// # Safety
-    /// As [`leaf_values`]: `packed` is defined (its computations finished); every run that
-    /// reads the views also takes `packed` as inputs; and [`after_update`] or
-    /// [`release`](LeafViews::release) is called when `packed` is replaced.
-    ///
-    /// [`after_update`]: LeafViews::after_update
-    #[allow(unsafe_code)]
-    pub(crate) unsafe fn make(
-        &mut self,
-        packed: &[Value],
-        packing: &Packing,
-        views: bool,
-    ) -> Result<&[Value]> {
-        if self.values.is_none() {
-            // SAFETY: forwarded from this function's contract.
-            let (values, how) = unsafe { leaf_values(packed, packing, views) }?;
-            self.values = Some(values);
-            self.how = Some(how);
-        }
-        self.values.as_deref().ok_or_else(mixed)
-    }
-
-    /// After an update replaced the packed storage: views stay when the update donated every
-    /// packed buffer (`in_place`: the new values are in the same memory, and the runs that read
-    /// them take the new buffers, so PJRT orders them after the update); copies, and views of
-    /// memory the update did not write, are dropped.
-    pub(crate) fn after_update(&mut self, in_place: bool) {
-        if !(in_place && self.how == Some(LeafInputs::Views)) {
-            self.release();
-        }
-    }
-
-    /// Drops the leaves (before the packed storage is replaced by other memory). Runs still
-    /// reading them hold the packed buffers as inputs, so PJRT keeps that memory until they end.
-    pub(crate) fn release(&mut self) {
-        self.values = None;
-    }
-}
-
-/// The trainable leaves, one value per leaf in walk order, from their packed storage `packed`
-/// laid out as `packing`: views of the device buffers when `views` allows and the plugin makes
-/// them, copies otherwise; and which of the two they are.
-///
-/// # Safety
-/// A view reads memory it does not own, and PJRT orders nothing between it and `packed`
-/// ([`DeviceBuffer::view`]): the computations that define `packed` must have finished; every
-/// execution that reads a view must also take the buffer it views as an input (so PJRT orders
-/// it after the writes of that memory and before its reuse); and a view must not be read once
-/// its memory belongs to no live buffer.
-#[allow(unsafe_code)]
-unsafe fn leaf_values(
-    packed: &[Value],
-    packing: &Packing,
-    views: bool,
-) -> Result<(Vec<Value>, LeafInputs)> {
-    let refs: Vec<&Value> = packed.iter().collect();
-    fn on_device(v: &Value) -> bool {
-        match v {
-            Value::Host(_) => false,
-            Value::Device(_) => true,
-            Value::Replicas(r) | Value::Sharded(r, _) => r.first().is_some_and(on_device),
-        }
-    }
-    let on_device = packed.first().is_some_and(on_device);
-    if views && on_device {
-        // SAFETY: forwarded from this function's contract.
-        match unsafe { leaves_of(&refs, packing, true) } {
-            Ok(values) => return Ok((values, LeafInputs::Views)),
-            Err(e) => crate::settings::notice_once(
-                "leaf views",
-                &format!(
-                    "the plugin made no view of the packed parameters ({e}); the per-batch \
-                     programs get copies of the leaves, made through the host after every update"
-                ),
-            ),
-        }
-    }
-    // SAFETY: copies only: no view is made.
-    let values = unsafe { leaves_of(&refs, packing, false) }?;
-    Ok((values, LeafInputs::Copies))
-}
-
-/// [`leaf_values`] over one packed value per group (each possibly replicated).
-///
-/// # Safety
-/// As [`leaf_values`] when `views`.
-#[allow(unsafe_code)]
-unsafe fn leaves_of(packed: &[&Value], packing: &Packing, views: bool) -> Result<Vec<Value>> {
-    if let Some(Value::Replicas(first)) = packed.first() {
-        let mut per_leaf: Vec<Vec<Value>> = packing.leaves.iter().map(|_| Vec::new()).collect();
-        for r in 0..first.len() {
-            let parts = packed
-                .iter()
-                .map(|v| match v {
-                    Value::Replicas(rs) => rs.get(r).ok_or_else(mixed),
-                    _ => Err(mixed()),
-                })
-                .collect::<Result<Vec<_>>>()?;
-            // SAFETY: forwarded: replica `r`'s buffers are among `packed`'s.
-            let leaves = unsafe { leaves_of(&parts, packing, views) }?;
-            for (slot, v) in per_leaf.iter_mut().zip(leaves) {
-                slot.push(v);
-            }
-        }
-        return Ok(per_leaf.into_iter().map(Value::Replicas).collect());
-    }
-    let mut hosts: Vec<Option<Array>> = vec![None; packed.len()];
-    let types = packing.leaf_types();
-    let mut out = Vec::with_capacity(types.len());
-    for ((g, offset, _), ty) in packing.leaves.iter().zip(types) {
-        let group = packed.get(*g).ok_or_else(mixed)?;
-        let n = ty.element_count().ok_or_else(mixed)?;
-        let copy = |host: &Array| -> Result<Array> {
-            let data = host.data().range(*offset, offset + n).ok_or_else(mixed)?;
-            Array::from_data(&ty.dims, data)
-        };
-        out.push(match group {
-            Value::Host(a) => Value::Host(copy(a)?),
-            // SAFETY: forwarded from this function's contract.
-            Value::Device(b) if views => Value::Device(unsafe { b.view(*offset, ty.clone()) }?),
-            Value::Device(b) => {
-                if hosts[*g].is_none() {
-                    hosts[*g] = Some(b.to_host()?);
-                }
-                let host = hosts[*g].as_ref().ok_or_else(mixed)?;
-                Value::Device(DeviceBuffer::upload(&b.client, &copy(host)?, b.device)?)
-            }
-            // Shards hold pieces of leaves: partitioned programs slice them in the program.
-            Value::Replicas(_) | Value::Sharded(..) => return Err(mixed()),
-        });
-    }
-    Ok(out)
-}
-
 /// `a` cut along its first dim into `parts` equal runs of rows, in order.
 pub(crate) fn split_rows(a: &Array, parts: usize) -> Result<Vec<Array>> {
     let rows = a.dims().first().copied().unwrap_or(1);
@@ -735,7 +573,7 @@ pub(crate) fn join_rows(parts: &[Array]) -> Result<Array> {
     Array::from_data(&dims, joined)
 }
 
-fn mixed() -> Error {
+pub(super) fn mixed() -> Error {
     Error::Misconfigured {
         message: "a training handle's values are split between host and device, or between \
                   device counts"

@@ -112,9 +112,9 @@ where
             let outcomes = run.prepare_programs(
                 &sample,
                 if evaluates {
-                    Inventory::Evaluate
+                    Need::Evaluate
                 } else {
-                    Inventory::Train
+                    Need::Train
                 },
             )?;
             for _ in 0..micro_batches {
