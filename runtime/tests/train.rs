@@ -937,3 +937,50 @@ fn recompile_reasons_name_the_program_inputs() {
     assert!(reason.contains("grads[0] f32["), "{reason}");
     assert!(!reason.contains("0[0]"), "{reason}");
 }
+
+/// A modify that gives a trainable leaf new dims places the zeroed gradient sums an
+/// accumulation window starts from again, for the new layout, so the next window trains the
+/// new model (before, the sums kept the old dims and the next step was refused). The result
+/// equals a fresh handle's on the modified experiment (plain SGD: no state, no step count).
+#[test]
+fn a_modify_that_resizes_a_leaf_places_new_zero_sums_for_accumulation() {
+    let (x, y) = data(32, 61);
+    let b = batch(&x, &y, 0, 8, 8);
+    let config = || {
+        Config::new()
+            .batch(8)
+            .lr(0.05)
+            .accumulate(2)
+            .progress(false)
+    };
+    let mut run = Nitro::with_backend(
+        mlp(Act::Tanh),
+        Sgd,
+        config(),
+        backend::interpreter(),
+        own_cache(),
+    )
+    .unwrap();
+    run.step(&b, 8).unwrap();
+    run.step(&b, 8).unwrap();
+    assert_eq!(run.steps(), 1);
+    // A hidden layer of 8 units instead of 16.
+    let resize = |e: &mut Mlp| {
+        e.layers[0].w = nitro::init::glorot_uniform(4, 8, nitro::init::Seed(3));
+        e.layers[0].b = Array::zeros(DType::F32, &[8]);
+        e.layers[1].w = nitro::init::glorot_uniform(8, 3, nitro::init::Seed(4));
+    };
+    run.modify(resize).unwrap();
+    let resized = run.experiment().unwrap().clone();
+    run.step(&b, 8).unwrap();
+    run.step(&b, 8).unwrap();
+    assert_eq!(run.steps(), 2);
+    let mut fresh =
+        Nitro::with_backend(resized, Sgd, config(), backend::interpreter(), own_cache()).unwrap();
+    fresh.step(&b, 8).unwrap();
+    fresh.step(&b, 8).unwrap();
+    assert_eq!(
+        leaves(run.experiment().unwrap()),
+        leaves(fresh.experiment().unwrap())
+    );
+}
