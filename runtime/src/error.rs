@@ -75,7 +75,7 @@ pub enum Error {
 
     /// A shape or dtype mistake in traced code, found while tracing.
     #[error("{}", describe_trace(.0))]
-    Trace(Box<crate::trace::TraceError>),
+    Trace(Box<TraceError>),
 
     /// Traced code panicked.
     #[error("traced code panicked: {message}; programs must run to their end while being traced")]
@@ -721,7 +721,7 @@ fn describe_field_changes(changes: &[FieldChange]) -> String {
         .join(", ")
 }
 
-fn describe_trace(e: &crate::trace::TraceError) -> String {
+fn describe_trace(e: &TraceError) -> String {
     if e.location.is_empty() {
         format!("`{}`: {}", e.op, e.message)
     } else {
@@ -770,4 +770,15 @@ impl Error {
             )),
         }
     }
+}
+
+/// The first mistake of a trace: which op, what was wrong, and where the user called it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceError {
+    /// The op (`matmul`, `add`, …).
+    pub op: &'static str,
+    /// What was wrong, with the shapes involved.
+    pub message: String,
+    /// The user's source location (`src/model.rs:42:17`).
+    pub location: String,
 }

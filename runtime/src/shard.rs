@@ -26,6 +26,12 @@
 use crate::error::{Error, Result};
 use crate::tree::{Array, LeafType};
 
+/// The most devices a handle, a mesh or `NITRO_DEVICES` may name: [`Mesh::new`],
+/// [`Config::device_count`](crate::train::Config::device_count) and
+/// [`for_devices`](crate::backend::for_devices) refuse more. Defined with the meshes, which every
+/// layer below the backend checks against it; [`crate::backend::MAX_DEVICES`] is this.
+pub const MAX_DEVICES: usize = 2048;
+
 /// Devices arranged along named axes (`data`, `model`), device ids in row-major order: on a
 /// `data=2 × model=2` mesh, device `2·data + model`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -65,7 +71,7 @@ impl Mesh {
                 return Err(bad(format!("axis `{name}` is named twice")));
             }
         }
-        let max = crate::backend::MAX_DEVICES;
+        let max = MAX_DEVICES;
         let devices = axes
             .iter()
             .try_fold(1usize, |n, (_, s)| n.checked_mul(*s).filter(|&n| n <= max));

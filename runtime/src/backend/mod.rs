@@ -591,9 +591,7 @@ pub fn xla_for(devices: usize) -> Result<&'static Xla> {
     Ok(made)
 }
 
-/// The most devices a handle, a mesh or `NITRO_DEVICES` may name: [`Mesh::new`](crate::shard::Mesh::new),
-/// [`Config::device_count`](crate::train::Config::device_count) and [`for_devices`] refuse more.
-pub const MAX_DEVICES: usize = 2048;
+pub use crate::shard::MAX_DEVICES;
 
 /// The backend [`current`] picks, for programs replicated over `devices` devices: XLA on a
 /// client with that many devices, or the interpreter running that many replicas.

@@ -104,7 +104,7 @@ pub(super) const fn comparison_type(dtype: DType) -> &'static str {
 
 /// A tensor type: `tensor<2x3xf32>`, `tensor<f32>`; `tensor<invalid>` for a missing node.
 #[derive(Clone, Copy)]
-pub(super) struct Ty<'a>(pub(super) Option<&'a LeafType>);
+pub(crate) struct Ty<'a>(pub(crate) Option<&'a LeafType>);
 
 impl fmt::Display for Ty<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -120,7 +120,7 @@ impl fmt::Display for Ty<'_> {
 }
 
 /// A list of dims: `[0, 1]`, `[]`.
-pub(super) struct List<'a>(pub(super) &'a [usize]);
+pub(crate) struct List<'a>(pub(crate) &'a [usize]);
 
 impl fmt::Display for List<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -132,5 +132,23 @@ impl fmt::Display for List<'_> {
             write!(f, "{d}")?;
         }
         f.write_str("]")
+    }
+}
+
+/// Writes the `dense<…>` literal of zeros of `ty` (a splat; `dense<>` without elements): a
+/// float's zero as its bits in hex, as every float constant is written.
+pub(crate) fn zero_splat(out: &mut String, ty: &LeafType) {
+    if ty.element_count() == Some(0) {
+        out.push_str("dense<>");
+        return;
+    }
+    match ty.dtype {
+        DType::Bool => out.push_str("dense<false>"),
+        d if d.is_float() => {
+            out.push_str("dense<0x");
+            out.extend(std::iter::repeat_n('0', 2 * d.size_bytes()));
+            out.push('>');
+        }
+        _ => out.push_str("dense<0>"),
     }
 }

@@ -62,8 +62,8 @@ pub(crate) mod line;
 use line::{Line, List, Ty};
 
 use crate::hash::Digest;
-use crate::trace::ir::{Graph, Node, NodeId, Op, ScanOp, WhileOp};
-use crate::tree::{ArrayData, DType, LeafType};
+use crate::trace::ir::{Graph, Node, NodeId, Op, ScanOp};
+use crate::tree::{ArrayData, LeafType};
 
 /// How to emit a program beyond its graph.
 ///
@@ -362,38 +362,20 @@ impl<'g, 'b> Emitter<'g, 'b> {
                 writeln!(out, " : {ty}")
             }
             crate::ops::family_op!() => {
-                let n = match me {
-                    Ssa::Value(n) => n.to_string(),
-                    _ => String::new(),
-                };
-                let args = node
-                    .inputs
-                    .iter()
-                    .map(|&i| self.name(i).to_string())
-                    .collect();
-                let arg_tys = node
-                    .inputs
-                    .iter()
-                    .map(|&i| self.ty(i).to_string())
-                    .collect();
-                let arg_types = node
-                    .inputs
-                    .iter()
-                    .filter_map(|&i| self.ty(i).0.cloned())
-                    .collect();
-                let line = Line {
-                    out: &mut self.out,
-                    me: me.to_string(),
-                    n,
-                    ty: ty.to_string(),
-                    args,
-                    arg_tys,
-                    arg_types,
-                };
+                let line = self.line(me, node);
                 crate::ops::emit(node, line)
             }
-            Op::Scan(op) => self.scan(me, node, op),
-            Op::While(op) => self.while_loop(me, node, op),
+            // A loop's body is a private function of the module, written first (its number
+            // is its place among the functions); the loop's own text is the scan family's.
+            Op::Scan(op) if matches!(me, Ssa::Value(_)) => {
+                let f = self.body_function(&op.body)?;
+                crate::ops::scan::emit_scan(self.line(me, node), op, &f)
+            }
+            Op::While(op) if matches!(me, Ssa::Value(_)) => {
+                let f = self.body_function(&op.body)?;
+                crate::ops::scan::emit_while(self.line(me, node), op, &f)
+            }
+            Op::Scan(_) | Op::While(_) => Ok(()),
             // Named as parts of their scan's `while`; no line of their own.
             Op::Result { .. } => Ok(()),
             Op::Shard(spec) if partitioned => {
@@ -440,207 +422,32 @@ fn while_result(op: &ScanOp, operands: usize, index: usize) -> usize {
 }
 
 impl Emitter<'_, '_> {
-    /// A scan: its body as a private function, and a `stablehlo.while` that calls it once per
-    /// iteration. The loop threads an `i32` counter, the carry, the stacked inputs, the
-    /// invariants and the stacked outputs (zeros at first); iteration `i` slices each stacked
-    /// input at `t` (`i`, or `length − 1 − i` in reverse) with `dynamic_slice`, and writes each
-    /// output at `t` with `dynamic_update_slice`. Names inside are `%wN_…`, `N` being the
-    /// scan's own number.
-    fn scan(&mut self, me: Ssa, node: &Node, op: &ScanOp) -> fmt::Result {
+    /// The [`Line`] an op family writes `node` (named `me`) with: its name and number, its
+    /// type, its operands' names and types.
+    fn line(&mut self, me: Ssa, node: &Node) -> Line<'_> {
         let n = match me {
-            Ssa::Value(n) => n,
-            _ => return Ok(()),
+            Ssa::Value(n) => n.to_string(),
+            _ => String::new(),
         };
-        // The body first: its number is its place among the module's functions.
-        let f = self.body_function(&op.body)?;
-
-        let i32_ty = "tensor<i32>";
-        let (nc, nx) = (op.carry, op.xs);
-        let results = op.result_types();
-        let body_in = op.body.input_types();
-        let body_out = op.body.output_types();
-        let ys: Vec<&LeafType> = results[nc..].iter().collect();
-        let w = format!("%w{n}");
-        let out = &mut self.out;
-        writeln!(out, "    {w}_i0 = stablehlo.constant dense<0> : {i32_ty}")?;
-        for (j, ty) in ys.iter().enumerate() {
-            write!(out, "    {w}_y0_{j} = stablehlo.constant ")?;
-            zero_splat(out, ty);
-            writeln!(out, " : {}", Ty(Some(ty)))?;
-        }
-        // The loop's values: counter, operands (carry, stacked inputs, invariants), outputs.
-        let (operand_names, operand_types) = self.operands(node);
-        let mut inits: Vec<String> = vec![format!("{w}_i0")];
-        let mut types: Vec<String> = vec![i32_ty.to_owned()];
-        inits.extend(operand_names);
-        types.extend(operand_types);
-        for (j, ty) in ys.iter().enumerate() {
-            inits.push(format!("{w}_y0_{j}"));
-            types.push(Ty(Some(ty)).to_string());
-        }
-        let arg = |k: usize| format!("{w}_a{k}");
-        let out = &mut self.out;
-        write!(out, "    {me}:{} = stablehlo.while(", inits.len())?;
-        for (k, init) in inits.iter().enumerate() {
-            let sep = if k == 0 { "" } else { ", " };
-            write!(out, "{sep}{} = {init}", arg(k))?;
-        }
-        writeln!(out, ") : {}", types.join(", "))?;
-        writeln!(out, "     cond {{")?;
-        writeln!(
-            out,
-            "      {w}_n = stablehlo.constant dense<{}> : {i32_ty}",
-            op.length
-        )?;
-        writeln!(
-            out,
-            "      {w}_go = stablehlo.compare LT, {}, {w}_n, SIGNED : ({i32_ty}, {i32_ty}) -> tensor<i1>",
-            arg(0)
-        )?;
-        writeln!(out, "      stablehlo.return {w}_go : tensor<i1>")?;
-        writeln!(out, "    }} do {{")?;
-        writeln!(
-            out,
-            "      {w}_one = stablehlo.constant dense<1> : {i32_ty}"
-        )?;
-        writeln!(
-            out,
-            "      {w}_zero = stablehlo.constant dense<0> : {i32_ty}"
-        )?;
-        let t = if op.reverse {
-            writeln!(
-                out,
-                "      {w}_last = stablehlo.constant dense<{}> : {i32_ty}",
-                op.length - 1
-            )?;
-            writeln!(
-                out,
-                "      {w}_t = stablehlo.subtract {w}_last, {} : {i32_ty}",
-                arg(0)
-            )?;
-            format!("{w}_t")
-        } else {
-            arg(0)
-        };
-        // Where each stacked input and output sits among the loop's values.
-        let operands = node.inputs.len();
-        let x_at = |j: usize| 1 + nc + j;
-        let y_at = |j: usize| 1 + operands + j;
-        let mut call_args: Vec<String> = (0..nc).map(|c| arg(1 + c)).collect();
-        for j in 0..nx {
-            let slice = &body_in[nc + j];
-            let stacked = Ty(Some(&LeafType {
-                dtype: slice.dtype,
-                dims: std::iter::once(op.length)
-                    .chain(slice.dims.iter().copied())
-                    .collect(),
-            }));
-            let one_row = LeafType {
-                dtype: slice.dtype,
-                dims: std::iter::once(1)
-                    .chain(slice.dims.iter().copied())
-                    .collect(),
-            };
-            let sizes: Vec<usize> = one_row.dims.clone();
-            write!(
-                out,
-                "      {w}_xs{j} = stablehlo.dynamic_slice {}, {t}",
-                arg(x_at(j))
-            )?;
-            for _ in &slice.dims {
-                write!(out, ", {w}_zero")?;
-            }
-            write!(out, ", sizes = {} : ({stacked}", List(&sizes))?;
-            for _ in 0..=slice.dims.len() {
-                write!(out, ", {i32_ty}")?;
-            }
-            writeln!(out, ") -> {}", Ty(Some(&one_row)))?;
-            writeln!(
-                out,
-                "      {w}_x{j} = stablehlo.reshape {w}_xs{j} : ({}) -> {}",
-                Ty(Some(&one_row)),
-                Ty(Some(slice))
-            )?;
-            call_args.push(format!("{w}_x{j}"));
-        }
-        for c in nc + nx..operands {
-            call_args.push(arg(1 + c));
-        }
-        let in_tys: Vec<String> = body_in.iter().map(|t| Ty(Some(t)).to_string()).collect();
-        let out_tys: Vec<String> = body_out.iter().map(|t| Ty(Some(t)).to_string()).collect();
-        let r = format!("{w}_r");
-        let part = |k: usize| {
-            if body_out.len() == 1 {
-                r.clone()
-            } else {
-                format!("{r}#{k}")
-            }
-        };
-        let head = if body_out.len() == 1 {
-            r.clone()
-        } else {
-            format!("{r}:{}", body_out.len())
-        };
-        writeln!(
-            out,
-            "      {head} = func.call {f}({}) : ({}) -> ({})",
-            call_args.join(", "),
-            in_tys.join(", "),
-            out_tys.join(", ")
-        )?;
-        let mut next: Vec<String> = vec![format!("{w}_next")];
-        next.extend((0..nc).map(part));
-        next.extend((nc + 1..=operands).map(arg));
-        for (j, ty) in ys.iter().enumerate() {
-            let row = &body_out[nc + j];
-            let one_row = LeafType {
-                dtype: row.dtype,
-                dims: std::iter::once(1).chain(row.dims.iter().copied()).collect(),
-            };
-            writeln!(
-                out,
-                "      {w}_yu{j} = stablehlo.reshape {} : ({}) -> {}",
-                part(nc + j),
-                Ty(Some(row)),
-                Ty(Some(&one_row))
-            )?;
-            write!(
-                out,
-                "      {w}_yn{j} = stablehlo.dynamic_update_slice {}, {w}_yu{j}, {t}",
-                arg(y_at(j))
-            )?;
-            for _ in &row.dims {
-                write!(out, ", {w}_zero")?;
-            }
-            write!(out, " : ({}, {}", Ty(Some(ty)), Ty(Some(&one_row)))?;
-            for _ in 0..=row.dims.len() {
-                write!(out, ", {i32_ty}")?;
-            }
-            writeln!(out, ") -> {}", Ty(Some(ty)))?;
-            next.push(format!("{w}_yn{j}"));
-        }
-        writeln!(
-            out,
-            "      {w}_next = stablehlo.add {}, {w}_one : {i32_ty}",
-            arg(0)
-        )?;
-        writeln!(
-            out,
-            "      stablehlo.return {} : {}",
-            next.join(", "),
-            types.join(", ")
-        )?;
-        writeln!(out, "    }}")
-    }
-}
-
-impl Emitter<'_, '_> {
-    /// The names and types of `node`'s operands, as text.
-    fn operands(&self, node: &Node) -> (Vec<String>, Vec<String>) {
-        node.inputs
+        let (args, arg_tys) = node
+            .inputs
             .iter()
             .map(|&i| (self.name(i).to_string(), self.ty(i).to_string()))
-            .unzip()
+            .unzip();
+        let arg_types = node
+            .inputs
+            .iter()
+            .filter_map(|&i| self.ty(i).0.cloned())
+            .collect();
+        Line {
+            out: &mut self.out,
+            me: me.to_string(),
+            n,
+            ty: Ty(Some(&node.ty)).to_string(),
+            args,
+            arg_tys,
+            arg_types,
+        }
     }
 
     /// `body` as a private function of the module; returns its name. A body identical to one
@@ -670,67 +477,6 @@ impl Emitter<'_, '_> {
         self.bodies.seen.insert(anonymous, k);
         self.bodies.texts[k] = text;
         Ok(name)
-    }
-
-    /// A while loop: it threads the carry and the invariants; the condition region calls the
-    /// body function (condition and new carry at once) and returns its first result, the body
-    /// region calls it and returns the rest (XLA drops the unused half of each after inlining).
-    fn while_loop(&mut self, me: Ssa, node: &Node, op: &WhileOp) -> fmt::Result {
-        let n = match me {
-            Ssa::Value(n) => n,
-            _ => return Ok(()),
-        };
-        let f = self.body_function(&op.body)?;
-        let w = format!("%w{n}");
-        let (inits, types) = self.operands(node);
-        let outs: Vec<String> = op
-            .body
-            .output_types()
-            .iter()
-            .map(|t| Ty(Some(t)).to_string())
-            .collect();
-        let args: Vec<String> = (0..inits.len()).map(|k| format!("{w}_a{k}")).collect();
-        let call = format!(
-            "func.call {f}({}) : ({}) -> ({})",
-            args.join(", "),
-            types.join(", "),
-            outs.join(", ")
-        );
-        let results = outs.len();
-        let out = &mut self.out;
-        write!(out, "    {me}:{} = stablehlo.while(", inits.len())?;
-        for (k, init) in inits.iter().enumerate() {
-            let sep = if k == 0 { "" } else { ", " };
-            write!(out, "{sep}{} = {init}", args[k])?;
-        }
-        writeln!(out, ") : {}", types.join(", "))?;
-        writeln!(out, "     cond {{")?;
-        writeln!(out, "      {w}_c:{results} = {call}")?;
-        writeln!(out, "      stablehlo.return {w}_c#0 : tensor<i1>")?;
-        writeln!(out, "    }} do {{")?;
-        writeln!(out, "      {w}_b:{results} = {call}")?;
-        let mut next: Vec<String> = (1..results).map(|k| format!("{w}_b#{k}")).collect();
-        next.extend(args[op.carry..].iter().cloned());
-        writeln!(
-            out,
-            "      stablehlo.return {} : {}",
-            next.join(", "),
-            types.join(", ")
-        )?;
-        writeln!(out, "    }}")
-    }
-}
-
-/// Writes the `dense<…>` literal of zeros of `ty` (a splat; `dense<>` without elements).
-fn zero_splat(out: &mut String, ty: &LeafType) {
-    if ty.element_count() == Some(0) {
-        out.push_str("dense<>");
-        return;
-    }
-    match ty.dtype {
-        DType::Bool => out.push_str("dense<false>"),
-        d if d.is_float() => push_bits_splat(out, &vec![0u8; d.size_bytes()]),
-        _ => out.push_str("dense<0>"),
     }
 }
 

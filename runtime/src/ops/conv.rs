@@ -30,7 +30,7 @@ use crate::ops::host::alloc::collect;
 use crate::ops::host::layout::strides;
 use crate::ops::host::Fault;
 use crate::trace::ir::{with_dims, Conv, ConvDims, Op};
-use crate::trace::{with_recording, Tensor};
+use crate::trace::record::{with_recording, Tensor};
 use crate::tree::{Array, ArrayData, DType, LeafType};
 
 use super::window::{same_padding, transposed_padding};
@@ -401,7 +401,7 @@ impl Tensor {
 /// The VJP of a convolution of `x` by `k` for the cotangent `g`.
 pub(crate) fn vjp(c: &Conv, x: Tensor, k: Tensor, g: Tensor) -> Vec<Option<Tensor>> {
     if c.batch_groups != 1 {
-        crate::trace::refuse(
+        crate::trace::record::refuse(
             "conv",
             "the gradient of a batch-grouped convolution (a kernel gradient) is not defined; \
              differentiate the forward convolution once"
@@ -417,7 +417,7 @@ pub(crate) fn vjp(c: &Conv, x: Tensor, k: Tensor, g: Tensor) -> Vec<Option<Tenso
     let (input_padding, kernel_padding) = match paddings {
         Ok(p) => p,
         Err(msg) => {
-            crate::trace::refuse(
+            crate::trace::record::refuse(
                 "conv",
                 format!("the gradient of this convolution is not defined: {msg}"),
             );

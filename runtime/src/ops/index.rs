@@ -24,7 +24,7 @@ use crate::ops::host::alloc::collect;
 use crate::ops::host::layout::strides;
 use crate::ops::host::Fault;
 use crate::trace::ir::{with_dims, GatherDims, Op, ScatterDims, ScatterKind};
-use crate::trace::{with_recording, Tensor};
+use crate::trace::record::{with_recording, Tensor};
 use crate::tree::{Array, ArrayData, DType, LeafType};
 
 use super::{index_values, unflatten};

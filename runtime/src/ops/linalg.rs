@@ -21,7 +21,7 @@ use crate::ops::host::alloc::filled;
 use crate::ops::host::layout;
 use crate::ops::host::Fault;
 use crate::trace::ir::{with_dims, DotDims, Op};
-use crate::trace::{with_recording, Recording, Tensor};
+use crate::trace::record::{with_recording, Recording, Tensor};
 use crate::tree::{Array, ArrayData, DType, LeafType};
 
 // ---- types ---------------------------------------------------------------------------------

@@ -250,7 +250,7 @@ use std::fmt;
 
 use crate::emit::line::Line;
 use crate::trace::ir::{Node, Op};
-use crate::trace::Tensor;
+use crate::trace::record::Tensor;
 use crate::tree::{Array, LeafType};
 
 /// The pattern of the ops the families here handle (the drivers send them to the functions
@@ -465,7 +465,7 @@ pub(crate) fn vjp(node: &Node, y: Tensor, x: &[Tensor], g: Tensor) -> Vec<Option
         Op::Convolution(c) => conv::vjp(c, x[0], x[1], g),
         Op::ReduceWindow { kind, window } => window::vjp(*kind, window, x[0], g),
         Op::SelectAndScatter { .. } => {
-            crate::trace::refuse(
+            crate::trace::record::refuse(
                 "window_max",
                 "the second derivative of a max/min window is not defined".into(),
             );

@@ -22,7 +22,8 @@
 
 use std::panic::Location;
 
-use crate::trace::{with_recording, Scan, Tensor};
+use super::scan::Scan;
+use crate::trace::record::{with_recording, Tensor};
 use crate::tree::{Array, DType, LeafType};
 
 const ROTATIONS: [[u32; 4]; 2] = [[13, 15, 26, 6], [17, 29, 16, 24]];

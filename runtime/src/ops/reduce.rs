@@ -17,7 +17,7 @@ use crate::ops::host::alloc::{collect, filled};
 use crate::ops::host::layout::transpose_vec;
 use crate::ops::host::Fault;
 use crate::trace::ir::{is_float, reduced_dims, with_dims, BinaryOp, Op, ReduceOp};
-use crate::trace::{with_recording, Recording, Tensor};
+use crate::trace::record::{with_recording, Recording, Tensor};
 use crate::tree::{dims_product, ArrayData, DType, LeafType};
 
 // ---- types ---------------------------------------------------------------------------------

@@ -18,8 +18,12 @@
 use std::panic::Location;
 use std::sync::Arc;
 
+use std::fmt::{self, Write as _};
+
+use crate::emit::line::{self as emit, Line, List, Ty};
 use crate::trace::ir::{Graph, NodeId, Op, Remat, ScanOp, WhileOp};
-use crate::trace::{autodiff, region, with_recording, Tensor};
+use crate::trace::record::{with_recording, Tensor};
+use crate::trace::region;
 use crate::tree::{DType, LeafType};
 
 /// A loop with a static trip count over a carry and stacked inputs, traced once.
@@ -340,7 +344,7 @@ fn finish_body(
     region::close(open);
     let message = match extracted {
         Ok(body) => {
-            let replicated_sum = crate::trace::replicas() > 1
+            let replicated_sum = crate::trace::record::replicas() > 1
                 && body.graph.nodes.iter().any(|n| n.op == Op::AllReduce);
             if !replicated_sum {
                 return Some(body);
@@ -467,10 +471,17 @@ fn push(op: ScanOp, inputs: &[Tensor], at: &Location<'_>) -> Vec<Tensor> {
     push_loop(Op::Scan(Box::new(op)), types, ids, "scan", at)
 }
 
+/// The reverse pass over a run of nodes that autodiff hands a scan's rule to differentiate its
+/// body with ([`crate::trace::autodiff`]'s own): from `(value, cotangent)` seeds to the tensors
+/// `wrt`, walking the nodes from the given index on. Handed in, so that the rule and the
+/// reverse pass that calls it do not import each other.
+pub(crate) type Backprop = fn(&[(Tensor, Tensor)], &[Tensor], usize) -> Vec<Option<Tensor>>;
+
 /// The reverse pass of scan node `s`, given the cotangents of its results (`None`, or missing
-/// at the end, for none): the cotangent of each of its inputs.
+/// at the end, for none): the cotangent of each of its inputs. The body's reverse pass is
+/// `backprop`'s.
 #[track_caller]
-pub(crate) fn vjp(s: NodeId, cts: Vec<Option<Tensor>>) -> Vec<Option<Tensor>> {
+pub(crate) fn vjp(s: NodeId, cts: Vec<Option<Tensor>>, backprop: Backprop) -> Vec<Option<Tensor>> {
     let at = Location::caller();
     let (op, inputs, trace) = with_recording(|r| {
         let node = r.graph.node(s);
@@ -516,7 +527,7 @@ pub(crate) fn vjp(s: NodeId, cts: Vec<Option<Tensor>>) -> Vec<Option<Tensor>> {
         .chain(fx.iter().map(|&j| x[j]))
         .chain(fk.iter().map(|&m| k[m]))
         .collect();
-    let g = autodiff::backprop(&seeds, &wrt, open.start);
+    let g = backprop(&seeds, &wrt, open.start);
     let (g_c, rest) = g.split_at(fc.len());
     let (g_x, g_k) = rest.split_at(fx.len());
     let mut bwd_out: Vec<Tensor> = Vec::new();
@@ -808,4 +819,249 @@ pub(crate) fn check(op: &ScanOp, types: &[&LeafType]) -> Result<LeafType, String
         .into_iter()
         .next()
         .ok_or_else(|| "it has no results".to_owned())
+}
+
+// The loops' text: what the emitter (`crate::emit`) writes for a scan and a while loop, once
+// it has written each body as a private function of the module.
+
+/// A scan: its body as a private function, and a `stablehlo.while` that calls it once per
+/// iteration. The loop threads an `i32` counter, the carry, the stacked inputs, the
+/// invariants and the stacked outputs (zeros at first); iteration `i` slices each stacked
+/// input at `t` (`i`, or `length − 1 − i` in reverse) with `dynamic_slice`, and writes each
+/// output at `t` with `dynamic_update_slice`. Names inside are `%wN_…`, `N` being the
+/// scan's own number. The emitter has written the body as the private function `f`.
+pub(crate) fn emit_scan(line: Line<'_>, op: &ScanOp, f: &str) -> fmt::Result {
+    let Line {
+        out,
+        me,
+        n,
+        args: operand_names,
+        arg_tys: operand_types,
+        ..
+    } = line;
+    let operands = operand_names.len();
+
+    let i32_ty = "tensor<i32>";
+    let (nc, nx) = (op.carry, op.xs);
+    let results = op.result_types();
+    let body_in = op.body.input_types();
+    let body_out = op.body.output_types();
+    let ys: Vec<&LeafType> = results[nc..].iter().collect();
+    let w = format!("%w{n}");
+    writeln!(out, "    {w}_i0 = stablehlo.constant dense<0> : {i32_ty}")?;
+    for (j, ty) in ys.iter().enumerate() {
+        write!(out, "    {w}_y0_{j} = stablehlo.constant ")?;
+        emit::zero_splat(out, ty);
+        writeln!(out, " : {}", Ty(Some(ty)))?;
+    }
+    // The loop's values: counter, operands (carry, stacked inputs, invariants), outputs.
+    let mut inits: Vec<String> = vec![format!("{w}_i0")];
+    let mut types: Vec<String> = vec![i32_ty.to_owned()];
+    inits.extend(operand_names);
+    types.extend(operand_types);
+    for (j, ty) in ys.iter().enumerate() {
+        inits.push(format!("{w}_y0_{j}"));
+        types.push(Ty(Some(ty)).to_string());
+    }
+    let arg = |k: usize| format!("{w}_a{k}");
+    write!(out, "    {me}:{} = stablehlo.while(", inits.len())?;
+    for (k, init) in inits.iter().enumerate() {
+        let sep = if k == 0 { "" } else { ", " };
+        write!(out, "{sep}{} = {init}", arg(k))?;
+    }
+    writeln!(out, ") : {}", types.join(", "))?;
+    writeln!(out, "     cond {{")?;
+    writeln!(
+        out,
+        "      {w}_n = stablehlo.constant dense<{}> : {i32_ty}",
+        op.length
+    )?;
+    writeln!(
+        out,
+        "      {w}_go = stablehlo.compare LT, {}, {w}_n, SIGNED : ({i32_ty}, {i32_ty}) -> tensor<i1>",
+        arg(0)
+    )?;
+    writeln!(out, "      stablehlo.return {w}_go : tensor<i1>")?;
+    writeln!(out, "    }} do {{")?;
+    writeln!(
+        out,
+        "      {w}_one = stablehlo.constant dense<1> : {i32_ty}"
+    )?;
+    writeln!(
+        out,
+        "      {w}_zero = stablehlo.constant dense<0> : {i32_ty}"
+    )?;
+    let t = if op.reverse {
+        writeln!(
+            out,
+            "      {w}_last = stablehlo.constant dense<{}> : {i32_ty}",
+            op.length - 1
+        )?;
+        writeln!(
+            out,
+            "      {w}_t = stablehlo.subtract {w}_last, {} : {i32_ty}",
+            arg(0)
+        )?;
+        format!("{w}_t")
+    } else {
+        arg(0)
+    };
+    // Where each stacked input and output sits among the loop's values.
+    let x_at = |j: usize| 1 + nc + j;
+    let y_at = |j: usize| 1 + operands + j;
+    let mut call_args: Vec<String> = (0..nc).map(|c| arg(1 + c)).collect();
+    for j in 0..nx {
+        let slice = &body_in[nc + j];
+        let stacked = Ty(Some(&LeafType {
+            dtype: slice.dtype,
+            dims: std::iter::once(op.length)
+                .chain(slice.dims.iter().copied())
+                .collect(),
+        }));
+        let one_row = LeafType {
+            dtype: slice.dtype,
+            dims: std::iter::once(1)
+                .chain(slice.dims.iter().copied())
+                .collect(),
+        };
+        let sizes: Vec<usize> = one_row.dims.clone();
+        write!(
+            out,
+            "      {w}_xs{j} = stablehlo.dynamic_slice {}, {t}",
+            arg(x_at(j))
+        )?;
+        for _ in &slice.dims {
+            write!(out, ", {w}_zero")?;
+        }
+        write!(out, ", sizes = {} : ({stacked}", List(&sizes))?;
+        for _ in 0..=slice.dims.len() {
+            write!(out, ", {i32_ty}")?;
+        }
+        writeln!(out, ") -> {}", Ty(Some(&one_row)))?;
+        writeln!(
+            out,
+            "      {w}_x{j} = stablehlo.reshape {w}_xs{j} : ({}) -> {}",
+            Ty(Some(&one_row)),
+            Ty(Some(slice))
+        )?;
+        call_args.push(format!("{w}_x{j}"));
+    }
+    for c in nc + nx..operands {
+        call_args.push(arg(1 + c));
+    }
+    let in_tys: Vec<String> = body_in.iter().map(|t| Ty(Some(t)).to_string()).collect();
+    let out_tys: Vec<String> = body_out.iter().map(|t| Ty(Some(t)).to_string()).collect();
+    let r = format!("{w}_r");
+    let part = |k: usize| {
+        if body_out.len() == 1 {
+            r.clone()
+        } else {
+            format!("{r}#{k}")
+        }
+    };
+    let head = if body_out.len() == 1 {
+        r.clone()
+    } else {
+        format!("{r}:{}", body_out.len())
+    };
+    writeln!(
+        out,
+        "      {head} = func.call {f}({}) : ({}) -> ({})",
+        call_args.join(", "),
+        in_tys.join(", "),
+        out_tys.join(", ")
+    )?;
+    let mut next: Vec<String> = vec![format!("{w}_next")];
+    next.extend((0..nc).map(part));
+    next.extend((nc + 1..=operands).map(arg));
+    for (j, ty) in ys.iter().enumerate() {
+        let row = &body_out[nc + j];
+        let one_row = LeafType {
+            dtype: row.dtype,
+            dims: std::iter::once(1).chain(row.dims.iter().copied()).collect(),
+        };
+        writeln!(
+            out,
+            "      {w}_yu{j} = stablehlo.reshape {} : ({}) -> {}",
+            part(nc + j),
+            Ty(Some(row)),
+            Ty(Some(&one_row))
+        )?;
+        write!(
+            out,
+            "      {w}_yn{j} = stablehlo.dynamic_update_slice {}, {w}_yu{j}, {t}",
+            arg(y_at(j))
+        )?;
+        for _ in &row.dims {
+            write!(out, ", {w}_zero")?;
+        }
+        write!(out, " : ({}, {}", Ty(Some(ty)), Ty(Some(&one_row)))?;
+        for _ in 0..=row.dims.len() {
+            write!(out, ", {i32_ty}")?;
+        }
+        writeln!(out, ") -> {}", Ty(Some(ty)))?;
+        next.push(format!("{w}_yn{j}"));
+    }
+    writeln!(
+        out,
+        "      {w}_next = stablehlo.add {}, {w}_one : {i32_ty}",
+        arg(0)
+    )?;
+    writeln!(
+        out,
+        "      stablehlo.return {} : {}",
+        next.join(", "),
+        types.join(", ")
+    )?;
+    writeln!(out, "    }}")
+}
+
+/// A while loop: it threads the carry and the invariants; the condition region calls the
+/// body function (condition and new carry at once) and returns its first result, the body
+/// region calls it and returns the rest (XLA drops the unused half of each after inlining). The
+/// emitter has written the body as the private function `f`.
+pub(crate) fn emit_while(line: Line<'_>, op: &WhileOp, f: &str) -> fmt::Result {
+    let Line {
+        out,
+        me,
+        n,
+        args: inits,
+        arg_tys: types,
+        ..
+    } = line;
+    let w = format!("%w{n}");
+    let outs: Vec<String> = op
+        .body
+        .output_types()
+        .iter()
+        .map(|t| Ty(Some(t)).to_string())
+        .collect();
+    let args: Vec<String> = (0..inits.len()).map(|k| format!("{w}_a{k}")).collect();
+    let call = format!(
+        "func.call {f}({}) : ({}) -> ({})",
+        args.join(", "),
+        types.join(", "),
+        outs.join(", ")
+    );
+    let results = outs.len();
+    write!(out, "    {me}:{} = stablehlo.while(", inits.len())?;
+    for (k, init) in inits.iter().enumerate() {
+        let sep = if k == 0 { "" } else { ", " };
+        write!(out, "{sep}{} = {init}", args[k])?;
+    }
+    writeln!(out, ") : {}", types.join(", "))?;
+    writeln!(out, "     cond {{")?;
+    writeln!(out, "      {w}_c:{results} = {call}")?;
+    writeln!(out, "      stablehlo.return {w}_c#0 : tensor<i1>")?;
+    writeln!(out, "    }} do {{")?;
+    writeln!(out, "      {w}_b:{results} = {call}")?;
+    let mut next: Vec<String> = (1..results).map(|k| format!("{w}_b#{k}")).collect();
+    next.extend(args[op.carry..].iter().cloned());
+    writeln!(
+        out,
+        "      stablehlo.return {} : {}",
+        next.join(", "),
+        types.join(", ")
+    )?;
+    writeln!(out, "    }}")
 }

@@ -11,13 +11,14 @@
 use std::fmt;
 use std::panic::Location;
 
+use super::elementwise::tracing::Operand;
 use crate::emit::line::Line;
 use crate::ops::elementwise::tracing::{broadcast_dims, scalar_ty};
 use crate::ops::host::alloc::{collect, filled, with_capacity};
 use crate::ops::host::layout::{gather, map_data, strides};
 use crate::ops::host::Fault;
 use crate::trace::ir::{with_dims, Op};
-use crate::trace::{with_recording, Operand, Recording, Tensor};
+use crate::trace::record::{with_recording, Recording, Tensor};
 use crate::tree::{dims_product, Array, ArrayData, DType, Element, LeafType};
 
 use super::{arity, distinct_in_range, same_dtype, unflatten};

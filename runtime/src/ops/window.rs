@@ -25,7 +25,7 @@ use crate::ops::host::alloc::{collect, filled};
 use crate::ops::host::layout::strides;
 use crate::ops::host::Fault;
 use crate::trace::ir::{with_dims, Op, ReduceOp, Window};
-use crate::trace::{with_recording, Tensor};
+use crate::trace::record::{with_recording, Tensor};
 use crate::tree::{Array, ArrayData, DType, LeafType};
 
 use super::{dilate, unflatten};
@@ -366,7 +366,7 @@ pub(crate) fn vjp(kind: ReduceOp, w: &Window, x: Tensor, g: Tensor) -> Vec<Optio
             let pads = match pads {
                 Ok(p) => p,
                 Err(msg) => {
-                    crate::trace::refuse(
+                    crate::trace::record::refuse(
                         "window_sum",
                         format!("the gradient of this window sum is not defined: {msg}"),
                     );
@@ -388,7 +388,7 @@ pub(crate) fn vjp(kind: ReduceOp, w: &Window, x: Tensor, g: Tensor) -> Vec<Optio
         }
         ReduceOp::Max | ReduceOp::Min => {
             if !w.is_plain() {
-                crate::trace::refuse(
+                crate::trace::record::refuse(
                     "window_max",
                     format!(
                         "the gradient of a max/min window with dilation is not defined (window {w:?}); use dilations of 1"

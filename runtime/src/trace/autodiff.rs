@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::panic::Location;
 
 use super::ir::{Node, Op};
-use super::{with_recording, Tensor};
+use super::record::{with_recording, Tensor};
 use crate::tree::{DType, LeafType};
 
 /// `(y, dy/dx for x in wrt)`. `y` must be a float scalar of the active trace; each gradient has
@@ -142,12 +142,12 @@ pub(crate) fn backprop(
                 continue;
             }
             Op::Scan(_) => match results.remove(&i) {
-                Some(cts) => crate::ops::scan::vjp(i as u32, cts),
+                Some(cts) => crate::ops::scan::vjp(i as u32, cts, backprop),
                 None => continue,
             },
             Op::While(_) => {
                 if results.remove(&i).is_some() {
-                    crate::trace::refuse(
+                    crate::trace::record::refuse(
                         "grad",
                         "a gradient reached a `while_loop`, whose trip count depends on traced \
                          values, so it has no reverse pass; use `Scan` with a static trip count \

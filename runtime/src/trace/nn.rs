@@ -8,7 +8,7 @@
 
 use std::panic::Location;
 
-use super::{with_recording, Tensor};
+use super::record::{with_recording, Tensor};
 use crate::tree::{DType, LeafType};
 
 /// `max(x, 0)`.
@@ -113,7 +113,7 @@ pub fn softmax_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor {
     }
     let dims = logits.dims();
     let classes = dims.last().copied().unwrap_or(0);
-    super::note_class_input(labels, classes, "softmax_cross_entropy");
+    super::record::note_class_input(labels, classes, "softmax_cross_entropy");
     let axis = dims.len().saturating_sub(1);
     let targets = labels.one_hot(classes, logits.dtype());
     -(targets * log_softmax(logits, axis)).sum(&[axis])
@@ -133,7 +133,7 @@ pub fn correct(logits: Tensor, labels: Tensor) -> Tensor {
         return per_example_stand_in(logits);
     }
     let axis = logits.rank() - 1;
-    super::note_class_input(labels, logits.dims()[axis], "correct");
+    super::record::note_class_input(labels, logits.dims()[axis], "correct");
     let index = if labels.dtype() == DType::I64 {
         DType::I64
     } else {
@@ -162,7 +162,7 @@ pub fn mse(pred: Tensor, target: Tensor) -> Tensor {
 
 /// Dropout while training: each element kept with probability `1 − rate` and scaled by
 /// `1 / (1 − rate)`, or zeroed — with a mask drawn from the step's key
-/// ([`random::next_step_key`](crate::trace::random::next_step_key), a fresh key per call). In
+/// ([`random::next_step_key`](crate::ops::random::next_step_key), a fresh key per call). In
 /// an evaluation program (and outside the training handle's programs) it is `x` itself. The
 /// model must declare `const RANDOM: bool = true;` in its `impl Model`; without it dropout is a
 /// trace-time error rather than silently off. `rate` must be in `[0, 1)`; a rate of 0 is `x`
@@ -184,12 +184,12 @@ pub fn dropout(x: Tensor, rate: f64) -> Tensor {
     if rate == 0.0 {
         return x;
     }
-    let Some(key) = crate::trace::random::next_step_key() else {
+    let Some(key) = crate::ops::random::next_step_key() else {
         return x;
     };
     if rate == 0.0 {
         return x;
     }
-    let keep = crate::trace::random::bernoulli(key, 1.0 - rate, &x.dims());
+    let keep = crate::ops::random::bernoulli(key, 1.0 - rate, &x.dims());
     Tensor::select(keep, x / (1.0 - rate), 0.0)
 }

@@ -8,23 +8,12 @@
 //! removes the run from the enclosing graph. Because the run shares the enclosing node list,
 //! every op, shape check and error path works inside a body unchanged.
 
-use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 use super::ir::{Graph, Input, NodeId, Op};
-use super::{with_recording, Tensor, NEXT_TRACE};
+use super::record::{self, with_recording, Tensor, NEXT_TRACE};
 use crate::tree::LeafType;
-
-thread_local! {
-    /// The ids of the bodies closed on this thread (for the error on a tensor kept from one).
-    static CLOSED: RefCell<HashSet<u32>> = RefCell::new(HashSet::new());
-}
-
-/// Whether `id` was the scope of a closed body on this thread.
-pub(crate) fn was_body(id: u32) -> bool {
-    CLOSED.with(|c| c.borrow().contains(&id))
-}
 
 /// An open body: where its run starts, and its scope id.
 pub(crate) struct Open {
@@ -63,7 +52,7 @@ pub(crate) fn close(open: Open) {
             r.id = outer;
         }
     });
-    CLOSED.with(|c| c.borrow_mut().insert(open.id));
+    record::body_closed(open.id);
 }
 
 /// A body copied out of the run: its graph, and the enclosing nodes it captured (its inputs

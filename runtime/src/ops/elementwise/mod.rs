@@ -28,10 +28,11 @@ use std::panic::Location;
 
 use super::arity;
 use crate::emit::line::Line;
+use crate::ops::elementwise::tracing::Operand;
 use crate::ops::host::alloc::collect;
 use crate::ops::host::Fault;
 use crate::trace::ir::{BinaryOp, CmpOp, Op, UnaryOp};
-use crate::trace::{with_recording, Operand, Tensor};
+use crate::trace::record::{with_recording, Tensor};
 use crate::tree::{Array, ArrayData, DType, LeafType};
 
 macro_rules! unary_methods {

@@ -7,7 +7,7 @@ use std::panic::Location;
 use std::sync::Arc;
 
 use crate::trace::ir::{with_dims, BinaryOp, CmpOp, Op, UnaryOp};
-use crate::trace::{with_recording, Recording, Tensor};
+use crate::trace::record::{with_recording, Recording, Tensor};
 use crate::tree::{Array, DType, LeafType};
 
 /// An operand of a binary op: a tensor, or an `f64` scalar that takes the other operand's dtype.
