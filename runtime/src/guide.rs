@@ -98,3 +98,7 @@ pub struct Examples;
 /// `docs/stages.md`.
 #[doc = include_str!("../../docs/stages.md")]
 pub struct Stages;
+
+/// `docs/internals.md`.
+#[doc = include_str!("../../docs/internals.md")]
+pub struct Internals;

@@ -42,7 +42,7 @@ pub struct Mesh {
 impl Mesh {
     /// A mesh of these axes, in order. Names must be identifiers and unique, sizes at least 1,
     /// and the product of the sizes — the device count — at most
-    /// [`MAX_DEVICES`](crate::backend::MAX_DEVICES) (checked: sizes whose product overflows are
+    /// [`MAX_DEVICES`] (checked: sizes whose product overflows are
     /// refused, never wrapped).
     pub fn new<N: Into<String>>(axes: impl IntoIterator<Item = (N, usize)>) -> Result<Mesh> {
         let axes: Vec<(String, usize)> = axes.into_iter().map(|(n, s)| (n.into(), s)).collect();

@@ -4,7 +4,7 @@
 //! node to its graph and checks shapes and dtypes. A mistake does not panic: the first one is
 //! recorded with the op's name, the shapes involved and the **caller's source line**, the
 //! operation returns a stand-in tensor so the traced code can run to its end, and the trace then
-//! fails with that error ([`Error::Trace`]).
+//! fails with that error ([`Error::Trace`](crate::Error::Trace)).
 //!
 //! ```
 //! use nitro::trace::{trace, Tensor};
