@@ -864,13 +864,8 @@ pub(crate) fn emit_scan(line: Line<'_>, op: &ScanOp, f: &str) -> fmt::Result {
         types.push(Ty(Some(ty)).to_string());
     }
     let arg = |k: usize| format!("{w}_a{k}");
-    write!(out, "    {me}:{} = stablehlo.while(", inits.len())?;
-    for (k, init) in inits.iter().enumerate() {
-        let sep = if k == 0 { "" } else { ", " };
-        write!(out, "{sep}{} = {init}", arg(k))?;
-    }
-    writeln!(out, ") : {}", types.join(", "))?;
-    writeln!(out, "     cond {{")?;
+    let args: Vec<String> = (0..inits.len()).map(arg).collect();
+    while_head(out, &me, &args, &inits, &types)?;
     writeln!(
         out,
         "      {w}_n = stablehlo.constant dense<{}> : {i32_ty}",
@@ -1007,13 +1002,7 @@ pub(crate) fn emit_scan(line: Line<'_>, op: &ScanOp, f: &str) -> fmt::Result {
         "      {w}_next = stablehlo.add {}, {w}_one : {i32_ty}",
         arg(0)
     )?;
-    writeln!(
-        out,
-        "      stablehlo.return {} : {}",
-        next.join(", "),
-        types.join(", ")
-    )?;
-    writeln!(out, "    }}")
+    while_tail(out, &next, &types)
 }
 
 /// A while loop: it threads the carry and the invariants; the condition region calls the
@@ -1044,19 +1033,37 @@ pub(crate) fn emit_while(line: Line<'_>, op: &WhileOp, f: &str) -> fmt::Result {
         outs.join(", ")
     );
     let results = outs.len();
-    write!(out, "    {me}:{} = stablehlo.while(", inits.len())?;
-    for (k, init) in inits.iter().enumerate() {
-        let sep = if k == 0 { "" } else { ", " };
-        write!(out, "{sep}{} = {init}", args[k])?;
-    }
-    writeln!(out, ") : {}", types.join(", "))?;
-    writeln!(out, "     cond {{")?;
+    while_head(out, &me, &args, &inits, &types)?;
     writeln!(out, "      {w}_c:{results} = {call}")?;
     writeln!(out, "      stablehlo.return {w}_c#0 : tensor<i1>")?;
     writeln!(out, "    }} do {{")?;
     writeln!(out, "      {w}_b:{results} = {call}")?;
     let mut next: Vec<String> = (1..results).map(|k| format!("{w}_b#{k}")).collect();
     next.extend(args[op.carry..].iter().cloned());
+    while_tail(out, &next, &types)
+}
+
+/// A loop's first lines: `{me}:{n} = stablehlo.while(` each region argument bound to its
+/// initial value, the types, and the condition region's opening.
+fn while_head(
+    out: &mut String,
+    me: &str,
+    args: &[String],
+    inits: &[String],
+    types: &[String],
+) -> fmt::Result {
+    write!(out, "    {me}:{} = stablehlo.while(", inits.len())?;
+    for (k, (arg, init)) in args.iter().zip(inits).enumerate() {
+        let sep = if k == 0 { "" } else { ", " };
+        write!(out, "{sep}{arg} = {init}")?;
+    }
+    writeln!(out, ") : {}", types.join(", "))?;
+    writeln!(out, "     cond {{")
+}
+
+/// A loop's last lines: the body region's `stablehlo.return` of the next values, and the
+/// loop's close.
+fn while_tail(out: &mut String, next: &[String], types: &[String]) -> fmt::Result {
     writeln!(
         out,
         "      stablehlo.return {} : {}",
