@@ -384,6 +384,11 @@ pub struct Args {
     /// Continue the run saved here.
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// Also save the run to --checkpoint every N optimizer steps while it trains, in the
+    /// background (copied off the devices, then written on a thread of its own while the next
+    /// steps run). 0: only after training.
+    #[arg(long, default_value_t = 0)]
+    pub save_every: u64,
     /// The directory of the fortune files (default: the Debian package's).
     #[arg(long)]
     pub data: Option<PathBuf>,
@@ -404,8 +409,9 @@ impl Args {
     /// is not a multiple of the heads, a learning rate or temperature that is not a finite
     /// number above 0, a dropout outside `[0, 1)`, `--remat` without `--scan`, and output paths
     /// that cannot be written (`--checkpoint`, `--manifest`: a file in an existing directory;
-    /// `--twin`: a directory that exists or can be created) or a `--resume` file that is not
-    /// there. The error is one sentence naming the flag and its value.
+    /// `--twin`: a directory that exists or can be created), a `--resume` file that is not
+    /// there, and `--save-every` without `--checkpoint`. The error is one sentence naming the
+    /// flag and its value.
     pub fn validate(&self) -> Result<(), FlagError> {
         at_least_one("--steps", self.steps, "the training steps")?;
         at_least_one("--layers", self.layers, "the transformer blocks")?;
@@ -445,6 +451,13 @@ impl Args {
         }
         if let Some(path) = &self.resume {
             check_input_file("--resume", path)?;
+        }
+        if self.save_every > 0 && self.checkpoint.is_none() {
+            return Err(FlagError::new(
+                "--save-every",
+                self.save_every,
+                "the saves go to --checkpoint PATH: add it",
+            ));
         }
         self.run.check_paths()
     }

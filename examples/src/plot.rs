@@ -254,6 +254,7 @@ mod tests {
                     steps: 45,
                     step_us_median: 40.0,
                     step_us_pipelined: 20.0,
+                    step_us_median_saving: None,
                     seconds: 0.1,
                 })
                 .collect(),

@@ -378,6 +378,7 @@ mod tests {
             steps: 45,
             step_us_median: step_us,
             step_us_pipelined: step_us / 2.0,
+            step_us_median_saving: None,
             seconds: 0.1,
         }
     }

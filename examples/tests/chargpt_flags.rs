@@ -635,3 +635,78 @@ fn an_fsdp_run_reports_its_devices_sharding_and_per_device_memory_in_its_json_li
         }
     }
 }
+
+// ---- issue 42, item 3: saves in the background ----
+
+#[test]
+fn save_every_needs_a_checkpoint_path() {
+    let err = refused(&["--save-every", "2"], "--save-every 2");
+    assert!(err.contains("--checkpoint"), "{err}");
+    let dir = TempDir::new("save-every");
+    let path = dir.path().join("run.safetensors").display().to_string();
+    std::fs::create_dir_all(dir.path()).unwrap();
+    assert_eq!(
+        args(&["--save-every", "2", "--checkpoint", &path]).save_every,
+        2
+    );
+}
+
+/// A run saving every 2 of its 4 steps reports the background saves in its JSON line, and the
+/// checkpoint it leaves (the final state, written after the last background save) resumes.
+#[test]
+fn a_run_saving_every_two_steps_reports_its_saves_and_its_checkpoint_resumes() {
+    let corpus = small_corpus("save-every", 6000);
+    let data = corpus.path().display().to_string();
+    let dir = TempDir::new("save-every-run");
+    std::fs::create_dir_all(dir.path()).unwrap();
+    let checkpoint = dir.path().join("run.safetensors").display().to_string();
+    let cache = TempDir::new("cache");
+    let tiny = [
+        "--data",
+        &data,
+        "--width",
+        "16",
+        "--heads",
+        "2",
+        "--layers",
+        "1",
+        "--context",
+        "8",
+        "--batch",
+        "4",
+        "--steps",
+        "4",
+        "--json",
+        "--checkpoint",
+        &checkpoint,
+    ];
+    let mut flags = tiny.to_vec();
+    flags.extend(["--save-every", "2"]);
+    let out = chargpt(&flags, cache.path());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{flags:?}:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = Value::Object(last_json_line(&stdout).expect("a JSON line"));
+    let save_ms = v["save_ms"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("save_ms: {v}"));
+    assert!(save_ms > 0.0, "{v}");
+    assert!(v["save_copy_ms"].as_f64().is_some(), "{v}");
+    assert!(v.get("step_ms_saving").is_some(), "{v}");
+    let saved = nitro::checkpoint::Checkpoint::load(&checkpoint).unwrap();
+    assert_eq!(saved.step(), 4);
+    // The final checkpoint resumes and trains on.
+    let mut flags = tiny.to_vec();
+    flags.extend(["--resume", &checkpoint]);
+    let out = chargpt(&flags, cache.path());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let resumed = nitro::checkpoint::Checkpoint::load(&checkpoint).unwrap();
+    assert_eq!(resumed.step(), 8);
+}

@@ -77,6 +77,11 @@ pub struct Config {
     /// [`Sharding::fsdp`](crate::shard::Sharding::fsdp) splits the parameters, the optimizer
     /// state and the gradients too.
     pub sharding: Option<crate::shard::Sharding>,
+    /// Every how many optimizer steps the handle saves a checkpoint, and where
+    /// ([`Nitro::save_in_background`]: copied off the devices, written on a thread of its own
+    /// while training goes on, atomically over the previous one). `None` (the default) saves
+    /// only when asked.
+    pub save_every: Option<(u64, std::path::PathBuf)>,
 }
 
 /// What an epoch does on a NaN or infinite training loss ([`Config::non_finite`]).
@@ -112,6 +117,7 @@ impl Default for Config {
             leaf_views: true,
             mesh: None,
             sharding: None,
+            save_every: None,
         }
     }
 }
@@ -297,6 +303,13 @@ impl Config {
             Some(p) => Ok(p.row_split()),
             None => self.device_count(),
         }
+    }
+
+    /// Saves a checkpoint to `path` every `steps` optimizer steps, in the background
+    /// ([`Config::save_every`]); 0 steps is refused when the handle is made.
+    pub fn save_every(mut self, steps: u64, path: impl Into<std::path::PathBuf>) -> Config {
+        self.save_every = Some((steps, path.into()));
+        self
     }
 
     /// A learning-rate schedule (constant, step decay, warm-up, cosine, or your own).

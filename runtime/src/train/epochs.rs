@@ -27,6 +27,11 @@ pub struct EpochRecord {
     /// microseconds: steps as the handle runs them, enqueued while earlier ones run. What a
     /// step costs in throughput.
     pub step_us_pipelined: f64,
+    /// The median time of a whole step taken while a background save was being written
+    /// ([`Config::save_every`], [`Nitro::save_in_background`]), in microseconds, timed as
+    /// `step_us_median`'s steps are (every such step is); `None` when no step overlapped a
+    /// save. Against `step_us_median`: what saving in the background costs training.
+    pub step_us_median_saving: Option<f64>,
     /// Wall time of the epoch (training and validation), in seconds.
     pub seconds: f64,
 }
@@ -81,6 +86,8 @@ pub(super) struct EpochTimings {
     /// Steps that applied the optimizer, each timed from its enqueue to its end with nothing
     /// else in flight (a sample of the epoch's steps).
     pub(super) waited: Vec<Duration>,
+    /// Steps taken while a background save was being written, each timed as `waited`'s.
+    pub(super) waited_saving: Vec<Duration>,
     /// From the first batch's enqueue to the end of the last step (losses read).
     pub(super) wall: Duration,
     /// Batches (micro-batches with accumulation) the epoch trained.
@@ -91,10 +98,20 @@ impl EpochTimings {
     /// The median of the waited steps, in microseconds (the upper one of an even count); 0
     /// for none.
     pub(super) fn waited_median_us(&self) -> f64 {
-        let mut waited: Vec<f64> = self.waited.iter().map(|d| d.as_secs_f64() * 1e6).collect();
-        waited.sort_by(f64::total_cmp);
-        waited.get(waited.len() / 2).copied().unwrap_or(0.0)
+        median_us(&self.waited).unwrap_or(0.0)
     }
+
+    /// The median of the steps taken while saving, in microseconds; `None` for none.
+    pub(super) fn saving_median_us(&self) -> Option<f64> {
+        median_us(&self.waited_saving)
+    }
+}
+
+/// The median of `times` in microseconds (the upper one of an even count); `None` for none.
+fn median_us(times: &[Duration]) -> Option<f64> {
+    let mut us: Vec<f64> = times.iter().map(|d| d.as_secs_f64() * 1e6).collect();
+    us.sort_by(f64::total_cmp);
+    us.get(us.len() / 2).copied()
 }
 
 /// How many steps of an epoch are timed waited (spread evenly over it).
@@ -175,8 +192,10 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             let batch = E::Batch::from_batch(batch)?;
             // An epoch's last batch closes an accumulation window, full or not.
             let closes = self.progress.closes(self.config.accum) || i + 1 == count;
-            // A few steps are timed alone: nothing in flight before, waited for after.
-            let timed = closes && i % every == every / 2;
+            // A few steps are timed alone: nothing in flight before, waited for after; and
+            // every step taken while a save is being written.
+            let saving = self.saves.writing();
+            let timed = closes && (saving || i % every == every / 2);
             if timed {
                 self.wait()?;
             }
@@ -184,9 +203,10 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             self.micro_step(&batch, RowMask::Real(real), closes, Some(span))?;
             if timed {
                 self.wait()?;
-                self.progress.timed(step_started.elapsed());
+                self.progress.timed(step_started.elapsed(), saving);
             }
             self.progress.batch_done();
+            self.after_step()?;
             steps.push(self.progress.step());
             rows.push(real);
             bar.inc(1);
@@ -456,6 +476,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 steps: self.progress.step() - steps_before,
                 step_us_median: timings.waited_median_us(),
                 step_us_pipelined: timings.wall.as_secs_f64() * 1e6 / batches,
+                step_us_median_saving: timings.saving_median_us(),
                 seconds: started.elapsed().as_secs_f64(),
             };
             tracing::info!(
@@ -565,7 +586,8 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 let (batch, w) = train.gather(rows, edge, rows_for(edge), &buckets)?;
                 let batch = E::Batch::from_batch(batch)?;
                 let closes = self.progress.closes(self.config.accum) || i + 1 == plan.len();
-                let timed = closes && i % every == every / 2;
+                let saving = self.saves.writing();
+                let timed = closes && (saving || i % every == every / 2);
                 if timed {
                     self.wait()?;
                 }
@@ -573,8 +595,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 self.micro_step(&batch, RowMask::Weights(&w), closes, None)?;
                 if timed {
                     self.wait()?;
-                    self.progress.timed(step_started.elapsed());
+                    self.progress.timed(step_started.elapsed(), saving);
                 }
+                self.after_step()?;
                 weights.push(w.iter().map(|&x| f64::from(x)).sum::<f64>());
                 steps.push(self.progress.step());
                 bar.inc(1);
@@ -602,6 +625,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 step_us_median: self.progress.timings().waited_median_us(),
                 step_us_pipelined: self.progress.timings().wall.as_secs_f64() * 1e6
                     / plan.len().max(1) as f64,
+                step_us_median_saving: self.progress.timings().saving_median_us(),
                 seconds: started.elapsed().as_secs_f64(),
             };
             tracing::info!(

@@ -49,6 +49,7 @@ mod inventory;
 mod prepare;
 mod progress;
 mod resume;
+mod saving;
 mod staged;
 mod state;
 mod values;
@@ -62,6 +63,7 @@ pub use inventory::{MaskRuns, OptimizerStep, OptimizerStepView, ProgramTime};
 use prepare::*;
 pub use prepare::{Plan, PlanEntry};
 use progress::Progress;
+pub use saving::SaveReport;
 use state::{place_one, DeviceState, Layout};
 pub use values::LeafInputs;
 use values::{place_rows, to_host, In, Value};
@@ -235,6 +237,8 @@ pub struct Nitro<E: Model, O: Optimizer> {
     host_metrics: Vec<Box<dyn HostMetric<E>>>,
     /// A cached stage's program, held outputs and counts (unused without one).
     stage: staged::StageState,
+    /// The background save in flight, and the last one finished.
+    saves: saving::Saves,
 }
 
 impl<E: Model, O: Optimizer> std::fmt::Debug for Nitro<E, O> {
@@ -295,6 +299,13 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                     "the backend given runs programs on {replicas} device(s); pass \
                      `nitro::backend::for_devices({n})`, or make the handle with `Nitro::new`"
                 ),
+            });
+        }
+        if config.save_every.as_ref().is_some_and(|(n, _)| *n == 0) {
+            return Err(Error::InvalidSetting {
+                variable: "Config::save_every",
+                value: "0 steps".into(),
+                expected: "a save every 1 or more optimizer steps".into(),
             });
         }
         let wanted = config.partitioning()?;
@@ -362,6 +373,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             progress,
             host_metrics: Vec::new(),
             stage: staged::StageState::default(),
+            saves: saving::Saves::default(),
         })
     }
 
@@ -477,7 +489,8 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// micro-batch, and every `accum`-th call applies the optimizer.
     pub fn step_deferred(&mut self, batch: &E::Batch, real: usize) -> Result<()> {
         let closes = self.progress.closes(self.config.accum);
-        self.micro_step(batch, RowMask::Real(real), closes, None)
+        self.micro_step(batch, RowMask::Real(real), closes, None)?;
+        self.after_step()
     }
 
     /// One training step on `batch` whose rows weigh `weights` (one per row, `0` for padding
@@ -489,6 +502,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     pub fn step_weighted(&mut self, batch: &E::Batch, weights: &[f32]) -> Result<StepResult> {
         let closes = self.progress.closes(self.config.accum);
         self.micro_step(batch, RowMask::Weights(weights), closes, None)?;
+        self.after_step()?;
         let loss = self.take_losses()?.pop().unwrap_or(f64::NAN);
         Ok(StepResult { loss })
     }
@@ -502,6 +516,8 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         closes: bool,
         rows_of: Option<&[usize]>,
     ) -> Result<()> {
+        // A background save that failed says so here, before another step.
+        self.saves.check()?;
         self.prepare(batch)?;
         self.place_state()?;
         let rows = batch_rows(batch)?;

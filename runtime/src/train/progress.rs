@@ -125,9 +125,12 @@ impl Progress {
         self.timings.batches = batches;
     }
 
-    /// A step timed alone took `took`.
-    pub(super) fn timed(&mut self, took: Duration) {
-        self.timings.waited.push(took);
+    /// A step timed alone took `took` (`saving`: while a background save was being written).
+    pub(super) fn timed(&mut self, took: Duration, saving: bool) {
+        match saving {
+            true => self.timings.waited_saving.push(took),
+            false => self.timings.waited.push(took),
+        }
     }
 
     /// The current (or last) epoch's timings.

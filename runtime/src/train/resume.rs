@@ -59,6 +59,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// next), and an open gradient-accumulation window (its sums and counts), so that a resume
     /// continues exactly; write it with [`Checkpoint::save`].
     pub fn checkpoint(&mut self) -> Result<Checkpoint> {
+        self.saves.check()?;
         self.place_state()?;
         self.sync()?;
         // The state is kept packed, slot by slot; a checkpoint holds it leaf by leaf.

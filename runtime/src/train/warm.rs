@@ -108,7 +108,10 @@ where
             let started = Instant::now();
             let rows = batch_rows(&sample)?;
             let micro_batches = config.accum;
-            let mut run = Nitro::new(experiment, optimizer, config.progress(false))?;
+            // The warm-up's step is a rehearsal: it prints nothing and saves nothing.
+            let mut config = config.progress(false);
+            config.save_every = None;
+            let mut run = Nitro::new(experiment, optimizer, config)?;
             let outcomes = run.prepare_programs(
                 &sample,
                 if evaluates {

@@ -1,0 +1,188 @@
+//! Saving while training goes on: a checkpoint's values are copied off the devices when the
+//! save starts, then serialized and written — atomically, as [`Checkpoint::save`] writes — on
+//! a thread of its own while the next steps run. At most one save is in flight; an error of
+//! one surfaces at the next call that can report it.
+
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+/// What a finished background save did ([`Nitro::wait_saved`], [`Nitro::last_save`]).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct SaveReport {
+    /// The file written.
+    pub path: PathBuf,
+    /// The optimizer steps the checkpoint holds.
+    pub step: u64,
+    /// The file's size in bytes.
+    pub bytes: u64,
+    /// Copying the state off the devices into the checkpoint: what the call that started the
+    /// save waited for (the next update reuses the devices' memory, so this cannot wait).
+    pub copy: Duration,
+    /// Serializing and writing the file, synced and renamed into place: on the save's own
+    /// thread, while training went on.
+    pub write: Duration,
+}
+
+/// A handle's background saves: the one in flight, and the last one finished.
+#[derive(Default)]
+pub(super) struct Saves {
+    in_flight: Option<InFlight>,
+    last: Option<SaveReport>,
+    /// The step of the last save started by [`Config::save_every`], so a step count is saved
+    /// once however many calls see it.
+    last_every: Option<u64>,
+}
+
+/// A save whose writer thread has not been joined yet.
+struct InFlight {
+    path: PathBuf,
+    thread: JoinHandle<Result<SaveReport>>,
+}
+
+impl Saves {
+    /// Whether a save is in flight (started, not yet joined).
+    pub(super) fn in_flight(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
+    /// Whether a save's file is being written right now.
+    pub(super) fn writing(&self) -> bool {
+        self.in_flight
+            .as_ref()
+            .is_some_and(|f| !f.thread.is_finished())
+    }
+
+    /// Waits for the save in flight: its report (kept as the last one), its error, or `None`
+    /// when there was none.
+    pub(super) fn wait(&mut self) -> Result<Option<SaveReport>> {
+        let Some(InFlight { path, thread }) = self.in_flight.take() else {
+            return Ok(None);
+        };
+        let report = thread.join().map_err(|_| Error::CheckpointIo {
+            path: path.clone(),
+            what: "write (in the background) to",
+            source: std::io::Error::other(
+                "the thread writing it panicked; the file at the path is the previous \
+                 checkpoint, if there was one",
+            ),
+        })??;
+        self.last = Some(report.clone());
+        Ok(Some(report))
+    }
+
+    /// The error of a save that has finished with one (the save is then over); `Ok` while it
+    /// is still writing, or when it succeeded.
+    pub(super) fn check(&mut self) -> Result<()> {
+        if self
+            .in_flight
+            .as_ref()
+            .is_some_and(|f| f.thread.is_finished())
+        {
+            self.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Starts writing `checkpoint` to `path` on a thread of its own (`copy`: what copying it
+    /// off the devices took), after the save in flight, if any, has finished.
+    pub(super) fn start(
+        &mut self,
+        checkpoint: Checkpoint,
+        path: PathBuf,
+        copy: Duration,
+    ) -> Result<()> {
+        self.wait()?;
+        let target = path.clone();
+        let thread = std::thread::Builder::new()
+            .name("nitro-save".into())
+            .spawn(move || {
+                let started = Instant::now();
+                checkpoint.save(&target)?;
+                let bytes = std::fs::metadata(&target).map_or(0, |m| m.len());
+                Ok(SaveReport {
+                    path: target,
+                    step: checkpoint.step(),
+                    bytes,
+                    copy,
+                    write: started.elapsed(),
+                })
+            })
+            .map_err(|source| Error::CheckpointIo {
+                path: path.clone(),
+                what: "start a thread to write (in the background) to",
+                source,
+            })?;
+        self.in_flight = Some(InFlight { path, thread });
+        Ok(())
+    }
+
+    /// The last save that finished.
+    pub(super) fn last(&self) -> Option<&SaveReport> {
+        self.last.as_ref()
+    }
+}
+
+impl Drop for Saves {
+    /// A handle dropped while saving waits for the file to be complete; an error is logged
+    /// (nothing is left to return it to), and the file at the path is then the previous one.
+    fn drop(&mut self) {
+        if let Err(e) = self.wait() {
+            tracing::warn!(target: "nitro::train", "nitro: a background save failed: {e}");
+        }
+    }
+}
+
+impl<E: Model, O: Optimizer> Nitro<E, O> {
+    /// Saves a checkpoint of the handle ([`checkpoint`](Nitro::checkpoint)) to `path` while
+    /// training goes on: the state is copied off the devices before this returns (the next
+    /// update reuses their memory), and the file is serialized and written on a thread of its
+    /// own, atomically — a process killed mid-write leaves the previous file at `path` whole.
+    ///
+    /// At most one save is in flight: this waits for an earlier one to finish first. An error
+    /// of a background save (a missing directory, a full disk) is returned by the next call
+    /// that can report it — the next step, save, [`wait_saved`](Nitro::wait_saved) or
+    /// checkpoint — once; [`Config::save_every`] saves this way every few steps.
+    pub fn save_in_background(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        self.saves.wait()?;
+        let started = Instant::now();
+        let checkpoint = self.checkpoint()?;
+        self.saves
+            .start(checkpoint, path.as_ref().to_path_buf(), started.elapsed())
+    }
+
+    /// Waits for the background save in flight to be written: its report, its error, or `None`
+    /// when none is in flight (a save that finished was reaped by the next step, which
+    /// reported its error; its report is [`last_save`](Nitro::last_save)).
+    pub fn wait_saved(&mut self) -> Result<Option<SaveReport>> {
+        self.saves.wait()
+    }
+
+    /// Whether a background save is still in flight (started and not waited for).
+    pub fn saving(&self) -> bool {
+        self.saves.in_flight()
+    }
+
+    /// The last background save that finished (and was waited for, or reported).
+    pub fn last_save(&self) -> Option<&SaveReport> {
+        self.saves.last()
+    }
+
+    /// After a step is counted (its batch too): the error of a background save that failed,
+    /// and, every [`Config::save_every`] steps, a new background save.
+    pub(super) fn after_step(&mut self) -> Result<()> {
+        self.saves.check()?;
+        let Some((every, path)) = &self.config.save_every else {
+            return Ok(());
+        };
+        let step = self.progress.step();
+        if step == 0 || step % every != 0 || self.saves.last_every == Some(step) {
+            return Ok(());
+        }
+        self.saves.last_every = Some(step);
+        let path = path.clone();
+        self.save_in_background(path)
+    }
+}
