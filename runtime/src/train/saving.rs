@@ -178,7 +178,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             return Ok(());
         };
         let step = self.progress.step();
-        if step == 0 || step % every != 0 || self.saves.last_every == Some(step) {
+        if step == 0 || !step.is_multiple_of(*every) || self.saves.last_every == Some(step) {
             return Ok(());
         }
         self.saves.last_every = Some(step);
