@@ -440,3 +440,103 @@ fn a_stage_output_without_a_row_per_input_row_is_a_typed_error() {
         "{err}"
     );
 }
+
+// ---- issue 42, item 5: stages on a mesh ----
+
+/// The head trained by `fit_staged` (3 epochs) on a handle over `mesh`, split as `sharding`
+/// says (`None`: replicated), and the stage's executions and spared chunks.
+fn head_on_mesh(
+    mesh: nitro::shard::Mesh,
+    sharding: Option<nitro::shard::Sharding>,
+) -> (Array, u64, u64) {
+    let dir = TempDir::new("stage-mesh");
+    let split = dataset(100, 1).split(0.8, 7).unwrap();
+    let mut config = Config::new()
+        .batch(16)
+        .lr(0.05)
+        .epochs(3)
+        .seed(3)
+        .progress(false)
+        .mesh(mesh);
+    if let Some(s) = sharding {
+        config = config.sharding(s);
+    }
+    let backend = backend::for_mesh(&config.partitioning().unwrap().unwrap()).unwrap();
+    let mut run = Nitro::with_backend(
+        probe::<true, 0>(5, 2),
+        Adam::default(),
+        config,
+        backend,
+        store_cache(&dir),
+    )
+    .unwrap();
+    run.fit_staged(&split.train, Some(&split.validation))
+        .unwrap();
+    let stats = run.stage_stats();
+    (
+        run.into_experiment().unwrap().head,
+        stats.executions,
+        stats.spared,
+    )
+}
+
+/// A cached stage under FSDP and under a replicated mesh: the stage runs once per chunk (on
+/// one device: its program and outputs do not depend on the mesh, so their keys do not name
+/// it), later epochs spare every chunk, and the head trains to the one-device run's values.
+#[test]
+fn a_cached_stage_under_fsdp_and_replication_trains_the_one_device_head() {
+    let test = "a_cached_stage_under_fsdp_and_replication_trains_the_one_device_head";
+    let Some(one) = common::xla_devices_or_skip(test, 1) else {
+        return;
+    };
+    common::xla_devices_or_skip(test, 2).expect("2 devices");
+    let (want, _, _) = head_after_fit::<true>(one);
+    let want = want.as_slice::<f32>().unwrap().to_vec();
+    let mesh = || nitro::shard::Mesh::new([("data", 2)]).unwrap();
+    for (what, sharding) in [
+        ("fsdp", Some(nitro::shard::Sharding::fsdp("data"))),
+        ("replicated", None),
+    ] {
+        let (head, runs, spared) = head_on_mesh(mesh(), sharding);
+        assert_eq!(
+            (runs, spared),
+            (7, 14),
+            "{what}: the stage ran once per chunk"
+        );
+        for (i, (g, w)) in head
+            .as_slice::<f32>()
+            .unwrap()
+            .iter()
+            .zip(&want)
+            .enumerate()
+        {
+            assert!(
+                (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                "{what}: head[{i}] {g} vs one device {w}"
+            );
+        }
+    }
+}
+
+/// Stage outputs stored by a handle over a mesh are the ones a one-device handle finds: the
+/// keys name the stage's program, frozen state and data, never the mesh.
+#[test]
+fn stage_outputs_stored_under_fsdp_load_on_one_device() {
+    let test = "stage_outputs_stored_under_fsdp_load_on_one_device";
+    if common::xla_devices_or_skip(test, 2).is_none() {
+        return;
+    }
+    let dir = TempDir::new("stage-mesh-keys");
+    let cache = store_cache(&dir);
+    let data = dataset(40, 9);
+    let config = Config::new()
+        .batch(16)
+        .progress(false)
+        .mesh(nitro::shard::Mesh::new([("data", 2)]).unwrap())
+        .sharding(nitro::shard::Sharding::fsdp("data"));
+    let backend = backend::for_mesh(&config.partitioning().unwrap().unwrap()).unwrap();
+    let mut run = Nitro::with_backend(probe::<true, 0>(5, 2), Sgd, config, backend, cache).unwrap();
+    let (_, p) = run.stage_pass(&data).unwrap();
+    assert_eq!(fates(&p), (3, 0, 0));
+    assert_eq!(pass(probe::<true, 0>(5, 2), &data, cache), (0, 3, 0));
+}
