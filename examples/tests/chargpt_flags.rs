@@ -710,3 +710,84 @@ fn a_run_saving_every_two_steps_reports_its_saves_and_its_checkpoint_resumes() {
     let resumed = nitro::checkpoint::Checkpoint::load(&checkpoint).unwrap();
     assert_eq!(resumed.step(), 8);
 }
+
+/// A checkpoint written by a run under FSDP on 2 devices resumes on one device, and one written
+/// on one device resumes under FSDP (`--resume` on any `--mesh`).
+#[test]
+fn a_checkpoint_resumes_across_meshes() {
+    let test = "a_checkpoint_resumes_across_meshes";
+    if let Err(e) = nitro::backend::xla_for(2) {
+        let required = std::env::var("NITRO_REQUIRE_XLA").is_ok_and(|v| v.trim() == "1");
+        assert!(
+            !required,
+            "{test}: NITRO_REQUIRE_XLA=1 but XLA on 2 devices: {e}"
+        );
+        println!("skip: {test}: {e}");
+        return;
+    }
+    let corpus = small_corpus("across-meshes", 6000);
+    let data = corpus.path().display().to_string();
+    let dir = TempDir::new("across-meshes-run");
+    std::fs::create_dir_all(dir.path()).unwrap();
+    let cache = TempDir::new("cache");
+    let tiny = [
+        "--data",
+        &data,
+        "--width",
+        "16",
+        "--heads",
+        "2",
+        "--layers",
+        "1",
+        "--context",
+        "8",
+        "--batch",
+        "4",
+        "--steps",
+        "2",
+        "--dropout",
+        "0",
+        "--json",
+    ];
+    let run = |extra: &[&str]| {
+        let mut flags = tiny.to_vec();
+        flags.extend(extra);
+        let out = chargpt(&flags, cache.path());
+        assert!(
+            out.status.success(),
+            "{flags:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Value::Object(last_json_line(&String::from_utf8_lossy(&out.stdout)).expect("a JSON line"))
+    };
+    let fsdp_ckpt = dir.path().join("fsdp.safetensors").display().to_string();
+    let one_ckpt = dir.path().join("one.safetensors").display().to_string();
+    let v = run(&["--mesh", "data=2", "--fsdp", "--checkpoint", &fsdp_ckpt]);
+    assert_eq!(v["devices"], 2, "{v}");
+    // FSDP on 2 devices → one device.
+    let v = run(&["--resume", &fsdp_ckpt, "--checkpoint", &one_ckpt]);
+    assert_eq!(v["devices"], 1, "{v}");
+    assert_eq!(
+        nitro::checkpoint::Checkpoint::load(&one_ckpt)
+            .unwrap()
+            .step(),
+        4
+    );
+    // One device → FSDP on 2 devices.
+    let v = run(&[
+        "--resume",
+        &one_ckpt,
+        "--mesh",
+        "data=2",
+        "--fsdp",
+        "--checkpoint",
+        &fsdp_ckpt,
+    ]);
+    assert_eq!(v["devices"], 2, "{v}");
+    assert_eq!(
+        nitro::checkpoint::Checkpoint::load(&fsdp_ckpt)
+            .unwrap()
+            .step(),
+        6
+    );
+}
