@@ -321,6 +321,36 @@ impl Checkpoint {
         })
     }
 
+    /// Sets the optimizer state, by name (a training handle's checkpoints, assembled from its
+    /// packed state). [`Error::CheckpointInput`] when a name is empty or repeats.
+    pub(crate) fn set_optimizer_state(&mut self, state: Vec<(String, Array)>) -> Result<()> {
+        unique_names(state.iter().map(|(n, _)| n.as_str()), "optimizer-state")?;
+        self.optimizer = state;
+        Ok(())
+    }
+
+    /// Replaces Device leaves by path with `leaves` of the same types (a training handle's
+    /// saves: the trained values, copied from the devices after the host's were captured).
+    pub(crate) fn replace_device(
+        &mut self,
+        leaves: impl IntoIterator<Item = (String, Array)>,
+    ) -> Result<()> {
+        for (path, array) in leaves {
+            let slot = self
+                .device
+                .iter_mut()
+                .find(|(p, a)| *p == path && a.leaf_type() == array.leaf_type())
+                .ok_or_else(|| Error::CheckpointInput {
+                    why: format!(
+                        "no Device leaf `{path}` of {} to replace in the checkpoint",
+                        array.leaf_type()
+                    ),
+                })?;
+            slot.1 = array;
+        }
+        Ok(())
+    }
+
     /// Records which optimizer kept the optimizer state (a training handle's checkpoints do):
     /// a resume then refuses another optimizer, other constants or other slots.
     pub fn with_optimizer<O: Optimizer>(mut self, optimizer: &O) -> Checkpoint {

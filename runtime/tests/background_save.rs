@@ -49,10 +49,11 @@ fn a_background_save_holds_its_steps_state_on(backend: &'static dyn Backend) {
     for batch in &b[..3] {
         run.step(batch, 8).unwrap();
     }
-    run.save_in_background(&path).unwrap();
-    // The state the save copied, taken the ordinary way before anything else runs.
+    // The state the save takes, taken the ordinary way first.
     let at_three = run.checkpoint().unwrap();
-    // Training goes on while the file is written; the steps' updates do not reach it.
+    run.save_in_background(&path).unwrap();
+    // Training goes on: the next update hands the save the buffers it replaces, and the file is
+    // written while the steps run; their updates do not reach it.
     for batch in &b[3..] {
         run.step(batch, 8).unwrap();
     }
@@ -234,6 +235,8 @@ fn child(path: &std::path::Path) -> ! {
     run.checkpoint().unwrap().save(path).unwrap();
     run.step(&rows, 2).unwrap();
     run.save_in_background(path).unwrap();
+    // The next update hands the save step 2's state; training goes on.
+    run.step(&rows, 2).unwrap();
     // Dies as soon as the writer's temporary file is there: mid-write.
     let dir = path.parent().unwrap();
     for _ in 0..20_000 {
@@ -291,4 +294,44 @@ fn a_process_killed_while_saving_in_the_background_leaves_the_previous_checkpoin
     // The next save into the directory sweeps what the killed one left.
     saved.save(&path).unwrap();
     assert_eq!(temporary_files(dir.path()), 0);
+}
+
+/// A save asked for after the last step gets the state when nothing else will come: from
+/// `wait_saved` (host copies), or from the handle's drop (its buffers), which waits for the file.
+#[test]
+fn a_save_after_the_last_step_is_written_by_wait_saved_or_by_the_drop() {
+    let dir = TempDir::new("bg-last");
+    std::fs::create_dir_all(dir.path()).unwrap();
+    let b = batches(2);
+    let make = || {
+        let mut run = Nitro::with_backend(
+            mlp(Act::Tanh),
+            Adam::default(),
+            config(),
+            backend::interpreter(),
+            own_cache(),
+        )
+        .unwrap();
+        for batch in &b {
+            run.step(batch, 8).unwrap();
+        }
+        run
+    };
+    let waited = dir.path().join("waited.safetensors");
+    let mut run = make();
+    let want = run.checkpoint().unwrap();
+    run.save_in_background(&waited).unwrap();
+    assert!(run.saving());
+    let report = run.wait_saved().unwrap().expect("the save in flight");
+    assert_eq!(report.step, 2);
+    assert_eq!(Checkpoint::load(&waited).unwrap().device(), want.device());
+
+    let dropped = dir.path().join("dropped.safetensors");
+    let mut run = make();
+    run.save_in_background(&dropped).unwrap();
+    drop(run);
+    let saved = Checkpoint::load(&dropped).expect("written before the drop returned");
+    assert_eq!(saved.step(), 2);
+    assert_eq!(saved.device(), want.device());
+    assert_eq!(saved.optimizer(), want.optimizer());
 }

@@ -713,6 +713,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// and changed Device values recompile nothing. The optimizer state is kept when the
     /// trainable leaves keep their types, and restarts from zero otherwise.
     pub fn modify(&mut self, change: impl FnOnce(&mut E)) -> Result<()> {
+        self.state.hand_over()?;
         self.sync()?;
         change(&mut self.experiment);
         let layout = Layout::of(&self.experiment, &self.optimizer, self.backend)?;

@@ -52,41 +52,62 @@ pub(super) fn check_optimizer<O: Optimizer>(
     })
 }
 
+/// The optimizer state `packed` (slot by slot, one array per group of `packing`) leaf by leaf,
+/// named `<slot>/<leaf path>` as checkpoints name it.
+pub(super) fn named_state(
+    packing: &Packing,
+    paths: &[String],
+    slots: &[&str],
+    packed: &[Array],
+) -> Result<Vec<(String, Array)>> {
+    let groups = packing.groups.len();
+    let state_packing = packing.for_state();
+    let mut state = Vec::new();
+    for slot in packed.chunks(groups.max(1)) {
+        state.extend(state_packing.unpack(slot)?);
+    }
+    let names = slots
+        .iter()
+        .flat_map(|slot| paths.iter().map(move |p| format!("{slot}/{p}")));
+    Ok(names.zip(state).collect())
+}
+
 impl<E: Model, O: Optimizer> Nitro<E, O> {
+    /// A checkpoint of the experiment's Device leaves as the experiment holds them, with the
+    /// optimizer's identity, the step, the position in the data and the random stream — all
+    /// but the optimizer state and an accumulation window.
+    pub(super) fn checkpoint_head(&self) -> Result<Checkpoint> {
+        let progress = &self.progress;
+        let mut checkpoint = Checkpoint::capture(&self.experiment, &[], progress.step())?
+            .with_optimizer(&self.optimizer)
+            .with_position(progress.epoch(), progress.epoch_batches());
+        if E::RANDOM {
+            checkpoint = checkpoint.with_random(progress.random());
+        }
+        Ok(checkpoint)
+    }
+
     /// A checkpoint of the experiment's Device leaves (the trained ones as of the last step),
     /// the optimizer state (named `<slot>/<leaf path>`: `m/layers[0].w`), the optimizer's
     /// identity, the step count, the position in the data (epochs completed, batches of the
     /// next), and an open gradient-accumulation window (its sums and counts), so that a resume
     /// continues exactly; write it with [`Checkpoint::save`].
     pub fn checkpoint(&mut self) -> Result<Checkpoint> {
+        self.state.hand_over()?;
         self.saves.check()?;
         self.place_state()?;
         self.sync()?;
-        // The state is kept packed, slot by slot; a checkpoint holds it leaf by leaf.
         let packed = self.state.optimizer_to_host()?;
         let layout = self.state.layout();
-        let groups = layout.packing.groups.len();
-        let mut state = Vec::new();
-        let state_packing = layout.packing.for_state();
-        for slot in packed.chunks(groups.max(1)) {
-            state.extend(state_packing.unpack(slot)?);
-        }
-        let paths = &layout.paths;
-        let names: Vec<String> = self
-            .optimizer
-            .slots()
-            .iter()
-            .flat_map(|slot| paths.iter().map(move |p| format!("{slot}/{p}")))
-            .collect();
-        let named: Vec<(&str, &Array)> = names.iter().map(String::as_str).zip(&state).collect();
-        let progress = &self.progress;
-        let mut checkpoint = Checkpoint::capture(&self.experiment, &named, progress.step())?
-            .with_optimizer(&self.optimizer)
-            .with_position(progress.epoch(), progress.epoch_batches());
-        if E::RANDOM {
-            checkpoint = checkpoint.with_random(progress.random());
-        }
-        let window = progress.window();
+        let state = named_state(
+            &layout.packing,
+            &layout.paths,
+            self.optimizer.slots(),
+            &packed,
+        )?;
+        let mut checkpoint = self.checkpoint_head()?;
+        checkpoint.set_optimizer_state(state)?;
+        let (window, paths) = (self.progress.window(), &layout.paths);
         if let Some(sums) = &window.sums {
             let sums = layout.packing.unpack(&to_host(sums)?)?;
             checkpoint = checkpoint.with_window(crate::checkpoint::AccumulationWindow {

@@ -1,7 +1,9 @@
-//! Saving while training goes on: a checkpoint's values are copied off the devices when the
-//! save starts, then serialized and written — atomically, as [`Checkpoint::save`] writes — on
-//! a thread of its own while the next steps run. At most one save is in flight; an error of
-//! one surfaces at the next call that can report it.
+//! Saving while training goes on: a save takes the state as it is when asked, and copies,
+//! serializes and writes it — atomically, as [`Checkpoint::save`] writes — on a thread of its
+//! own while the next steps run. The next update hands that thread the buffers it replaces
+//! (lent to the update instead of donated), so the copy off the devices waits for nothing on
+//! the training thread. At most one save is in flight; an error of one surfaces at the next
+//! call that can report it.
 
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
@@ -18,8 +20,8 @@ pub struct SaveReport {
     pub step: u64,
     /// The file's size in bytes.
     pub bytes: u64,
-    /// Copying the state off the devices into the checkpoint: what the call that started the
-    /// save waited for (the next update reuses the devices' memory, so this cannot wait).
+    /// Taking the state: capturing the checkpoint's other parts on the training thread, and
+    /// copying the parameters and optimizer state off the devices on the save's own thread.
     pub copy: Duration,
     /// Serializing and writing the file, synced and renamed into place: on the save's own
     /// thread, while training went on.
@@ -86,19 +88,19 @@ impl Saves {
         Ok(())
     }
 
-    /// Starts writing `checkpoint` to `path` on a thread of its own (`copy`: what copying it
-    /// off the devices took), after the save in flight, if any, has finished.
+    /// Starts saving to `path` on a thread of its own, after the save in flight, if any, has
+    /// finished: `take` gives the whole checkpoint there, and how long taking it took.
     pub(super) fn start(
         &mut self,
-        checkpoint: Checkpoint,
         path: PathBuf,
-        copy: Duration,
+        take: impl FnOnce() -> Result<(Checkpoint, Duration)> + Send + 'static,
     ) -> Result<()> {
         self.wait()?;
         let target = path.clone();
         let thread = std::thread::Builder::new()
             .name("nitro-save".into())
             .spawn(move || {
+                let (checkpoint, copy) = take()?;
                 let started = Instant::now();
                 checkpoint.save(&target)?;
                 let bytes = std::fs::metadata(&target).map_or(0, |m| m.len());
@@ -146,17 +148,48 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// that can report it — the next step, save, [`wait_saved`](Nitro::wait_saved) or
     /// checkpoint — once; [`Config::save_every`] saves this way every few steps.
     pub fn save_in_background(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        // An earlier save still waiting for the state gets it now, then is waited for.
+        self.state.hand_over()?;
         self.saves.wait()?;
+        let path = path.as_ref().to_path_buf();
         let started = Instant::now();
-        let checkpoint = self.checkpoint()?;
-        self.saves
-            .start(checkpoint, path.as_ref().to_path_buf(), started.elapsed())
+        if self.progress.window().sums.is_some() {
+            // Inside an accumulation window its sums are saved too: the whole checkpoint is
+            // copied here.
+            let checkpoint = self.checkpoint()?;
+            let copy = started.elapsed();
+            return self.saves.start(path, move || Ok((checkpoint, copy)));
+        }
+        self.place_state()?;
+        let mut head = self.checkpoint_head()?;
+        let layout = self.state.layout();
+        let (packing, paths) = (layout.packing.clone(), layout.paths.clone());
+        let slots = self.optimizer.slots();
+        let (save, state) = std::sync::mpsc::channel();
+        self.state.request_snapshot(save);
+        let captured = started.elapsed();
+        self.saves.start(path.clone(), move || {
+            let snapshot = state.recv().map_err(|_| Error::CheckpointIo {
+                path,
+                what: "take the state to save to",
+                source: std::io::Error::other(
+                    "the training handle stopped (an update failed) before handing its state \
+                     over; the file at the path is the previous checkpoint, if there was one",
+                ),
+            })?;
+            let copying = Instant::now();
+            let (trainable, optimizer) = snapshot.into_host()?;
+            head.replace_device(paths.iter().cloned().zip(packing.unpack(&trainable)?))?;
+            head.set_optimizer_state(resume::named_state(&packing, &paths, slots, &optimizer)?)?;
+            Ok((head, captured + copying.elapsed()))
+        })
     }
 
     /// Waits for the background save in flight to be written: its report, its error, or `None`
     /// when none is in flight (a save that finished was reaped by the next step, which
     /// reported its error; its report is [`last_save`](Nitro::last_save)).
     pub fn wait_saved(&mut self) -> Result<Option<SaveReport>> {
+        self.state.hand_over()?;
         self.saves.wait()
     }
 

@@ -174,6 +174,9 @@ pub(super) struct DeviceState {
     full_mask: Option<(usize, Value)>,
     /// Zeroed gradient sums and the factor 1, placed once for gradient accumulation.
     accumulation: Option<(Vec<Value>, Value)>,
+    /// A background save waiting for the state as of its request: handed the buffers the next
+    /// update replaces, or host copies when something else needs the state first.
+    snapshot: Option<std::sync::mpsc::Sender<Snapshot>>,
 }
 
 impl DeviceState {
@@ -193,6 +196,7 @@ impl DeviceState {
             lr: None,
             full_mask: None,
             accumulation: None,
+            snapshot: None,
         }
     }
 
@@ -367,21 +371,37 @@ impl DeviceState {
             return Err(unplaced());
         };
         let n = self.trainable.len();
-        let mut args: Vec<In<'_>> = Vec::with_capacity(2 * n + self.optimizer.len() + 2);
-        args.extend(
-            std::mem::take(&mut self.trainable)
-                .into_iter()
-                .map(In::Give),
-        );
-        args.extend(
-            std::mem::take(&mut self.optimizer)
-                .into_iter()
-                .map(In::Give),
-        );
-        args.extend(std::mem::take(&mut self.counter).into_iter().map(In::Give));
-        args.extend(grads.iter().map(In::Keep));
-        args.push(In::Keep(lr));
-        let (mut new, done, in_place) = exec_donating(update, args)?;
+        let trainable = std::mem::take(&mut self.trainable);
+        let optimizer = std::mem::take(&mut self.optimizer);
+        let counter = std::mem::take(&mut self.counter);
+        let mut args: Vec<In<'_>> = Vec::with_capacity(2 * n + optimizer.len() + 2);
+        let (mut new, done, in_place) = match self.snapshot.take() {
+            // A save asked for the state: this update writes new buffers and leaves these to
+            // the save's thread (lent to the update, not donated), whose copy PJRT orders
+            // after the update that wrote them: nothing here waits for it.
+            Some(save) => {
+                args.extend(trainable.iter().map(In::Keep));
+                args.extend(optimizer.iter().map(In::Keep));
+                args.extend(counter.into_iter().map(In::Give));
+                args.extend(grads.iter().map(In::Keep));
+                args.push(In::Keep(lr));
+                let (new, done, _) = exec_donating(update, args)?;
+                // A save that is gone (its thread ended) wants nothing.
+                let _ = save.send(Snapshot::Devices {
+                    trainable,
+                    optimizer,
+                });
+                (new, done, false)
+            }
+            None => {
+                args.extend(trainable.into_iter().map(In::Give));
+                args.extend(optimizer.into_iter().map(In::Give));
+                args.extend(counter.into_iter().map(In::Give));
+                args.extend(grads.iter().map(In::Keep));
+                args.push(In::Keep(lr));
+                exec_donating(update, args)?
+            }
+        };
         self.counter = new.split_off(new.len().saturating_sub(1));
         self.optimizer = new.split_off(n);
         self.trainable = new;
@@ -398,6 +418,29 @@ impl DeviceState {
         for done in std::mem::take(&mut self.in_flight) {
             done.wait()?;
         }
+        Ok(())
+    }
+
+    /// Asks for the state as it is now, for a background save: the next update hands `save`
+    /// the buffers it replaces ([`Snapshot::Devices`]); [`hand_over`](Self::hand_over) sends
+    /// host copies instead when something needs the state before an update comes.
+    pub(super) fn request_snapshot(&mut self, save: std::sync::mpsc::Sender<Snapshot>) {
+        self.snapshot = Some(save);
+    }
+
+    /// Hands a save that asked for the state ([`request_snapshot`](Self::request_snapshot))
+    /// host copies of it now (waiting for the updates in flight): before the state changes
+    /// other than by an update, and before anything waits for that save.
+    pub(super) fn hand_over(&mut self) -> Result<()> {
+        let Some(save) = self.snapshot.take() else {
+            return Ok(());
+        };
+        self.wait()?;
+        let snapshot = Snapshot::Host {
+            trainable: to_host(&self.trainable)?,
+            optimizer: to_host(&self.optimizer)?,
+        };
+        let _ = save.send(snapshot);
         Ok(())
     }
 
@@ -487,6 +530,38 @@ impl DeviceState {
             .as_ref()
             .map(|(z, o)| (z.as_slice(), o))
             .ok_or_else(unplaced)
+    }
+}
+
+/// The state a background save asked for, on its way to the save's thread: the buffers the next
+/// update replaced (kept for the save, not donated), or host copies made at once.
+pub(super) enum Snapshot {
+    /// Values the devices still hold: the save's thread copies them to the host, its copy
+    /// ordered after the update that wrote them.
+    Devices {
+        trainable: Vec<Value>,
+        optimizer: Vec<Value>,
+    },
+    /// Host copies, packed.
+    Host {
+        trainable: Vec<Array>,
+        optimizer: Vec<Array>,
+    },
+}
+
+impl Snapshot {
+    /// The packed trainable groups and the optimizer state, slot by slot, on the host.
+    pub(super) fn into_host(self) -> Result<(Vec<Array>, Vec<Array>)> {
+        match self {
+            Snapshot::Devices {
+                trainable,
+                optimizer,
+            } => Ok((to_host(&trainable)?, to_host(&optimizer)?)),
+            Snapshot::Host {
+                trainable,
+                optimizer,
+            } => Ok((trainable, optimizer)),
+        }
     }
 }
 
@@ -700,4 +775,17 @@ unsafe fn leaves_of(packed: &[&Value], packing: &Packing, views: bool) -> Result
         });
     }
     Ok(out)
+}
+
+impl Drop for DeviceState {
+    /// A save still waiting for the state gets the buffers themselves: the handle no longer
+    /// needs them (its saves are waited for after this).
+    fn drop(&mut self) {
+        if let Some(save) = self.snapshot.take() {
+            let _ = save.send(Snapshot::Devices {
+                trainable: std::mem::take(&mut self.trainable),
+                optimizer: std::mem::take(&mut self.optimizer),
+            });
+        }
+    }
 }
