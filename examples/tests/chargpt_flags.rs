@@ -545,16 +545,25 @@ fn devices_is_a_flag_refused_at_zero_and_beside_a_mesh() {
 
 // ---- issue 33: a run over a mesh reports its layout ----
 
+/// Whether XLA serves 2 devices here; prints `skip:` when not, and fails under
+/// `NITRO_REQUIRE_XLA=1`.
+fn xla_on_two_devices_or_skip(test: &str) -> bool {
+    let Err(e) = nitro::backend::xla_for(2) else {
+        return true;
+    };
+    let required = std::env::var("NITRO_REQUIRE_XLA").is_ok_and(|v| v.trim() == "1");
+    assert!(
+        !required,
+        "{test}: NITRO_REQUIRE_XLA=1 but XLA on 2 devices: {e}"
+    );
+    println!("skip: {test}: {e}");
+    false
+}
+
 #[test]
 fn an_fsdp_run_reports_its_devices_sharding_and_per_device_memory_in_its_json_line() {
     let test = "an_fsdp_run_reports_its_devices_sharding_and_per_device_memory_in_its_json_line";
-    if let Err(e) = nitro::backend::xla_for(2) {
-        let required = std::env::var("NITRO_REQUIRE_XLA").is_ok_and(|v| v.trim() == "1");
-        assert!(
-            !required,
-            "{test}: NITRO_REQUIRE_XLA=1 but XLA on 2 devices: {e}"
-        );
-        println!("skip: {test}: {e}");
+    if !xla_on_two_devices_or_skip(test) {
         return;
     }
     let corpus = small_corpus("fsdp", 6000);
@@ -716,13 +725,7 @@ fn a_run_saving_every_two_steps_reports_its_saves_and_its_checkpoint_resumes() {
 #[test]
 fn a_checkpoint_resumes_across_meshes() {
     let test = "a_checkpoint_resumes_across_meshes";
-    if let Err(e) = nitro::backend::xla_for(2) {
-        let required = std::env::var("NITRO_REQUIRE_XLA").is_ok_and(|v| v.trim() == "1");
-        assert!(
-            !required,
-            "{test}: NITRO_REQUIRE_XLA=1 but XLA on 2 devices: {e}"
-        );
-        println!("skip: {test}: {e}");
+    if !xla_on_two_devices_or_skip(test) {
         return;
     }
     let corpus = small_corpus("across-meshes", 6000);

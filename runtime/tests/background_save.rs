@@ -27,6 +27,18 @@ fn config() -> Config {
     Config::new().batch(8).lr(0.05).progress(false)
 }
 
+/// The small classifier under Adam on the interpreter.
+fn on_interpreter() -> Nitro<Mlp, Adam> {
+    Nitro::with_backend(
+        mlp(Act::Tanh),
+        Adam::default(),
+        config(),
+        backend::interpreter(),
+        own_cache(),
+    )
+    .unwrap()
+}
+
 /// The batches of a short run: rows `8·i ..` of one data set.
 fn batches(n: usize) -> Vec<Batch> {
     let (x, y) = data(8 * n, 71);
@@ -145,14 +157,7 @@ fn a_failed_background_save_is_reported_by_the_next_step_once() {
     let dir = TempDir::new("bg-fail");
     let path = dir.path().join("missing-dir").join("run.safetensors");
     let b = batches(1).remove(0);
-    let mut run = Nitro::with_backend(
-        mlp(Act::Tanh),
-        Adam::default(),
-        config(),
-        backend::interpreter(),
-        own_cache(),
-    )
-    .unwrap();
+    let mut run = on_interpreter();
     run.step(&b, 8).unwrap();
     // Starting it succeeds: the write fails on its own thread.
     run.save_in_background(&path).unwrap();
@@ -304,14 +309,7 @@ fn a_save_after_the_last_step_is_written_by_wait_saved_or_by_the_drop() {
     std::fs::create_dir_all(dir.path()).unwrap();
     let b = batches(2);
     let make = || {
-        let mut run = Nitro::with_backend(
-            mlp(Act::Tanh),
-            Adam::default(),
-            config(),
-            backend::interpreter(),
-            own_cache(),
-        )
-        .unwrap();
+        let mut run = on_interpreter();
         for batch in &b {
             run.step(batch, 8).unwrap();
         }
