@@ -78,9 +78,9 @@ pub struct Config {
     /// state and the gradients too.
     pub sharding: Option<crate::shard::Sharding>,
     /// Every how many optimizer steps the handle saves a checkpoint, and where
-    /// ([`Nitro::save_in_background`]: copied off the devices, written on a thread of its own
-    /// while training goes on, atomically over the previous one). `None` (the default) saves
-    /// only when asked.
+    /// ([`Nitro::save_in_background`]: the state after that step, copied off the devices and
+    /// written on a thread of its own while training goes on, atomically over the previous
+    /// one). `None` (the default) saves only when asked.
     pub save_every: Option<(u64, std::path::PathBuf)>,
 }
 

@@ -139,9 +139,15 @@ impl Drop for Saves {
 
 impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// Saves a checkpoint of the handle ([`checkpoint`](Nitro::checkpoint)) to `path` while
-    /// training goes on: the state is copied off the devices before this returns (the next
-    /// update reuses their memory), and the file is serialized and written on a thread of its
-    /// own, atomically — a process killed mid-write leaves the previous file at `path` whole.
+    /// training goes on, as the state is now. This returns at once: the next update lends the
+    /// parameter and optimizer buffers it replaces to the save's thread instead of donating
+    /// them (for that step the devices hold the state twice), and that thread copies them off
+    /// the devices, behind the update, and writes the file atomically — a process killed
+    /// mid-write leaves the previous file at `path` whole. When no update comes,
+    /// [`wait_saved`](Nitro::wait_saved), [`checkpoint`](Nitro::checkpoint),
+    /// [`modify`](Nitro::modify) or the next save hand the state over as host copies, and a
+    /// dropped handle hands its buffers over and waits for the file. Inside an accumulation
+    /// window (its sums are saved too) the whole checkpoint is copied before this returns.
     ///
     /// At most one save is in flight: this waits for an earlier one to finish first. An error
     /// of a background save (a missing directory, a full disk) is returned by the next call
