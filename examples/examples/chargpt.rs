@@ -439,6 +439,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .field("val_bits_per_char", val_bits)
         .field("unigram_bits_per_char", unigram)
         .handle(last, run.program_times())
+        .warm_floor(run.first_step_time(), last, run.program_times())
         .layout(&run)
         .field("inventory", run.declared_inventory(true))
         .field("padding_waste", docs.map_or(0.0, |d| d.waste))

@@ -151,6 +151,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .first_step(run.first_step_time())
         .field("test_accuracy", test_accuracy)
         .handle(last, run.program_times())
+        .warm_floor(run.first_step_time(), last, run.program_times())
         .layout(&run)
         .field("fit_s", fit_s)
         .field("process_s", started.elapsed().as_secs_f64());

@@ -125,6 +125,38 @@ impl Summary {
             .field("peak_rss_mb", peak_rss_mb())
     }
 
+    /// The warm start against its floor: `load_ms_by_program`, what loading each program from
+    /// the persistent cache took (per role, the lookups that loaded); and when every program
+    /// the handle looked up was loaded — the examples look them all up before the first step —
+    /// `first_step_floor_ms`, those loads one after another plus one steady step (`step_ms`,
+    /// the last epoch's median), and `first_step_over_floor`, the first step's time over it.
+    /// Both `null` in a run that compiled, or took no step.
+    pub fn warm_floor(
+        self,
+        first_step: Option<Duration>,
+        last: &nitro::train::EpochRecord,
+        times: &[nitro::train::ProgramTime],
+    ) -> Summary {
+        let loaded = |t: &&nitro::train::ProgramTime| {
+            matches!(t.outcome, nitro::cache::Outcome::Loaded { .. })
+        };
+        let loads: Vec<nitro::train::ProgramTime> = times.iter().filter(loaded).cloned().collect();
+        let all_loaded = !times.is_empty() && loads.len() == times.len();
+        let floor_ms = all_loaded.then(|| {
+            loads
+                .iter()
+                .map(|t| t.build.as_secs_f64() * 1e3)
+                .sum::<f64>()
+                + last.step_us_median / 1e3
+        });
+        let over = floor_ms
+            .zip(first_step)
+            .map(|(floor, first)| first.as_secs_f64() * 1e3 / floor);
+        self.field("load_ms_by_program", ms_by_program(&loads, false))
+            .field("first_step_floor_ms", floor_ms)
+            .field("first_step_over_floor", over)
+    }
+
     /// How a handle is laid out over its devices: `devices`, `sharding` (the mesh and
     /// sharding it partitions over, `null` when replicated or on one device) and `memory`
     /// (per device: bytes of parameters, frozen leaves, optimizer state and gradient sums,
@@ -433,6 +465,58 @@ mod tests {
         let line = s.to_string();
         assert!(!line.contains('\n'));
         assert_eq!(last_json_line(&line).map(Value::Object), Some(v));
+    }
+
+    fn time(
+        role: &str,
+        outcome: nitro::cache::Outcome,
+        build_ms: u64,
+    ) -> nitro::train::ProgramTime {
+        nitro::train::ProgramTime {
+            role: role.into(),
+            program: format!("p::{role}"),
+            outcome,
+            trace: Duration::ZERO,
+            build: Duration::from_millis(build_ms),
+            saved: Duration::ZERO,
+            edge: None,
+            fingerprint: Default::default(),
+            key: Default::default(),
+        }
+    }
+
+    #[test]
+    fn the_warm_floor_is_the_loads_and_one_step_and_only_when_everything_loaded() {
+        let loaded = || nitro::cache::Outcome::Loaded {
+            reason: nitro::cache::MissReason::Empty,
+        };
+        let compiled = nitro::cache::Outcome::Compiled {
+            reason: nitro::cache::MissReason::Empty,
+        };
+        let last = epoch(1, 200_000.0, None);
+        let warm = [
+            time("grad", loaded(), 300),
+            time("update", loaded(), 20),
+            time("eval", loaded(), 80),
+        ];
+        let v = Summary::with_backend("x", "xla", "p")
+            .warm_floor(Some(Duration::from_millis(1200)), &last, &warm)
+            .to_value();
+        assert_eq!(v["load_ms_by_program"]["grad"], 300.0);
+        assert_eq!(
+            v["first_step_floor_ms"], 600.0,
+            "400 ms of loads and a 200 ms step"
+        );
+        assert_eq!(v["first_step_over_floor"], 2.0);
+        // A program compiled: no floor of loads to hold the first step to.
+        let cold = [time("grad", compiled, 900), time("update", loaded(), 20)];
+        let v = Summary::with_backend("x", "xla", "p")
+            .warm_floor(Some(Duration::from_millis(1200)), &last, &cold)
+            .to_value();
+        assert_eq!(v["load_ms_by_program"]["update"], 20.0);
+        assert!(v["load_ms_by_program"].get("grad").is_none());
+        assert_eq!(v["first_step_floor_ms"], Value::Null);
+        assert_eq!(v["first_step_over_floor"], Value::Null);
     }
 
     #[test]
