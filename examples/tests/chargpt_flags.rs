@@ -560,18 +560,13 @@ fn xla_on_two_devices_or_skip(test: &str) -> bool {
     false
 }
 
-#[test]
-fn an_fsdp_run_reports_its_devices_sharding_and_per_device_memory_in_its_json_line() {
-    let test = "an_fsdp_run_reports_its_devices_sharding_and_per_device_memory_in_its_json_line";
-    if !xla_on_two_devices_or_skip(test) {
-        return;
-    }
-    let corpus = small_corpus("fsdp", 6000);
-    let data = corpus.path().display().to_string();
-    let cache = TempDir::new("cache");
-    let flags = [
+/// Runs the example on a model small enough to train in seconds (`--width 16 --heads 2
+/// --layers 1 --context 8 --batch 4`) over the corpus in `data`, with `--json` and `extra`;
+/// asserts it succeeded and returns its JSON line.
+fn tiny_run(data: &str, cache: &Path, extra: &[&str]) -> Value {
+    let mut flags = vec![
         "--data",
-        &data,
+        data,
         "--width",
         "16",
         "--heads",
@@ -582,23 +577,41 @@ fn an_fsdp_run_reports_its_devices_sharding_and_per_device_memory_in_its_json_li
         "8",
         "--batch",
         "4",
-        "--steps",
-        "2",
-        "--dropout",
-        "0",
         "--json",
-        "--mesh",
-        "data=2",
-        "--fsdp",
     ];
-    let out = chargpt(&flags, cache.path());
+    flags.extend(extra);
+    let out = chargpt(&flags, cache);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
         "{flags:?}:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let v = Value::Object(last_json_line(&stdout).expect("a JSON line"));
+    Value::Object(last_json_line(&stdout).expect("a JSON line"))
+}
+
+#[test]
+fn an_fsdp_run_reports_its_devices_sharding_and_per_device_memory_in_its_json_line() {
+    let test = "an_fsdp_run_reports_its_devices_sharding_and_per_device_memory_in_its_json_line";
+    if !xla_on_two_devices_or_skip(test) {
+        return;
+    }
+    let corpus = small_corpus("fsdp", 6000);
+    let data = corpus.path().display().to_string();
+    let cache = TempDir::new("cache");
+    let v = tiny_run(
+        &data,
+        cache.path(),
+        &[
+            "--steps",
+            "2",
+            "--dropout",
+            "0",
+            "--mesh",
+            "data=2",
+            "--fsdp",
+        ],
+    );
     assert_eq!(v["devices"], 2, "{v}");
     // The plugin line describes the devices the handle uses, not the default one-device client.
     let plugin = v["plugin"].as_str().expect("a plugin");
@@ -670,35 +683,12 @@ fn a_run_saving_every_two_steps_reports_its_saves_and_its_checkpoint_resumes() {
     std::fs::create_dir_all(dir.path()).unwrap();
     let checkpoint = dir.path().join("run.safetensors").display().to_string();
     let cache = TempDir::new("cache");
-    let tiny = [
-        "--data",
+    let run = ["--steps", "4", "--checkpoint", &checkpoint];
+    let v = tiny_run(
         &data,
-        "--width",
-        "16",
-        "--heads",
-        "2",
-        "--layers",
-        "1",
-        "--context",
-        "8",
-        "--batch",
-        "4",
-        "--steps",
-        "4",
-        "--json",
-        "--checkpoint",
-        &checkpoint,
-    ];
-    let mut flags = tiny.to_vec();
-    flags.extend(["--save-every", "2"]);
-    let out = chargpt(&flags, cache.path());
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{flags:?}:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        cache.path(),
+        &[&run[..], &["--save-every", "2"]].concat(),
     );
-    let v = Value::Object(last_json_line(&stdout).expect("a JSON line"));
     let save_ms = v["save_ms"]
         .as_f64()
         .unwrap_or_else(|| panic!("save_ms: {v}"));
@@ -708,13 +698,10 @@ fn a_run_saving_every_two_steps_reports_its_saves_and_its_checkpoint_resumes() {
     let saved = nitro::checkpoint::Checkpoint::load(&checkpoint).unwrap();
     assert_eq!(saved.step(), 4);
     // The final checkpoint resumes and trains on.
-    let mut flags = tiny.to_vec();
-    flags.extend(["--resume", &checkpoint]);
-    let out = chargpt(&flags, cache.path());
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    tiny_run(
+        &data,
+        cache.path(),
+        &[&run[..], &["--resume", &checkpoint]].concat(),
     );
     let resumed = nitro::checkpoint::Checkpoint::load(&checkpoint).unwrap();
     assert_eq!(resumed.step(), 8);
@@ -733,35 +720,9 @@ fn a_checkpoint_resumes_across_meshes() {
     let dir = TempDir::new("across-meshes-run");
     std::fs::create_dir_all(dir.path()).unwrap();
     let cache = TempDir::new("cache");
-    let tiny = [
-        "--data",
-        &data,
-        "--width",
-        "16",
-        "--heads",
-        "2",
-        "--layers",
-        "1",
-        "--context",
-        "8",
-        "--batch",
-        "4",
-        "--steps",
-        "2",
-        "--dropout",
-        "0",
-        "--json",
-    ];
     let run = |extra: &[&str]| {
-        let mut flags = tiny.to_vec();
-        flags.extend(extra);
-        let out = chargpt(&flags, cache.path());
-        assert!(
-            out.status.success(),
-            "{flags:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Value::Object(last_json_line(&String::from_utf8_lossy(&out.stdout)).expect("a JSON line"))
+        let flags = [&["--steps", "2", "--dropout", "0"][..], extra].concat();
+        tiny_run(&data, cache.path(), &flags)
     };
     let fsdp_ckpt = dir.path().join("fsdp.safetensors").display().to_string();
     let one_ckpt = dir.path().join("one.safetensors").display().to_string();

@@ -27,13 +27,13 @@ fn config() -> Config {
     Config::new().batch(8).lr(0.05).progress(false)
 }
 
-/// The small classifier under Adam on the interpreter.
-fn on_interpreter() -> Nitro<Mlp, Adam> {
+/// The small classifier under Adam on `backend`.
+fn handle_on(backend: &'static dyn Backend) -> Nitro<Mlp, Adam> {
     Nitro::with_backend(
         mlp(Act::Tanh),
         Adam::default(),
         config(),
-        backend::interpreter(),
+        backend,
         own_cache(),
     )
     .unwrap()
@@ -50,14 +50,7 @@ fn a_background_save_holds_its_steps_state_on(backend: &'static dyn Backend) {
     std::fs::create_dir_all(dir.path()).unwrap();
     let path = dir.path().join("run.safetensors");
     let b = batches(6);
-    let mut run = Nitro::with_backend(
-        mlp(Act::Tanh),
-        Adam::default(),
-        config(),
-        backend,
-        own_cache(),
-    )
-    .unwrap();
+    let mut run = handle_on(backend);
     for batch in &b[..3] {
         run.step(batch, 8).unwrap();
     }
@@ -157,7 +150,7 @@ fn a_failed_background_save_is_reported_by_the_next_step_once() {
     let dir = TempDir::new("bg-fail");
     let path = dir.path().join("missing-dir").join("run.safetensors");
     let b = batches(1).remove(0);
-    let mut run = on_interpreter();
+    let mut run = handle_on(backend::interpreter());
     run.step(&b, 8).unwrap();
     // Starting it succeeds: the write fails on its own thread.
     run.save_in_background(&path).unwrap();
@@ -309,7 +302,7 @@ fn a_save_after_the_last_step_is_written_by_wait_saved_or_by_the_drop() {
     std::fs::create_dir_all(dir.path()).unwrap();
     let b = batches(2);
     let make = || {
-        let mut run = on_interpreter();
+        let mut run = handle_on(backend::interpreter());
         for batch in &b {
             run.step(batch, 8).unwrap();
         }

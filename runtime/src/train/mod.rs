@@ -528,7 +528,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         check_class_inputs(&programs.grad, before, batch, real, rows_of)?;
         let (grad, update) = (programs.grad.clone(), programs.update.clone());
         self.state.ready(self.backend, self.config.leaf_views)?;
-        self.state.full_mask(self.backend, rows)?;
+        self.state.place_full_mask(self.backend, rows)?;
         let ragged = match mask {
             RowMask::Real(real) if real < rows => {
                 Some(place_rows(self.backend, mask_of(rows, real)?)?)
@@ -553,7 +553,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             }
             sums = self.progress.take_sums();
         }
-        let full = self.state.placed_full_mask()?;
+        let full = self.state.full_mask()?;
         let mut args = self.state.batch_args(
             partitioned,
             batch,

@@ -36,7 +36,7 @@ use crate::tree::{Array, LeafType, Node};
 /// How a handle lays out an experiment's Device leaves, from their types alone (nothing is
 /// copied): the packing of the trainable leaves, their paths, each group's spec on a mesh, how
 /// many leaves are not trainable, and the optimizer's mask over the packing.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub(super) struct Layout {
     /// How the trainable leaves are packed (one flat array per dtype; per leaf on a mesh).
     pub(super) packing: Packing,
@@ -499,17 +499,17 @@ impl DeviceState {
         self.views.how()
     }
 
-    /// The all-ones mask of a full batch of `rows` rows, placed once per row count.
-    pub(super) fn full_mask(&mut self, backend: &dyn Backend, rows: usize) -> Result<&Value> {
+    /// Places the all-ones mask of a full batch of `rows` rows, once per row count.
+    pub(super) fn place_full_mask(&mut self, backend: &dyn Backend, rows: usize) -> Result<()> {
         if self.full_mask.as_ref().is_none_or(|(n, _)| *n != rows) {
             let mask = values::place_rows(backend, super::mask_of(rows, rows)?)?;
             self.full_mask = Some((rows, mask));
         }
-        self.full_mask.as_ref().map(|(_, m)| m).ok_or_else(unplaced)
+        Ok(())
     }
 
-    /// The placed all-ones mask of [`full_mask`](Self::full_mask).
-    pub(super) fn placed_full_mask(&self) -> Result<&Value> {
+    /// The all-ones mask [`place_full_mask`](Self::place_full_mask) placed last.
+    pub(super) fn full_mask(&self) -> Result<&Value> {
         self.full_mask.as_ref().map(|(_, m)| m).ok_or_else(unplaced)
     }
 
