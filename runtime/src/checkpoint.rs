@@ -74,6 +74,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 use std::path::Path;
 
+mod shards;
+
+pub use shards::{CheckpointDir, Format, Saved, CURRENT, DIR_FORMAT, DIR_VERSION, INDEX};
+pub(crate) use shards::{optimizer_tensor, window_tensor, DirWriter, Piece};
+
+
 pub use crate::error::FieldChange;
 use crate::error::{Error, Result};
 use crate::experiment::Experiment;
@@ -219,11 +225,12 @@ pub struct AccumulationWindow {
     pub sums: Vec<(String, Array)>,
 }
 
-#[derive(serde::Serialize, serde::Deserialize)]
-struct WindowMeta {
-    micro_batches: usize,
-    rows: usize,
-    sums: Vec<String>,
+/// An accumulation window as the metadata lists it: its counts and the names of its sums.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct WindowMeta {
+    pub(crate) micro_batches: usize,
+    pub(crate) rows: usize,
+    pub(crate) sums: Vec<String>,
 }
 
 /// What [`Checkpoint::restore_into`] hands back besides the Device values it wrote.
@@ -278,20 +285,36 @@ impl Checkpoint {
         step: u64,
     ) -> Result<Checkpoint> {
         unique_names(optimizer.iter().map(|(n, _)| *n), "optimizer-state")?;
+        let mut checkpoint = Checkpoint::capture_head(experiment, step)?;
+        experiment.visit_device(&mut |_, path, node| {
+            if let Node::Leaf(a) = node {
+                checkpoint.device.push((path.as_str().to_owned(), a.clone()));
+            }
+        });
+        checkpoint.optimizer = optimizer
+            .iter()
+            .map(|(n, a)| ((*n).to_owned(), (*a).clone()))
+            .collect();
+        Ok(checkpoint)
+    }
+
+    /// What [`capture`](Checkpoint::capture) records of `experiment` but its values: the
+    /// identity, the Device signature and `step`, and no arrays (a checkpoint directory's
+    /// head, whose values are written shard by shard).
+    pub(crate) fn capture_head<E: Experiment + ?Sized>(
+        experiment: &E,
+        step: u64,
+    ) -> Result<Checkpoint> {
         if step > MAX_STEP {
             return Err(Error::CheckpointInput {
                 why: format!("step {step} is over the largest step nitro counts, {MAX_STEP}"),
             });
         }
         let mut signature = Signature::default();
-        let mut device = Vec::new();
         experiment.visit_device(&mut |_, path, node| {
             signature
                 .entries
                 .push(SignatureEntry::from_node(path, node));
-            if let Node::Leaf(a) = node {
-                device.push((path.as_str().to_owned(), a.clone()));
-            }
         });
         let fields = experiment.graph_const_field_digests();
         let graph_const_values = experiment
@@ -306,11 +329,8 @@ impl Checkpoint {
             graph_const_fields: fields.into_iter().map(|(n, d)| (n.to_owned(), d)).collect(),
             graph_const_values,
             device_signature: signature,
-            device,
-            optimizer: optimizer
-                .iter()
-                .map(|(n, a)| ((*n).to_owned(), (*a).clone()))
-                .collect(),
+            device: Vec::new(),
+            optimizer: Vec::new(),
             optimizer_identity: None,
             allow_retuned: false,
             step,
@@ -579,6 +599,39 @@ impl Checkpoint {
                 tensors.push((format!("{WINDOW_PREFIX}{name}"), Raw::of(array)));
             }
         }
+        let mut metadata = self.listed_metadata()?;
+        let views: Vec<(&str, safetensors::Dtype, &[usize], &[u8])> = tensors
+            .iter()
+            .map(|(n, r)| (n.as_str(), r.dtype, r.shape.as_slice(), r.bytes.as_slice()))
+            .collect();
+        let checksum = checksum(&metadata, views);
+        metadata.insert(meta::CHECKSUM.to_owned(), checksum.to_string());
+        safetensors::serialize(tensors, Some(metadata.into_iter().collect())).map_err(|e| {
+            Error::CheckpointInput {
+                why: format!("safetensors cannot encode it: {e}"),
+            }
+        })
+    }
+
+    /// [`metadata`](Checkpoint::metadata) listing this checkpoint's own optimizer state and
+    /// window.
+    pub(crate) fn listed_metadata(&self) -> Result<BTreeMap<String, String>> {
+        let window = self.window.as_ref().map(|w| WindowMeta {
+            micro_batches: w.micro_batches,
+            rows: w.rows,
+            sums: w.sums.iter().map(|(n, _)| n.clone()).collect(),
+        });
+        let opt_names: Vec<&str> = self.optimizer.iter().map(|(n, _)| n.as_str()).collect();
+        self.metadata(&opt_names, window.as_ref())
+    }
+
+    /// The metadata every format stores (all of [`meta`] but the checksum), with the
+    /// optimizer-state names `opt_names` and the accumulation window `window` as given.
+    pub(crate) fn metadata(
+        &self,
+        opt_names: &[&str],
+        window: Option<&WindowMeta>,
+    ) -> Result<BTreeMap<String, String>> {
         let mut metadata = BTreeMap::new();
         metadata.insert(meta::FORMAT.to_owned(), meta::FORMAT_VALUE.to_owned());
         metadata.insert(meta::VERSION.to_owned(), FORMAT_VERSION.to_string());
@@ -616,7 +669,6 @@ impl Checkpoint {
             meta::DEVICE_SIGNATURE.to_owned(),
             serde_json::to_string(&self.device_signature).map_err(json)?,
         );
-        let opt_names: Vec<&str> = self.optimizer.iter().map(|(n, _)| n.as_str()).collect();
         metadata.insert(
             meta::OPTIMIZER.to_owned(),
             serde_json::to_string(&opt_names).map_err(json)?,
@@ -627,15 +679,10 @@ impl Checkpoint {
                 serde_json::to_string(id).map_err(json)?,
             );
         }
-        if let Some(w) = &self.window {
-            let m = WindowMeta {
-                micro_batches: w.micro_batches,
-                rows: w.rows,
-                sums: w.sums.iter().map(|(n, _)| n.clone()).collect(),
-            };
+        if let Some(m) = window {
             metadata.insert(
                 meta::WINDOW.to_owned(),
-                serde_json::to_string(&m).map_err(json)?,
+                serde_json::to_string(m).map_err(json)?,
             );
         }
         if let Some(r) = &self.random {
@@ -650,17 +697,7 @@ impl Checkpoint {
             meta::EPOCH_BATCHES.to_owned(),
             self.epoch_batches.to_string(),
         );
-        let views: Vec<(&str, safetensors::Dtype, &[usize], &[u8])> = tensors
-            .iter()
-            .map(|(n, r)| (n.as_str(), r.dtype, r.shape.as_slice(), r.bytes.as_slice()))
-            .collect();
-        let checksum = checksum(&metadata, views);
-        metadata.insert(meta::CHECKSUM.to_owned(), checksum.to_string());
-        safetensors::serialize(tensors, Some(metadata.into_iter().collect())).map_err(|e| {
-            Error::CheckpointInput {
-                why: format!("safetensors cannot encode it: {e}"),
-            }
-        })
+        Ok(metadata)
     }
 
     /// Writes the checkpoint to `path` atomically: into a new temporary file beside it
@@ -703,9 +740,12 @@ impl Checkpoint {
         })
     }
 
-    /// Reads a checkpoint written by [`save`](Checkpoint::save).
+    /// Reads a checkpoint written by [`save`](Checkpoint::save) — or, when `path` is a
+    /// directory, the checkpoint directory's committed version ([`CheckpointDir`]), every
+    /// tensor assembled whole on the host (a training handle on a mesh reads only each
+    /// device's ranges instead: [`crate::train::Nitro::resume_from`]).
     ///
-    /// Only a regular file is read (a FIFO, socket, device or directory is refused without
+    /// Only a regular file is read (a FIFO, socket or device is refused without
     /// blocking on it), and only as many bytes as its header says it holds: the header's
     /// length is read first and bounded, then the tensors' extent; a file of another length
     /// is refused before its data is read.
@@ -715,6 +755,9 @@ impl Checkpoint {
     /// this format version.
     pub fn load(path: impl AsRef<Path>) -> Result<Checkpoint> {
         let path = path.as_ref();
+        if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+            return CheckpointDir::open(path)?.load();
+        }
         let origin = format!("`{}`", path.display());
         let io = |what: &'static str| {
             move |source| Error::CheckpointIo {
@@ -789,17 +832,7 @@ impl Checkpoint {
                 .get(key)
                 .ok_or_else(|| corrupt(format!("the metadata lacks `{key}`")))
         };
-        if get(meta::FORMAT)? != meta::FORMAT_VALUE {
-            return Err(corrupt("it is not a nitro checkpoint".into()));
-        }
-        let version = get(meta::VERSION)?;
-        if version != &FORMAT_VERSION.to_string() {
-            return Err(corrupt(format!(
-                "it has format version {version}, and this nitro reads version {FORMAT_VERSION} \
-                 (version 1 recorded neither the optimizer's identity nor the epoch; resume it \
-                 with the nitro that wrote it and take a new checkpoint)"
-            )));
-        }
+        check_version(&metadata, origin)?;
         let stored_checksum = get(meta::CHECKSUM)?;
         let mut names: Vec<&str> = file.names();
         names.sort_unstable();
@@ -826,6 +859,33 @@ impl Checkpoint {
                 "its checksum does not match its contents (a byte was changed)".into(),
             ));
         }
+        let tensors: HashMap<&str, &safetensors::tensor::TensorView<'_>> =
+            views.iter().map(|(n, t)| (*n, t)).collect();
+        let (head, opt_names, window) = Checkpoint::parse_head(&metadata, origin)?;
+        head.fill(opt_names, window, origin, names.len(), &mut |name: &str| {
+            let view = tensors
+                .get(name)
+                .ok_or_else(|| corrupt(format!("tensor `{name}` is missing")))?;
+            to_array(view).map_err(|why| corrupt(format!("tensor `{name}` {why}")))
+        })
+    }
+
+    /// The checkpoint `metadata` describes, without its arrays, with the optimizer-state names
+    /// and the accumulation window it lists; errors as [`load`](Checkpoint::load).
+    pub(crate) fn parse_head(
+        metadata: &BTreeMap<String, String>,
+        origin: &str,
+    ) -> Result<(Checkpoint, Vec<String>, Option<WindowMeta>)> {
+        let corrupt = |why: String| Error::CheckpointCorrupt {
+            origin: origin.to_owned(),
+            why,
+        };
+        let get = |key: &str| {
+            metadata
+                .get(key)
+                .ok_or_else(|| corrupt(format!("the metadata lacks `{key}`")))
+        };
+        check_version(metadata, origin)?;
         let digest = |key: &str| -> Result<Digest> {
             get(key)?
                 .parse::<Digest>()
@@ -887,16 +947,42 @@ impl Checkpoint {
         }
         let epoch = number(meta::EPOCH)?;
         let epoch_batches = number(meta::EPOCH_BATCHES)?;
-        let tensors: HashMap<&str, &safetensors::tensor::TensorView<'_>> =
-            views.iter().map(|(n, t)| (*n, t)).collect();
-        let array = |name: &str| -> Result<Array> {
-            let view = tensors
-                .get(name)
-                .ok_or_else(|| corrupt(format!("tensor `{name}` is missing")))?;
-            to_array(view).map_err(|why| corrupt(format!("tensor `{name}` {why}")))
+        let head = Checkpoint {
+            experiment: get(meta::EXPERIMENT)?.clone(),
+            schema_digest: digest(meta::SCHEMA_DIGEST)?,
+            graph_const_digest: digest(meta::GRAPH_CONST_DIGEST)?,
+            graph_const_fields,
+            graph_const_values,
+            device_signature,
+            device: Vec::new(),
+            optimizer: Vec::new(),
+            optimizer_identity,
+            allow_retuned: false,
+            step,
+            epoch,
+            epoch_batches,
+            window: None,
+            random,
+        };
+        Ok((head, opt_names, window_meta))
+    }
+
+    /// This head with its arrays, read by name with `array` (`count`: how many tensors the
+    /// source holds, all of which must be listed).
+    fn fill(
+        mut self,
+        opt_names: Vec<String>,
+        window_meta: Option<WindowMeta>,
+        origin: &str,
+        count: usize,
+        array: &mut dyn FnMut(&str) -> Result<Array>,
+    ) -> Result<Checkpoint> {
+        let corrupt = |why: String| Error::CheckpointCorrupt {
+            origin: origin.to_owned(),
+            why,
         };
         let mut device = Vec::new();
-        for (path, ty) in device_signature.leaves() {
+        for (path, ty) in self.device_signature.leaves() {
             let a = array(path)?;
             if &a.leaf_type() != ty {
                 return Err(corrupt(format!(
@@ -927,31 +1013,39 @@ impl Checkpoint {
             None => None,
         };
         let listed = device.len() + optimizer.len() + window.as_ref().map_or(0, |w| w.sums.len());
-        if listed != names.len() {
+        if listed != count {
             return Err(corrupt(
                 "it holds tensors that neither the Device signature, the optimizer names nor \
                  the accumulation window list"
                     .into(),
             ));
         }
-        Ok(Checkpoint {
-            experiment: get(meta::EXPERIMENT)?.clone(),
-            schema_digest: digest(meta::SCHEMA_DIGEST)?,
-            graph_const_digest: digest(meta::GRAPH_CONST_DIGEST)?,
-            graph_const_fields,
-            graph_const_values,
-            device_signature,
-            device,
-            optimizer,
-            optimizer_identity,
-            allow_retuned: false,
-            step,
-            epoch,
-            epoch_batches,
-            window,
-            random,
-        })
+        self.device = device;
+        self.optimizer = optimizer;
+        self.window = window;
+        Ok(self)
     }
+}
+
+/// [`Error::CheckpointCorrupt`] unless `metadata` is a nitro checkpoint's of this format
+/// version.
+fn check_version(metadata: &BTreeMap<String, String>, origin: &str) -> Result<()> {
+    let corrupt = |why: String| Error::CheckpointCorrupt {
+        origin: origin.to_owned(),
+        why,
+    };
+    if metadata.get(meta::FORMAT).map(String::as_str) != Some(meta::FORMAT_VALUE) {
+        return Err(corrupt("it is not a nitro checkpoint".into()));
+    }
+    let version = metadata.get(meta::VERSION).map_or("none", String::as_str);
+    if version != FORMAT_VERSION.to_string() {
+        return Err(corrupt(format!(
+            "it has format version {version}, and this nitro reads version {FORMAT_VERSION} \
+             (version 1 recorded neither the optimizer's identity nor the epoch; resume it \
+             with the nitro that wrote it and take a new checkpoint)"
+        )));
+    }
+    Ok(())
 }
 
 /// [`Error::CheckpointInput`] unless every name is non-empty and used once.

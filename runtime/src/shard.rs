@@ -261,7 +261,7 @@ impl PartitionSpec {
     }
 
     /// Device `device`'s `(start, len)` along each dim of an array of `dims`.
-    fn window(&self, mesh: &Mesh, dims: &[usize], device: usize) -> Vec<(usize, usize)> {
+    pub(crate) fn window(&self, mesh: &Mesh, dims: &[usize], device: usize) -> Vec<(usize, usize)> {
         dims.iter()
             .enumerate()
             .map(|(i, &d)| match self.0.get(i).cloned().flatten() {

@@ -47,6 +47,7 @@ mod config;
 mod epochs;
 mod inventory;
 mod prepare;
+mod pieces;
 mod progress;
 mod resume;
 mod saving;

@@ -1,6 +1,7 @@
 //! Checkpoints of a handle and resuming from them.
 
 use super::*;
+use crate::checkpoint::Saved;
 
 /// Refuses to resume state kept by another optimizer than `optimizer`: another name or other
 /// slots always, other constants unless `allow_retuned`.
@@ -72,13 +73,45 @@ pub(super) fn named_state(
     Ok(names.zip(state).collect())
 }
 
+/// The step counter the update program keeps for a checkpoint's `step` (an `i64`).
+pub(super) fn device_step(step: u64) -> Result<i64> {
+    i64::try_from(step).map_err(|_| Error::CheckpointCorrupt {
+        origin: "the checkpoint".into(),
+        why: format!(
+            "its step {step} is over the largest step nitro counts, {}",
+            crate::checkpoint::MAX_STEP
+        ),
+    })
+}
+
+/// Refuses to resume an accumulation window of `micro_batches` unless `config` accumulates
+/// more micro-batches than that.
+pub(super) fn check_accumulation(config: &Config, micro_batches: usize) -> Result<()> {
+    if config.accum <= 1 || micro_batches >= config.accum {
+        return Err(Error::InvalidSetting {
+            variable: "Config::accum",
+            value: config.accum.to_string(),
+            expected: format!(
+                "more than the {micro_batches} micro-batches of the accumulation window the \
+                 checkpoint was taken in: resume it with the accumulation it was trained with"
+            ),
+        });
+    }
+    Ok(())
+}
+
 impl<E: Model, O: Optimizer> Nitro<E, O> {
-    /// A checkpoint of the experiment's Device leaves as the experiment holds them, with the
-    /// optimizer's identity, the step, the position in the data and the random stream — all
-    /// but the optimizer state and an accumulation window.
-    pub(super) fn checkpoint_head(&self) -> Result<Checkpoint> {
+    /// A checkpoint of the experiment's Device leaves as the experiment holds them (with
+    /// `values`; only their signature without), with the optimizer's identity, the step, the
+    /// position in the data and the random stream — all but the optimizer state and an
+    /// accumulation window.
+    pub(super) fn checkpoint_head(&self, values: bool) -> Result<Checkpoint> {
         let progress = &self.progress;
-        let mut checkpoint = Checkpoint::capture(&self.experiment, &[], progress.step())?
+        let checkpoint = match values {
+            true => Checkpoint::capture(&self.experiment, &[], progress.step())?,
+            false => Checkpoint::capture_head(&self.experiment, progress.step())?,
+        };
+        let mut checkpoint = checkpoint
             .with_optimizer(&self.optimizer)
             .with_position(progress.epoch(), progress.epoch_batches());
         if E::RANDOM {
@@ -105,7 +138,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             self.optimizer.slots(),
             &packed,
         )?;
-        let mut checkpoint = self.checkpoint_head()?;
+        let mut checkpoint = self.checkpoint_head(true)?;
         checkpoint.set_optimizer_state(state)?;
         let (window, paths) = (self.progress.window(), &layout.paths);
         if let Some(sums) = &window.sums {
@@ -126,11 +159,16 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// [`Error::CheckpointDevice`]), or the optimizer is not the one it was taken with — its
     /// name, constants (unless [`Checkpoint::allow_retuned_optimizer`]) or slots — or its
     /// state does not fit the trainable leaves ([`Error::CheckpointOptimizer`]).
+    ///
+    /// `checkpoint` is a [`Checkpoint`] in memory or a checkpoint directory
+    /// ([`CheckpointDir`](crate::checkpoint::CheckpointDir)); [`Saved::open`] opens either
+    /// from a path. On a mesh a directory's values are read range by range, each device's
+    /// shard of a leaf and no more, whatever mesh wrote it; elsewhere they are read whole.
     pub fn resume(
         experiment: E,
         optimizer: O,
         config: Config,
-        checkpoint: Checkpoint,
+        checkpoint: impl Into<Saved>,
     ) -> Result<Nitro<E, O>> {
         let backend = backend_for(&config)?;
         Nitro::resume_with(
@@ -145,6 +183,25 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
 
     /// [`resume`](Nitro::resume) on an explicit backend and cache.
     pub fn resume_with(
+        experiment: E,
+        optimizer: O,
+        config: Config,
+        checkpoint: impl Into<Saved>,
+        backend: &'static dyn Backend,
+        cache: &'static Cache,
+    ) -> Result<Nitro<E, O>> {
+        let checkpoint = match checkpoint.into() {
+            Saved::Whole(c) => c,
+            Saved::Directory(dir) if backend.partitioning().is_some() => {
+                return Nitro::resume_dir(experiment, optimizer, config, dir, backend, cache);
+            }
+            Saved::Directory(dir) => dir.load()?,
+        };
+        Nitro::resume_whole(experiment, optimizer, config, checkpoint, backend, cache)
+    }
+
+    /// [`resume_with`](Nitro::resume_with) from a checkpoint in memory.
+    fn resume_whole(
         mut experiment: E,
         optimizer: O,
         config: Config,
@@ -200,14 +257,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                  optimizer and no trainable leaf names"
             )));
         }
-        let step = i64::try_from(restored.step).map_err(|_| Error::CheckpointCorrupt {
-            origin: "the checkpoint".into(),
-            why: format!(
-                "its step {} is over the largest step nitro counts, {}",
-                restored.step,
-                crate::checkpoint::MAX_STEP
-            ),
-        })?;
+        let step = device_step(restored.step)?;
         handle.state.restore_optimizer(backend, packed, step)?;
         handle.progress.resume(
             restored.step,
@@ -216,18 +266,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             restored.random,
         );
         if let Some(w) = restored.window {
-            if handle.config.accum <= 1 || w.micro_batches >= handle.config.accum {
-                return Err(Error::InvalidSetting {
-                    variable: "Config::accum",
-                    value: handle.config.accum.to_string(),
-                    expected: format!(
-                        "more than the {} micro-batches of the accumulation window the \
-                         checkpoint was taken in: resume it with the accumulation it was \
-                         trained with",
-                        w.micro_batches
-                    ),
-                });
-            }
+            check_accumulation(&handle.config, w.micro_batches)?;
             let mut sums: std::collections::HashMap<String, Array> = w.sums.into_iter().collect();
             let mut leaves = Vec::with_capacity(types.len());
             for (path, ty) in layout.paths.iter().zip(&types) {

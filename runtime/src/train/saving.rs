@@ -10,6 +10,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::checkpoint::Format;
+use std::borrow::Cow;
 
 /// What a finished background save did ([`Nitro::wait_saved`], [`Nitro::last_save`]).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -36,6 +38,26 @@ pub(super) struct Saves {
     /// The step of the last save started by [`Config::save_every`], so a step count is saved
     /// once however many calls see it.
     last_every: Option<u64>,
+}
+
+/// What a background save's thread has once it took the state.
+pub(super) enum Ready {
+    /// A whole checkpoint to write as one file, and how long taking it took.
+    Checkpoint(Checkpoint, Duration),
+    /// A checkpoint directory already written.
+    Saved(SaveReport),
+}
+
+/// The error of a save whose handle stopped before handing it the state.
+fn handle_stopped(path: &Path) -> Error {
+    Error::CheckpointIo {
+        path: path.to_path_buf(),
+        what: "take the state to save to",
+        source: std::io::Error::other(
+            "the training handle stopped (an update failed) before handing its state over; \
+             the checkpoint at the path is the previous one, if there was one",
+        ),
+    }
 }
 
 /// A save whose writer thread has not been joined yet.
@@ -89,18 +111,22 @@ impl Saves {
     }
 
     /// Starts saving to `path` on a thread of its own, after the save in flight, if any, has
-    /// finished: `take` gives the whole checkpoint there, and how long taking it took.
+    /// finished: `take` gives the whole checkpoint there (and how long taking it took) to be
+    /// written as one file, or writes a checkpoint directory itself.
     pub(super) fn start(
         &mut self,
         path: PathBuf,
-        take: impl FnOnce() -> Result<(Checkpoint, Duration)> + Send + 'static,
+        take: impl FnOnce() -> Result<Ready> + Send + 'static,
     ) -> Result<()> {
         self.wait()?;
         let target = path.clone();
         let thread = std::thread::Builder::new()
             .name("nitro-save".into())
             .spawn(move || {
-                let (checkpoint, copy) = take()?;
+                let (checkpoint, copy) = match take()? {
+                    Ready::Checkpoint(checkpoint, copy) => (checkpoint, copy),
+                    Ready::Saved(report) => return Ok(report),
+                };
                 let started = Instant::now();
                 checkpoint.save(&target)?;
                 let bytes = std::fs::metadata(&target).map_or(0, |m| m.len());
@@ -159,15 +185,20 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         self.saves.wait()?;
         let path = path.as_ref().to_path_buf();
         let started = Instant::now();
+        if Format::for_path(&path) == Format::Directory {
+            return self.save_dir_in_background(path, started);
+        }
         if self.progress.window().sums.is_some() {
             // Inside an accumulation window its sums are saved too: the whole checkpoint is
             // copied here.
             let checkpoint = self.checkpoint()?;
             let copy = started.elapsed();
-            return self.saves.start(path, move || Ok((checkpoint, copy)));
+            return self
+                .saves
+                .start(path, move || Ok(Ready::Checkpoint(checkpoint, copy)));
         }
         self.place_state()?;
-        let mut head = self.checkpoint_head()?;
+        let mut head = self.checkpoint_head(true)?;
         let layout = self.state.layout();
         let (packing, paths) = (layout.packing.clone(), layout.paths.clone());
         let slots = self.optimizer.slots();
@@ -175,19 +206,94 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         self.state.request_snapshot(save);
         let captured = started.elapsed();
         self.saves.start(path.clone(), move || {
-            let snapshot = state.recv().map_err(|_| Error::CheckpointIo {
-                path,
-                what: "take the state to save to",
-                source: std::io::Error::other(
-                    "the training handle stopped (an update failed) before handing its state \
-                     over; the file at the path is the previous checkpoint, if there was one",
-                ),
-            })?;
+            let snapshot = state.recv().map_err(|_| handle_stopped(&path))?;
             let copying = Instant::now();
             let (trainable, optimizer) = snapshot.into_host()?;
             head.replace_device(paths.iter().cloned().zip(packing.unpack(&trainable)?))?;
             head.set_optimizer_state(resume::named_state(&packing, &paths, slots, &optimizer)?)?;
-            Ok((head, captured + copying.elapsed()))
+            Ok(Ready::Checkpoint(head, captured + copying.elapsed()))
+        })
+    }
+
+    /// Saves a checkpoint of the handle ([`checkpoint`](Nitro::checkpoint)) to `path` on this
+    /// thread, after a background save in flight has finished, and says what it wrote.
+    ///
+    /// A path ending in `.safetensors` is written as one file ([`Checkpoint::save`]); any other
+    /// path is a checkpoint directory ([`CheckpointDir`](crate::checkpoint::CheckpointDir)),
+    /// created if missing (its parent must exist): each device's shards are copied off it and
+    /// written as a part of their own, one device at a time, so the host never holds a leaf
+    /// that no device holds whole, and the new version replaces the previous one atomically.
+    /// [`resume`](Nitro::resume) reads either ([`Saved::open`](crate::checkpoint::Saved::open)),
+    /// on any mesh.
+    ///
+    /// Errors as [`Checkpoint::save`].
+    pub fn save(&mut self, path: impl AsRef<Path>) -> Result<SaveReport> {
+        self.state.hand_over()?;
+        self.saves.wait()?;
+        let path = path.as_ref().to_path_buf();
+        let started = Instant::now();
+        let (bytes, copy) = match Format::for_path(&path) {
+            Format::File => {
+                let checkpoint = self.checkpoint()?;
+                let copy = started.elapsed();
+                checkpoint.save(&path)?;
+                (std::fs::metadata(&path).map_or(0, |m| m.len()), copy)
+            }
+            Format::Directory => {
+                let written = self.save_dir(&path)?;
+                (written.bytes, written.copy)
+            }
+        };
+        Ok(SaveReport {
+            path,
+            step: self.progress.step(),
+            bytes,
+            copy,
+            write: started.elapsed().saturating_sub(copy),
+        })
+    }
+
+    /// A background save to the checkpoint directory `path` (see
+    /// [`save_in_background`](Nitro::save_in_background)): the save's thread copies each
+    /// device's shards off it and writes them as its part. Inside an accumulation window the
+    /// version is written before this returns.
+    fn save_dir_in_background(&mut self, path: PathBuf, started: Instant) -> Result<()> {
+        if self.progress.window().sums.is_some() {
+            let written = self.save_dir(&path)?;
+            let report = SaveReport {
+                path,
+                step: self.progress.step(),
+                bytes: written.bytes,
+                copy: written.copy,
+                write: started.elapsed().saturating_sub(written.copy),
+            };
+            return self.saves.start(report.path.clone(), move || Ok(Ready::Saved(report)));
+        }
+        self.place_state()?;
+        let head = self.checkpoint_head(false)?;
+        let layout = self.state.layout().clone();
+        let slots = self.optimizer.slots();
+        let metadata = pieces::metadata(&head, &layout.paths, slots, None)?;
+        let (paths, frozen) = state::frozen_leaves(&self.experiment);
+        let step = head.step();
+        let (save, state) = std::sync::mpsc::channel();
+        self.state.request_snapshot(save);
+        let captured = started.elapsed();
+        let target = path.clone();
+        self.saves.start(path, move || {
+            let snapshot = state.recv().map_err(|_| handle_stopped(&target))?;
+            let started = Instant::now();
+            let (trainable, optimizer) = snapshot.into_held();
+            let frozen = (paths, frozen.into_iter().map(Cow::Owned).collect());
+            let sources = pieces::sources(&layout, slots, frozen, trainable, optimizer, None)?;
+            let written = pieces::write_dir(&target, step, metadata, sources)?;
+            Ok(Ready::Saved(SaveReport {
+                path: target,
+                step,
+                bytes: written.bytes,
+                copy: captured + written.copy,
+                write: started.elapsed().saturating_sub(written.copy),
+            }))
         })
     }
 

@@ -277,10 +277,50 @@ impl DeviceState {
         packed: Vec<Array>,
         step: i64,
     ) -> Result<()> {
-        self.optimizer = place_groups(backend, packed, &self.layout.specs)?;
+        let optimizer = place_groups(backend, packed, &self.layout.specs)?;
+        self.restore_placed_optimizer(backend, optimizer, step)
+    }
+
+    /// Takes optimizer state already placed (slot by slot, one value per group, as the layout
+    /// splits it) and places the step counter at `step`, in place of zeroed state.
+    pub(super) fn restore_placed_optimizer(
+        &mut self,
+        backend: &dyn Backend,
+        optimizer: Vec<Value>,
+        step: i64,
+    ) -> Result<()> {
+        self.optimizer = optimizer;
         self.counter = place(backend, vec![Array::scalar(step)])?;
         self.optimizer_placed = true;
         Ok(())
+    }
+
+    /// Takes trainable leaves already placed (one value per group, as the layout splits
+    /// them) and places the experiment's other Device leaves: the experiment's own trainable
+    /// leaves are then stale, and are read back from the devices when asked for.
+    pub(super) fn restore_placed_leaves<E: Experiment>(
+        &mut self,
+        backend: &dyn Backend,
+        experiment: &E,
+        trainable: Vec<Value>,
+    ) -> Result<()> {
+        let (_, frozen) = frozen_leaves(experiment);
+        self.views.release();
+        self.frozen = place(backend, frozen)?;
+        self.trainable = trainable;
+        self.leaves_placed = true;
+        self.host_stale = true;
+        Ok(())
+    }
+
+    /// The placed trainable groups and optimizer state (slot by slot), once the updates in
+    /// flight have finished: what a checkpoint directory is written from.
+    pub(super) fn placed(&mut self) -> Result<(&[Value], &[Value])> {
+        self.wait()?;
+        if !self.leaves_placed || !self.optimizer_placed {
+            return Err(unplaced());
+        }
+        Ok((&self.trainable, &self.optimizer))
     }
 
     /// Gradient sums (packed, one per group) placed as the trainable leaves are.
@@ -607,7 +647,21 @@ fn host_leaves<E: Experiment>(experiment: &E) -> (Vec<Array>, Vec<Array>) {
     (trainable, frozen)
 }
 
-fn unplaced() -> Error {
+/// The experiment's Device leaves that are not trainable, with their paths, in walk order.
+pub(super) fn frozen_leaves<E: Experiment>(experiment: &E) -> (Vec<String>, Vec<Array>) {
+    let (mut paths, mut frozen) = (Vec::new(), Vec::new());
+    experiment.visit_device(&mut |field, path, node| {
+        if let Node::Leaf(a) = node {
+            if field.role != (Role::Device { trainable: true }) {
+                paths.push(path.as_str().to_owned());
+                frozen.push(a.clone());
+            }
+        }
+    });
+    (paths, frozen)
+}
+
+pub(super) fn unplaced() -> Error {
     Error::Misconfigured {
         message: "a training handle's device state was read before it was placed".into(),
     }

@@ -264,6 +264,41 @@ pub(crate) fn place_zero_groups(
         .collect()
 }
 
+/// A group of type `ty` placed as [`place_group`] places it, from its pieces: `read` gives the
+/// windows (`(start, len)` per dim) asked for, one array each. On a mesh, split by `spec`,
+/// each device's window is read and uploaded to it, so no whole array is made on the host
+/// unless a device holds it whole.
+pub(crate) fn place_group_from(
+    backend: &dyn Backend,
+    ty: &LeafType,
+    spec: &PartitionSpec,
+    read: impl FnOnce(&[Vec<(usize, usize)>]) -> Result<Vec<Array>>,
+) -> Result<Value> {
+    let whole = || ty.dims.iter().map(|&d| (0, d)).collect::<Vec<_>>();
+    match (backend.partitioning(), backend.device()) {
+        (Some(p), Some(client)) if !spec.is_whole() => {
+            let mesh = p.mesh();
+            spec.check(mesh, ty, "a restored leaf")?;
+            let windows: Vec<Vec<(usize, usize)>> = (0..mesh.devices())
+                .map(|d| spec.window(mesh, &ty.dims, d))
+                .collect();
+            let values = read(&windows)?
+                .iter()
+                .enumerate()
+                .map(|(d, s)| client.upload_to(s, d).map(Value::Device))
+                .collect::<Result<Vec<_>>>()?;
+            Ok(Value::Sharded(
+                values,
+                Box::new((spec.clone(), mesh.clone())),
+            ))
+        }
+        _ => {
+            let a = read(&[whole()])?.pop().ok_or_else(no_replica)?;
+            place_group(backend, Cow::Owned(a), spec)
+        }
+    }
+}
+
 /// `a` cut by `spec` over `mesh` (`what` names it in errors), device `d`'s shard uploaded to
 /// device `d`.
 fn upload_split(

@@ -1,0 +1,901 @@
+//! Checkpoint directories: a checkpoint written piece by piece — each device's shards into a
+//! file of its own — and read back range by range, so neither side ever holds a whole leaf
+//! that no device held whole. See [`CheckpointDir`] for the layout.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, File};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{st_dtype, to_array, Checkpoint, Raw, WindowMeta, MAX_HEADER_BYTES};
+use super::{OPTIMIZER_PREFIX, WINDOW_PREFIX};
+use crate::error::{Error, Result};
+use crate::files::{self, Opened, Owner};
+use crate::tree::{Array, LeafType};
+
+/// The file in a checkpoint directory naming its committed version.
+pub const CURRENT: &str = "CURRENT";
+
+/// The index of a version: what each tensor is and where its pieces are.
+pub const INDEX: &str = "index.json";
+
+/// The value of the index's `format` field.
+pub const DIR_FORMAT: &str = "nitro.checkpoint.dir";
+
+/// The layout version of checkpoint directories this nitro writes and reads.
+pub const DIR_VERSION: u32 = 1;
+
+/// How a version's directory name starts (`step-000000000120.<pid>.<n>`).
+const VERSION_PREFIX: &str = "step-";
+
+/// What marks a version still being written (`<version>.tmp.<pid>.<n>`).
+const TEMP_MARK: &str = files::TEMP_MARK;
+
+/// The largest index and `CURRENT` file read.
+const MAX_INDEX_BYTES: u64 = 1 << 30;
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Where a checkpoint path says to write: one `safetensors` file, or a checkpoint directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// One `safetensors` file holding every leaf whole ([`Checkpoint::save`]).
+    File,
+    /// A directory of versions, each a file of pieces per device and an index
+    /// ([`CheckpointDir`]).
+    Directory,
+}
+
+impl Format {
+    /// The format a save to `path` writes: [`Format::File`] for a name ending in
+    /// `.safetensors`, [`Format::Directory`] for any other.
+    pub fn for_path(path: &Path) -> Format {
+        match path.extension() {
+            Some(ext) if ext == "safetensors" => Format::File,
+            _ => Format::Directory,
+        }
+    }
+}
+
+/// One stored piece of a tensor.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+struct PieceEntry {
+    /// The part file holding it, by its index in [`Index::parts`].
+    part: usize,
+    /// Where it starts in the whole tensor, per dim.
+    start: Vec<usize>,
+    /// Its dims.
+    dims: Vec<usize>,
+    /// blake3 of its bytes as stored (hex).
+    blake3: String,
+}
+
+/// One tensor of a checkpoint: its whole type and its pieces.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+struct TensorEntry {
+    name: String,
+    #[serde(rename = "type")]
+    ty: LeafType,
+    pieces: Vec<PieceEntry>,
+}
+
+/// A version's `index.json`.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+struct Index {
+    format: String,
+    version: u32,
+    /// The part files, in the order pieces name them.
+    parts: Vec<String>,
+    /// The checkpoint's metadata: the keys of [`super::meta`] but the checksum.
+    metadata: BTreeMap<String, String>,
+    tensors: Vec<TensorEntry>,
+    /// blake3 (hex) of this index serialized without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    checksum: Option<String>,
+}
+
+impl Index {
+    /// blake3 of the index serialized without its checksum.
+    fn digest(&self) -> Result<String> {
+        let mut bare = self.clone();
+        bare.checksum = None;
+        let bytes = serde_json::to_vec(&bare).map_err(|e| Error::CheckpointInput {
+            why: format!("cannot encode the checkpoint's index: {e}"),
+        })?;
+        Ok(blake3::hash(&bytes).to_hex().to_string())
+    }
+}
+
+/// One piece handed to [`DirWriter::write_part`]: a window of tensor `name`, whose whole type
+/// is `whole`, starting at `start`.
+pub(crate) struct Piece {
+    pub(crate) name: String,
+    pub(crate) whole: LeafType,
+    pub(crate) start: Vec<usize>,
+    pub(crate) array: Array,
+}
+
+/// Writes one version of a checkpoint directory: [`begin`](DirWriter::begin), one
+/// [`write_part`](DirWriter::write_part) per device (each only that device's pieces), then
+/// [`commit`](DirWriter::commit). Until the commit the version is a temporary directory no
+/// reader looks at; dropped uncommitted, it is removed.
+pub(crate) struct DirWriter {
+    root: PathBuf,
+    version: String,
+    tmp: PathBuf,
+    parts: Vec<String>,
+    tensors: Vec<TensorEntry>,
+    by_name: HashMap<String, usize>,
+    bytes: u64,
+    committed: bool,
+}
+
+impl DirWriter {
+    /// Starts a version for `step` in the checkpoint directory `root`, creating `root` (not its
+    /// parents) when missing, and removing versions that writers killed mid-save left there.
+    pub(crate) fn begin(root: &Path, step: u64) -> Result<DirWriter> {
+        let io = |what: &'static str| {
+            move |source| Error::CheckpointIo {
+                path: root.to_path_buf(),
+                what,
+                source,
+            }
+        };
+        match fs::symlink_metadata(root) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(io("write a checkpoint directory at")(std::io::Error::other(
+                    "it is not a directory; pass a directory path, or a path ending in \
+                     `.safetensors` for one file",
+                )))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                files::private_dir_builder(false)
+                    .create(root)
+                    .map_err(io("create the checkpoint directory"))?;
+            }
+            Err(e) => return Err(io("inspect")(e)),
+        }
+        sweep_temporaries(root);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let version = format!("{VERSION_PREFIX}{step:012}.{}.{n}", std::process::id());
+        let tmp = root.join(format!("{version}{TEMP_MARK}{}.{n}", std::process::id()));
+        files::private_dir_builder(false)
+            .create(&tmp)
+            .map_err(io("create a version directory in"))?;
+        Ok(DirWriter {
+            root: root.to_path_buf(),
+            version,
+            tmp,
+            parts: Vec::new(),
+            tensors: Vec::new(),
+            by_name: HashMap::new(),
+            bytes: 0,
+            committed: false,
+        })
+    }
+
+    /// Writes `pieces` as the next part file (a standard `safetensors` file, each piece named
+    /// by its tensor), synced. A tensor has at most one piece per part.
+    pub(crate) fn write_part(&mut self, pieces: Vec<Piece>) -> Result<()> {
+        let part = self.parts.len();
+        let name = format!("part-{part:05}.safetensors");
+        let path = self.tmp.join(&name);
+        let mut raws = Vec::with_capacity(pieces.len());
+        for p in pieces {
+            let entry = match self.by_name.get(&p.name) {
+                Some(&i) => &mut self.tensors[i],
+                None => {
+                    self.by_name.insert(p.name.clone(), self.tensors.len());
+                    self.tensors.push(TensorEntry {
+                        name: p.name.clone(),
+                        ty: p.whole.clone(),
+                        pieces: Vec::new(),
+                    });
+                    self.tensors.last_mut().expect("just pushed")
+                }
+            };
+            let fits = entry.ty == p.whole
+                && p.start.len() == p.whole.dims.len()
+                && p.array.dtype() == p.whole.dtype
+                && p.array.dims().len() == p.whole.dims.len()
+                && p.start
+                    .iter()
+                    .zip(p.array.dims())
+                    .zip(&p.whole.dims)
+                    .all(|((s, d), w)| s.checked_add(*d).is_some_and(|e| e <= *w));
+            if !fits || entry.pieces.iter().any(|q| q.part == part) {
+                return Err(Error::CheckpointInput {
+                    why: format!(
+                        "a piece of `{}` ({} at {:?}) does not fit the tensor's {} once",
+                        p.name,
+                        p.array.leaf_type(),
+                        p.start,
+                        entry.ty
+                    ),
+                });
+            }
+            let raw = Raw::of(&p.array);
+            entry.pieces.push(PieceEntry {
+                part,
+                start: p.start,
+                dims: p.array.dims().to_vec(),
+                blake3: blake3::hash(&raw.bytes).to_hex().to_string(),
+            });
+            drop(p.array);
+            raws.push((p.name, raw));
+        }
+        let written: u64 = raws.iter().map(|(_, r)| r.bytes.len() as u64).sum();
+        let fail = |source: std::io::Error| Error::CheckpointIo {
+            path: path.clone(),
+            what: "write a checkpoint part",
+            source,
+        };
+        safetensors::serialize_to_file(raws, None, &path)
+            .map_err(|e| fail(std::io::Error::other(e.to_string())))?;
+        File::open(&path)
+            .and_then(|f| f.sync_all())
+            .map_err(fail)?;
+        self.bytes += written;
+        self.parts.push(name);
+        Ok(())
+    }
+
+    /// Commits the version: checks that the pieces of every tensor cover it exactly, writes
+    /// the index with `metadata`, renames the version into place and points `CURRENT` at it
+    /// (each step synced), then removes the older versions. Returns the bytes of the pieces.
+    pub(crate) fn commit(mut self, metadata: BTreeMap<String, String>) -> Result<u64> {
+        for t in &self.tensors {
+            let count = |dims: &[usize]| dims.iter().product::<usize>();
+            let covered: usize = t.pieces.iter().map(|p| count(&p.dims)).sum();
+            if covered != count(&t.ty.dims) {
+                return Err(Error::CheckpointInput {
+                    why: format!(
+                        "the pieces of `{}` hold {covered} of its {} elements",
+                        t.name,
+                        count(&t.ty.dims)
+                    ),
+                });
+            }
+        }
+        let mut index = Index {
+            format: DIR_FORMAT.to_owned(),
+            version: DIR_VERSION,
+            parts: std::mem::take(&mut self.parts),
+            metadata,
+            tensors: std::mem::take(&mut self.tensors),
+            checksum: None,
+        };
+        index.checksum = Some(index.digest()?);
+        let json = serde_json::to_vec_pretty(&index).map_err(|e| Error::CheckpointInput {
+            why: format!("cannot encode the checkpoint's index: {e}"),
+        })?;
+        let root = self.root.clone();
+        let io = |what: &'static str, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| Error::CheckpointIo { path, what, source }
+        };
+        let index_path = self.tmp.join(INDEX);
+        let mut f = files::private_file()
+            .create_new(true)
+            .open(&index_path)
+            .map_err(io("create", &index_path))?;
+        f.write_all(&json)
+            .and_then(|()| f.sync_all())
+            .map_err(io("write", &index_path))?;
+        drop(f);
+        sync_dir(&self.tmp);
+        let target = root.join(&self.version);
+        fs::rename(&self.tmp, &target).map_err(io("rename a finished version into", &root))?;
+        self.committed = true;
+        sync_dir(&root);
+        files::write_atomic(
+            &root.join(CURRENT),
+            format!("{}\n", self.version).as_bytes(),
+            true,
+        )
+        .map_err(|f| Error::CheckpointIo {
+            path: root.join(CURRENT),
+            what: "point (atomically) at the new version with",
+            source: f.source,
+        })?;
+        // The older versions are unreachable now.
+        if let Ok(rd) = fs::read_dir(&root) {
+            for e in rd.filter_map(|e| e.ok()) {
+                let name = e.file_name();
+                let Some(name) = name.to_str() else { continue };
+                if name.starts_with(VERSION_PREFIX)
+                    && !name.contains(TEMP_MARK)
+                    && name != self.version
+                    && e.file_type().is_ok_and(|t| t.is_dir())
+                {
+                    let _ = fs::remove_dir_all(e.path());
+                }
+            }
+        }
+        Ok(self.bytes)
+    }
+}
+
+impl Drop for DirWriter {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = fs::remove_dir_all(&self.tmp);
+        }
+    }
+}
+
+/// Syncs a directory's entries (a rename in it), where directories can be synced.
+fn sync_dir(dir: &Path) {
+    #[cfg(unix)]
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    #[cfg(not(unix))]
+    let _ = dir;
+}
+
+/// Removes the versions of writers killed mid-save: temporary version directories whose
+/// writer is gone (or that are over an hour old).
+fn sweep_temporaries(root: &Path) {
+    let Ok(rd) = fs::read_dir(root) else { return };
+    for e in rd.filter_map(|e| e.ok()) {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(pos) = name.rfind(TEMP_MARK) else {
+            continue;
+        };
+        if !name.starts_with(VERSION_PREFIX) || !e.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let pid = name[pos + TEMP_MARK.len()..]
+            .split('.')
+            .next()
+            .and_then(|p| p.parse::<u32>().ok());
+        let alive = match pid {
+            Some(pid) if pid == std::process::id() => true,
+            Some(pid) if Path::new("/proc/self").exists() => {
+                Path::new(&format!("/proc/{pid}")).exists()
+            }
+            _ => true,
+        };
+        let old = e
+            .metadata()
+            .ok()
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age.as_secs() > 3600);
+        if !alive || old {
+            let _ = fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// A checkpoint directory, opened: its committed version's index, read and checked, and the
+/// checkpoint's identity — its values are read only when asked, range by range.
+///
+/// # The layout
+///
+/// ```text
+/// run/                                   the checkpoint directory (the path saved to)
+///   CURRENT                              the committed version's name, one line
+///   step-000000000120.<pid>.<n>/         a version
+///     index.json                         metadata, tensors, pieces, checksums
+///     part-00000.safetensors             device 0's pieces
+///     part-00001.safetensors             device 1's pieces, …
+/// ```
+///
+/// Each part is a standard `safetensors` file holding one device's pieces, each named by its
+/// tensor (`layers[0].w`, `opt/m/layers[0].w`, `acc/layers[0].w` — the names of the
+/// single-file format); a piece replicated on several devices is written once. `index.json`
+/// holds the checkpoint's metadata (the keys of [`meta`](super::meta) but the checksum), each
+/// tensor's whole type and its pieces (part, start per dim, dims, blake3 of the bytes), and a
+/// blake3 of itself.
+///
+/// A save writes a new version into a temporary directory, syncs it, renames it into place
+/// and then replaces `CURRENT` atomically: a process killed at any point leaves `CURRENT`
+/// naming the previous version, complete. The older versions are removed after the commit,
+/// and the temporary ones of killed writers at the next save.
+///
+/// Reading checks the index's checksum, then each piece's as it is read: a flipped byte is
+/// [`Error::CheckpointCorrupt`], naming the file.
+#[derive(Debug)]
+pub struct CheckpointDir {
+    root: PathBuf,
+    version: PathBuf,
+    index: Index,
+    by_name: HashMap<String, usize>,
+    head: Checkpoint,
+    opt_names: Vec<String>,
+    window: Option<WindowMeta>,
+    allow_retuned: bool,
+}
+
+/// A checkpoint to resume a training handle from ([`crate::train::Nitro::resume`]): a file
+/// read whole, or a checkpoint directory opened, whose values are read as the handle places
+/// them.
+#[derive(Debug)]
+pub enum Saved {
+    /// A checkpoint in memory ([`Checkpoint::load`], [`Checkpoint::capture`]).
+    Whole(Checkpoint),
+    /// A checkpoint directory ([`CheckpointDir::open`]).
+    Directory(CheckpointDir),
+}
+
+impl Saved {
+    /// The checkpoint at `path`: a directory opened ([`CheckpointDir::open`]), or a file read
+    /// ([`Checkpoint::load`]).
+    pub fn open(path: impl AsRef<Path>) -> Result<Saved> {
+        let path = path.as_ref();
+        if fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+            return CheckpointDir::open(path).map(Saved::Directory);
+        }
+        Checkpoint::load(path).map(Saved::Whole)
+    }
+
+    /// Lets a resume keep the optimizer state under new constants (see
+    /// [`Checkpoint::allow_retuned_optimizer`]).
+    pub fn allow_retuned_optimizer(self) -> Saved {
+        match self {
+            Saved::Whole(c) => Saved::Whole(c.allow_retuned_optimizer()),
+            Saved::Directory(d) => Saved::Directory(d.allow_retuned_optimizer()),
+        }
+    }
+
+    /// The step it was taken at.
+    pub fn step(&self) -> u64 {
+        match self {
+            Saved::Whole(c) => c.step(),
+            Saved::Directory(d) => d.step(),
+        }
+    }
+}
+
+impl From<Checkpoint> for Saved {
+    fn from(c: Checkpoint) -> Saved {
+        Saved::Whole(c)
+    }
+}
+
+impl From<CheckpointDir> for Saved {
+    fn from(d: CheckpointDir) -> Saved {
+        Saved::Directory(d)
+    }
+}
+
+impl CheckpointDir {
+    /// Opens the checkpoint directory at `path`: reads `CURRENT` and the version's index, and
+    /// checks them.
+    ///
+    /// [`Error::CheckpointIo`] when they cannot be read; [`Error::CheckpointCorrupt`] when
+    /// `CURRENT` names no version, or the index is altered, of another layout version, or not
+    /// a nitro checkpoint's.
+    pub fn open(path: impl AsRef<Path>) -> Result<CheckpointDir> {
+        let root = path.as_ref().to_path_buf();
+        let origin = format!("`{}`", root.display());
+        let corrupt = |why: String| Error::CheckpointCorrupt {
+            origin: origin.clone(),
+            why,
+        };
+        let current = read_bounded(&root.join(CURRENT), 4096, &origin)?;
+        let name = String::from_utf8(current)
+            .ok()
+            .map(|s| s.trim_end().to_owned())
+            .filter(|n| {
+                n.starts_with(VERSION_PREFIX) && !n.contains(['/', '\\']) && !n.contains("..")
+            })
+            .ok_or_else(|| corrupt(format!("its `{CURRENT}` names no version")))?;
+        let version = root.join(&name);
+        let bytes = read_bounded(&version.join(INDEX), MAX_INDEX_BYTES, &origin)?;
+        let index: Index = serde_json::from_slice(&bytes)
+            .map_err(|e| corrupt(format!("its index is unreadable ({e})")))?;
+        if index.format != DIR_FORMAT {
+            return Err(corrupt("its index is not a nitro checkpoint's".into()));
+        }
+        if index.version != DIR_VERSION {
+            return Err(corrupt(format!(
+                "its index has layout version {}, and this nitro reads version {DIR_VERSION}",
+                index.version
+            )));
+        }
+        if index.checksum.as_deref() != Some(index.digest()?.as_str()) {
+            return Err(corrupt(
+                "its index's checksum does not match its contents (a byte was changed)".into(),
+            ));
+        }
+        let mut by_name = HashMap::new();
+        for (i, t) in index.tensors.iter().enumerate() {
+            if by_name.insert(t.name.clone(), i).is_some() {
+                return Err(corrupt(format!("its index lists `{}` twice", t.name)));
+            }
+            for p in &t.pieces {
+                let inside = p.part < index.parts.len()
+                    && p.start.len() == t.ty.dims.len()
+                    && p.dims.len() == t.ty.dims.len()
+                    && p.start
+                        .iter()
+                        .zip(&p.dims)
+                        .zip(&t.ty.dims)
+                        .all(|((s, d), w)| s.checked_add(*d).is_some_and(|e| e <= *w));
+                if !inside {
+                    return Err(corrupt(format!(
+                        "its index places a piece of `{}` outside it",
+                        t.name
+                    )));
+                }
+            }
+        }
+        if index
+            .parts
+            .iter()
+            .any(|p| p.contains(['/', '\\']) || p.contains(".."))
+        {
+            return Err(corrupt("its index names a part outside the version".into()));
+        }
+        let (head, opt_names, window) = Checkpoint::parse_head(&index.metadata, &origin)?;
+        Ok(CheckpointDir {
+            root,
+            version,
+            index,
+            by_name,
+            head,
+            opt_names,
+            window,
+            allow_retuned: false,
+        })
+    }
+
+    /// Lets a training handle resume it with an optimizer whose constants differ (see
+    /// [`Checkpoint::allow_retuned_optimizer`]).
+    pub fn allow_retuned_optimizer(mut self) -> CheckpointDir {
+        self.allow_retuned = true;
+        self
+    }
+
+    /// Whether [`allow_retuned_optimizer`](CheckpointDir::allow_retuned_optimizer) was called.
+    pub fn allows_retuned_optimizer(&self) -> bool {
+        self.allow_retuned
+    }
+
+    /// The directory opened.
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    /// The committed version's directory, which `CURRENT` names.
+    pub fn version(&self) -> &Path {
+        &self.version
+    }
+
+    /// The step the checkpoint was taken at.
+    pub fn step(&self) -> u64 {
+        self.head.step()
+    }
+
+    /// The tensors, by name, with their whole types, in the order saved.
+    pub fn tensors(&self) -> impl Iterator<Item = (&str, &LeafType)> {
+        self.index.tensors.iter().map(|t| (t.name.as_str(), &t.ty))
+    }
+
+    /// The checkpoint's identity, position and optimizer without its arrays (`device()`,
+    /// `optimizer()` and `window()` are empty): what a resume checks before reading a value.
+    pub(crate) fn head(&self) -> &Checkpoint {
+        &self.head
+    }
+
+    /// The optimizer-state names the metadata lists (without the prefix).
+    pub(crate) fn optimizer_names(&self) -> &[String] {
+        &self.opt_names
+    }
+
+    /// The accumulation window the metadata lists.
+    pub(crate) fn window(&self) -> Option<&WindowMeta> {
+        self.window.as_ref()
+    }
+
+    /// The whole type of tensor `name`, if the checkpoint holds it.
+    pub fn tensor_type(&self, name: &str) -> Option<&LeafType> {
+        self.by_name.get(name).map(|&i| &self.index.tensors[i].ty)
+    }
+
+    /// The window `window` (`(start, len)` per dim) of tensor `name`, reading only the pieces
+    /// it overlaps. [`Error::CheckpointInput`] when the checkpoint holds no such tensor or the
+    /// window is outside it.
+    pub fn read(&self, name: &str, window: &[(usize, usize)]) -> Result<Array> {
+        self.read_windows(name, &[window.to_vec()])?
+            .pop()
+            .ok_or_else(|| Error::CheckpointInput {
+                why: format!("no window of `{name}` was read"),
+            })
+    }
+
+    /// Tensor `name` whole.
+    pub fn read_whole(&self, name: &str) -> Result<Array> {
+        let ty = self.tensor_type(name).ok_or_else(|| self.missing(name))?;
+        let whole: Vec<(usize, usize)> = ty.dims.iter().map(|&d| (0, d)).collect();
+        self.read(name, &whole)
+    }
+
+    fn missing(&self, name: &str) -> Error {
+        Error::CheckpointCorrupt {
+            origin: format!("`{}`", self.root.display()),
+            why: format!("it holds no tensor `{name}`"),
+        }
+    }
+
+    /// The windows `windows` of tensor `name`, one array each: every piece is read once (and
+    /// its checksum checked) and copied into each window it overlaps, so a window repeated
+    /// (replicated on several devices) or finer than the pieces costs no second read.
+    pub(crate) fn read_windows(
+        &self,
+        name: &str,
+        windows: &[Vec<(usize, usize)>],
+    ) -> Result<Vec<Array>> {
+        let entry = &self.index.tensors[*self.by_name.get(name).ok_or_else(|| self.missing(name))?];
+        let ty = &entry.ty;
+        let elem = ty.dtype.size_bytes();
+        let mut outs = Vec::with_capacity(windows.len());
+        for w in windows {
+            let inside = w.len() == ty.dims.len()
+                && w.iter()
+                    .zip(&ty.dims)
+                    .all(|((s, l), d)| s.checked_add(*l).is_some_and(|e| e <= *d));
+            if !inside {
+                return Err(Error::CheckpointInput {
+                    why: format!("the window {w:?} is outside `{name}`, {ty}"),
+                });
+            }
+            let count: usize = w.iter().map(|(_, l)| l).product();
+            outs.push((vec![0u8; count * elem], 0usize));
+        }
+        for piece in &entry.pieces {
+            let overlaps = |w: &Vec<(usize, usize)>| {
+                w.iter()
+                    .zip(&piece.start)
+                    .zip(&piece.dims)
+                    .all(|(((ws, wl), ps), pd)| ws.max(ps) < &(ws + wl).min(ps + pd))
+            };
+            if !windows.iter().any(overlaps) {
+                continue;
+            }
+            let bytes = self.read_piece(entry, piece)?;
+            for (w, (out, copied)) in windows.iter().zip(outs.iter_mut()) {
+                *copied += copy_overlap(out, w, &bytes, &piece.start, &piece.dims, elem);
+            }
+        }
+        windows
+            .iter()
+            .zip(outs)
+            .map(|(w, (bytes, copied))| {
+                let dims: Vec<usize> = w.iter().map(|(_, l)| *l).collect();
+                if copied != dims.iter().product::<usize>() {
+                    return Err(self.corrupt(format!(
+                        "the pieces of `{name}` do not cover the window {w:?}"
+                    )));
+                }
+                let view = safetensors::tensor::TensorView::new(st_dtype(ty.dtype), dims, &bytes)
+                    .map_err(|e| self.corrupt(format!("a window of `{name}` is unreadable ({e})")))?;
+                to_array(&view).map_err(|why| self.corrupt(format!("`{name}` {why}")))
+            })
+            .collect()
+    }
+
+    fn corrupt(&self, why: String) -> Error {
+        Error::CheckpointCorrupt {
+            origin: format!("`{}`", self.version.display()),
+            why,
+        }
+    }
+
+    /// A piece's bytes, read from its part file and checked against the index.
+    fn read_piece(&self, entry: &TensorEntry, piece: &PieceEntry) -> Result<Vec<u8>> {
+        let path = self.version.join(&self.index.parts[piece.part]);
+        let origin = format!("`{}`", path.display());
+        let corrupt = |why: String| Error::CheckpointCorrupt {
+            origin: origin.clone(),
+            why,
+        };
+        let io = |what: &'static str| {
+            let path = path.clone();
+            move |source| Error::CheckpointIo { path, what, source }
+        };
+        let (mut file, len) =
+            match files::open_regular(&path, u64::MAX, Owner::Anyone).map_err(io("open"))? {
+                Opened::File(f, len) => (f, len),
+                Opened::Refused(r) => return Err(corrupt(format!("it is {}", r.why()))),
+            };
+        let mut n = [0u8; 8];
+        file.read_exact(&mut n)
+            .map_err(|_| corrupt(format!("it holds {len} bytes, too few for a header")))?;
+        let header_len = u64::from_le_bytes(n);
+        if header_len > MAX_HEADER_BYTES || header_len > len.saturating_sub(8) {
+            return Err(corrupt(format!(
+                "its header claims {header_len} bytes and the file holds {len}"
+            )));
+        }
+        let header = files::read_exactly(&mut file, header_len).map_err(io("read"))?;
+        let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&header)
+            .map_err(|e| corrupt(format!("its header is not a JSON object ({e})")))?;
+        let t = header
+            .get(&entry.name)
+            .ok_or_else(|| corrupt(format!("it holds no piece of `{}`", entry.name)))?;
+        let dtype = format!("{:?}", st_dtype(entry.ty.dtype));
+        let shape: Option<Vec<usize>> = t.get("shape").and_then(|s| {
+            s.as_array()?
+                .iter()
+                .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
+                .collect()
+        });
+        let offsets = t
+            .get("data_offsets")
+            .and_then(|o| o.as_array())
+            .filter(|o| o.len() == 2)
+            .and_then(|o| Some((o[0].as_u64()?, o[1].as_u64()?)));
+        let expected = piece.dims.iter().product::<usize>() as u64 * entry.ty.dtype.size_bytes() as u64;
+        let (start, end) = match (t.get("dtype").and_then(|d| d.as_str()), shape, offsets) {
+            (Some(d), Some(s), Some((b, e))) if d == dtype && s == piece.dims && e >= b && e - b == expected => (b, e),
+            _ => {
+                return Err(corrupt(format!(
+                    "its piece of `{}` is not the {dtype}{:?} the index says",
+                    entry.name, piece.dims
+                )))
+            }
+        };
+        let at = 8 + header_len + start;
+        if at.checked_add(end - start).is_none_or(|e| e > len) {
+            return Err(corrupt(format!(
+                "its piece of `{}` runs past the end of the file",
+                entry.name
+            )));
+        }
+        file.seek(SeekFrom::Start(at)).map_err(io("read"))?;
+        let bytes = files::read_exactly(&mut file, end - start).map_err(io("read"))?;
+        if blake3::hash(&bytes).to_hex().as_str() != piece.blake3 {
+            return Err(corrupt(format!(
+                "its piece of `{}` does not match its checksum (a byte was changed)",
+                entry.name
+            )));
+        }
+        Ok(bytes)
+    }
+
+    /// The whole checkpoint, every tensor assembled on the host (what
+    /// [`Checkpoint::load`] returns for a directory).
+    pub fn load(&self) -> Result<Checkpoint> {
+        let origin = format!("`{}`", self.root.display());
+        let mut head = self.head.clone();
+        if self.allow_retuned {
+            head = head.allow_retuned_optimizer();
+        }
+        head.fill(
+            self.opt_names.clone(),
+            self.window.clone(),
+            &origin,
+            self.index.tensors.len(),
+            &mut |name| self.read_whole(name),
+        )
+    }
+}
+
+/// Copies the part of `src` (a piece at `start` of `dims`) inside `window` into `out` (the
+/// window's elements, row-major), `elem` bytes an element; returns the elements copied.
+fn copy_overlap(
+    out: &mut [u8],
+    window: &[(usize, usize)],
+    src: &[u8],
+    start: &[usize],
+    dims: &[usize],
+    elem: usize,
+) -> usize {
+    let rank = dims.len();
+    let mut lo = Vec::with_capacity(rank);
+    let mut hi = Vec::with_capacity(rank);
+    for ((&(ws, wl), &ps), &pd) in window.iter().zip(start).zip(dims) {
+        let (l, h) = (ws.max(ps), (ws + wl).min(ps + pd));
+        if l >= h {
+            return 0;
+        }
+        lo.push(l);
+        hi.push(h);
+    }
+    if rank == 0 {
+        out[..elem].copy_from_slice(&src[..elem]);
+        return 1;
+    }
+    let strides = |d: &[usize]| {
+        let mut s = vec![1usize; d.len()];
+        for i in (0..d.len().saturating_sub(1)).rev() {
+            s[i] = s[i + 1] * d[i + 1];
+        }
+        s
+    };
+    let wdims: Vec<usize> = window.iter().map(|(_, l)| *l).collect();
+    let (ws, ps) = (strides(&wdims), strides(dims));
+    let run = hi[rank - 1] - lo[rank - 1];
+    let mut idx = lo.clone();
+    let mut copied = 0;
+    loop {
+        let mut o = 0;
+        let mut p = 0;
+        for d in 0..rank {
+            o += (idx[d] - window[d].0) * ws[d];
+            p += (idx[d] - start[d]) * ps[d];
+        }
+        out[o * elem..(o + run) * elem].copy_from_slice(&src[p * elem..(p + run) * elem]);
+        copied += run;
+        // The next run: advance the outer dims.
+        let mut d = rank - 1;
+        loop {
+            if d == 0 {
+                return copied;
+            }
+            d -= 1;
+            idx[d] += 1;
+            if idx[d] < hi[d] {
+                break;
+            }
+            idx[d] = lo[d];
+        }
+    }
+}
+
+/// A small file's bytes (`CURRENT`, an index), at most `max`.
+fn read_bounded(path: &Path, max: u64, origin: &str) -> Result<Vec<u8>> {
+    let io = |source| Error::CheckpointIo {
+        path: path.to_path_buf(),
+        what: "read",
+        source,
+    };
+    match files::open_regular(path, max, Owner::Anyone).map_err(io)? {
+        Opened::File(mut f, len) => files::read_exactly(&mut f, len).map_err(io),
+        Opened::Refused(r) => Err(Error::CheckpointCorrupt {
+            origin: origin.to_owned(),
+            why: format!("its `{}` is {}", path.display(), r.why()),
+        }),
+    }
+}
+
+/// The tensor name of optimizer state `name` (`m/layers[0].w`): [`OPTIMIZER_PREFIX`] + name.
+pub(crate) fn optimizer_tensor(name: &str) -> String {
+    format!("{OPTIMIZER_PREFIX}{name}")
+}
+
+/// The tensor name of an accumulation window's sum for trainable leaf `path`.
+pub(crate) fn window_tensor(path: &str) -> String {
+    format!("{WINDOW_PREFIX}{path}")
+}
+
+impl Checkpoint {
+    /// Writes the checkpoint as a checkpoint directory at `path` (see [`CheckpointDir`]): one
+    /// part holding every tensor whole. A training handle on several devices writes one part
+    /// per device instead ([`crate::train::Nitro::save`]).
+    ///
+    /// Errors as [`save`](Checkpoint::save).
+    pub fn save_dir(&self, path: impl AsRef<Path>) -> Result<()> {
+        let mut writer = DirWriter::begin(path.as_ref(), self.step())?;
+        let mut pieces = Vec::new();
+        let mut add = |name: String, a: &Array| {
+            pieces.push(Piece {
+                name,
+                whole: a.leaf_type(),
+                start: vec![0; a.dims().len()],
+                array: a.clone(),
+            })
+        };
+        for (n, a) in self.device() {
+            add(n.clone(), a);
+        }
+        for (n, a) in self.optimizer() {
+            add(optimizer_tensor(n), a);
+        }
+        if let Some(w) = self.window() {
+            for (n, a) in &w.sums {
+                add(window_tensor(n), a);
+            }
+        }
+        writer.write_part(pieces)?;
+        writer.commit(self.listed_metadata()?)?;
+        Ok(())
+    }
+}

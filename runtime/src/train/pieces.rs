@@ -1,0 +1,386 @@
+//! Checkpoint directories from and into a handle's device state, piece by piece: a save copies
+//! each device's shards off it and writes them as that device's part; a resume on a mesh reads
+//! each device's ranges of every leaf and uploads them — neither assembles a leaf on the host
+//! that no device holds whole ([`crate::checkpoint::CheckpointDir`]).
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use super::state::frozen_leaves;
+use super::values::place_group_from;
+use super::*;
+use crate::checkpoint::{
+    optimizer_tensor, window_tensor, CheckpointDir, DirWriter, Piece, WindowMeta,
+};
+
+/// Where the values of one tensor of a save are.
+pub(super) enum Held<'a> {
+    /// A value the handle keeps (lent for a save on the training thread).
+    Lent(&'a Value),
+    /// A value handed over to the save's thread.
+    Owned(Value),
+    /// A host array: a leaf that is not trainable, or unpacked from a packed group.
+    Host(Cow<'a, Array>),
+}
+
+impl Held<'_> {
+    fn value(&self) -> Option<&Value> {
+        match self {
+            Held::Lent(v) => Some(v),
+            Held::Owned(v) => Some(v),
+            Held::Host(_) => None,
+        }
+    }
+}
+
+impl state::Snapshot {
+    /// The packed trainable groups and the optimizer state, slot by slot, as a save's
+    /// thread holds them.
+    pub(super) fn into_held(self) -> (Vec<Held<'static>>, Vec<Held<'static>>) {
+        match self {
+            state::Snapshot::Devices {
+                trainable,
+                optimizer,
+            } => (
+                trainable.into_iter().map(Held::Owned).collect(),
+                optimizer.into_iter().map(Held::Owned).collect(),
+            ),
+            state::Snapshot::Host {
+                trainable,
+                optimizer,
+            } => (
+                trainable.into_iter().map(|a| Held::Host(Cow::Owned(a))).collect(),
+                optimizer.into_iter().map(|a| Held::Host(Cow::Owned(a))).collect(),
+            ),
+        }
+    }
+}
+
+/// One tensor of a save: its name in the checkpoint and its values.
+pub(super) type Source<'a> = (String, Held<'a>);
+
+/// The tensors of a handle's checkpoint directory, named as the single file names them: the
+/// other Device leaves (`frozen`: paths and host arrays), the trainable groups, the optimizer
+/// state (slot by slot, one value per group) and an accumulation window's sums. On a mesh
+/// every group is a leaf, kept as its value; packed groups are copied to the host and
+/// unpacked.
+pub(super) fn sources<'a>(
+    layout: &Layout,
+    slots: &[&str],
+    frozen: (Vec<String>, Vec<Cow<'a, Array>>),
+    trainable: Vec<Held<'a>>,
+    optimizer: Vec<Held<'a>>,
+    sums: Option<Vec<Held<'a>>>,
+) -> Result<Vec<Source<'a>>> {
+    let (packing, paths) = (&layout.packing, &layout.paths);
+    let state_packing = packing.for_state();
+    let leaves = |held: Vec<Held<'a>>, packing: &Packing| -> Result<Vec<Held<'a>>> {
+        if packing.per_leaf {
+            return Ok(held);
+        }
+        let host = held
+            .iter()
+            .map(|h| match h {
+                Held::Host(a) => Ok(a.as_ref().clone()),
+                h => h.value().ok_or_else(state::unplaced)?.to_host(),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(packing
+            .unpack(&host)?
+            .into_iter()
+            .map(|a| Held::Host(Cow::Owned(a)))
+            .collect())
+    };
+    let mut out: Vec<Source<'a>> = frozen
+        .0
+        .into_iter()
+        .zip(frozen.1)
+        .map(|(p, a)| (p, Held::Host(a)))
+        .collect();
+    out.extend(paths.iter().cloned().zip(leaves(trainable, packing)?));
+    let groups = packing.groups.len().max(1);
+    let mut optimizer = optimizer.into_iter();
+    for slot in slots {
+        let chunk: Vec<Held<'a>> = optimizer.by_ref().take(groups).collect();
+        let names = paths.iter().map(|p| optimizer_tensor(&format!("{slot}/{p}")));
+        out.extend(names.zip(leaves(chunk, &state_packing)?));
+    }
+    if let Some(sums) = sums {
+        let names = paths.iter().map(|p| window_tensor(p));
+        out.extend(names.zip(leaves(sums, packing)?));
+    }
+    Ok(out)
+}
+
+/// Writes `sources` as a new version of the checkpoint directory `root` with `metadata`: one
+/// part per device, each holding that device's shards (a shard several devices hold is written
+/// once, by the first), copied off the device one device at a time; values kept whole go to
+/// the first part.
+pub(super) fn write_dir(
+    root: &Path,
+    step: u64,
+    metadata: BTreeMap<String, String>,
+    sources: Vec<Source<'_>>,
+) -> Result<Written> {
+    let mut copy = Duration::ZERO;
+    let parts = sources
+        .iter()
+        .map(|(_, h)| match h.value() {
+            Some(Value::Sharded(shards, _)) => shards.len(),
+            _ => 1,
+        })
+        .max()
+        .unwrap_or(1);
+    let mut writer = DirWriter::begin(root, step)?;
+    let mut written: Vec<HashSet<Vec<usize>>> = vec![HashSet::new(); sources.len()];
+    for device in 0..parts {
+        let mut pieces = Vec::new();
+        for (i, (name, held)) in sources.iter().enumerate() {
+            let (whole, start, array) = match held.value() {
+                Some(v @ Value::Sharded(shards, layout)) => {
+                    let (spec, mesh) = &**layout;
+                    let whole = v.leaf_type();
+                    let start: Vec<usize> = spec
+                        .window(mesh, &whole.dims, device)
+                        .into_iter()
+                        .map(|(s, _)| s)
+                        .collect();
+                    if !written[i].insert(start.clone()) {
+                        continue;
+                    }
+                    let shard = shards.get(device).ok_or_else(state::unplaced)?;
+                    let copying = Instant::now();
+                    let array = shard.to_host()?;
+                    copy += copying.elapsed();
+                    (whole, start, array)
+                }
+                _ if device > 0 => continue,
+                Some(v) => {
+                    let copying = Instant::now();
+                    let a = v.to_host()?;
+                    copy += copying.elapsed();
+                    (a.leaf_type(), vec![0; a.dims().len()], a)
+                }
+                None => {
+                    let Held::Host(a) = held else { continue };
+                    (a.leaf_type(), vec![0; a.dims().len()], a.as_ref().clone())
+                }
+            };
+            pieces.push(Piece {
+                name: name.clone(),
+                whole,
+                start,
+                array,
+            });
+        }
+        if device == 0 || !pieces.is_empty() {
+            writer.write_part(pieces)?;
+        }
+    }
+    let bytes = writer.commit(metadata)?;
+    Ok(Written { bytes, copy })
+}
+
+/// What [`write_dir`] wrote: the tensors' bytes, and the time spent copying them off the
+/// devices.
+pub(super) struct Written {
+    pub(super) bytes: u64,
+    pub(super) copy: Duration,
+}
+
+/// The metadata of a handle's checkpoint directory: `head`'s, listing the optimizer state of
+/// `slots` for every trainable leaf and the accumulation window `window` (micro-batches, rows)
+/// when there is one.
+pub(super) fn metadata(
+    head: &Checkpoint,
+    paths: &[String],
+    slots: &[&str],
+    window: Option<(usize, usize)>,
+) -> Result<BTreeMap<String, String>> {
+    let names: Vec<String> = slots
+        .iter()
+        .flat_map(|s| paths.iter().map(move |p| format!("{s}/{p}")))
+        .collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let window = window.map(|(micro_batches, rows)| WindowMeta {
+        micro_batches,
+        rows,
+        sums: paths.to_vec(),
+    });
+    head.metadata(&names, window.as_ref())
+}
+
+impl<E: Model, O: Optimizer> Nitro<E, O> {
+    /// Writes the handle as a checkpoint directory at `path`, on this thread.
+    pub(super) fn save_dir(&mut self, path: &Path) -> Result<Written> {
+        self.place_state()?;
+        let head = self.checkpoint_head(false)?;
+        let window = self.progress.window();
+        let window_counts = window
+            .sums
+            .as_ref()
+            .map(|_| (window.micro_batches, window.rows.round() as usize));
+        let (paths, frozen) = frozen_leaves(&self.experiment);
+        let frozen = (paths, frozen.into_iter().map(Cow::Owned).collect());
+        let layout = self.state.layout().clone();
+        let slots = self.optimizer.slots();
+        let metadata = metadata(&head, &layout.paths, slots, window_counts)?;
+        let (trainable, optimizer) = self.state.placed()?;
+        let sums = self
+            .progress
+            .window()
+            .sums
+            .as_ref()
+            .map(|s| s.iter().map(Held::Lent).collect());
+        let sources = sources(
+            &layout,
+            slots,
+            frozen,
+            trainable.iter().map(Held::Lent).collect(),
+            optimizer.iter().map(Held::Lent).collect(),
+            sums,
+        )?;
+        write_dir(path, head.step(), metadata, sources)
+    }
+
+    /// A handle on a mesh that continues from the checkpoint directory `dir`, each device's
+    /// ranges of every leaf read and uploaded to it (the other Device leaves are read whole
+    /// into the experiment). Checked as [`Nitro::resume`] checks a checkpoint, before anything
+    /// is read.
+    pub(super) fn resume_dir(
+        mut experiment: E,
+        optimizer: O,
+        config: Config,
+        dir: CheckpointDir,
+        backend: &'static dyn Backend,
+        cache: &'static Cache,
+    ) -> Result<Nitro<E, O>> {
+        let head = dir.head();
+        head.check(&experiment)?;
+        let allow_retuned = dir.allows_retuned_optimizer();
+        resume::check_optimizer(head.optimizer_identity(), &optimizer, allow_retuned)?;
+        if let Some(w) = dir.window() {
+            resume::check_accumulation(&config, w.micro_batches)?;
+        }
+        let mut failed = None;
+        experiment.visit_device_mut(&mut |field, path, leaf| {
+            if field.role != (Role::Device { trainable: true }) && failed.is_none() {
+                match dir.read_whole(path.as_str()) {
+                    Ok(a) => *leaf = a,
+                    Err(e) => failed = Some(e),
+                }
+            }
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let mut handle = Nitro::with_backend(experiment, optimizer, config, backend, cache)?;
+        let layout = handle.state.layout().clone();
+        let current = crate::checkpoint::OptimizerIdentity::of(&handle.optimizer);
+        let refuse = |why: String| Error::CheckpointOptimizer {
+            stored: head
+                .optimizer_identity()
+                .map_or_else(|| "unrecorded".to_owned(), |i| i.constants.clone()),
+            current: current.constants.clone(),
+            why,
+            retunable: false,
+        };
+        let corrupt = |why: String| Error::CheckpointCorrupt {
+            origin: format!("`{}`", dir.path().display()),
+            why,
+        };
+        // Every group is one leaf on a mesh: read each as its spec splits it.
+        let read = |name: &str, ty: &LeafType, g: usize| -> Result<Value> {
+            let stored = dir
+                .tensor_type(name)
+                .ok_or_else(|| corrupt(format!("it holds no tensor `{name}`")))?;
+            if stored != ty {
+                return Err(corrupt(format!(
+                    "tensor `{name}` is {stored} in it, and this handle's is {ty}"
+                )));
+            }
+            let spec = crate::shard::group_spec(&layout.specs, g);
+            place_group_from(backend, ty, spec, |windows| dir.read_windows(name, windows))
+        };
+        let types = layout.packing.leaf_types();
+        let trainable = layout
+            .paths
+            .iter()
+            .zip(&types)
+            .enumerate()
+            .map(|(g, (path, ty))| read(path, ty, g))
+            .collect::<Result<Vec<_>>>()?;
+        // The optimizer state: exactly one per slot and trainable leaf.
+        let slots = handle.optimizer.slots();
+        let mut listed: HashSet<&str> = dir
+            .optimizer_names()
+            .iter()
+            .map(String::as_str)
+            .collect();
+        let state_types = layout.packing.for_state().leaf_types();
+        let mut optimizer_state = Vec::new();
+        for slot in slots {
+            for (g, (path, ty)) in layout.paths.iter().zip(&state_types).enumerate() {
+                let name = format!("{slot}/{path}");
+                if !listed.remove(name.as_str()) {
+                    return Err(refuse(format!(
+                        "the checkpoint holds no optimizer state `{name}` for trainable leaf \
+                         `{path}`"
+                    )));
+                }
+                let tensor = optimizer_tensor(&name);
+                if dir.tensor_type(&tensor).is_some_and(|t| t != ty) {
+                    return Err(refuse(format!(
+                        "optimizer state `{name}` is {} in the checkpoint, and the state of \
+                         trainable leaf `{path}` is {ty}",
+                        dir.tensor_type(&tensor).map_or_else(String::new, |t| t.to_string())
+                    )));
+                }
+                optimizer_state.push(read(&tensor, ty, g)?);
+            }
+        }
+        if let Some(extra) = listed.iter().min() {
+            return Err(refuse(format!(
+                "the checkpoint holds optimizer state `{extra}`, which no slot of this \
+                 optimizer and no trainable leaf names"
+            )));
+        }
+        let sums = match dir.window() {
+            Some(w) => Some((
+                w.micro_batches,
+                w.rows,
+                layout
+                    .paths
+                    .iter()
+                    .zip(&types)
+                    .enumerate()
+                    .map(|(g, (path, ty))| read(&window_tensor(path), ty, g))
+                    .collect::<Result<Vec<_>>>()?,
+            )),
+            None => None,
+        };
+        let step = resume::device_step(head.step())?;
+        handle
+            .state
+            .restore_placed_leaves(backend, &handle.experiment, trainable)?;
+        handle
+            .state
+            .restore_placed_optimizer(backend, optimizer_state, step)?;
+        handle.progress.resume(
+            head.step(),
+            head.epoch(),
+            head.epoch_batches(),
+            head.random(),
+        );
+        if let Some((micro_batches, rows, sums)) = sums {
+            handle.progress.restore_window(progress::Window {
+                sums: Some(sums),
+                micro_batches,
+                rows: rows as f64,
+            });
+        }
+        Ok(handle)
+    }
+}
