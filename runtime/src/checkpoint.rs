@@ -76,9 +76,8 @@ use std::path::Path;
 
 mod shards;
 
-pub use shards::{CheckpointDir, Format, Saved, CURRENT, DIR_FORMAT, DIR_VERSION, INDEX};
 pub(crate) use shards::{optimizer_tensor, window_tensor, DirWriter, Piece};
-
+pub use shards::{CheckpointDir, Format, Saved, CURRENT, DIR_FORMAT, DIR_VERSION, INDEX};
 
 pub use crate::error::FieldChange;
 use crate::error::{Error, Result};
@@ -288,7 +287,9 @@ impl Checkpoint {
         let mut checkpoint = Checkpoint::capture_head(experiment, step)?;
         experiment.visit_device(&mut |_, path, node| {
             if let Node::Leaf(a) = node {
-                checkpoint.device.push((path.as_str().to_owned(), a.clone()));
+                checkpoint
+                    .device
+                    .push((path.as_str().to_owned(), a.clone()));
             }
         });
         checkpoint.optimizer = optimizer

@@ -145,10 +145,12 @@ impl DirWriter {
         match fs::symlink_metadata(root) {
             Ok(m) if m.is_dir() => {}
             Ok(_) => {
-                return Err(io("write a checkpoint directory at")(std::io::Error::other(
-                    "it is not a directory; pass a directory path, or a path ending in \
+                return Err(io("write a checkpoint directory at")(
+                    std::io::Error::other(
+                        "it is not a directory; pass a directory path, or a path ending in \
                      `.safetensors` for one file",
-                )))
+                    ),
+                ))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 files::private_dir_builder(false)
@@ -234,9 +236,7 @@ impl DirWriter {
         };
         safetensors::serialize_to_file(raws, None, &path)
             .map_err(|e| fail(std::io::Error::other(e.to_string())))?;
-        File::open(&path)
-            .and_then(|f| f.sync_all())
-            .map_err(fail)?;
+        File::open(&path).and_then(|f| f.sync_all()).map_err(fail)?;
         self.bytes += written;
         self.parts.push(name);
         Ok(())
@@ -632,7 +632,8 @@ impl CheckpointDir {
         name: &str,
         windows: &[Vec<(usize, usize)>],
     ) -> Result<Vec<Array>> {
-        let entry = &self.index.tensors[*self.by_name.get(name).ok_or_else(|| self.missing(name))?];
+        let entry =
+            &self.index.tensors[*self.by_name.get(name).ok_or_else(|| self.missing(name))?];
         let ty = &entry.ty;
         let elem = ty.dtype.size_bytes();
         let mut outs = Vec::with_capacity(windows.len());
@@ -675,7 +676,9 @@ impl CheckpointDir {
                     )));
                 }
                 let view = safetensors::tensor::TensorView::new(st_dtype(ty.dtype), dims, &bytes)
-                    .map_err(|e| self.corrupt(format!("a window of `{name}` is unreadable ({e})")))?;
+                    .map_err(|e| {
+                    self.corrupt(format!("a window of `{name}` is unreadable ({e})"))
+                })?;
                 to_array(&view).map_err(|why| self.corrupt(format!("`{name}` {why}")))
             })
             .collect()
@@ -732,9 +735,14 @@ impl CheckpointDir {
             .and_then(|o| o.as_array())
             .filter(|o| o.len() == 2)
             .and_then(|o| Some((o[0].as_u64()?, o[1].as_u64()?)));
-        let expected = piece.dims.iter().product::<usize>() as u64 * entry.ty.dtype.size_bytes() as u64;
+        let expected =
+            piece.dims.iter().product::<usize>() as u64 * entry.ty.dtype.size_bytes() as u64;
         let (start, end) = match (t.get("dtype").and_then(|d| d.as_str()), shape, offsets) {
-            (Some(d), Some(s), Some((b, e))) if d == dtype && s == piece.dims && e >= b && e - b == expected => (b, e),
+            (Some(d), Some(s), Some((b, e)))
+                if d == dtype && s == piece.dims && e >= b && e - b == expected =>
+            {
+                (b, e)
+            }
             _ => {
                 return Err(corrupt(format!(
                     "its piece of `{}` is not the {dtype}{:?} the index says",

@@ -51,8 +51,14 @@ impl state::Snapshot {
                 trainable,
                 optimizer,
             } => (
-                trainable.into_iter().map(|a| Held::Host(Cow::Owned(a))).collect(),
-                optimizer.into_iter().map(|a| Held::Host(Cow::Owned(a))).collect(),
+                trainable
+                    .into_iter()
+                    .map(|a| Held::Host(Cow::Owned(a)))
+                    .collect(),
+                optimizer
+                    .into_iter()
+                    .map(|a| Held::Host(Cow::Owned(a)))
+                    .collect(),
             ),
         }
     }
@@ -104,7 +110,9 @@ pub(super) fn sources<'a>(
     let mut optimizer = optimizer.into_iter();
     for slot in slots {
         let chunk: Vec<Held<'a>> = optimizer.by_ref().take(groups).collect();
-        let names = paths.iter().map(|p| optimizer_tensor(&format!("{slot}/{p}")));
+        let names = paths
+            .iter()
+            .map(|p| optimizer_tensor(&format!("{slot}/{p}")));
         out.extend(names.zip(leaves(chunk, &state_packing)?));
     }
     if let Some(sums) = sums {
@@ -314,11 +322,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             .collect::<Result<Vec<_>>>()?;
         // The optimizer state: exactly one per slot and trainable leaf.
         let slots = handle.optimizer.slots();
-        let mut listed: HashSet<&str> = dir
-            .optimizer_names()
-            .iter()
-            .map(String::as_str)
-            .collect();
+        let mut listed: HashSet<&str> = dir.optimizer_names().iter().map(String::as_str).collect();
         let state_types = layout.packing.for_state().leaf_types();
         let mut optimizer_state = Vec::new();
         for slot in slots {
@@ -335,7 +339,8 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                     return Err(refuse(format!(
                         "optimizer state `{name}` is {} in the checkpoint, and the state of \
                          trainable leaf `{path}` is {ty}",
-                        dir.tensor_type(&tensor).map_or_else(String::new, |t| t.to_string())
+                        dir.tensor_type(&tensor)
+                            .map_or_else(String::new, |t| t.to_string())
                     )));
                 }
                 optimizer_state.push(read(&tensor, ty, g)?);

@@ -267,7 +267,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 copy: written.copy,
                 write: started.elapsed().saturating_sub(written.copy),
             };
-            return self.saves.start(report.path.clone(), move || Ok(Ready::Saved(report)));
+            return self
+                .saves
+                .start(report.path.clone(), move || Ok(Ready::Saved(report)));
         }
         self.place_state()?;
         let head = self.checkpoint_head(false)?;
