@@ -7,8 +7,10 @@
 //! key every step, never a recompile), AdamW with a cosine schedule, 1000 steps of 16 windows.
 //! `--sample N` then generates N characters from `--prompt`, with `--temperature` and
 //! `--top-k`, through the evaluation program only: a fixed-length window, so generating compiles
-//! nothing. `--checkpoint FILE` saves the run (and with `--save-every N`, every N steps while it
-//! trains, in the background); `--resume FILE` continues one.
+//! nothing. `--checkpoint PATH` saves the run — a checkpoint directory, each device's shards a
+//! part of their own, or one file for a path ending in `.safetensors` — (and with
+//! `--save-every N`, every N steps while it trains, in the background); `--resume PATH`
+//! continues one, on any `--mesh`.
 //!
 //! Measured here (2 cores, CPU XLA): the defaults train in 116 s to 2.90 held-out bits per
 //! character (the corpus's unigram entropy is 4.76).
@@ -27,7 +29,7 @@
 
 use clap::Parser;
 use nitro::cache;
-use nitro::checkpoint::Checkpoint;
+use nitro::checkpoint::Saved;
 use nitro::data::buckets::{padding_waste, plan_edges, Buckets, Overflow, Ragged};
 use nitro::data::{text, Dataset};
 use nitro::optim::AdamW;
@@ -358,7 +360,9 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     let handle_at = started.elapsed();
     let mut run = match &args.resume {
         Some(path) => {
-            let mut run = Nitro::resume(experiment, optimizer, config, Checkpoint::load(path)?)?;
+            let saved = Saved::open(path)
+                .map_err(|e| format!("--resume {}: cannot read it: {e}", path.display()))?;
+            let mut run = Nitro::resume(experiment, optimizer, config, saved)?;
             // A resumed run trains one more pass of --steps.
             run.set_epochs(run.epochs_done() as usize + 1);
             run
@@ -392,8 +396,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .map_err(|e| format!("--save-every: a background save failed: {e}"))?;
     let saves = background.or_else(|| run.last_save().cloned());
     if let Some(path) = &args.checkpoint {
-        run.checkpoint()?
-            .save(path)
+        run.save(path)
             .map_err(|e| format!("--checkpoint {}: cannot save the run: {e}", path.display()))?;
     }
     // The real positions trained: every document's (capped at the largest edge), or every

@@ -16,8 +16,8 @@ use std::path::PathBuf;
 use nitro::data::text::Vocab;
 
 use crate::{
-    at_least_one, below_one, check_input_file, check_output_file, finite_above_zero, FlagError,
-    HandleFlags,
+    at_least_one, below_one, check_checkpoint_input, check_checkpoint_path, finite_above_zero,
+    FlagError, HandleFlags,
 };
 
 /// The model's shape (a GraphConst).
@@ -378,10 +378,12 @@ pub struct Args {
     /// Sample among the k likeliest characters only (0: all).
     #[arg(long, default_value_t = 20)]
     pub top_k: usize,
-    /// Save a checkpoint here after training (a file in an existing directory).
+    /// Save a checkpoint here after training: a checkpoint directory (each device's shards a
+    /// part of their own; created in an existing directory), or one file for a path ending in
+    /// `.safetensors`.
     #[arg(long)]
     pub checkpoint: Option<PathBuf>,
-    /// Continue the run saved here.
+    /// Continue the run saved here (a checkpoint directory or file, written on any --mesh).
     #[arg(long)]
     pub resume: Option<PathBuf>,
     /// Also save the run to --checkpoint every N optimizer steps while it trains, in the
@@ -408,9 +410,9 @@ impl Args {
     /// of 0 (`--steps`, `--layers`, `--width`, `--heads`, `--context`, `--batch`), a width that
     /// is not a multiple of the heads, a learning rate or temperature that is not a finite
     /// number above 0, a dropout outside `[0, 1)`, `--remat` without `--scan`, and output paths
-    /// that cannot be written (`--checkpoint`, `--manifest`: a file in an existing directory;
-    /// `--twin`: a directory that exists or can be created), a `--resume` file that is not
-    /// there, and `--save-every` without `--checkpoint`. The error is one sentence naming the
+    /// that cannot be written (`--checkpoint`: a directory, or a `.safetensors` file, in an
+    /// existing directory; `--manifest`: a file in an existing directory; `--twin`: a
+    /// directory that exists or can be created), a `--resume` checkpoint that is not there, and `--save-every` without `--checkpoint`. The error is one sentence naming the
     /// flag and its value.
     pub fn validate(&self) -> Result<(), FlagError> {
         at_least_one("--steps", self.steps, "the training steps")?;
@@ -447,10 +449,10 @@ impl Args {
             ));
         }
         if let Some(path) = &self.checkpoint {
-            check_output_file("--checkpoint", path)?;
+            check_checkpoint_path("--checkpoint", path)?;
         }
         if let Some(path) = &self.resume {
-            check_input_file("--resume", path)?;
+            check_checkpoint_input("--resume", path)?;
         }
         if self.save_every > 0 && self.checkpoint.is_none() {
             return Err(FlagError::new(

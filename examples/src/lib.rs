@@ -550,6 +550,35 @@ pub fn check_output_dir(flag: &str, dir: &std::path::Path) -> Result<(), FlagErr
     }
 }
 
+/// Checks a checkpoint path to write (`--checkpoint`): a path ending in `.safetensors` is one
+/// file, checked as [`check_output_file`] checks it; any other is a checkpoint directory
+/// ([`nitro::checkpoint::Format::for_path`]): an existing directory, or a new one in an
+/// existing directory. A file where the directory would be is refused, naming both forms.
+pub fn check_checkpoint_path(flag: &str, path: &std::path::Path) -> Result<(), FlagError> {
+    use nitro::checkpoint::Format;
+    if Format::for_path(path) == Format::File || path.as_os_str().is_empty() {
+        return check_output_file(flag, path);
+    }
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => Err(FlagError::new(
+            flag,
+            path.display(),
+            "it is a file, and a path that does not end in `.safetensors` names a checkpoint \
+             directory; name a directory, or a file ending in `.safetensors`",
+        )),
+        Err(_) => check_output_file(flag, path),
+    }
+}
+
+/// Checks a checkpoint to read (`--resume`): a checkpoint file or directory that is there.
+pub fn check_checkpoint_input(flag: &str, path: &std::path::Path) -> Result<(), FlagError> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        _ => check_input_file(flag, path),
+    }
+}
+
 /// Checks, before any work is done, that the input file `path` of `flag` exists and is not a
 /// directory. The error names the flag and the path.
 pub fn check_input_file(flag: &str, path: &std::path::Path) -> Result<(), FlagError> {

@@ -238,11 +238,22 @@ fn unwritable_output_paths_are_refused_naming_the_flag_and_the_path() {
         &["--twin", &shown],
         &format!("--twin {shown}: it is a file"),
     );
+    // A directory is a checkpoint directory; a `.safetensors` path that is a directory, and
+    // a file where a checkpoint directory would be, are refused.
     let d = dir.path().display().to_string();
+    args(&["--checkpoint", &d]).validate().unwrap();
+    let st = dir.path().join("dir.safetensors");
+    std::fs::create_dir_all(&st).unwrap();
+    let st = st.display().to_string();
     refused(
-        &["--checkpoint", &d],
-        &format!("--checkpoint {d}: it is a directory"),
+        &["--checkpoint", &st],
+        &format!("--checkpoint {st}: it is a directory"),
     );
+    let err = refused(
+        &["--checkpoint", &shown],
+        &format!("--checkpoint {shown}: "),
+    );
+    assert!(err.contains("`.safetensors`"), "{err}");
     refused(
         &["--manifest", &d],
         &format!("--manifest {d}: it is a directory"),
@@ -707,8 +718,8 @@ fn a_run_saving_every_two_steps_reports_its_saves_and_its_checkpoint_resumes() {
     assert_eq!(resumed.step(), 8);
 }
 
-/// A checkpoint written by a run under FSDP on 2 devices resumes on one device, and one written
-/// on one device resumes under FSDP (`--resume` on any `--mesh`).
+/// A checkpoint directory written by a run under FSDP on 2 devices resumes on one device, and a
+/// file written on one device resumes under FSDP (`--resume` on any `--mesh`).
 #[test]
 fn a_checkpoint_resumes_across_meshes() {
     let test = "a_checkpoint_resumes_across_meshes";
@@ -724,10 +735,19 @@ fn a_checkpoint_resumes_across_meshes() {
         let flags = [&["--steps", "2", "--dropout", "0"][..], extra].concat();
         tiny_run(&data, cache.path(), &flags)
     };
-    let fsdp_ckpt = dir.path().join("fsdp.safetensors").display().to_string();
+    // Under FSDP a checkpoint directory (each device's shards a part of their own), on one
+    // device one file: each resumes on the other mesh.
+    let fsdp_ckpt = dir.path().join("fsdp").display().to_string();
     let one_ckpt = dir.path().join("one.safetensors").display().to_string();
     let v = run(&["--mesh", "data=2", "--fsdp", "--checkpoint", &fsdp_ckpt]);
     assert_eq!(v["devices"], 2, "{v}");
+    let parts = nitro::checkpoint::CheckpointDir::open(&fsdp_ckpt).unwrap();
+    let part_files = std::fs::read_dir(parts.version())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("part-"))
+        .count();
+    assert_eq!(part_files, 2, "one part per device");
     // FSDP on 2 devices → one device.
     let v = run(&["--resume", &fsdp_ckpt, "--checkpoint", &one_ckpt]);
     assert_eq!(v["devices"], 1, "{v}");

@@ -16,11 +16,11 @@ use std::borrow::Cow;
 /// What a finished background save did ([`Nitro::wait_saved`], [`Nitro::last_save`]).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct SaveReport {
-    /// The file written.
+    /// The file or checkpoint directory written.
     pub path: PathBuf,
     /// The optimizer steps the checkpoint holds.
     pub step: u64,
-    /// The file's size in bytes.
+    /// The bytes written: the file's size, or a checkpoint directory's tensor bytes.
     pub bytes: u64,
     /// Taking the state: capturing the checkpoint's other parts on the training thread, and
     /// copying the parameters and optimizer state off the devices on the save's own thread.

@@ -279,13 +279,26 @@ pub(crate) fn place_group_from(
         (Some(p), Some(client)) if !spec.is_whole() => {
             let mesh = p.mesh();
             spec.check(mesh, ty, "a restored leaf")?;
-            let windows: Vec<Vec<(usize, usize)>> = (0..mesh.devices())
-                .map(|d| spec.window(mesh, &ty.dims, d))
+            // A window several devices hold (a dim not split along every axis) is read once
+            // and uploaded to each of them.
+            let mut windows: Vec<Vec<(usize, usize)>> = Vec::new();
+            let of_device: Vec<usize> = (0..mesh.devices())
+                .map(|d| {
+                    let w = spec.window(mesh, &ty.dims, d);
+                    windows.iter().position(|u| *u == w).unwrap_or_else(|| {
+                        windows.push(w);
+                        windows.len() - 1
+                    })
+                })
                 .collect();
-            let values = read(&windows)?
+            let shards = read(&windows)?;
+            let values = of_device
                 .iter()
                 .enumerate()
-                .map(|(d, s)| client.upload_to(s, d).map(Value::Device))
+                .map(|(d, &w)| {
+                    let shard = shards.get(w).ok_or_else(no_replica)?;
+                    client.upload_to(shard, d).map(Value::Device)
+                })
                 .collect::<Result<Vec<_>>>()?;
             Ok(Value::Sharded(
                 values,
