@@ -398,6 +398,7 @@ pub struct Program<E: Experiment, M = (), O: Outputs = Tensor> {
     donates_device: bool,
     packs_trainable: bool,
     packed_outputs: bool,
+    grouped_outputs: bool,
 }
 
 impl<E: Experiment, M, O: Outputs> Clone for Program<E, M, O> {
@@ -444,6 +445,7 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
             donates_device: false,
             packs_trainable: false,
             packed_outputs: false,
+            grouped_outputs: false,
         }
     }
 
@@ -483,6 +485,14 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
     /// packed storage is ([`Partitioning`]); elsewhere it changes nothing.
     pub(crate) const fn packed_outputs(mut self) -> Self {
         self.packed_outputs = true;
+        self
+    }
+
+    /// This program's outputs are the groups its function declares
+    /// ([`crate::shard::declare_groups`]), one each in order: on a partitioned backend output
+    /// `k` is sharded as group `k` (a leaf created on the devices, each device its shard).
+    pub(crate) const fn grouped_outputs(mut self) -> Self {
+        self.grouped_outputs = true;
         self
     }
 
@@ -537,6 +547,7 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
             donates_device: false,
             packs_trainable: false,
             packed_outputs: false,
+            grouped_outputs: false,
         }
     }
 
@@ -809,6 +820,8 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
                     PartitionSpec::replicated()
                 } else if self.donates_device {
                     inputs.get(k).cloned().unwrap_or_default()
+                } else if self.grouped_outputs {
+                    group(k)
                 } else if self.packed_outputs && k > 0 {
                     group(k - 1)
                 } else if self.packs_trainable {

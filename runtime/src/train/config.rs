@@ -82,6 +82,24 @@ pub struct Config {
     /// written on a thread of its own while training goes on, atomically over the previous
     /// one). `None` (the default) saves only when asked.
     pub save_every: Option<(u64, std::path::PathBuf)>,
+    /// Rules that create trainable leaves on the devices instead of reading them from the
+    /// experiment ([`Config::initialize`]): for each leaf, the first rule whose pattern
+    /// matches its path. Empty (the default): every leaf is read from the experiment.
+    pub initialize: Vec<InitRule>,
+}
+
+/// One rule of [`Config::initialize`]: the trainable leaves whose path matches `pattern` are
+/// created on the devices as `init` says.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InitRule {
+    /// The leaf-path pattern ([`crate::pattern`]).
+    pub pattern: String,
+    /// How the leaves it matches are created.
+    pub init: crate::init::Init,
+    /// Whether a handle refuses the rule when it matches no trainable leaf: a rule given on
+    /// its own ([`Config::initialize`]) must apply; a rule of a set
+    /// ([`Config::initialize_all`]) may go unused, as long as one of the rules applies.
+    pub required: bool,
 }
 
 /// What an epoch does on a NaN or infinite training loss ([`Config::non_finite`]).
@@ -118,6 +136,7 @@ impl Default for Config {
             mesh: None,
             sharding: None,
             save_every: None,
+            initialize: Vec::new(),
         }
     }
 }
@@ -309,6 +328,51 @@ impl Config {
     /// ([`Config::save_every`]); 0 steps is refused when the handle is made.
     pub fn save_every(mut self, steps: u64, path: impl Into<std::path::PathBuf>) -> Config {
         self.save_every = Some((steps, path.into()));
+        self
+    }
+
+    /// Creates the trainable leaves whose path matches `pattern` (`*` any run of characters,
+    /// `|` alternatives; [`crate::pattern`]) on the devices as `init` says, instead of reading
+    /// them from the experiment: the first step traces an initializer program — keyed and
+    /// cached like every other — and runs it partitioned on [`Config::mesh`], so each device
+    /// creates only its own shard, from the run's [`seed`](Config::seed) (leaf `p`'s key is
+    /// `fold_in(fold_in(PRNGKey(seed), INIT_DOMAIN), leaf_id(p))`: the same values on any mesh
+    /// and on one device). The experiment's values of those leaves are never read: build it
+    /// under [`crate::init::declared`] and they cost no memory. The first rule that matches a
+    /// leaf applies; a rule that matches no trainable leaf, or a random rule on a leaf that is
+    /// not floating-point, is refused when the handle is made. A resumed handle takes its
+    /// leaves from the checkpoint.
+    ///
+    /// ```
+    /// use nitro::init::{layer_defaults, Init};
+    /// use nitro::train::Config;
+    ///
+    /// let config = Config::new()
+    ///     .initialize("head.w", Init::Zeros)
+    ///     .initialize_all(layer_defaults());
+    /// assert_eq!(config.initialize[0].pattern, "head.w");
+    /// ```
+    pub fn initialize(mut self, pattern: impl Into<String>, init: crate::init::Init) -> Config {
+        self.initialize.push(InitRule {
+            pattern: pattern.into(),
+            init,
+            required: true,
+        });
+        self
+    }
+
+    /// [`initialize`](Config::initialize) with each rule of `rules`, in order (say,
+    /// [`crate::init::layer_defaults`]).
+    pub fn initialize_all<P: Into<String>>(
+        mut self,
+        rules: impl IntoIterator<Item = (P, crate::init::Init)>,
+    ) -> Config {
+        self.initialize
+            .extend(rules.into_iter().map(|(p, init)| InitRule {
+                pattern: p.into(),
+                init,
+                required: false,
+            }));
         self
     }
 

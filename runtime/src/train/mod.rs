@@ -44,6 +44,7 @@ use crate::trace::{self, Tensor};
 use crate::tree::{Array, DType, LeafType, Node, Tree};
 
 mod config;
+mod created;
 mod epochs;
 mod inventory;
 mod pieces;
@@ -56,7 +57,8 @@ mod state;
 mod values;
 mod warm;
 
-pub use config::{Config, NonFinite};
+pub use config::{Config, InitRule, NonFinite};
+pub use created::{CreatedLeaf, Initializer, InitializerView};
 use epochs::*;
 pub use epochs::{EpochRecord, History};
 use inventory::*;
@@ -362,6 +364,8 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             });
         }
         let layout = Layout::of(&experiment, &optimizer, backend)?;
+        // Rules that create leaves on the devices are checked now, not at the first step.
+        let creating = !created::plan(&config.initialize, &layout, &experiment)?.is_empty();
         let progress = Progress::new(config.seed);
         Ok(Nitro {
             experiment,
@@ -369,7 +373,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             config,
             backend,
             cache,
-            state: DeviceState::new(layout),
+            state: DeviceState::new(layout, creating),
             inventory: Inventory::new(),
             progress,
             host_metrics: Vec::new(),
@@ -728,6 +732,10 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
 
     /// Copies the trainable leaves back into the experiment (from the device on XLA).
     pub fn sync(&mut self) -> Result<()> {
+        // Leaves still to be created on the devices are created first: they are the values.
+        if self.state.creating() {
+            self.place_state()?;
+        }
         let Some(values) = self.state.read_back()? else {
             return Ok(());
         };
@@ -760,8 +768,38 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// ([`DeviceState::place`]): at the first step or evaluation, and after
     /// [`modify`](Nitro::modify).
     pub(super) fn place_state(&mut self) -> Result<()> {
+        if self.state.creating() {
+            let started = Instant::now();
+            let layout = self.state.layout().clone();
+            let (groups, leaves): (Vec<usize>, Vec<created::CreatedLeaf>) =
+                created::plan(&self.config.initialize, &layout, &self.experiment)?
+                    .into_iter()
+                    .unzip();
+            let values = created::create(self.backend, self.cache, leaves, self.config.seed)?;
+            self.state.place_created(
+                self.backend,
+                &self.experiment,
+                groups.into_iter().zip(values).collect(),
+                started,
+            )?;
+        }
         self.state
             .place(self.backend, &self.experiment, &self.optimizer)
+    }
+
+    /// Places the state on the devices now — the Device leaves (those of
+    /// [`Config::initialize`] created there), zeroed optimizer state and the step counter —
+    /// rather than at the first step or evaluation, which otherwise do it. Placing twice does
+    /// nothing.
+    pub fn place(&mut self) -> Result<()> {
+        self.place_state()
+    }
+
+    /// How long creating the leaves of [`Config::initialize`] on the devices took (tracing,
+    /// getting and running the initializer program, and placing the other leaves), once the
+    /// first step or evaluation did it; `None` without such rules, or for a resumed handle.
+    pub fn creation_time(&self) -> Option<Duration> {
+        self.state.creation_time()
     }
 
     /// The experiment, with its trainable leaves as of the last step (copied from the device).

@@ -285,6 +285,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             return Err(e);
         }
         let mut handle = Nitro::with_backend(experiment, optimizer, config, backend, cache)?;
+        handle.state.forgo_creation();
         let layout = handle.state.layout().clone();
         let current = crate::checkpoint::OptimizerIdentity::of(&handle.optimizer);
         let refuse = |why: String| Error::CheckpointOptimizer {

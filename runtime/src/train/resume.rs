@@ -213,6 +213,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         check_optimizer(checkpoint.optimizer_identity(), &optimizer, allow_retuned)?;
         let restored = checkpoint.restore_into(&mut experiment)?;
         let mut handle = Nitro::with_backend(experiment, optimizer, config, backend, cache)?;
+        handle.state.forgo_creation();
         let current = crate::checkpoint::OptimizerIdentity::of(&handle.optimizer);
         let refuse = |why: String| Error::CheckpointOptimizer {
             stored: restored

@@ -177,11 +177,17 @@ pub(super) struct DeviceState {
     /// A background save waiting for the state as of its request: handed the buffers the next
     /// update replaces, or host copies when something else needs the state first.
     snapshot: Option<std::sync::mpsc::Sender<Snapshot>>,
+    /// Whether some trainable leaves are still to be created on the devices
+    /// ([`Config::initialize`](super::Config::initialize)) at the first placement.
+    creating: bool,
+    /// How long creating them took.
+    created_in: Option<std::time::Duration>,
 }
 
 impl DeviceState {
-    /// Nothing placed yet, laid out as `layout`.
-    pub(super) fn new(layout: Layout) -> DeviceState {
+    /// Nothing placed yet, laid out as `layout`; with `creating`, some trainable leaves are to
+    /// be created on the devices at the first placement.
+    pub(super) fn new(layout: Layout, creating: bool) -> DeviceState {
         DeviceState {
             layout,
             views: LeafViews::default(),
@@ -197,7 +203,83 @@ impl DeviceState {
             full_mask: None,
             accumulation: None,
             snapshot: None,
+            creating,
+            created_in: None,
         }
+    }
+
+    /// Whether trainable leaves are still to be created on the devices.
+    pub(super) fn creating(&self) -> bool {
+        self.creating && !self.leaves_placed
+    }
+
+    /// No leaf is created on the devices: a resumed handle's come from its checkpoint.
+    pub(super) fn forgo_creation(&mut self) {
+        self.creating = false;
+    }
+
+    /// How long creating the leaves took, once done.
+    pub(super) fn creation_time(&self) -> Option<std::time::Duration> {
+        self.created_in
+    }
+
+    /// Places the trainable leaves with `created` — `(group, value)` for each created on the
+    /// devices — and the rest read from the experiment, and the other Device leaves. On a mesh
+    /// every group is a leaf and a created value is its storage as made; packed groups are
+    /// assembled on the host (one device, or replicas, hold them whole anyway). The
+    /// experiment's copy of the created leaves is stale from now on (it is read back from the
+    /// devices when asked for), and nothing is created again.
+    pub(super) fn place_created<E: Experiment>(
+        &mut self,
+        backend: &dyn Backend,
+        experiment: &E,
+        created: Vec<(usize, Value)>,
+        started: std::time::Instant,
+    ) -> Result<()> {
+        let mut created: std::collections::HashMap<usize, Value> = created.into_iter().collect();
+        let specs = &self.layout.specs;
+        let per_leaf = self.layout.packing.per_leaf && backend.partitioning().is_some();
+        let (mut trainable, mut frozen, mut host) = (Vec::new(), Vec::new(), Vec::new());
+        let mut failed = None;
+        experiment.visit_device(&mut |field, _, node| {
+            let Node::Leaf(a) = node else { return };
+            if field.role != (Role::Device { trainable: true }) {
+                frozen.push(a.clone());
+                return;
+            }
+            let g = trainable.len() + host.len();
+            match (created.remove(&g), per_leaf) {
+                (Some(v), true) => trainable.push(Ok(v)),
+                (None, true) => trainable.push(values::place_group(
+                    backend,
+                    Cow::Borrowed(a),
+                    crate::shard::group_spec(specs, g),
+                )),
+                (Some(v), false) => match v.to_host() {
+                    Ok(a) => host.push(a),
+                    Err(e) => failed = Some(e),
+                },
+                (None, false) => host.push(a.clone()),
+            }
+        });
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        self.views.release();
+        self.trainable = match per_leaf {
+            true => trainable.into_iter().collect::<Result<_>>()?,
+            false => {
+                let packed = self.layout.packing.pack(&host)?;
+                drop(host);
+                place_groups(backend, packed, specs)?
+            }
+        };
+        self.frozen = place(backend, frozen)?;
+        self.leaves_placed = true;
+        self.host_stale = true;
+        self.creating = false;
+        self.created_in = Some(started.elapsed());
+        Ok(())
     }
 
     /// The layout.
