@@ -35,7 +35,7 @@ use nitro::data::{text, Dataset};
 use nitro::optim::AdamW;
 use nitro::prelude::*;
 use nitro::train::{Config, FromBatch, Nitro};
-use nitro_examples::chargpt::{self, Args, CharGpt, Windows};
+use nitro_examples::chargpt::{self, Args, CharGpt, InitOn, Windows};
 use nitro_examples::report::{available_memory, exit_status, install_log, Summary};
 use nitro_examples::twin;
 use serde_json::json;
@@ -156,7 +156,11 @@ impl Data {
 /// The experiment `args` describe over a vocabulary of `vocab` characters (its initial
 /// weights fixed by the shape's seed: every call makes the same).
 fn make_experiment(args: &Args, vocab: usize) -> CharGpt {
-    let mut experiment = CharGpt::new(&args.shape(), vocab);
+    // With --init device the model is declared by its types: the devices create its values.
+    let mut experiment = match args.init {
+        InitOn::Host => CharGpt::new(&args.shape(), vocab),
+        InitOn::Device => nitro::init::declared(|| CharGpt::new(&args.shape(), vocab)),
+    };
     if args.remat {
         experiment.arch.stack = experiment
             .arch
@@ -210,6 +214,9 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = chargpt::with_tensor_parallel(args.run.apply_layout(config)?, args.scan);
     if let (n @ 1.., Some(path)) = (args.save_every, &args.checkpoint) {
         config = config.save_every(n, path);
+    }
+    if args.init == InitOn::Device {
+        config = config.initialize_all(nitro::init::layer_defaults());
     }
     // With --warm-up: the model's shape is known, so its programs load (or compile) and run
     // once on a thread of their own while the windows are drawn and the bundle written (not
@@ -283,7 +290,9 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let steps = data.documents().map_or(args.steps, |d| d.steps) as u64;
     let config = config.schedule(chargpt::schedule(args.lr, steps));
+    let made = std::time::Instant::now();
     let experiment = make_experiment(&args, vocab.len());
+    let host_init = made.elapsed();
     let optimizer = chargpt::optimizer();
     if let Some(dir) = &args.run.twin {
         let schedule = chargpt::schedule(args.lr, steps);
@@ -468,6 +477,15 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
             last.step_us_median_saving.map(|us| us / 1e3),
         )
         .field("warm_up_ms", warm_up_ms)
+        .field("init", format!("{:?}", args.init).to_lowercase())
+        .field(
+            "init_ms",
+            match (args.init, &args.resume) {
+                (_, Some(_)) => None,
+                (InitOn::Host, None) => Some(host_init.as_secs_f64() * 1e3),
+                (InitOn::Device, None) => run.creation_time().map(|t| t.as_secs_f64() * 1e3),
+            },
+        )
         .field(
             "first_step_since_start_ms",
             run.first_step_time()

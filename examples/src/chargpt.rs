@@ -391,6 +391,13 @@ pub struct Args {
     /// steps run). 0: only after training.
     #[arg(long, default_value_t = 0)]
     pub save_every: u64,
+    /// Where the parameters are created: `host` draws them on the host (SplitMix64, as
+    /// `nn`'s layers do) and splits them over the devices at the first step; `device` declares
+    /// the model by its types and creates each parameter on the devices from the seed (the
+    /// layer library's distributions, Threefry), each device only its shard, so no host holds
+    /// the model.
+    #[arg(long, value_enum, default_value_t = InitOn::Host)]
+    pub init: InitOn,
     /// The directory of the fortune files (default: the Debian package's).
     #[arg(long)]
     pub data: Option<PathBuf>,
@@ -403,6 +410,16 @@ pub struct Args {
     /// --context): the inventory is the programs × K, all compiled before the first step.
     #[arg(long, default_value_t = 0)]
     pub buckets: usize,
+}
+
+/// Where `--init` creates the parameters.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum InitOn {
+    /// On the host, then split over the devices.
+    #[default]
+    Host,
+    /// On the devices, each its shard.
+    Device,
 }
 
 impl Args {
@@ -453,6 +470,14 @@ impl Args {
         }
         if let Some(path) = &self.resume {
             check_checkpoint_input("--resume", path)?;
+        }
+        if self.init == InitOn::Device && self.run.twin.is_some() {
+            return Err(FlagError::new(
+                "--init",
+                "device",
+                "--twin writes the initial parameters for the JAX twin, which the host must \
+                 hold: use --init host with --twin",
+            ));
         }
         if self.save_every > 0 && self.checkpoint.is_none() {
             return Err(FlagError::new(

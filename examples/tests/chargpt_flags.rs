@@ -775,3 +775,36 @@ fn a_checkpoint_resumes_across_meshes() {
         6
     );
 }
+
+/// `--init device` creates the parameters on the devices (under FSDP on 2, unrolled and
+/// scanned blocks) and trains; the JSON line names where they were made and how long it took.
+/// `--twin`, which writes the initial parameters, needs them on the host.
+#[test]
+fn parameters_created_on_the_devices_train_and_are_reported() {
+    let test = "parameters_created_on_the_devices_train_and_are_reported";
+    let err = refused(&["--init", "device", "--twin", "bundle"], "--init device: ");
+    assert!(err.contains("--init host"), "{err}");
+    if !xla_on_two_devices_or_skip(test) {
+        return;
+    }
+    let corpus = small_corpus("init-device", 6000);
+    let data = corpus.path().display().to_string();
+    let cache = TempDir::new("cache");
+    for extra in [&[][..], &["--scan"][..]] {
+        let flags = [
+            &[
+                "--steps", "3", "--mesh", "data=2", "--fsdp", "--init", "device",
+            ][..],
+            extra,
+        ]
+        .concat();
+        let v = tiny_run(&data, cache.path(), &flags);
+        assert_eq!(v["init"], "device", "{v}");
+        assert!(v["init_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{v}");
+        let loss = v["val_bits_per_char"].as_f64().unwrap_or(f64::NAN);
+        assert!(loss.is_finite() && loss > 0.0, "{v}");
+    }
+    let v = tiny_run(&data, cache.path(), &["--steps", "2"]);
+    assert_eq!(v["init"], "host", "{v}");
+    assert!(v["init_ms"].as_f64().is_some(), "{v}");
+}
