@@ -20,8 +20,16 @@
 #            --width 1024 --heads 16 --layers 8 --scan --batch 8 --steps 4 --dropout 0)
 #   OUT      results directory (target/fsdp-bench)
 #
+# Then the same FSDP run with its parameters created on the devices (--init device) and saved
+# to a checkpoint directory in the background every 2 steps, and a resume of that checkpoint on
+# DEVICES / 2 devices.
+#
 # Writes $OUT/runs.jsonl (one line per run: its JSON line, wall time and external peak RSS)
-# and prints a table of the figures the issue names.
+# and prints two tables of the figures the issues name; the second sets each nitro run's peak
+# RSS against its floor: the process before the handle (rss_before_handle_mb) plus, on every
+# device, its parameters, optimizer state, gradients (as large as the parameters) and the
+# largest program's temporaries, as Nitro::memory reports them (CPU devices keep them in host
+# memory).
 set -euo pipefail
 
 PY=${PY:-python3}
@@ -73,6 +81,13 @@ run nitro-fsdp-default env NITRO_DEVICES="$DEVICES" NITRO_CACHE_DIR="$CACHES/fsd
 run nitro-replicated env NITRO_DEVICES="$DEVICES" NITRO_CACHE_DIR="$CACHES/replicated" \
     "$BIN" "${MODEL_ARGS[@]}" --json --serial-compiles
 run jax-fsdp "$PY" bench/twin_chargpt.py "$OUT/bundle" --json --fsdp "$DEVICES" --cache "$CACHES/jax"
+# The model that never lives on the host: parameters created on the devices, a background save
+# to a checkpoint directory every 2 steps, then a resume on half the devices.
+rm -rf "$OUT/ckpt"
+run nitro-fsdp-device env NITRO_DEVICES="$DEVICES" NITRO_CACHE_DIR="$CACHES/fsdp-device" \
+    "$BIN" "${MODEL_ARGS[@]}" --json --fsdp --init device --checkpoint "$OUT/ckpt" --save-every 2
+run nitro-resume-half env NITRO_DEVICES=$((DEVICES / 2)) NITRO_CACHE_DIR="$CACHES/resume" \
+    "$BIN" "${MODEL_ARGS[@]}" --json --fsdp --resume "$OUT/ckpt"
 
 "$PY" - "$RUNS" <<'EOF' | tee "$OUT/table.md"
 import json, sys
@@ -106,4 +121,39 @@ print("|---|---|---|---|---|")
 for name, key, fmt in rows:
     ratio = "" if key == "loss" else f"{n[key] / j[key]:.2f}x"
     print(f"| {name} | {fmt.format(n[key])} | {fmt.format(j[key])} | {ratio} | {fmt.format(rep[key])} |")
+EOF
+
+"$PY" - "$RUNS" "$DEVICES" <<'EOF' | tee -a "$OUT/table.md"
+import json, sys
+runs = {r["side"]: r for r in map(json.loads, open(sys.argv[1]))}
+devices = int(sys.argv[2])
+def figures(side):
+    r = runs[side]; d = r["result"]; m = d["memory"]
+    temps = max([p["compiled"]["temporaries"] for p in m["programs"] if p.get("compiled")] or [0])
+    per_device = m["parameters"] + m["frozen"] + m["optimizer_state"] + m["parameters"] + temps
+    floor = d["rss_before_handle_mb"] + m["devices"] * per_device / 2**20
+    return {"rss": r["max_rss_kb"] / 1024, "floor": floor, "over": r["max_rss_kb"] / 1024 / floor,
+            "step": d["step_ms"], "saving": d.get("step_ms_saving"), "init": d.get("init_ms"),
+            "save": d.get("save_ms"), "loss": d.get("val_bits_per_char"), "devices": m["devices"],
+            "group": m["devices"] * (m["parameters"] + m["optimizer_state"]) / devices / 2**20}
+host, dev, res = figures("nitro-fsdp"), figures("nitro-fsdp-device"), figures("nitro-resume-half")
+jax = runs["jax-fsdp"]["max_rss_kb"] / 1024
+fmt = lambda v, f="{:.0f}": "—" if v is None else f.format(v)
+print()
+print(f"| | nitro FSDP, host init | nitro FSDP, device init, saving every 2 | resumed on {res['devices']} devices |")
+print("|---|---|---|---|")
+print(f"| peak host RSS (MB, external) | {fmt(host['rss'])} | {fmt(dev['rss'])} | {fmt(res['rss'])} |")
+print(f"| peak RSS / JAX FSDP's ({jax:.0f} MB) | {host['rss']/jax:.2f}x | {dev['rss']/jax:.2f}x | {res['rss']/jax:.2f}x |")
+print(f"| floor (MB: before the handle + devices' state, gradients, temporaries) | {fmt(host['floor'])} | {fmt(dev['floor'])} | {fmt(res['floor'])} |")
+print(f"| peak RSS / floor | {host['over']:.2f}x | {dev['over']:.2f}x | {res['over']:.2f}x |")
+print(f"| creating the parameters (ms) | {fmt(host['init'])} | {fmt(dev['init'])} | — |")
+print(f"| steady step (ms, median waited) | {fmt(host['step'])} | {fmt(dev['step'])} | {fmt(res['step'])} |")
+# Against the run without saves with the same (default, concurrent) compiles: the device run's
+# own steps without a save in flight are one or two of --steps 4.
+plain = runs["nitro-fsdp-default"]["result"]["step_ms"]
+saving = "—" if dev["saving"] is None else f"{dev['saving']:.0f} ({dev['saving']/plain:.2f}x the default run's {plain:.0f})"
+print(f"| step during a background save (ms) | — | {saving} | — |")
+print(f"| last background save's write (ms) | — | {fmt(dev['save'])} | — |")
+print(f"| resumed peak RSS − the saving run's (MB; one shard group: {dev['group']:.0f} MB) | — | — | {res['rss'] - dev['rss']:+.0f} |")
+print(f"| held-out bits per char | {fmt(host['loss'], '{:.6f}')} | {fmt(dev['loss'], '{:.6f}')} | {fmt(res['loss'], '{:.6f}')} |")
 EOF

@@ -36,7 +36,7 @@ use nitro::optim::AdamW;
 use nitro::prelude::*;
 use nitro::train::{Config, FromBatch, Nitro};
 use nitro_examples::chargpt::{self, Args, CharGpt, InitOn, Windows};
-use nitro_examples::report::{available_memory, exit_status, install_log, Summary};
+use nitro_examples::report::{available_memory, exit_status, install_log, peak_rss_mb, Summary};
 use nitro_examples::twin;
 use serde_json::json;
 
@@ -367,6 +367,8 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         None => None,
     };
     let handle_at = started.elapsed();
+    // The process before the handle: the baseline of the memory floor the FSDP bench prints.
+    let rss_before_handle = peak_rss_mb();
     let mut run = match &args.resume {
         Some(path) => {
             let saved = Saved::open(path)
@@ -478,6 +480,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         )
         .field("warm_up_ms", warm_up_ms)
         .field("init", format!("{:?}", args.init).to_lowercase())
+        .field("rss_before_handle_mb", rss_before_handle)
         .field(
             "init_ms",
             match (args.init, &args.resume) {
