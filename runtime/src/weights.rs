@@ -32,9 +32,13 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 use crate::checkpoint::{to_array, Raw};
+
+mod ranges;
+
 use crate::error::{Error, Result};
 use crate::experiment::Experiment;
 use crate::tree::{Array, ArrayData, DType, LeafType, Node};
+pub(crate) use ranges::{plan as plan_ranges, Header};
 
 type Renamer = Box<dyn Fn(&str) -> String>;
 type Mapper = Box<dyn Fn(Array) -> std::result::Result<Array, String>>;
@@ -378,6 +382,10 @@ pub struct Loaded {
     /// The leaves whose finite values [`Import::cast_saturating`] clamped to their dtype's
     /// range, with how many: `` `leaf` 3 value(s) clamped to ±65504 (f16) ``.
     pub saturated: Vec<String>,
+    /// The bytes of tensor data read from the file: all of them for [`load_into`]; for a
+    /// handle on a mesh ([`crate::train::Nitro::load_weights`]) each device's ranges, once
+    /// for each distinct window.
+    pub read_bytes: u64,
 }
 
 /// One file tensor's value on its way to a leaf.
@@ -455,7 +463,13 @@ pub fn load_into<E: Experiment + ?Sized>(
             }
         }
     }
-    check_instructions::<E>(import, &leaves, &file_names, &by_leaf, &mut problems);
+    check_instructions::<E>(
+        import,
+        &leaves,
+        &file_names,
+        &|l| by_leaf.contains_key(l),
+        &mut problems,
+    );
     // Each tensor's conversions, in order; then its type against the leaf's.
     let mut casts = Conversions::default();
     let mut values: HashMap<String, Array> = HashMap::new();
@@ -519,6 +533,11 @@ pub fn load_into<E: Experiment + ?Sized>(
         ignored,
         cast: casts.cast,
         saturated: casts.saturated,
+        read_bytes: file_names
+            .iter()
+            .filter_map(|n| file.tensor(n).ok())
+            .map(|t| t.data().len() as u64)
+            .sum(),
     })
 }
 
@@ -585,7 +604,7 @@ fn check_instructions<E: Experiment + ?Sized>(
     import: &Import,
     leaves: &HashSet<&str>,
     names: &HashSet<String>,
-    by_leaf: &BTreeMap<String, Candidate>,
+    mapped: &dyn Fn(&str) -> bool,
     problems: &mut Vec<String>,
 ) {
     let ty = E::TYPE_PATH;
@@ -626,7 +645,7 @@ fn check_instructions<E: Experiment + ?Sized>(
             problems.push(format!(
                 "{what}(\"{leaf}\"{args}) names no leaf of `{ty}`{hint}"
             ));
-        } else if !by_leaf.contains_key(leaf) {
+        } else if !mapped(leaf) {
             problems.push(format!(
                 "{what}(\"{leaf}\"{args}) names a leaf no tensor of the file maps to"
             ));
@@ -662,7 +681,7 @@ fn convert(
     let mut a = value;
     let perm = match import.permutes.get(leaf) {
         Some(p) => Some(p.clone()),
-        None if torch => torch_layout(leaf, &a, ty)?,
+        None if torch => torch_layout(leaf, a.dims(), ty)?,
         None => None,
     };
     if let Some(perm) = perm {
@@ -695,13 +714,12 @@ fn convert(
 /// conv weight OIHW permuted to HWIO unless the leaf is OIHW (a channels-first conv).
 fn torch_layout(
     leaf: &str,
-    a: &Array,
+    d: &[usize],
     ty: &LeafType,
 ) -> std::result::Result<Option<Vec<usize>>, String> {
     if !leaf.ends_with(".w") {
         return Ok(None);
     }
-    let d = a.dims();
     match d.len() {
         2 => Ok(Some(vec![1, 0])),
         4 => {

@@ -107,7 +107,7 @@ fn a_normal_rule_draws_its_mean_and_spread() {
     impl Model for Table {
         type Batch = Batch;
         fn loss(v: &TableView<'_>, b: &BatchMirror<Tensor>) -> Tensor {
-            (b.x.sum(&[1]) * v.table.mean(&[0, 1])).mean(&[0])
+            b.x.sum(&[1]) * v.table.mean(&[0, 1])
         }
     }
     let mut run = Nitro::with_backend(
@@ -185,7 +185,7 @@ fn bad_rules_are_refused_when_the_handle_is_made() {
     impl Model for Counts {
         type Batch = Batch;
         fn loss(v: &CountsView<'_>, b: &BatchMirror<Tensor>) -> Tensor {
-            (b.x.sum(&[1]) * v.n.convert(DType::F32).sum(&[0])).mean(&[0])
+            b.x.sum(&[1]) * v.n.convert(DType::F32).sum(&[0])
         }
     }
     let err = Nitro::with_backend(
@@ -287,7 +287,7 @@ impl Model for Wide {
 
     fn loss(v: &WideView<'_>, b: &BatchMirror<Tensor>) -> Tensor {
         let s: Vec<Tensor> = v.layers.iter().map(|l| l.w.mean(&[0, 1])).collect();
-        (b.x.sum(&[1]) * s.iter().fold(s[0], |a, &t| a + t)).mean(&[0])
+        b.x.sum(&[1]) * s.iter().fold(s[0], |a, &t| a + t)
     }
 }
 

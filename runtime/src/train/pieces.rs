@@ -390,3 +390,82 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         Ok(handle)
     }
 }
+
+impl<E: Model, O: Optimizer> Nitro<E, O> {
+    /// Loads pretrained weights from the `safetensors` file at `path` into the handle's Device
+    /// leaves, as [`weights::load_into`](crate::weights::load_into) loads them into an
+    /// experiment — names, splits, permutes, casts and presets as `import` says — and refuses,
+    /// with the same messages and before anything changes, everything it refuses.
+    ///
+    /// On a mesh no leaf is read whole unless a device holds it whole: the file's header is
+    /// read and every check made from the types alone, then each device's window of each
+    /// trainable leaf is read from the ranges of the file that hold it (a positioned read per
+    /// run of contiguous bytes), permuted and cast, and uploaded to that device; a window
+    /// several devices hold is read once ([`Loaded::read_bytes`](crate::weights::Loaded)
+    /// counts what was read). Leaves that are not trainable, and a leaf with a `map` or a
+    /// `flatten_order` (which recompute or reorder it whole), are read whole. The new values
+    /// replace the handle's when all are placed (for that moment the devices hold both); the
+    /// optimizer state and the step count stay. Off a mesh the file is loaded into the
+    /// experiment and placed again at the next step.
+    ///
+    /// Leaves created on the devices ([`Config::initialize`]) are not created once weights
+    /// are loaded.
+    pub fn load_weights(
+        &mut self,
+        path: impl AsRef<Path>,
+        import: &crate::weights::Import,
+    ) -> Result<crate::weights::Loaded> {
+        self.state.hand_over()?;
+        self.saves.wait()?;
+        let path = path.as_ref();
+        let layout = self.state.layout().clone();
+        if !(layout.packing.per_leaf && self.backend.partitioning().is_some()) {
+            self.sync()?;
+            let loaded = crate::weights::load_into(&mut self.experiment, path, import)?;
+            self.state.forgo_creation();
+            let layout = Layout::of(&self.experiment, &self.optimizer, self.backend)?;
+            self.state.relayout(layout);
+            return Ok(loaded);
+        }
+        let (mut wanted, mut trainable) = (Vec::new(), Vec::new());
+        self.experiment.visit_device(&mut |field, path, node| {
+            if let Node::Leaf(a) = node {
+                wanted.push((path.as_str().to_owned(), a.leaf_type()));
+                trainable.push(field.role == (Role::Device { trainable: true }));
+            }
+        });
+        let header = crate::weights::Header::open(path)?;
+        let mut plan = crate::weights::plan_ranges::<E>(header, import, &wanted)?;
+        // Every value read and placed before anything changes.
+        let (mut values, mut frozen) = (Vec::new(), std::collections::HashMap::new());
+        for ((leaf, ty), &t) in wanted.iter().zip(&trainable) {
+            if t {
+                let spec = crate::shard::group_spec(&layout.specs, values.len());
+                let value =
+                    place_group_from(self.backend, ty, spec, |windows| plan.read(leaf, windows))?;
+                values.push(value);
+            } else {
+                let whole: Vec<(usize, usize)> = ty.dims.iter().map(|&d| (0, d)).collect();
+                let a = plan
+                    .read(leaf, &[whole])?
+                    .pop()
+                    .ok_or_else(state::unplaced)?;
+                frozen.insert(leaf.clone(), a);
+            }
+        }
+        let loaded = plan.finish(&wanted);
+        self.experiment.visit_device_mut(&mut |field, path, leaf| {
+            if field.role != (Role::Device { trainable: true }) {
+                if let Some(a) = frozen.remove(path.as_str()) {
+                    *leaf = a;
+                }
+            }
+        });
+        // The updates in flight finish before the values they write are let go.
+        self.state.wait()?;
+        self.state.forgo_creation();
+        self.state
+            .restore_placed_leaves(self.backend, &self.experiment, values)?;
+        Ok(loaded)
+    }
+}
