@@ -155,22 +155,27 @@ impl CharGpt {
             head: Linear::new(d, vocab),
         };
         let s = |k: u64| nitro::init::Seed(shape.seed.wrapping_mul(1000).wrapping_add(k));
-        let gpt = CharGpt {
+        let mut gpt = CharGpt {
             tokens: arch.tokens.init(s(0)),
             positions: arch.positions.init(s(1)),
-            blocks: nn::init_stack(&arch.blocks, s(2)),
+            blocks: Vec::new(),
             stack: None,
             norm: arch.norm.init(s(3)),
             head: arch.head.init(s(4)),
             arch,
         };
-        if shape.scan {
-            // Fresh blocks of one shape: stacking them cannot fail.
-            gpt.stacked()
-                .unwrap_or_else(|e| panic!("CharGpt::new: {e}"))
-        } else {
-            gpt
+        match (shape.scan, gpt.arch.blocks.first()) {
+            // The blocks drawn as the unrolled ones are, and stacked (under `init::declared`,
+            // made zeros of the stacked types without drawing or copying a layer).
+            (true, Some(&block)) => {
+                let blocks = Repeated::new(block, gpt.arch.blocks.len());
+                gpt.stack = Some(blocks.init(s(2)));
+                gpt.arch.stack = Some(blocks);
+                gpt.arch.blocks.clear();
+            }
+            _ => gpt.blocks = nn::init_stack(&gpt.arch.blocks, s(2)),
         }
+        gpt
     }
 
     /// The same model and weights with its blocks as one scan over stacked parameters: block

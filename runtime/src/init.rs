@@ -136,7 +136,8 @@ thread_local! {
     static DECLARING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-fn declaring() -> bool {
+/// Whether [`declared`] is building an experiment on this thread.
+pub(crate) fn declaring() -> bool {
     DECLARING.with(std::cell::Cell::get)
 }
 
@@ -146,7 +147,9 @@ fn declaring() -> bool {
 /// address space and no memory until written. What `build` makes is an experiment **declared by
 /// its types**: a training handle whose [`Config::initialize`](crate::train::Config::initialize)
 /// rules cover those leaves creates them on the devices, each device its own shard, and never
-/// reads or writes the host's zeros — so the model need never fit one host.
+/// reads or writes the host's zeros — so the model need never fit one host. A stack of
+/// declared layers ([`crate::nn::Repeated::stack_params`]) is declared too; copying a declared
+/// leaf (`clone`) makes the copy resident.
 ///
 /// ```
 /// use nitro::init::{self, Seed};

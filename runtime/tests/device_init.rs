@@ -272,22 +272,21 @@ fn created_leaves_are_the_same_on_any_mesh_and_train_to_the_same_losses() {
 
 const CHILD: &str = "NITRO_DEVICE_INIT_MEMORY_CHILD";
 
-/// 4 layers of 4096 × 4096 f32: 256 MiB of parameters, large beside what compiling the
-/// initializer program takes.
+/// A stack of 4 layers of 4096 × 4096 f32 (`nn::Repeated`, as a scanned model keeps them):
+/// 256 MiB of parameters, large beside what compiling the initializer program takes.
 const WIDE: [usize; 2] = [4096, 4096];
 
 #[experiment]
 pub struct Wide {
     #[device(trainable)]
-    pub layers: Vec<Dense>,
+    pub stack: nitro::nn::LinearParams,
 }
 
 impl Model for Wide {
     type Batch = Batch;
 
     fn loss(v: &WideView<'_>, b: &BatchMirror<Tensor>) -> Tensor {
-        let s: Vec<Tensor> = v.layers.iter().map(|l| l.w.mean(&[0, 1])).collect();
-        b.x.sum(&[1]) * s.iter().fold(s[0], |a, &t| a + t)
+        b.x.sum(&[1]) * v.stack.w.mean(&[0, 1, 2])
     }
 }
 
@@ -304,13 +303,13 @@ fn child(device: bool) {
         let config = fsdp(4);
         backend::for_mesh(&config.partitioning().unwrap().unwrap()).unwrap()
     };
-    let wide = || Wide {
-        layers: (0..4)
-            .map(|i| Dense {
-                w: init::glorot_uniform(WIDE[0], WIDE[1], Seed(i)),
-                b: Array::zeros(DType::F32, &[WIDE[1]]),
-            })
-            .collect(),
+    // Built as a model is built: each layer drawn, then stacked (declared: neither draws nor
+    // copies anything).
+    let wide = || {
+        use nitro::nn::{Layer, Linear, Repeated};
+        Wide {
+            stack: Repeated::new(Linear::new(WIDE[0], WIDE[1]), 4).init(Seed(0)),
+        }
     };
     let experiment = if device { init::declared(wide) } else { wide() };
     let mut config = fsdp(4).batch(4).progress(false);

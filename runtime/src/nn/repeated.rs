@@ -83,6 +83,7 @@ impl<L: Layer> Repeated<L> {
                 self.depth
             )));
         }
+        let declared = crate::init::declaring();
         let mut columns: Vec<Vec<Array>> = Vec::new();
         let mut paths: Vec<String> = Vec::new();
         for (i, p) in layers.iter().enumerate() {
@@ -105,8 +106,12 @@ impl<L: Layer> Repeated<L> {
                     }
                     _ => {}
                 }
-                if let Some(c) = columns.get_mut(k) {
-                    c.push(a.clone());
+                // Declared leaves (`init::declared`) are never copied: their stack is zeros
+                // of its type, which cost nothing until written.
+                match (columns.get_mut(k), declared) {
+                    (Some(c), false) => c.push(a.clone()),
+                    (Some(c), true) if c.is_empty() => c.push(a.clone()),
+                    _ => {}
                 }
                 k += 1;
             });
@@ -127,7 +132,16 @@ impl<L: Layer> Repeated<L> {
         let mut k = 0;
         let mut failed = None;
         stacked.visit_mut(&mut crate::tree::LeafPath::root(""), &mut |_, a| {
-            if let Some(column) = columns.get(k) {
+            if declared {
+                let mut dims = vec![self.depth];
+                dims.extend(a.dims());
+                match Array::try_zeros(a.dtype(), &dims) {
+                    Ok(z) => *a = z,
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                    }
+                }
+            } else if let Some(column) = columns.get(k) {
                 match stack(a, column) {
                     Ok(s) => *a = s,
                     Err(e) => {
@@ -175,6 +189,19 @@ where
 
     /// Layer `i` from seed part `i` (as [`init_stack`]), its leaves stacked.
     fn init(&self, seed: Seed) -> L::Params {
+        if crate::init::declaring() {
+            // Declared (`init::declared`): one layer's zeros, each leaf made zeros of its
+            // stacked type — nothing drawn, copied or written.
+            let mut p = self.layer.init(seed);
+            p.visit_mut(&mut crate::tree::LeafPath::root(""), &mut |_, a| {
+                let mut dims = vec![self.depth];
+                dims.extend(a.dims());
+                if let Ok(z) = Array::try_zeros(a.dtype(), &dims) {
+                    *a = z;
+                }
+            });
+            return p;
+        }
         let layers = init_stack(&vec![self.layer_copy(); self.depth.max(1)], seed);
         if self.depth == 0 {
             // No rows: the leaves of one layer's types with a leading 0.
