@@ -108,12 +108,27 @@ impl Index {
 }
 
 /// One piece handed to [`DirWriter::write_part`]: a window of tensor `name`, whose whole type
-/// is `whole`, starting at `start`.
-pub(crate) struct Piece {
+/// is `whole`, starting at `start`, of `dims`; `fetch` gives its values when the part's file
+/// reaches it (a device's shard is copied off the device then, and dropped once written).
+pub(crate) struct Piece<'a> {
     pub(crate) name: String,
     pub(crate) whole: LeafType,
     pub(crate) start: Vec<usize>,
-    pub(crate) array: Array,
+    pub(crate) dims: Vec<usize>,
+    pub(crate) fetch: Box<dyn FnOnce() -> Result<Array> + 'a>,
+}
+
+impl Piece<'_> {
+    /// A piece holding all of `array`.
+    pub(crate) fn whole(name: String, array: Array) -> Piece<'static> {
+        Piece {
+            name,
+            whole: array.leaf_type(),
+            start: vec![0; array.dims().len()],
+            dims: array.dims().to_vec(),
+            fetch: Box::new(move || Ok(array)),
+        }
+    }
 }
 
 /// Writes one version of a checkpoint directory: [`begin`](DirWriter::begin), one
@@ -178,16 +193,19 @@ impl DirWriter {
         })
     }
 
-    /// Writes `pieces` as the next part file (a standard `safetensors` file, each piece named
-    /// by its tensor), synced. A tensor has at most one piece per part.
-    pub(crate) fn write_part(&mut self, pieces: Vec<Piece>) -> Result<()> {
+    /// Writes `pieces` as the next part file — a standard `safetensors` file, each piece named
+    /// by its tensor — streaming: the header first (every piece's type is known), then each
+    /// piece fetched, written and dropped in turn, so the host holds one piece at a time; then
+    /// synced. A tensor has at most one piece per part.
+    pub(crate) fn write_part(&mut self, pieces: Vec<Piece<'_>>) -> Result<()> {
         let part = self.parts.len();
         let name = format!("part-{part:05}.safetensors");
         let path = self.tmp.join(&name);
-        let mut raws = Vec::with_capacity(pieces.len());
-        for p in pieces {
+        let mut header = serde_json::Map::new();
+        let mut offset = 0u64;
+        for p in &pieces {
             let entry = match self.by_name.get(&p.name) {
-                Some(&i) => &mut self.tensors[i],
+                Some(&i) => &self.tensors[i],
                 None => {
                     self.by_name.insert(p.name.clone(), self.tensors.len());
                     self.tensors.push(TensorEntry {
@@ -195,49 +213,84 @@ impl DirWriter {
                         ty: p.whole.clone(),
                         pieces: Vec::new(),
                     });
-                    self.tensors.last_mut().expect("just pushed")
+                    self.tensors.last().expect("just pushed")
                 }
             };
             let fits = entry.ty == p.whole
                 && p.start.len() == p.whole.dims.len()
-                && p.array.dtype() == p.whole.dtype
-                && p.array.dims().len() == p.whole.dims.len()
+                && p.dims.len() == p.whole.dims.len()
                 && p.start
                     .iter()
-                    .zip(p.array.dims())
+                    .zip(&p.dims)
                     .zip(&p.whole.dims)
                     .all(|((s, d), w)| s.checked_add(*d).is_some_and(|e| e <= *w));
-            if !fits || entry.pieces.iter().any(|q| q.part == part) {
+            if !fits || header.contains_key(&p.name) {
                 return Err(Error::CheckpointInput {
                     why: format!(
-                        "a piece of `{}` ({} at {:?}) does not fit the tensor's {} once",
-                        p.name,
-                        p.array.leaf_type(),
-                        p.start,
-                        entry.ty
+                        "a piece of `{}` ({:?} at {:?}) does not fit the tensor's {} once",
+                        p.name, p.dims, p.start, entry.ty
                     ),
                 });
             }
-            let raw = Raw::of(&p.array);
-            entry.pieces.push(PieceEntry {
-                part,
-                start: p.start,
-                dims: p.array.dims().to_vec(),
-                blake3: blake3::hash(&raw.bytes).to_hex().to_string(),
-            });
-            drop(p.array);
-            raws.push((p.name, raw));
+            let len = LeafType::new(p.whole.dtype, &p.dims)
+                .size_bytes()
+                .unwrap_or(u64::MAX);
+            header.insert(
+                p.name.clone(),
+                serde_json::json!({
+                    "dtype": format!("{:?}", st_dtype(p.whole.dtype)),
+                    "shape": p.dims,
+                    "data_offsets": [offset, offset + len],
+                }),
+            );
+            offset += len;
         }
-        let written: u64 = raws.iter().map(|(_, r)| r.bytes.len() as u64).sum();
-        let fail = |source: std::io::Error| Error::CheckpointIo {
+        let mut head = serde_json::to_vec(&header).map_err(|e| Error::CheckpointInput {
+            why: format!("cannot encode a part's header: {e}"),
+        })?;
+        // The data starts 8-byte aligned, as the format asks.
+        while head.len() % 8 != 0 {
+            head.push(b' ');
+        }
+        let io = |source: std::io::Error| Error::CheckpointIo {
             path: path.clone(),
             what: "write a checkpoint part",
             source,
         };
-        safetensors::serialize_to_file(raws, None, &path)
-            .map_err(|e| fail(std::io::Error::other(e.to_string())))?;
-        File::open(&path).and_then(|f| f.sync_all()).map_err(fail)?;
-        self.bytes += written;
+        let file = files::private_file()
+            .create_new(true)
+            .open(&path)
+            .map_err(io)?;
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+        out.write_all(&(head.len() as u64).to_le_bytes())
+            .and_then(|()| out.write_all(&head))
+            .map_err(io)?;
+        for p in pieces {
+            let array = (p.fetch)()?;
+            if array.dtype() != p.whole.dtype || array.dims() != p.dims.as_slice() {
+                return Err(Error::CheckpointInput {
+                    why: format!(
+                        "a piece of `{}` is {}, and its header says {:?}",
+                        p.name,
+                        array.leaf_type(),
+                        p.dims
+                    ),
+                });
+            }
+            let raw = Raw::of(&array);
+            drop(array);
+            out.write_all(&raw.bytes).map_err(io)?;
+            let i = self.by_name[&p.name];
+            self.tensors[i].pieces.push(PieceEntry {
+                part,
+                start: p.start,
+                dims: p.dims,
+                blake3: blake3::hash(&raw.bytes).to_hex().to_string(),
+            });
+            self.bytes += raw.bytes.len() as u64;
+        }
+        let file = out.into_inner().map_err(|e| io(e.into_error()))?;
+        file.sync_all().map_err(io)?;
         self.parts.push(name);
         Ok(())
     }
@@ -883,14 +936,7 @@ impl Checkpoint {
     pub fn save_dir(&self, path: impl AsRef<Path>) -> Result<()> {
         let mut writer = DirWriter::begin(path.as_ref(), self.step())?;
         let mut pieces = Vec::new();
-        let mut add = |name: String, a: &Array| {
-            pieces.push(Piece {
-                name,
-                whole: a.leaf_type(),
-                start: vec![0; a.dims().len()],
-                array: a.clone(),
-            })
-        };
+        let mut add = |name: String, a: &Array| pieces.push(Piece::whole(name, a.clone()));
         for (n, a) in self.device() {
             add(n.clone(), a);
         }

@@ -132,7 +132,13 @@ pub(super) fn write_dir(
     metadata: BTreeMap<String, String>,
     sources: Vec<Source<'_>>,
 ) -> Result<Written> {
-    let mut copy = Duration::ZERO;
+    let copy = std::cell::Cell::new(Duration::ZERO);
+    let timed = |v: &Value| {
+        let copying = Instant::now();
+        let a = v.to_host();
+        copy.set(copy.get() + copying.elapsed());
+        a
+    };
     let parts = sources
         .iter()
         .map(|(_, h)| match h.value() {
@@ -144,51 +150,62 @@ pub(super) fn write_dir(
     let mut writer = DirWriter::begin(root, step)?;
     let mut written: Vec<HashSet<Vec<usize>>> = vec![HashSet::new(); sources.len()];
     for device in 0..parts {
-        let mut pieces = Vec::new();
+        let mut pieces: Vec<Piece<'_>> = Vec::new();
         for (i, (name, held)) in sources.iter().enumerate() {
-            let (whole, start, array) = match held.value() {
+            match held.value() {
                 Some(v @ Value::Sharded(shards, layout)) => {
                     let (spec, mesh) = &**layout;
                     let whole = v.leaf_type();
-                    let start: Vec<usize> = spec
-                        .window(mesh, &whole.dims, device)
-                        .into_iter()
-                        .map(|(s, _)| s)
-                        .collect();
+                    let window = spec.window(mesh, &whole.dims, device);
+                    let start: Vec<usize> = window.iter().map(|(s, _)| *s).collect();
                     if !written[i].insert(start.clone()) {
                         continue;
                     }
                     let shard = shards.get(device).ok_or_else(state::unplaced)?;
-                    let copying = Instant::now();
-                    let array = shard.to_host()?;
-                    copy += copying.elapsed();
-                    (whole, start, array)
+                    let timed = &timed;
+                    pieces.push(Piece {
+                        name: name.clone(),
+                        whole,
+                        start,
+                        dims: window.iter().map(|(_, l)| *l).collect(),
+                        fetch: Box::new(move || timed(shard)),
+                    });
                 }
-                _ if device > 0 => continue,
+                _ if device > 0 => {}
                 Some(v) => {
-                    let copying = Instant::now();
-                    let a = v.to_host()?;
-                    copy += copying.elapsed();
-                    (a.leaf_type(), vec![0; a.dims().len()], a)
+                    let whole = v.leaf_type();
+                    let timed = &timed;
+                    pieces.push(Piece {
+                        name: name.clone(),
+                        start: vec![0; whole.dims.len()],
+                        dims: whole.dims.clone(),
+                        whole,
+                        fetch: Box::new(move || timed(v)),
+                    });
                 }
                 None => {
-                    let Held::Host(a) = held else { continue };
-                    (a.leaf_type(), vec![0; a.dims().len()], a.as_ref().clone())
+                    if let Held::Host(a) = held {
+                        let a: &Array = a;
+                        pieces.push(Piece {
+                            name: name.clone(),
+                            whole: a.leaf_type(),
+                            start: vec![0; a.dims().len()],
+                            dims: a.dims().to_vec(),
+                            fetch: Box::new(move || Ok(a.clone())),
+                        });
+                    }
                 }
-            };
-            pieces.push(Piece {
-                name: name.clone(),
-                whole,
-                start,
-                array,
-            });
+            }
         }
         if device == 0 || !pieces.is_empty() {
             writer.write_part(pieces)?;
         }
     }
     let bytes = writer.commit(metadata)?;
-    Ok(Written { bytes, copy })
+    Ok(Written {
+        bytes,
+        copy: copy.get(),
+    })
 }
 
 /// What [`write_dir`] wrote: the tensors' bytes, and the time spent copying them off the
