@@ -83,11 +83,14 @@ run nitro-replicated env NITRO_DEVICES="$DEVICES" NITRO_CACHE_DIR="$CACHES/repli
 run jax-fsdp "$PY" bench/twin_chargpt.py "$OUT/bundle" --json --fsdp "$DEVICES" --cache "$CACHES/jax"
 # The model that never lives on the host: parameters created on the devices, a background save
 # to a checkpoint directory every 2 steps, then a resume on half the devices.
+# (The resume declares its model too: its values come from the checkpoint.)
 rm -rf "$OUT/ckpt"
 run nitro-fsdp-device env NITRO_DEVICES="$DEVICES" NITRO_CACHE_DIR="$CACHES/fsdp-device" \
+    "$BIN" "${MODEL_ARGS[@]}" --json --serial-compiles --fsdp --init device
+run nitro-fsdp-device-saving env NITRO_DEVICES="$DEVICES" NITRO_CACHE_DIR="$CACHES/fsdp-device-saving" \
     "$BIN" "${MODEL_ARGS[@]}" --json --fsdp --init device --checkpoint "$OUT/ckpt" --save-every 2
 run nitro-resume-half env NITRO_DEVICES=$((DEVICES / 2)) NITRO_CACHE_DIR="$CACHES/resume" \
-    "$BIN" "${MODEL_ARGS[@]}" --json --fsdp --resume "$OUT/ckpt"
+    "$BIN" "${MODEL_ARGS[@]}" --json --fsdp --init device --resume "$OUT/ckpt"
 
 "$PY" - "$RUNS" <<'EOF' | tee "$OUT/table.md"
 import json, sys
@@ -136,24 +139,27 @@ def figures(side):
             "step": d["step_ms"], "saving": d.get("step_ms_saving"), "init": d.get("init_ms"),
             "save": d.get("save_ms"), "loss": d.get("val_bits_per_char"), "devices": m["devices"],
             "group": m["devices"] * (m["parameters"] + m["optimizer_state"]) / devices / 2**20}
-host, dev, res = figures("nitro-fsdp"), figures("nitro-fsdp-device"), figures("nitro-resume-half")
+host, made = figures("nitro-fsdp"), figures("nitro-fsdp-device")
+dev, res = figures("nitro-fsdp-device-saving"), figures("nitro-resume-half")
 jax = runs["jax-fsdp"]["max_rss_kb"] / 1024
 fmt = lambda v, f="{:.0f}": "—" if v is None else f.format(v)
 print()
-print(f"| | nitro FSDP, host init | nitro FSDP, device init, saving every 2 | resumed on {res['devices']} devices |")
-print("|---|---|---|---|")
-print(f"| peak host RSS (MB, external) | {fmt(host['rss'])} | {fmt(dev['rss'])} | {fmt(res['rss'])} |")
-print(f"| peak RSS / JAX FSDP's ({jax:.0f} MB) | {host['rss']/jax:.2f}x | {dev['rss']/jax:.2f}x | {res['rss']/jax:.2f}x |")
-print(f"| floor (MB: before the handle + devices' state, gradients, temporaries) | {fmt(host['floor'])} | {fmt(dev['floor'])} | {fmt(res['floor'])} |")
-print(f"| peak RSS / floor | {host['over']:.2f}x | {dev['over']:.2f}x | {res['over']:.2f}x |")
-print(f"| creating the parameters (ms) | {fmt(host['init'])} | {fmt(dev['init'])} | — |")
-print(f"| steady step (ms, median waited) | {fmt(host['step'])} | {fmt(dev['step'])} | {fmt(res['step'])} |")
-# Against the run without saves with the same (default, concurrent) compiles: the device run's
+cols = [host, made, dev, res]
+print(f"| | nitro FSDP, host init | created on the devices | created, saving every 2 | resumed on {res['devices']} devices |")
+print("|---|---|---|---|---|")
+row = lambda name, f: print(f"| {name} | " + " | ".join(f(c) for c in cols) + " |")
+row("peak host RSS (MB, external)", lambda c: fmt(c["rss"]))
+row(f"peak RSS / JAX FSDP's ({jax:.0f} MB)", lambda c: f"{c['rss']/jax:.2f}x")
+row("floor (MB: before the handle + devices' state, gradients, temporaries)", lambda c: fmt(c["floor"]))
+row("peak RSS / floor", lambda c: f"{c['over']:.2f}x")
+row("creating the parameters (ms)", lambda c: fmt(c["init"]))
+row("steady step (ms, median waited)", lambda c: fmt(c["step"]))
+# Against the run without saves with the same (default, concurrent) compiles: the saving run's
 # own steps without a save in flight are one or two of --steps 4.
 plain = runs["nitro-fsdp-default"]["result"]["step_ms"]
 saving = "—" if dev["saving"] is None else f"{dev['saving']:.0f} ({dev['saving']/plain:.2f}x the default run's {plain:.0f})"
-print(f"| step during a background save (ms) | — | {saving} | — |")
-print(f"| last background save's write (ms) | — | {fmt(dev['save'])} | — |")
-print(f"| resumed peak RSS − the saving run's (MB; one shard group: {dev['group']:.0f} MB) | — | — | {res['rss'] - dev['rss']:+.0f} |")
-print(f"| held-out bits per char | {fmt(host['loss'], '{:.6f}')} | {fmt(dev['loss'], '{:.6f}')} | {fmt(res['loss'], '{:.6f}')} |")
+print(f"| step during a background save (ms) | — | — | {saving} | — |")
+print(f"| last background save's write (ms) | — | — | {fmt(dev['save'])} | — |")
+print(f"| resumed peak RSS − the saving run's (MB; one shard group: {dev['group']:.0f} MB) | — | — | — | {res['rss'] - dev['rss']:+.0f} |")
+row("held-out bits per char", lambda c: fmt(c["loss"], "{:.6f}"))
 EOF

@@ -393,3 +393,81 @@ fn creating_leaves_on_the_devices_holds_no_host_copy_of_the_model() {
         "created: peak {after} kB; read from the host: peak {host_peak} kB"
     );
 }
+
+/// The created values against JAX's for the same key and rule (`bench/jax_init_goldens.py`:
+/// `fold_in(fold_in(PRNGKey(seed), INIT_DOMAIN), leaf_id(path))`): on XLA within 1e-6 (the
+/// goldens' tolerance for f32 arithmetic), on the interpreter too.
+#[test]
+fn created_values_match_jaxs_draws_for_the_same_key() {
+    let bytes = std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/goldens/init.safetensors"),
+    )
+    .unwrap();
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let meta = header.metadata().clone().expect("case metadata");
+    assert!(meta.len() >= 8, "{} cases", meta.len());
+    let mut backends: Vec<&'static dyn Backend> = vec![backend::interpreter()];
+    if let Some(xla) = xla_devices_or_skip("created_values_match_jaxs_draws_for_the_same_key", 1) {
+        backends.push(xla);
+    }
+    for (case, json) in &meta {
+        let m: serde_json::Value = serde_json::from_str(json).unwrap();
+        let dims: Vec<usize> = m["dims"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap() as usize)
+            .collect();
+        let path = m["path"].as_str().unwrap();
+        assert_eq!(
+            Init::leaf_id(path),
+            m["leaf_id"].as_u64().unwrap() as u32,
+            "{case}"
+        );
+        let rule = &m["rule"];
+        let f = |k: &str| rule[k].as_f64().unwrap();
+        let init = match rule["kind"].as_str().unwrap() {
+            "glorot_uniform" => Init::GlorotUniform,
+            "glorot_normal" => Init::GlorotNormal,
+            "he_normal" => Init::HeNormal,
+            "he_uniform" => Init::HeUniform,
+            "normal" => Init::Normal {
+                mean: f("mean"),
+                std: f("std"),
+            },
+            "uniform" => Init::Uniform {
+                low: f("low"),
+                high: f("high"),
+            },
+            other => panic!("{case}: rule {other}"),
+        };
+        let want = file.tensor(&format!("{case}.out")).unwrap();
+        let want: Vec<f32> = want
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let ty = nitro::LeafType::new(DType::F32, &dims);
+        for (k, &b) in backends.iter().enumerate() {
+            let on = ["the interpreter", "XLA"][k];
+            let got = nitro::train::create_leaf(
+                b,
+                own_cache(),
+                m["seed"].as_u64().unwrap(),
+                path,
+                &ty,
+                init,
+            )
+            .unwrap();
+            let got = got.as_slice::<f32>().unwrap();
+            assert_eq!(got.len(), want.len(), "{case}");
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 1e-6 * (1.0 + w.abs()),
+                    "{case}[{i}] on {on}: {g} vs JAX's {w}"
+                );
+            }
+        }
+    }
+}

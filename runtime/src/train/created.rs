@@ -161,3 +161,49 @@ pub(super) fn create(
     }
     Ok(values)
 }
+
+/// The values a handle creates for the leaf at `path` of type `ty` under `init` from `seed`
+/// ([`Config::initialize`]): the initializer program of that one leaf, got from `cache` and
+/// run on `backend` (unpartitioned). A leaf's values depend only on the seed, its path, its
+/// type and its rule — not on the mesh, nor on the other leaves — so this is what any handle
+/// creates for it, on one device or split over many.
+///
+/// ```
+/// use nitro::init::Init;
+/// use nitro::LeafType;
+/// use nitro::DType;
+///
+/// let backend = nitro::backend::interpreter();
+/// let cache = nitro::cache::global();
+/// let ty = LeafType::new(DType::F32, &[4, 16]);
+/// let w = nitro::train::create_leaf(backend, cache, 11, "layers[0].w", &ty, Init::GlorotUniform)?;
+/// let limit = (6.0f32 / 20.0).sqrt();
+/// assert!(w.as_slice::<f32>()?.iter().all(|v| v.abs() <= limit));
+/// # Ok::<(), nitro::Error>(())
+/// ```
+pub fn create_leaf(
+    backend: &'static dyn Backend,
+    cache: &Cache,
+    seed: u64,
+    path: &str,
+    ty: &LeafType,
+    init: Init,
+) -> Result<Array> {
+    if init.is_random() && !ty.dtype.is_float() {
+        return Err(Error::InvalidSetting {
+            variable: "Config::initialize",
+            value: format!("{path} → {init:?}"),
+            expected: format!(
+                "a constant for a leaf of {ty}: random draws make floating-point leaves"
+            ),
+        });
+    }
+    let leaf = CreatedLeaf {
+        path: path.to_owned(),
+        ty: ty.clone(),
+        init,
+        spec: Vec::new(),
+    };
+    let values = create(backend, cache, vec![leaf], seed)?;
+    values.first().ok_or_else(state::unplaced)?.to_host()
+}

@@ -58,7 +58,7 @@ mod values;
 mod warm;
 
 pub use config::{Config, InitRule, NonFinite};
-pub use created::{CreatedLeaf, Initializer, InitializerView};
+pub use created::{create_leaf, CreatedLeaf, Initializer, InitializerView};
 use epochs::*;
 pub use epochs::{EpochRecord, History};
 use inventory::*;
