@@ -1035,11 +1035,16 @@ fn check_version(metadata: &BTreeMap<String, String>, origin: &str) -> Result<()
         origin: origin.to_owned(),
         why,
     };
-    if metadata.get(meta::FORMAT).map(String::as_str) != Some(meta::FORMAT_VALUE) {
+    let get = |key: &str| {
+        metadata
+            .get(key)
+            .ok_or_else(|| corrupt(format!("the metadata lacks `{key}`")))
+    };
+    if get(meta::FORMAT)? != meta::FORMAT_VALUE {
         return Err(corrupt("it is not a nitro checkpoint".into()));
     }
-    let version = metadata.get(meta::VERSION).map_or("none", String::as_str);
-    if version != FORMAT_VERSION.to_string() {
+    let version = get(meta::VERSION)?;
+    if version != &FORMAT_VERSION.to_string() {
         return Err(corrupt(format!(
             "it has format version {version}, and this nitro reads version {FORMAT_VERSION} \
              (version 1 recorded neither the optimizer's identity nor the epoch; resume it \
