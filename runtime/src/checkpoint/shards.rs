@@ -531,6 +531,14 @@ impl CheckpointDir {
             origin: origin.clone(),
             why,
         };
+        if fs::symlink_metadata(root.join(CURRENT))
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+        {
+            return Err(corrupt(format!(
+                "it is a directory that holds no `{CURRENT}`, so no checkpoint directory: pass \
+                 a checkpoint file, or a directory a save wrote"
+            )));
+        }
         let current = read_bounded(&root.join(CURRENT), 4096, &origin)?;
         let name = String::from_utf8(current)
             .ok()
