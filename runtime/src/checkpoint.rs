@@ -744,7 +744,7 @@ impl Checkpoint {
     /// Reads a checkpoint written by [`save`](Checkpoint::save) — or, when `path` is a
     /// directory, the checkpoint directory's committed version ([`CheckpointDir`]), every
     /// tensor assembled whole on the host (a training handle on a mesh reads only each
-    /// device's ranges instead: [`crate::train::Nitro::resume_from`]).
+    /// device's ranges instead: [`crate::train::Nitro::resume`]).
     ///
     /// Only a regular file is read (a FIFO, socket or device is refused without
     /// blocking on it), and only as many bytes as its header says it holds: the header's

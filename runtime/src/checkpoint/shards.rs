@@ -469,6 +469,8 @@ pub struct CheckpointDir {
 /// read whole, or a checkpoint directory opened, whose values are read as the handle places
 /// them.
 #[derive(Debug)]
+// One is made per resume and consumed by it: boxing either variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Saved {
     /// A checkpoint in memory ([`Checkpoint::load`], [`Checkpoint::capture`]).
     Whole(Checkpoint),

@@ -43,7 +43,7 @@ pub(super) struct Saves {
 /// What a background save's thread has once it took the state.
 pub(super) enum Ready {
     /// A whole checkpoint to write as one file, and how long taking it took.
-    Checkpoint(Checkpoint, Duration),
+    Checkpoint(Box<Checkpoint>, Duration),
     /// A checkpoint directory already written.
     Saved(SaveReport),
 }
@@ -124,7 +124,7 @@ impl Saves {
             .name("nitro-save".into())
             .spawn(move || {
                 let (checkpoint, copy) = match take()? {
-                    Ready::Checkpoint(checkpoint, copy) => (checkpoint, copy),
+                    Ready::Checkpoint(checkpoint, copy) => (*checkpoint, copy),
                     Ready::Saved(report) => return Ok(report),
                 };
                 let started = Instant::now();
@@ -193,9 +193,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             // copied here.
             let checkpoint = self.checkpoint()?;
             let copy = started.elapsed();
-            return self
-                .saves
-                .start(path, move || Ok(Ready::Checkpoint(checkpoint, copy)));
+            return self.saves.start(path, move || {
+                Ok(Ready::Checkpoint(Box::new(checkpoint), copy))
+            });
         }
         self.place_state()?;
         let mut head = self.checkpoint_head(true)?;
@@ -211,7 +211,10 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             let (trainable, optimizer) = snapshot.into_host()?;
             head.replace_device(paths.iter().cloned().zip(packing.unpack(&trainable)?))?;
             head.set_optimizer_state(resume::named_state(&packing, &paths, slots, &optimizer)?)?;
-            Ok(Ready::Checkpoint(head, captured + copying.elapsed()))
+            Ok(Ready::Checkpoint(
+                Box::new(head),
+                captured + copying.elapsed(),
+            ))
         })
     }
 

@@ -22,6 +22,13 @@ use crate::tree::{Array, DType, LeafType};
 /// The largest header read (the `safetensors` crate's own bound).
 const MAX_HEADER_BYTES: u64 = 100_000_000;
 
+/// Where a split file tensor's piece is: the axis, the piece's index and the pieces' count.
+type Split = (usize, usize, usize);
+
+/// A file tensor routed to a leaf: the leaf, the piece's type, the split, whether PyTorch's
+/// layout applies.
+type Routed = (String, LeafType, Option<Split>, bool);
+
 /// A file tensor as its header describes it: its type and where its data starts.
 #[derive(Clone, Debug)]
 struct Entry {
@@ -183,7 +190,7 @@ enum Way {
     /// split — then permuted by `perm` and cast to `cast`.
     Ranges {
         file: String,
-        split: Option<(usize, usize, usize)>,
+        split: Option<Split>,
         perm: Option<Vec<usize>>,
         cast: Option<DType>,
     },
@@ -217,53 +224,52 @@ pub(crate) fn plan<E: crate::experiment::Experiment + ?Sized>(
     struct Mapped {
         name: String,
         ty: LeafType,
-        split: Option<(usize, usize, usize)>,
+        split: Option<Split>,
         torch: bool,
     }
     let mut by_leaf: BTreeMap<String, Mapped> = BTreeMap::new();
     let (mut problems, mut skipped) = (Vec::new(), Vec::new());
     let names: HashSet<String> = header.entries.keys().cloned().collect();
     for (name, entry) in &header.entries {
-        let routed: Vec<(String, LeafType, Option<(usize, usize, usize)>, bool)> =
-            match import.route(name, &leaves) {
-                Route::Skip(why) => {
-                    skipped.push(format!("`{name}` ({}, {why})", entry.ty));
-                    continue;
-                }
-                Route::Leaf { leaf, torch } => vec![(leaf, entry.ty.clone(), None, torch)],
-                Route::Split(axis, parts) => {
-                    let d = &entry.ty.dims;
-                    match d.get(axis) {
-                        Some(&n) if !parts.is_empty() && n % parts.len() == 0 => {
-                            let mut dims = d.clone();
-                            dims[axis] = n / parts.len();
-                            let ty = LeafType::new(entry.ty.dtype, &dims);
-                            let count = parts.len();
-                            parts
-                                .into_iter()
-                                .enumerate()
-                                .map(|(k, l)| (l, ty.clone(), Some((axis, k, count)), false))
-                                .collect()
-                        }
-                        Some(_) => {
-                            problems.push(format!(
-                                "tensor `{name}`: cannot split {} into {} equal parts along \
+        let routed: Vec<Routed> = match import.route(name, &leaves) {
+            Route::Skip(why) => {
+                skipped.push(format!("`{name}` ({}, {why})", entry.ty));
+                continue;
+            }
+            Route::Leaf { leaf, torch } => vec![(leaf, entry.ty.clone(), None, torch)],
+            Route::Split(axis, parts) => {
+                let d = &entry.ty.dims;
+                match d.get(axis) {
+                    Some(&n) if !parts.is_empty() && n % parts.len() == 0 => {
+                        let mut dims = d.clone();
+                        dims[axis] = n / parts.len();
+                        let ty = LeafType::new(entry.ty.dtype, &dims);
+                        let count = parts.len();
+                        parts
+                            .into_iter()
+                            .enumerate()
+                            .map(|(k, l)| (l, ty.clone(), Some((axis, k, count)), false))
+                            .collect()
+                    }
+                    Some(_) => {
+                        problems.push(format!(
+                            "tensor `{name}`: cannot split {} into {} equal parts along \
                                  axis {axis}",
-                                entry.ty,
-                                parts.len()
-                            ));
-                            continue;
-                        }
-                        None => {
-                            problems.push(format!(
-                                "tensor `{name}`: cannot split {} along axis {axis}",
-                                entry.ty
-                            ));
-                            continue;
-                        }
+                            entry.ty,
+                            parts.len()
+                        ));
+                        continue;
+                    }
+                    None => {
+                        problems.push(format!(
+                            "tensor `{name}`: cannot split {} along axis {axis}",
+                            entry.ty
+                        ));
+                        continue;
                     }
                 }
-            };
+            }
+        };
         for (leaf, ty, split, torch) in routed {
             let mapped = Mapped {
                 name: name.clone(),
