@@ -771,21 +771,12 @@ impl Checkpoint {
             origin: origin.clone(),
             why,
         };
-        let (mut file, len) =
-            match files::open_regular(path, u64::MAX, Owner::Anyone).map_err(io("open"))? {
-                Opened::File(f, len) => (f, len),
-                Opened::Refused(r) => return Err(corrupt(format!("it is {}", r.why()))),
-            };
-        let mut n = [0u8; 8];
-        file.read_exact(&mut n)
-            .map_err(|_| corrupt(format!("it holds {len} bytes, too few for a header")))?;
-        let header_len = u64::from_le_bytes(n);
-        if header_len > MAX_HEADER_BYTES || header_len > len.saturating_sub(8) {
-            return Err(corrupt(format!(
-                "its header claims {header_len} bytes and the file holds {len}"
-            )));
-        }
-        let header = files::read_exactly(&mut file, header_len).map_err(io("read"))?;
+        let (mut file, len, header_len, header) = match open_safetensors(path) {
+            Ok(opened) => opened,
+            Err(Unreadable::Io(what, e)) => return Err(io(what)(e)),
+            Err(Unreadable::Bad(why)) => return Err(corrupt(why)),
+        };
+        let n = header_len.to_le_bytes();
         let extent = data_extent(&header).map_err(|why| corrupt(format!("its header {why}")))?;
         let expected = 8u64
             .checked_add(header_len)
@@ -1052,6 +1043,40 @@ fn check_version(metadata: &BTreeMap<String, String>, origin: &str) -> Result<()
         )));
     }
     Ok(())
+}
+
+/// Why [`open_safetensors`] could not open a file.
+pub(crate) enum Unreadable {
+    /// The operating system refused: what was being done, and its error.
+    Io(&'static str, std::io::Error),
+    /// The file is not one: why, completing "the file …" (`it is a directory, not a file`).
+    Bad(String),
+}
+
+/// The `safetensors` file at `path` opened to its header: the file (positioned after the
+/// header), its length, and the header's length and bytes. Only a regular file is opened (never
+/// a FIFO, socket or device, which are not waited on), and the header's length is checked
+/// against the file and bounded before it is read.
+pub(crate) fn open_safetensors(
+    path: &Path,
+) -> std::result::Result<(std::fs::File, u64, u64, Vec<u8>), Unreadable> {
+    let (mut file, len) = match files::open_regular(path, u64::MAX, Owner::Anyone) {
+        Ok(Opened::File(f, len)) => (f, len),
+        Ok(Opened::Refused(r)) => return Err(Unreadable::Bad(format!("it is {}", r.why()))),
+        Err(e) => return Err(Unreadable::Io("open", e)),
+    };
+    let mut n = [0u8; 8];
+    file.read_exact(&mut n)
+        .map_err(|_| Unreadable::Bad(format!("it holds {len} bytes, too few for a header")))?;
+    let header_len = u64::from_le_bytes(n);
+    if header_len > MAX_HEADER_BYTES || header_len > len.saturating_sub(8) {
+        return Err(Unreadable::Bad(format!(
+            "its header claims {header_len} bytes and the file holds {len}"
+        )));
+    }
+    let header =
+        files::read_exactly(&mut file, header_len).map_err(|e| Unreadable::Io("read", e))?;
+    Ok((file, len, header_len, header))
 }
 
 /// [`Error::CheckpointInput`] unless every name is non-empty and used once.

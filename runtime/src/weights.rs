@@ -493,13 +493,44 @@ pub fn load_into<E: Experiment + ?Sized>(
             Err(why) => problems.push(format!("tensor `{}` (for `{leaf}`): {why}", c.name)),
         }
     }
-    let mut ignored: Vec<String> = by_leaf
+    let unused = by_leaf
         .iter()
-        .map(|(leaf, c)| {
-            if c.name == *leaf {
-                format!("`{}` ({})", c.name, c.value.leaf_type())
+        .map(|(leaf, c)| (leaf.as_str(), c.name.as_str(), c.value.leaf_type()));
+    let mut ignored = unused_or_refused::<E>(import, path, unused, problems)?;
+    ignored.extend(skipped);
+    experiment.visit_device_mut(&mut |_, p, leaf| {
+        if let Some(a) = values.remove(p.as_str()) {
+            *leaf = a;
+        }
+    });
+    Ok(Loaded {
+        leaves: loaded,
+        ignored,
+        cast: casts.cast,
+        saturated: casts.saturated,
+        read_bytes: file_names
+            .iter()
+            .filter_map(|n| file.tensor(n).ok())
+            .map(|t| t.data().len() as u64)
+            .sum(),
+    })
+}
+
+/// The file tensors no leaf took (`unused`: the leaf name each maps to, its name in the file,
+/// its type), as [`Loaded::ignored`] lists them — or, with `problems` or without
+/// [`Import::allow_extra`], the error that refuses the file, naming every problem.
+fn unused_or_refused<'a, E: Experiment + ?Sized>(
+    import: &Import,
+    path: &Path,
+    unused: impl Iterator<Item = (&'a str, &'a str, LeafType)>,
+    mut problems: Vec<String>,
+) -> Result<Vec<String>> {
+    let ignored: Vec<String> = unused
+        .map(|(leaf, name, ty)| {
+            if name == leaf {
+                format!("`{name}` ({ty})")
             } else {
-                format!("`{}` (as `{leaf}`, {})", c.name, c.value.leaf_type())
+                format!("`{name}` (as `{leaf}`, {ty})")
             }
         })
         .collect();
@@ -522,23 +553,7 @@ pub fn load_into<E: Experiment + ?Sized>(
             ),
         ));
     }
-    ignored.extend(skipped);
-    experiment.visit_device_mut(&mut |_, p, leaf| {
-        if let Some(a) = values.remove(p.as_str()) {
-            *leaf = a;
-        }
-    });
-    Ok(Loaded {
-        leaves: loaded,
-        ignored,
-        cast: casts.cast,
-        saturated: casts.saturated,
-        read_bytes: file_names
-            .iter()
-            .filter_map(|n| file.tensor(n).ok())
-            .map(|t| t.data().len() as u64)
-            .sum(),
-    })
+    Ok(ignored)
 }
 
 /// The dtype conversions [`Import::cast`] made while loading.

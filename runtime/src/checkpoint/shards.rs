@@ -4,11 +4,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{st_dtype, to_array, Checkpoint, Raw, WindowMeta, MAX_HEADER_BYTES};
+use super::{st_dtype, to_array, Checkpoint, Raw, WindowMeta};
 use super::{OPTIMIZER_PREFIX, WINDOW_PREFIX};
 use crate::error::{Error, Result};
 use crate::files::{self, Opened, Owner};
@@ -766,21 +766,11 @@ impl CheckpointDir {
             let path = path.clone();
             move |source| Error::CheckpointIo { path, what, source }
         };
-        let (mut file, len) =
-            match files::open_regular(&path, u64::MAX, Owner::Anyone).map_err(io("open"))? {
-                Opened::File(f, len) => (f, len),
-                Opened::Refused(r) => return Err(corrupt(format!("it is {}", r.why()))),
-            };
-        let mut n = [0u8; 8];
-        file.read_exact(&mut n)
-            .map_err(|_| corrupt(format!("it holds {len} bytes, too few for a header")))?;
-        let header_len = u64::from_le_bytes(n);
-        if header_len > MAX_HEADER_BYTES || header_len > len.saturating_sub(8) {
-            return Err(corrupt(format!(
-                "its header claims {header_len} bytes and the file holds {len}"
-            )));
-        }
-        let header = files::read_exactly(&mut file, header_len).map_err(io("read"))?;
+        let (mut file, len, header_len, header) = match super::open_safetensors(&path) {
+            Ok(opened) => opened,
+            Err(super::Unreadable::Io(what, e)) => return Err(io(what)(e)),
+            Err(super::Unreadable::Bad(why)) => return Err(corrupt(why)),
+        };
         let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&header)
             .map_err(|e| corrupt(format!("its header is not a JSON object ({e})")))?;
         let t = header

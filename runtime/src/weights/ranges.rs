@@ -12,15 +12,11 @@ use std::path::{Path, PathBuf};
 
 use super::{
     cast, check_instructions, convert, hint, largest_finite, permuted, split, torch_layout,
-    Conversions, Import, Loaded, Route,
+    unused_or_refused, Conversions, Import, Loaded, Route,
 };
-use crate::checkpoint::{st_dtype, to_array};
+use crate::checkpoint::{st_dtype, to_array, Unreadable};
 use crate::error::{Error, Result};
-use crate::files::{self, Opened, Owner};
 use crate::tree::{Array, DType, LeafType};
-
-/// The largest header read (the `safetensors` crate's own bound).
-const MAX_HEADER_BYTES: u64 = 100_000_000;
 
 /// Where a split file tensor's piece is: the axis, the piece's index and the pieces' count.
 type Split = (usize, usize, usize);
@@ -47,27 +43,14 @@ impl Header {
     /// Reads the header of the file at `path` and checks that every tensor's data lies in it.
     pub(crate) fn open(path: &Path) -> Result<Header> {
         let bad = |why: String| Error::data_file(path, why);
-        let cannot = |e: std::io::Error| bad(format!("cannot read it: {e}"));
-        let (mut file, len) =
-            match files::open_regular(path, u64::MAX, Owner::Anyone).map_err(cannot)? {
-                Opened::File(f, len) => (f, len),
-                Opened::Refused(r) => {
-                    return Err(bad(format!("it is {}; pass a regular file", r.why())))
-                }
-            };
-        let mut n = [0u8; 8];
-        file.read_exact(&mut n).map_err(|_| {
-            bad(format!(
-                "not a safetensors file: {len} bytes hold no header"
-            ))
-        })?;
-        let header_len = u64::from_le_bytes(n);
-        if header_len > MAX_HEADER_BYTES || header_len > len.saturating_sub(8) {
-            return Err(bad(format!(
-                "not a safetensors file: its header claims {header_len} bytes of {len}"
-            )));
-        }
-        let header = files::read_exactly(&mut file, header_len).map_err(cannot)?;
+        let (file, len, header_len, header) = match crate::checkpoint::open_safetensors(path) {
+            Ok(opened) => opened,
+            Err(Unreadable::Io(_, e)) => return Err(bad(format!("cannot read it: {e}"))),
+            Err(Unreadable::Bad(why)) if why.starts_with("it is ") => {
+                return Err(bad(format!("{why}; pass a regular file")))
+            }
+            Err(Unreadable::Bad(why)) => return Err(bad(format!("not a safetensors file: {why}"))),
+        };
         let json: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&header)
             .map_err(|e| {
                 bad(format!(
@@ -391,35 +374,10 @@ pub(crate) fn plan<E: crate::experiment::Experiment + ?Sized>(
         );
         loaded.push(leaf.clone());
     }
-    let mut ignored: Vec<String> = by_leaf
+    let unused = by_leaf
         .iter()
-        .map(|(leaf, m)| {
-            if m.name == *leaf {
-                format!("`{}` ({})", m.name, m.ty)
-            } else {
-                format!("`{}` (as `{leaf}`, {})", m.name, m.ty)
-            }
-        })
-        .collect();
-    if !import.allow_extra {
-        for t in &ignored {
-            problems.push(format!(
-                "tensor {t} is not a leaf of `{}` (rename it, or allow extra tensors)",
-                E::TYPE_PATH
-            ));
-        }
-    }
-    if !problems.is_empty() {
-        return Err(Error::data_file(
-            &header.path,
-            format!(
-                "it does not fit `{}` ({} problem(s)): {}",
-                E::TYPE_PATH,
-                problems.len(),
-                problems.join("; ")
-            ),
-        ));
-    }
+        .map(|(leaf, m)| (leaf.as_str(), m.name.as_str(), m.ty.clone()));
+    let mut ignored = unused_or_refused::<E>(import, &header.path, unused, problems)?;
     ignored.extend(skipped);
     Ok(Plan {
         header,
