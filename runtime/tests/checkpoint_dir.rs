@@ -13,32 +13,14 @@ mod mlp;
 
 use std::path::Path;
 
-use common::{xla_devices_or_skip, TempDir};
+use common::{backend_of, fsdp, own_cache, xla_devices_or_skip, TempDir};
 use mlp::*;
-use nitro::backend::{self, Backend};
-use nitro::cache::Cache;
+use nitro::backend;
 use nitro::checkpoint::{Checkpoint, CheckpointDir, Format, Saved, CURRENT, INDEX};
 use nitro::optim::Adam;
 use nitro::prelude::*;
 use nitro::shard::{Mesh, PartitionSpec, Sharding};
 use nitro::train::{Config, Nitro};
-
-fn own_cache() -> &'static Cache {
-    Box::leak(Box::new(Cache::in_memory(32)))
-}
-
-fn fsdp(devices: usize) -> Config {
-    Config::new()
-        .mesh(Mesh::new([("data", devices)]).unwrap())
-        .sharding(Sharding::fsdp("data"))
-}
-
-fn backend_of(config: &Config, one: &'static dyn Backend) -> &'static dyn Backend {
-    match config.partitioning().unwrap() {
-        Some(p) => backend::for_mesh(&p).unwrap(),
-        None => one,
-    }
-}
 
 /// The micro-batches every run takes: four full batches of 8 rows and a ragged one of 5.
 const STEPS: [(usize, usize); 5] = [(0, 8), (8, 8), (16, 8), (24, 8), (32, 5)];

@@ -12,32 +12,14 @@ mod common;
 #[path = "common/mlp.rs"]
 mod mlp;
 
-use common::xla_devices_or_skip;
+use common::{backend_of, fsdp, own_cache, xla_devices_or_skip};
 use mlp::*;
 use nitro::backend::{self, Backend};
-use nitro::cache::Cache;
 use nitro::init::{self, layer_defaults, Init, Seed};
 use nitro::optim::{Adam, Sgd};
 use nitro::prelude::*;
 use nitro::shard::{Mesh, PartitionSpec, Sharding};
 use nitro::train::{Config, Model, Nitro};
-
-fn own_cache() -> &'static Cache {
-    Box::leak(Box::new(Cache::in_memory(32)))
-}
-
-fn fsdp(devices: usize) -> Config {
-    Config::new()
-        .mesh(Mesh::new([("data", devices)]).unwrap())
-        .sharding(Sharding::fsdp("data"))
-}
-
-fn backend_of(config: &Config, one: &'static dyn Backend) -> &'static dyn Backend {
-    match config.partitioning().unwrap() {
-        Some(p) => backend::for_mesh(&p).unwrap(),
-        None => one,
-    }
-}
 
 /// The classifier declared by its types: every leaf zeros that were never written.
 fn declared() -> Mlp {

@@ -6,18 +6,13 @@
 
 mod common;
 
-use common::{xla_devices_or_skip, TempDir};
+use common::{own_cache, xla_devices_or_skip, TempDir};
 use nitro::backend::{self, Backend};
-use nitro::cache::Cache;
 use nitro::optim::Adam;
 use nitro::prelude::*;
 use nitro::shard::{Mesh, PartitionSpec, Sharding};
 use nitro::train::{Config, Model, Nitro};
 use nitro::weights::{self, Import};
-
-fn own_cache() -> &'static Cache {
-    Box::leak(Box::new(Cache::in_memory(32)))
-}
 
 #[derive(Tree, Clone, Debug)]
 pub struct Rows {

@@ -151,3 +151,26 @@ pub fn max_abs_diff(got: &nitro::Array, want: &[f32]) -> f32 {
         .map(|(a, b)| (a - b).abs())
         .fold(0.0f32, f32::max)
 }
+
+/// A cache of its own for one handle (leaked: handles take `&'static`).
+pub fn own_cache() -> &'static nitro::cache::Cache {
+    Box::leak(Box::new(nitro::cache::Cache::in_memory(32)))
+}
+
+/// FSDP over a mesh of `devices` devices along `data`.
+pub fn fsdp(devices: usize) -> nitro::train::Config {
+    nitro::train::Config::new()
+        .mesh(nitro::shard::Mesh::new([("data", devices)]).unwrap())
+        .sharding(nitro::shard::Sharding::fsdp("data"))
+}
+
+/// The backend `config` asks for: partitioned over its mesh, else `one`.
+pub fn backend_of(
+    config: &nitro::train::Config,
+    one: &'static dyn nitro::backend::Backend,
+) -> &'static dyn nitro::backend::Backend {
+    match config.partitioning().unwrap() {
+        Some(p) => nitro::backend::for_mesh(&p).unwrap(),
+        None => one,
+    }
+}
