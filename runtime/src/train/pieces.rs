@@ -304,15 +304,6 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let mut handle = Nitro::with_backend(experiment, optimizer, config, backend, cache)?;
         handle.state.forgo_creation();
         let layout = handle.state.layout().clone();
-        let current = crate::checkpoint::OptimizerIdentity::of(&handle.optimizer);
-        let refuse = |why: String| Error::CheckpointOptimizer {
-            stored: head
-                .optimizer_identity()
-                .map_or_else(|| "unrecorded".to_owned(), |i| i.constants.clone()),
-            current: current.constants.clone(),
-            why,
-            retunable: false,
-        };
         let corrupt = |why: String| Error::CheckpointCorrupt {
             origin: format!("`{}`", dir.path().display()),
             why,
@@ -339,37 +330,18 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             .map(|(g, (path, ty))| read(path, ty, g))
             .collect::<Result<Vec<_>>>()?;
         // The optimizer state: exactly one per slot and trainable leaf.
-        let slots = handle.optimizer.slots();
-        let mut listed: HashSet<&str> = dir.optimizer_names().iter().map(String::as_str).collect();
+        let names = resume::match_optimizer_state(
+            &handle.optimizer,
+            head.optimizer_identity(),
+            &layout,
+            dir.optimizer_names().iter().map(String::as_str).collect(),
+            |name| dir.tensor_type(&optimizer_tensor(name)).cloned(),
+        )?;
         let state_types = layout.packing.for_state().leaf_types();
-        let mut optimizer_state = Vec::new();
-        for slot in slots {
-            for (g, (path, ty)) in layout.paths.iter().zip(&state_types).enumerate() {
-                let name = format!("{slot}/{path}");
-                if !listed.remove(name.as_str()) {
-                    return Err(refuse(format!(
-                        "the checkpoint holds no optimizer state `{name}` for trainable leaf \
-                         `{path}`"
-                    )));
-                }
-                let tensor = optimizer_tensor(&name);
-                if dir.tensor_type(&tensor).is_some_and(|t| t != ty) {
-                    return Err(refuse(format!(
-                        "optimizer state `{name}` is {} in the checkpoint, and the state of \
-                         trainable leaf `{path}` is {ty}",
-                        dir.tensor_type(&tensor)
-                            .map_or_else(String::new, |t| t.to_string())
-                    )));
-                }
-                optimizer_state.push(read(&tensor, ty, g)?);
-            }
-        }
-        if let Some(extra) = listed.iter().min() {
-            return Err(refuse(format!(
-                "the checkpoint holds optimizer state `{extra}`, which no slot of this \
-                 optimizer and no trainable leaf names"
-            )));
-        }
+        let optimizer_state = names
+            .iter()
+            .map(|(name, g)| read(&optimizer_tensor(name), &state_types[*g], *g))
+            .collect::<Result<Vec<_>>>()?;
         let sums = match dir.window() {
             Some(w) => Some((
                 w.micro_batches,

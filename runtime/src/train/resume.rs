@@ -73,6 +73,55 @@ pub(super) fn named_state(
     Ok(names.zip(state).collect())
 }
 
+/// The optimizer state a checkpoint lists (`listed`, with the stored type of each by
+/// `stored_type`) matched against what `optimizer` keeps for the trainable leaves of `layout`:
+/// the name (`<slot>/<leaf path>`) and group of each, slot by slot. Refused
+/// ([`Error::CheckpointOptimizer`], naming both optimizers) when one is missing, of another
+/// type than its leaf's state, or left over.
+pub(super) fn match_optimizer_state<O: Optimizer>(
+    optimizer: &O,
+    stored: Option<&crate::checkpoint::OptimizerIdentity>,
+    layout: &Layout,
+    mut listed: std::collections::HashSet<&str>,
+    stored_type: impl Fn(&str) -> Option<LeafType>,
+) -> Result<Vec<(String, usize)>> {
+    let current = crate::checkpoint::OptimizerIdentity::of(optimizer);
+    let refuse = |why: String| Error::CheckpointOptimizer {
+        stored: stored.map_or_else(|| "unrecorded".to_owned(), |i| i.constants.clone()),
+        current: current.constants.clone(),
+        why,
+        retunable: false,
+    };
+    // Optimizer state is of each leaf's state dtype (f32 for half-precision leaves).
+    let types = layout.packing.for_state().leaf_types();
+    let mut names = Vec::new();
+    for slot in optimizer.slots() {
+        for (g, (path, ty)) in layout.paths.iter().zip(&types).enumerate() {
+            let name = format!("{slot}/{path}");
+            if !listed.remove(name.as_str()) {
+                return Err(refuse(format!(
+                    "the checkpoint holds no optimizer state `{name}` for trainable leaf \
+                     `{path}`"
+                )));
+            }
+            if let Some(stored) = stored_type(&name).filter(|t| t != ty) {
+                return Err(refuse(format!(
+                    "optimizer state `{name}` is {stored} in the checkpoint, and the state of \
+                     trainable leaf `{path}` is {ty}"
+                )));
+            }
+            names.push((name, g));
+        }
+    }
+    if let Some(extra) = listed.iter().min() {
+        return Err(refuse(format!(
+            "the checkpoint holds optimizer state `{extra}`, which no slot of this optimizer \
+             and no trainable leaf names"
+        )));
+    }
+    Ok(names)
+}
+
 /// The step counter the update program keeps for a checkpoint's `step` (an `i64`).
 pub(super) fn device_step(step: u64) -> Result<i64> {
     i64::try_from(step).map_err(|_| Error::CheckpointCorrupt {
@@ -214,49 +263,26 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let restored = checkpoint.restore_into(&mut experiment)?;
         let mut handle = Nitro::with_backend(experiment, optimizer, config, backend, cache)?;
         handle.state.forgo_creation();
-        let current = crate::checkpoint::OptimizerIdentity::of(&handle.optimizer);
-        let refuse = |why: String| Error::CheckpointOptimizer {
-            stored: restored
-                .optimizer_identity
-                .as_ref()
-                .map_or_else(|| "unrecorded".to_owned(), |i| i.constants.clone()),
-            current: current.constants.clone(),
-            why,
-            retunable: false,
-        };
         // Optimizer state is of each leaf's state dtype (f32 for half-precision leaves).
         let layout = handle.state.layout().clone();
         let state_packing = layout.packing.for_state();
         let types = state_packing.leaf_types();
         let mut by_name: std::collections::HashMap<String, Array> =
             restored.optimizer.into_iter().collect();
+        let names = match_optimizer_state(
+            &handle.optimizer,
+            restored.optimizer_identity.as_ref(),
+            &layout,
+            by_name.keys().map(String::as_str).collect(),
+            |name| by_name.get(name).map(Array::leaf_type),
+        )?;
         let mut packed = Vec::new();
-        for slot in handle.optimizer.slots() {
-            let mut leaves = Vec::with_capacity(types.len());
-            for (path, ty) in layout.paths.iter().zip(&types) {
-                let name = format!("{slot}/{path}");
-                let array = by_name.remove(&name).ok_or_else(|| {
-                    refuse(format!(
-                        "the checkpoint holds no optimizer state `{name}` for trainable leaf \
-                         `{path}`"
-                    ))
-                })?;
-                if &array.leaf_type() != ty {
-                    return Err(refuse(format!(
-                        "optimizer state `{name}` is {} in the checkpoint, and the state of \
-                         trainable leaf `{path}` is {ty}",
-                        array.leaf_type()
-                    )));
-                }
-                leaves.push(array);
-            }
+        for slot in names.chunks(layout.paths.len().max(1)) {
+            let leaves: Vec<Array> = slot
+                .iter()
+                .filter_map(|(name, _)| by_name.remove(name))
+                .collect();
             packed.extend(state_packing.pack(&leaves)?);
-        }
-        if let Some(extra) = by_name.keys().min() {
-            return Err(refuse(format!(
-                "the checkpoint holds optimizer state `{extra}`, which no slot of this \
-                 optimizer and no trainable leaf names"
-            )));
         }
         let step = device_step(restored.step)?;
         handle.state.restore_optimizer(backend, packed, step)?;
