@@ -1045,6 +1045,44 @@ fn check_version(metadata: &BTreeMap<String, String>, origin: &str) -> Result<()
     Ok(())
 }
 
+/// One tensor of a `safetensors` header, as far as it is well formed: its dtype's name, its
+/// shape and its data offsets.
+pub(crate) type HeaderTensor<'a> = (Option<&'a str>, Option<Vec<usize>>, Option<(u64, u64)>);
+
+/// The parts of the header entry `t` ([`HeaderTensor`]).
+pub(crate) fn header_tensor(t: &serde_json::Value) -> HeaderTensor<'_> {
+    let dtype = t.get("dtype").and_then(|d| d.as_str());
+    let shape = t.get("shape").and_then(|s| {
+        s.as_array()?
+            .iter()
+            .map(|d| usize::try_from(d.as_u64()?).ok())
+            .collect()
+    });
+    let offsets = t
+        .get("data_offsets")
+        .and_then(|o| o.as_array())
+        .filter(|o| o.len() == 2)
+        .and_then(|o| Some((o[0].as_u64()?, o[1].as_u64()?)));
+    (dtype, shape, offsets)
+}
+
+/// The dtype of nitro's a `safetensors` dtype name stands for ([`st_dtype`]'s inverse).
+pub(crate) fn dtype_named(name: &str) -> Option<DType> {
+    [
+        DType::F32,
+        DType::F64,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+        DType::Bool,
+        DType::U32,
+        DType::BF16,
+        DType::F16,
+    ]
+    .into_iter()
+    .find(|&d| format!("{:?}", st_dtype(d)) == name)
+}
+
 /// Why [`open_safetensors`] could not open a file.
 pub(crate) enum Unreadable {
     /// The operating system refused: what was being done, and its error.

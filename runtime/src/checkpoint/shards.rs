@@ -777,20 +777,10 @@ impl CheckpointDir {
             .get(&entry.name)
             .ok_or_else(|| corrupt(format!("it holds no piece of `{}`", entry.name)))?;
         let dtype = format!("{:?}", st_dtype(entry.ty.dtype));
-        let shape: Option<Vec<usize>> = t.get("shape").and_then(|s| {
-            s.as_array()?
-                .iter()
-                .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
-                .collect()
-        });
-        let offsets = t
-            .get("data_offsets")
-            .and_then(|o| o.as_array())
-            .filter(|o| o.len() == 2)
-            .and_then(|o| Some((o[0].as_u64()?, o[1].as_u64()?)));
+        let (stored, shape, offsets) = super::header_tensor(t);
         let expected =
             piece.dims.iter().product::<usize>() as u64 * entry.ty.dtype.size_bytes() as u64;
-        let (start, end) = match (t.get("dtype").and_then(|d| d.as_str()), shape, offsets) {
+        let (start, end) = match (stored, shape, offsets) {
             (Some(d), Some(s), Some((b, e)))
                 if d == dtype && s == piece.dims && e >= b && e - b == expected =>
             {

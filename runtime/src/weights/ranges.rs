@@ -14,7 +14,7 @@ use super::{
     cast, check_instructions, convert, hint, largest_finite, permuted, split, torch_layout,
     unused_or_refused, Conversions, Import, Loaded, Route,
 };
-use crate::checkpoint::{st_dtype, to_array, Unreadable};
+use crate::checkpoint::{dtype_named, header_tensor, st_dtype, to_array, Unreadable};
 use crate::error::{Error, Result};
 use crate::tree::{Array, DType, LeafType};
 
@@ -63,34 +63,13 @@ impl Header {
             if name == "__metadata__" {
                 continue;
             }
-            let dtype = match t.get("dtype").and_then(|d| d.as_str()) {
-                Some("F32") => DType::F32,
-                Some("F64") => DType::F64,
-                Some("I32") => DType::I32,
-                Some("I64") => DType::I64,
-                Some("U8") => DType::U8,
-                Some("BOOL") => DType::Bool,
-                Some("U32") => DType::U32,
-                Some("BF16") => DType::BF16,
-                Some("F16") => DType::F16,
-                other => {
-                    return Err(bad(format!(
-                        "tensor `{name}` has dtype {}, which nitro does not use",
-                        other.unwrap_or("(none)")
-                    )))
-                }
+            let (named, dims, offsets) = header_tensor(t);
+            let Some(dtype) = named.and_then(dtype_named) else {
+                return Err(bad(format!(
+                    "tensor `{name}` has dtype {}, which nitro does not use",
+                    named.unwrap_or("(none)")
+                )));
             };
-            let dims: Option<Vec<usize>> = t.get("shape").and_then(|s| {
-                s.as_array()?
-                    .iter()
-                    .map(|d| usize::try_from(d.as_u64()?).ok())
-                    .collect()
-            });
-            let offsets = t
-                .get("data_offsets")
-                .and_then(|o| o.as_array())
-                .filter(|o| o.len() == 2)
-                .and_then(|o| Some((o[0].as_u64()?, o[1].as_u64()?)));
             let (Some(dims), Some((b, e))) = (dims, offsets) else {
                 return Err(bad(format!(
                     "not a safetensors file: tensor `{name}` has no valid shape or offsets"
