@@ -463,6 +463,17 @@ pub struct CheckpointDir {
     opt_names: Vec<String>,
     window: Option<WindowMeta>,
     allow_retuned: bool,
+    /// The part files opened so far, each with its header read once.
+    parts: std::sync::Mutex<HashMap<usize, std::sync::Arc<Part>>>,
+}
+
+/// A part file opened, its header parsed: what every piece read from it needs.
+#[derive(Debug)]
+struct Part {
+    file: std::sync::Mutex<File>,
+    len: u64,
+    header_len: u64,
+    header: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A checkpoint to resume a training handle from ([`crate::train::Nitro::resume`]): a file
@@ -606,6 +617,7 @@ impl CheckpointDir {
             opt_names,
             window,
             allow_retuned: false,
+            parts: Default::default(),
         })
     }
 
@@ -766,14 +778,37 @@ impl CheckpointDir {
             let path = path.clone();
             move |source| Error::CheckpointIo { path, what, source }
         };
-        let (mut file, len, header_len, header) = match super::open_safetensors(&path) {
-            Ok(opened) => opened,
-            Err(super::Unreadable::Io(what, e)) => return Err(io(what)(e)),
-            Err(super::Unreadable::Bad(why)) => return Err(corrupt(why)),
+        let opened = self
+            .parts
+            .lock()
+            .map_err(|_| corrupt("an earlier read of it panicked".into()))?
+            .get(&piece.part)
+            .cloned();
+        let part = match opened {
+            Some(part) => part,
+            None => {
+                let (file, len, header_len, header) = match super::open_safetensors(&path) {
+                    Ok(opened) => opened,
+                    Err(super::Unreadable::Io(what, e)) => return Err(io(what)(e)),
+                    Err(super::Unreadable::Bad(why)) => return Err(corrupt(why)),
+                };
+                let header = serde_json::from_slice(&header)
+                    .map_err(|e| corrupt(format!("its header is not a JSON object ({e})")))?;
+                let part = std::sync::Arc::new(Part {
+                    file: std::sync::Mutex::new(file),
+                    len,
+                    header_len,
+                    header,
+                });
+                if let Ok(mut parts) = self.parts.lock() {
+                    parts.insert(piece.part, part.clone());
+                }
+                part
+            }
         };
-        let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&header)
-            .map_err(|e| corrupt(format!("its header is not a JSON object ({e})")))?;
-        let t = header
+        let (len, header_len) = (part.len, part.header_len);
+        let t = part
+            .header
             .get(&entry.name)
             .ok_or_else(|| corrupt(format!("it holds no piece of `{}`", entry.name)))?;
         let dtype = format!("{:?}", st_dtype(entry.ty.dtype));
@@ -800,8 +835,14 @@ impl CheckpointDir {
                 entry.name
             )));
         }
-        file.seek(SeekFrom::Start(at)).map_err(io("read"))?;
-        let bytes = files::read_exactly(&mut file, end - start).map_err(io("read"))?;
+        let bytes = {
+            let mut file = part
+                .file
+                .lock()
+                .map_err(|_| corrupt("an earlier read of it panicked".into()))?;
+            file.seek(SeekFrom::Start(at)).map_err(io("read"))?;
+            files::read_exactly(&mut file, end - start).map_err(io("read"))?
+        };
         if blake3::hash(&bytes).to_hex().as_str() != piece.blake3 {
             return Err(corrupt(format!(
                 "its piece of `{}` does not match its checksum (a byte was changed)",
