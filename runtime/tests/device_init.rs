@@ -12,7 +12,7 @@ mod common;
 #[path = "common/mlp.rs"]
 mod mlp;
 
-use common::{backend_of, fsdp, own_cache, xla_devices_or_skip};
+use common::{backend_of, fsdp, own_cache, peak_rss_kb, xla_devices_or_skip};
 use mlp::*;
 use nitro::backend::{self, Backend};
 use nitro::init::{self, layer_defaults, Init, Seed};
@@ -271,12 +271,6 @@ impl Model for Wide {
     fn loss(v: &WideView<'_>, b: &BatchMirror<Tensor>) -> Tensor {
         b.x.sum(&[1]) * v.stack.w.mean(&[0, 1, 2])
     }
-}
-
-fn peak_rss_kb() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// The child: a declared `Wide` on 4 devices under FSDP, its leaves created on the devices

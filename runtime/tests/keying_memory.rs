@@ -6,8 +6,12 @@
 //! handle places nothing until its first step.
 #![allow(missing_docs)]
 
+mod common;
+
 #[path = "common/mlp.rs"]
 mod mlp;
+
+use common::peak_rss_kb;
 
 use mlp::{Batch, BatchMirror, Dense};
 use nitro::cache::Cache;
@@ -37,13 +41,6 @@ impl Model for Huge {
             .fold(b.x, |h, l| (h.matmul(l.w) + l.b).tanh());
         nitro::trace::nn::softmax_cross_entropy(h, b.y)
     }
-}
-
-/// The peak resident set of this process, in kB (Linux's `VmHWM`).
-fn peak_rss_kb() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// The child's work: declare, make the handle, plan; print the figures.

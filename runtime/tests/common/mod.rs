@@ -174,3 +174,11 @@ pub fn backend_of(
         None => one,
     }
 }
+
+/// This process's peak resident set, in kB (Linux's `VmHWM`); `None` where the system does
+/// not say.
+pub fn peak_rss_kb() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
