@@ -315,6 +315,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
             "context": args.context,
             "vocab": vocab.len(),
             "ln_eps": experiment.arch.norm.eps,
+            "precision": args.run.precision.to_string(),
         });
         let written = match &data {
             Data::Documents(d) => {

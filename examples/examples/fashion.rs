@@ -115,6 +115,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
             "data_dir": args.data.clone().unwrap_or_else(|| idx::FASHION_MNIST_DIR.into()),
             "train_rows": train.rows(),
             "epochs": args.epochs,
+            "precision": args.run.precision.to_string(),
         });
         let rows = twin::step_rows(&train, args.batch, args.seed, args.epochs)?;
         twin::write(dir, &experiment, &run, &rows, &[])?;

@@ -287,6 +287,22 @@ pub struct HandleFlags {
     /// how many.
     #[arg(long, value_name = "N")]
     pub devices: Option<usize>,
+    /// The precision the model computes in: `f32` (the parameters' own, the default), `bf16`
+    /// or `f16` — parameters and optimizer state stay f32, the forward and backward passes
+    /// run in the half dtype (`nitro::train::Precision`). The twin bundle records it for the
+    /// JAX twin.
+    #[arg(long, default_value = "f32", value_parser = parse_precision)]
+    pub precision: nitro::train::Precision,
+}
+
+/// `--precision`'s value: `f32`, `bf16` or `f16`.
+fn parse_precision(s: &str) -> Result<nitro::train::Precision, String> {
+    s.parse().map_err(|_| {
+        format!(
+            "`{s}` is not a precision; use {}",
+            nitro::train::Precision::NAMES
+        )
+    })
 }
 
 impl HandleFlags {
@@ -351,11 +367,13 @@ impl HandleFlags {
             .map_err(|e| FlagError::new(flag, shown, e.to_string()))
     }
 
-    /// `config` laid out as [`layout`](HandleFlags::layout) says, or over --devices.
+    /// `config` laid out as [`layout`](HandleFlags::layout) says, or over --devices, in the
+    /// `--precision` asked for.
     pub fn apply_layout(
         &self,
         config: nitro::train::Config,
     ) -> Result<nitro::train::Config, FlagError> {
+        let config = config.precision(self.precision);
         Ok(match (self.layout()?, self.devices) {
             (Some(p), _) => config.mesh(p.mesh().clone()).sharding(p.sharding().clone()),
             (None, Some(n)) => config.devices(n),

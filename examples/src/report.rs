@@ -161,7 +161,9 @@ impl Summary {
     /// sharding it partitions over, `null` when replicated or on one device) and `memory`
     /// (per device: bytes of parameters, frozen leaves, optimizer state and gradient sums,
     /// and the programs held, each with the compiler's figures for one run on one device —
-    /// arguments, outputs, temporaries: [`nitro::train::Memory`]).
+    /// arguments, outputs, temporaries: [`nitro::train::Memory`]), `precision` (what the
+    /// model computed in: `f32`, `bf16`, `f16`) and `temporaries_mb` (the largest program's
+    /// temporaries, MiB).
     pub fn layout<E: nitro::train::Model, O: nitro::optim::Optimizer>(
         self,
         run: &nitro::train::Nitro<E, O>,
@@ -172,6 +174,13 @@ impl Summary {
                 run.partitioning().map(nitro::shard::Partitioning::describe),
             )
             .field("memory", json!(run.memory()))
+            .field("precision", run.config().precision.to_string())
+            .field(
+                "temporaries_mb",
+                run.memory()
+                    .largest_temporaries()
+                    .map(|b| b as f64 / (1 << 20) as f64),
+            )
     }
 
     /// How long the run took to finish its first step (0 when it took none).

@@ -111,6 +111,14 @@ thread_local! {
     /// How the trainable leaves of the program being traced are packed (empty when they are
     /// not).
     static PACKING: std::cell::RefCell<Option<Packing>> = const { std::cell::RefCell::new(None) };
+    /// The dtype the program being traced computes in ([`Program::computing_in`]).
+    static COMPUTE: std::cell::Cell<Option<crate::tree::DType>> = const { std::cell::Cell::new(None) };
+}
+
+/// The dtype the program being traced computes in, when it is not its leaves' own
+/// ([`Program::computing_in`]); `None` outside a program's trace.
+pub(crate) fn compute_dtype() -> Option<crate::tree::DType> {
+    COMPUTE.with(|c| c.get())
 }
 
 /// How the trainable Device leaves of an experiment are packed into one flat array per dtype
@@ -347,6 +355,7 @@ impl Drop for TrainableGuard {
     fn drop(&mut self) {
         TRAINABLE.with(|t| t.borrow_mut().clear());
         PACKING.with(|p| *p.borrow_mut() = None);
+        COMPUTE.with(|c| c.set(None));
     }
 }
 
@@ -399,6 +408,8 @@ pub struct Program<E: Experiment, M = (), O: Outputs = Tensor> {
     packs_trainable: bool,
     packed_outputs: bool,
     grouped_outputs: bool,
+    /// The dtype the program computes in ([`Program::computing_in`]); `None`: the leaves' own.
+    compute: Option<crate::tree::DType>,
 }
 
 impl<E: Experiment, M, O: Outputs> Clone for Program<E, M, O> {
@@ -432,6 +443,9 @@ pub struct Traced {
     pub text: String,
     /// blake3 of `text`: the program's identity as compiled code.
     pub fingerprint: Digest,
+    /// The dtype the program computes in, when it is not its leaves' own (a handle's
+    /// [`Precision`](crate::train::Precision)).
+    pub compute: Option<crate::tree::DType>,
 }
 
 impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
@@ -446,6 +460,7 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
             packs_trainable: false,
             packed_outputs: false,
             grouped_outputs: false,
+            compute: None,
         }
     }
 
@@ -494,6 +509,23 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
     pub(crate) const fn grouped_outputs(mut self) -> Self {
         self.grouped_outputs = true;
         self
+    }
+
+    /// This program computing in `dtype` (a handle's [`Precision`](crate::train::Precision)):
+    /// every floating-point Device leaf, and every floating-point leaf of its `batch` input,
+    /// is converted to `dtype` where the program reads it — the leaves themselves, and the
+    /// gradients taken with respect to them ([`trainable_leaves`]), keep their own dtype. Part
+    /// of the program's key, and named when it moves
+    /// ([`MissReason::SettingChanged`](crate::cache::MissReason::SettingChanged)).
+    pub(crate) const fn computing_in(mut self, dtype: Option<crate::tree::DType>) -> Self {
+        self.compute = dtype;
+        self
+    }
+
+    /// The dtype the program computes in, when it is not the leaves' own
+    /// ([`computing_in`](Program::computing_in)).
+    pub(crate) const fn compute(&self) -> Option<crate::tree::DType> {
+        self.compute
     }
 
     /// The flags that shape the emitted program beyond its function: donation and packing.
@@ -548,6 +580,7 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
             packs_trainable: false,
             packed_outputs: false,
             grouped_outputs: false,
+            compute: None,
         }
     }
 
@@ -608,7 +641,7 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
         inputs: &I,
         replicas: usize,
     ) -> Result<Traced> {
-        self.trace_with(experiment, inputs, replicas, None)
+        self.trace_with(experiment, inputs, replicas, None, false)
     }
 
     /// Traces the program as `backend` runs it: replicated over its replicas, or partitioned
@@ -624,6 +657,7 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
             inputs,
             backend.replicas(),
             backend.partitioning(),
+            backend.identity().platform() == Some("cpu"),
         )
     }
 
@@ -638,6 +672,7 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
         inputs: &I,
         replicas: usize,
         partitioning: Option<&crate::shard::Partitioning>,
+        widen_half_dots: bool,
     ) -> Result<Traced> {
         let mut names = Signature::default();
         let mut device_leaves = 0usize;
@@ -691,13 +726,20 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
                 }
             }
             let mut first = first.into_iter();
+            // Under a compute dtype the model reads its float leaves converted to it; the
+            // gradients are taken with respect to the leaves themselves, in their own dtype.
+            let compute = self.compute;
+            let computed = |t: Tensor| match compute {
+                Some(d) if t.dtype().is_float() && t.dtype() != d => t.convert(d),
+                _ => t,
+            };
             let view = experiment.view(&mut |field, path, leaf| {
                 let is_trainable =
                     field.role == (crate::experiment::Role::Device { trainable: true });
                 if is_trainable {
                     if let Some(t) = first.next() {
                         trainable.push(t);
-                        return t;
+                        return computed(t);
                     }
                 }
                 names.entries.push(SignatureEntry::from_node(
@@ -714,9 +756,10 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
                 if is_trainable {
                     trainable.push(t);
                 }
-                t
+                computed(t)
             });
             PACKING.with(|p| *p.borrow_mut() = packing.clone());
+            COMPUTE.with(|c| c.set(compute));
             let _trainable = TrainableGuard::set(trainable);
             let traced_inputs = inputs.mirror(&mut LeafPath::root(""), &mut |path, leaf| {
                 let name = input_name(path.as_str());
@@ -730,7 +773,11 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
                     true if name.starts_with("batch.") || name == "mask" => InputRole::Rows,
                     true => InputRole::indexed(name, &["sums[", "grads["]),
                 });
-                trace::input(name, leaf.leaf_type())
+                let t = trace::input(name, leaf.leaf_type());
+                match name.starts_with("batch.") || name == "batch" {
+                    true => computed(t),
+                    false => t,
+                }
             });
             E::call_program(self.f, &view, &traced_inputs).into_tensors()
         });
@@ -768,6 +815,7 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
             // Axes named by position: a mesh renamed with the same partitioning is the same
             // program (the names stay in the graph's sharding, for messages and reasons).
             canonical_axes: true,
+            widen_half_dots,
         };
         let text = crate::emit::emit_with(&graph, &options);
         let fingerprint = crate::emit::fingerprint(&text);
@@ -785,6 +833,7 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
             graph,
             text,
             fingerprint,
+            compute: self.compute,
         })
     }
 

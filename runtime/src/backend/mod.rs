@@ -35,6 +35,15 @@ pub struct Identity {
 }
 
 impl Identity {
+    /// The platform name its programs run on (`cpu`, `cuda`, …), when it has one (the
+    /// interpreter has none).
+    pub fn platform(&self) -> Option<&str> {
+        self.components
+            .iter()
+            .find(|(name, _)| name == "platform name")
+            .map(|(_, value)| value.as_str())
+    }
+
     /// The first component that differs between `before` and `now` (as `(name, before's
     /// value, now's value)`); a component present on one side only counts as differing.
     /// `None` when they agree.

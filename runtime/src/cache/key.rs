@@ -27,6 +27,17 @@ pub(super) struct KeyDetails {
     /// partitioned programs).
     #[serde(default)]
     pub(super) shardings: Vec<(String, String)>,
+    /// The dtype the program computes in when it is not its leaves' own (a handle's
+    /// [`Precision`](crate::train::Precision)); absent in details stored before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) compute: Option<String>,
+}
+
+/// How [`MissReason::SettingChanged`] names a program's compute dtype.
+fn compute_named(compute: &Option<String>) -> String {
+    compute
+        .clone()
+        .unwrap_or_else(|| "the leaves' dtypes".to_owned())
 }
 
 impl KeyDetails {
@@ -73,6 +84,14 @@ impl KeyDetails {
                     });
                 }
             }
+        }
+        // The precision the handle computes in moved: named as a setting, not a GraphConst.
+        if now.compute != self.compute {
+            return Some(MissReason::SettingChanged {
+                setting: "precision".to_owned(),
+                from: compute_named(&self.compute),
+                to: compute_named(&now.compute),
+            });
         }
         // A spec that moved on the same mesh explains more than the GraphConst (the update
         // program's layout) or the backend component that carries it.
@@ -287,6 +306,13 @@ pub(super) fn key_components<E: Experiment, M, O: Outputs, I: Tree<Mirror<Tensor
     }
     k.write_str(program.name());
     k.write_u8(program.layout_flags());
+    match program.compute() {
+        None => k.write_u8(0),
+        Some(dtype) => {
+            k.write_u8(1);
+            crate::ContentHash::content_hash(&dtype, &mut k);
+        }
+    }
     k.write_digest(&parts.graph_const);
     k.write_digest(&parts.settings);
     k.write_digest(&signature);
@@ -364,6 +390,7 @@ pub(super) fn key_details(
                     .map(|(input, spec)| (input.name.clone(), spec.to_string()))
             })
             .collect(),
+        compute: traced.compute.map(|d| d.to_string()),
     }
 }
 

@@ -63,6 +63,16 @@ pub enum MissReason {
         /// Its spec now.
         to: String,
     },
+    /// A setting of the training handle that shapes the program moved: its
+    /// [`Precision`](crate::train::Precision) (`precision f32 → bf16`), named with both values.
+    SettingChanged {
+        /// The setting (`precision`).
+        setting: String,
+        /// Its value before.
+        from: String,
+        /// Its value now.
+        to: String,
+    },
     /// The compile options differ.
     OptionsChanged,
     /// It was here, and capacity pushed it out: the key is in the eviction ledger (bounded by
@@ -170,6 +180,7 @@ impl MissReason {
             MissReason::CodeChanged { .. } => "code_changed",
             MissReason::BackendChanged { .. } => "backend_changed",
             MissReason::ShardingChanged { .. } => "sharding_changed",
+            MissReason::SettingChanged { .. } => "setting_changed",
             MissReason::OptionsChanged => "options_changed",
             MissReason::Evicted => "evicted",
             MissReason::StoreRejected { .. } => "store_rejected",
@@ -221,6 +232,9 @@ impl fmt::Display for MissReason {
             } => write!(f, "backend_changed: {component} {from} → {to}"),
             MissReason::ShardingChanged { input, from, to } => {
                 write!(f, "sharding_changed: {input} {from} → {to}")
+            }
+            MissReason::SettingChanged { setting, from, to } => {
+                write!(f, "setting_changed: {setting} {from} → {to}")
             }
             MissReason::OptionsChanged => f.write_str("options_changed"),
             MissReason::Evicted => f.write_str("evicted (capacity)"),

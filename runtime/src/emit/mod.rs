@@ -91,6 +91,38 @@ pub struct EmitOptions {
     /// are called: a mesh renamed with the same partitioning emits the same program. The
     /// training handle's programs are emitted so.
     pub canonical_axes: bool,
+    /// Emit every dot of half-precision operands (bf16, f16) as a dot of their exact f32
+    /// widening, its product rounded back: the numbers of a half dot accumulated in f32. For
+    /// XLA's CPU compiler, which runs a half-precision dot on a path about 20 times slower
+    /// than its f32 one; the training handle sets it for a CPU plugin, never for a GPU, whose
+    /// half dots are its fast ones.
+    pub widen_half_dots: bool,
+}
+
+thread_local! {
+    /// [`EmitOptions::widen_half_dots`] of the module being emitted on this thread.
+    static WIDEN_HALF_DOTS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the module being emitted widens half-precision dots
+/// ([`EmitOptions::widen_half_dots`]).
+pub(crate) fn widens_half_dots() -> bool {
+    WIDEN_HALF_DOTS.with(|w| w.get())
+}
+
+/// Sets [`WIDEN_HALF_DOTS`] for one module's emission, and restores it after.
+struct WidenGuard(bool);
+
+impl WidenGuard {
+    fn set(on: bool) -> WidenGuard {
+        WidenGuard(WIDEN_HALF_DOTS.with(|w| w.replace(on)))
+    }
+}
+
+impl Drop for WidenGuard {
+    fn drop(&mut self) {
+        WIDEN_HALF_DOTS.with(|w| w.set(self.0));
+    }
 }
 
 /// The StableHLO text of `graph`, with no donated arguments (see the [module docs](self)).
@@ -102,6 +134,7 @@ pub fn emit(graph: &Graph) -> String {
 ///
 /// The same graph and options always give byte-identical text.
 pub fn emit_with(graph: &Graph, options: &EmitOptions) -> String {
+    let _widen = WidenGuard::set(options.widen_half_dots);
     // Axes named by position: the sharding renamed, and the user's mesh kept to rename the
     // constraints inside the program.
     let renamed;
@@ -111,6 +144,7 @@ pub fn emit_with(graph: &Graph, options: &EmitOptions) -> String {
                 donate: options.donate.clone(),
                 sharding: Some(sharding.canonical()),
                 canonical_axes: false,
+                widen_half_dots: options.widen_half_dots,
             };
             (&renamed, Some(sharding.mesh.clone()))
         }

@@ -751,9 +751,13 @@ impl Layer for LayerNorm {
     #[track_caller]
     fn forward(&self, p: &NormParamsMirror<Tensor>, x: Tensor) -> Tensor {
         let last = x.rank().saturating_sub(1);
-        let centered = x - x.mean_keep(&[last]);
-        let var = (centered * centered).mean_keep(&[last]);
-        let y = centered * (var + self.eps).rsqrt() * p.gain;
+        // Half-precision input is normalized in f32, then scaled in its own dtype.
+        let normalized = crate::trace::nn::in_f32(x, |x| {
+            let centered = x - x.mean_keep(&[last]);
+            let var = (centered * centered).mean_keep(&[last]);
+            centered * (var + self.eps).rsqrt()
+        });
+        let y = normalized * p.gain;
         match p.bias {
             Some(b) => y + b,
             None => y,
@@ -791,8 +795,12 @@ impl Layer for RmsNorm {
     #[track_caller]
     fn forward(&self, p: &NormParamsMirror<Tensor>, x: Tensor) -> Tensor {
         let last = x.rank().saturating_sub(1);
-        let ms = (x * x).mean_keep(&[last]);
-        x * (ms + self.eps).rsqrt() * p.gain
+        // Half-precision input is normalized in f32, then scaled in its own dtype.
+        let normalized = crate::trace::nn::in_f32(x, |x| {
+            let ms = (x * x).mean_keep(&[last]);
+            x * (ms + self.eps).rsqrt()
+        });
+        normalized * p.gain
     }
 }
 

@@ -424,7 +424,13 @@ fn dot_vjp(
 
 // ---- emission ------------------------------------------------------------------------------
 
-/// `stablehlo.dot_general`, at full precision.
+/// `stablehlo.dot_general`, at full precision. With
+/// [`EmitOptions::widen_half_dots`](crate::emit::EmitOptions::widen_half_dots) (a CPU plugin),
+/// half-precision operands are widened to f32 first (exactly), multiplied in f32 and the
+/// product rounded back to the result's dtype: the numbers of a half-precision product
+/// accumulated in f32, which is what a GPU's half dot computes, and what XLA's CPU compiler
+/// runs fast — asked for a half-precision dot it takes a path about 20 times slower than its
+/// f32 one (measured on chargpt in bf16, `bench/README.md`).
 pub(crate) fn emit(l: Line<'_>, dims: &DotDims) -> fmt::Result {
     let DotDims {
         lhs_batch,
@@ -432,10 +438,41 @@ pub(crate) fn emit(l: Line<'_>, dims: &DotDims) -> fmt::Result {
         lhs_contract,
         rhs_contract,
     } = dims;
+    let half = |t: &LeafType| matches!(t.dtype, DType::BF16 | DType::F16);
+    let widen =
+        crate::emit::widens_half_dots() && l.arg_types.len() == 2 && l.arg_types.iter().all(half);
+    // A tensor type with its element type replaced by f32 (`tensor<2x3xbf16>` → `…xf32>`).
+    let as_f32 = |ty: &str| {
+        let cut = ty.rfind(['x', '<']).map_or(0, |i| i + 1);
+        format!("{}f32>", &ty[..cut])
+    };
+    let (args, arg_tys, ty) = match widen {
+        false => (l.args.clone(), l.arg_tys.clone(), l.ty.clone()),
+        true => {
+            let mut args = Vec::new();
+            for (i, (a, t)) in l.args.iter().zip(&l.arg_tys).enumerate() {
+                let name = format!("%widened{}_{i}", l.n);
+                writeln!(
+                    l.out,
+                    "    {name} = stablehlo.convert {a} : ({t}) -> {}",
+                    as_f32(t)
+                )?;
+                args.push(name);
+            }
+            let arg_tys = l.arg_tys.iter().map(|t| as_f32(t)).collect();
+            (args, arg_tys, as_f32(&l.ty))
+        }
+    };
+    // The product's name: the node's own, unless it is rounded back to a half dtype after.
+    let narrowed = ty != l.ty;
+    let me = match narrowed {
+        true => format!("%widened{}", l.n),
+        false => l.me.clone(),
+    };
     write!(
         l.out,
-        "    {} = stablehlo.dot_general {}, {}, ",
-        l.me, l.args[0], l.args[1]
+        "    {me} = stablehlo.dot_general {}, {}, ",
+        args[0], args[1]
     )?;
     if !lhs_batch.is_empty() || !rhs_batch.is_empty() {
         write!(
@@ -452,10 +489,18 @@ pub(crate) fn emit(l: Line<'_>, dims: &DotDims) -> fmt::Result {
         "contracting_dims = {} x {}, precision = [HIGHEST, HIGHEST] : ({}, {}) -> {}",
         emit::list(lhs_contract),
         emit::list(rhs_contract),
-        l.arg_tys[0],
-        l.arg_tys[1],
-        l.ty
-    )
+        arg_tys[0],
+        arg_tys[1],
+        ty
+    )?;
+    if narrowed {
+        writeln!(
+            l.out,
+            "    {} = stablehlo.convert {me} : ({ty}) -> {}",
+            l.me, l.ty
+        )?;
+    }
+    Ok(())
 }
 
 // ---- interpreter ---------------------------------------------------------------------------

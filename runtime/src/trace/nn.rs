@@ -23,19 +23,45 @@ pub fn sigmoid(x: Tensor) -> Tensor {
     x.logistic()
 }
 
-/// `log(softmax(x))` along `axis`, computed stably (the maximum is subtracted first).
+/// Whether `dtype` is a half-precision float (bf16, f16): the reductions of [`softmax`],
+/// [`log_softmax`], [`softmax_cross_entropy`] and the normalization layers run in f32 for it
+/// (as a [`Precision`](crate::train::Precision) that computes in half precision expects).
+pub fn is_half(dtype: DType) -> bool {
+    matches!(dtype, DType::BF16 | DType::F16)
+}
+
+/// `f(x)` computed in f32 when `x` is half precision, the result converted back to `x`'s
+/// dtype; `f(x)` itself otherwise.
+#[track_caller]
+pub fn in_f32(x: Tensor, f: impl FnOnce(Tensor) -> Tensor) -> Tensor {
+    let dtype = x.dtype();
+    match is_half(dtype) {
+        true => f(x.convert(DType::F32)).convert(dtype),
+        false => f(x),
+    }
+}
+
+/// `log(softmax(x))` along `axis`, computed stably (the maximum is subtracted first); in f32
+/// for half-precision `x` ([`in_f32`]).
 #[track_caller]
 pub fn log_softmax(x: Tensor, axis: usize) -> Tensor {
+    in_f32(x, |x| log_softmax_as_is(x, axis))
+}
+
+/// [`log_softmax`] in `x`'s own dtype.
+fn log_softmax_as_is(x: Tensor, axis: usize) -> Tensor {
     // The shift cancels out of the result, so no gradient goes through the maximum.
     let shifted = x - x.max_keep(&[axis]).stop_gradient();
     shifted - shifted.exp().sum_keep(&[axis]).log()
 }
 
-/// `softmax(x)` along `axis`, computed stably.
+/// `softmax(x)` along `axis`, computed stably; in f32 for half-precision `x` ([`in_f32`]).
 #[track_caller]
 pub fn softmax(x: Tensor, axis: usize) -> Tensor {
-    let e = (x - x.max_keep(&[axis]).stop_gradient()).exp();
-    e / e.sum_keep(&[axis])
+    in_f32(x, |x| {
+        let e = (x - x.max_keep(&[axis]).stop_gradient()).exp();
+        e / e.sum_keep(&[axis])
+    })
 }
 
 /// Checks that `labels` fit `logits` for a classification op: integer labels of shape exactly
@@ -81,7 +107,8 @@ fn per_example_stand_in(logits: Tensor) -> Tensor {
 }
 
 /// Cross-entropy of `logits` `[.., classes]` against integer class `labels` `[..]`, per example
-/// (shape `[..]`, the logits' dims without the last).
+/// (shape `[..]`, the logits' dims without the last). Half-precision logits are converted to
+/// f32 first, and the loss is f32.
 ///
 /// The labels must be an integer tensor whose dims are **exactly** the logits' dims without the
 /// last: labels `i32[32, 1]` for logits `f32[32, 10]` are a trace-time error (naming this op,
@@ -115,8 +142,13 @@ pub fn softmax_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor {
     let classes = dims.last().copied().unwrap_or(0);
     super::record::note_class_input(labels, classes, "softmax_cross_entropy");
     let axis = dims.len().saturating_sub(1);
+    // Half-precision logits are widened first: the loss comes back in f32.
+    let logits = match is_half(logits.dtype()) {
+        true => logits.convert(DType::F32),
+        false => logits,
+    };
     let targets = labels.one_hot(classes, logits.dtype());
-    -(targets * log_softmax(logits, axis)).sum(&[axis])
+    -(targets * log_softmax_as_is(logits, axis)).sum(&[axis])
 }
 
 /// Whether each example is classified right, per example: `1` where the first maximum of

@@ -86,6 +86,10 @@ pub struct Config {
     /// experiment ([`Config::initialize`]): for each leaf, the first rule whose pattern
     /// matches its path. Empty (the default): every leaf is read from the experiment.
     pub initialize: Vec<InitRule>,
+    /// The precision the gradient, evaluation and metric programs compute in
+    /// ([`Precision`]): the leaves' own dtypes (the default), or f32 parameters and optimizer
+    /// state with the forward and backward passes in bf16 or f16. Part of those programs' keys.
+    pub precision: Precision,
 }
 
 /// One rule of [`Config::initialize`]: the trainable leaves whose path matches `pattern` are
@@ -137,6 +141,7 @@ impl Default for Config {
             sharding: None,
             save_every: None,
             initialize: Vec::new(),
+            precision: Precision::full(),
         }
     }
 }
@@ -328,6 +333,13 @@ impl Config {
     /// ([`Config::save_every`]); 0 steps is refused when the handle is made.
     pub fn save_every(mut self, steps: u64, path: impl Into<std::path::PathBuf>) -> Config {
         self.save_every = Some((steps, path.into()));
+        self
+    }
+
+    /// Sets [`Config::precision`]: `Precision::bf16()` keeps f32 parameters and optimizer
+    /// state and runs the forward and backward passes in bfloat16.
+    pub fn precision(mut self, precision: Precision) -> Config {
+        self.precision = precision;
         self
     }
 

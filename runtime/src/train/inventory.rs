@@ -99,6 +99,15 @@ pub(super) fn grad_fn<E: Model>(
         .collect()
 }
 
+/// `t` in f32 when it is a half-precision float (bf16, f16), else itself: what the handle
+/// reduces per-example values in, so that a mean over the batch never rounds to 8 or 11 bits.
+pub(super) fn widened(t: Tensor) -> Tensor {
+    match t.dtype() {
+        DType::BF16 | DType::F16 => t.convert(DType::F32),
+        _ => t,
+    }
+}
+
 /// `values`, after checking that it holds one value per row of the batch (the mask's shape):
 /// a `[batch, 1]` loss would broadcast against the mask to `[batch, batch]` (a loss and a
 /// gradient about `batch` times too large, with padded rows leaking in), and a scalar would
@@ -124,7 +133,10 @@ pub(super) fn per_example<E: Model>(
             ),
         );
     }
-    values
+    match float {
+        true => widened(values),
+        false => values,
+    }
 }
 
 /// One micro-batch of an accumulation window: the mean loss over its real rows, then
@@ -170,7 +182,11 @@ pub(super) fn eval_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, ()>) ->
         out.push((correct.convert(DType::F32) * *mask).sum_all().all_sum());
     }
     if let Some(predictions) = E::predict(v, batch) {
-        out.push(predictions);
+        // Under a compute dtype, predictions come back in f32, as the model's leaves are.
+        out.push(match program::compute_dtype() {
+            Some(_) => widened(predictions),
+            None => predictions,
+        });
     }
     out
 }
@@ -187,8 +203,11 @@ pub(super) fn metric_fn<E: Model, M: DeviceMetric<E>>(
 }
 
 pub(super) fn metric_program<E: Model, M: DeviceMetric<E>>(
+    compute: Option<DType>,
 ) -> Program<E, BatchInputs<E, Array>, Vec<Tensor>> {
-    Program::generic(M::NAME, metric_fn::<E, M>).packing_trainable()
+    Program::generic(M::NAME, metric_fn::<E, M>)
+        .packing_trainable()
+        .computing_in(compute)
 }
 
 /// A registered device metric, its type erased.
@@ -202,6 +221,7 @@ pub(super) trait MetricSlot<E: Model>: Send + Sync {
         experiment: &E,
         sample: &Shaped<'_, E::Batch>,
         mask: &Array,
+        compute: Option<DType>,
     ) -> Result<Served>;
     /// What getting it would do ([`Cache::probe`]).
     fn probe(
@@ -211,6 +231,7 @@ pub(super) trait MetricSlot<E: Model>: Send + Sync {
         experiment: &E,
         sample: &Shaped<'_, E::Batch>,
         mask: &Array,
+        compute: Option<DType>,
     ) -> Result<Probe>;
 }
 
@@ -228,11 +249,12 @@ impl<E: Model, M: DeviceMetric<E>> MetricSlot<E> for MetricOf<M> {
         experiment: &E,
         sample: &Shaped<'_, E::Batch>,
         mask: &Array,
+        compute: Option<DType>,
     ) -> Result<Served> {
         let sum = Array::scalar(0.0f32);
         cache.get(
             backend,
-            &metric_program::<E, M>(),
+            &metric_program::<E, M>(compute),
             experiment,
             &BatchRef(sample, mask, &sum),
         )
@@ -245,11 +267,12 @@ impl<E: Model, M: DeviceMetric<E>> MetricSlot<E> for MetricOf<M> {
         experiment: &E,
         sample: &Shaped<'_, E::Batch>,
         mask: &Array,
+        compute: Option<DType>,
     ) -> Result<Probe> {
         let sum = Array::scalar(0.0f32);
         cache.probe(
             backend,
-            &metric_program::<E, M>(),
+            &metric_program::<E, M>(compute),
             experiment,
             &BatchRef(sample, mask, &sum),
         )
@@ -283,21 +306,30 @@ pub(super) struct DeviceMetricState<E: Model> {
     pub(super) compiled: Option<Arc<Compiled>>,
 }
 
-pub(super) fn grad_program<E: Model>() -> Program<E, BatchInputs<E, GradExtra>, Vec<Tensor>> {
+pub(super) fn grad_program<E: Model>(
+    compute: Option<DType>,
+) -> Program<E, BatchInputs<E, GradExtra>, Vec<Tensor>> {
     Program::generic("nitro.grad", grad_fn::<E>)
         .packing_trainable()
         .packed_outputs()
+        .computing_in(compute)
 }
 
-pub(super) fn grad_accum_program<E: Model>() -> Program<E, BatchInputs<E, AccumExtra>, Vec<Tensor>>
-{
+pub(super) fn grad_accum_program<E: Model>(
+    compute: Option<DType>,
+) -> Program<E, BatchInputs<E, AccumExtra>, Vec<Tensor>> {
     Program::generic("nitro.grad_accumulate", grad_accum_fn::<E>)
         .packing_trainable()
         .packed_outputs()
+        .computing_in(compute)
 }
 
-pub(super) fn eval_program<E: Model>() -> Program<E, BatchInputs<E, ()>, Vec<Tensor>> {
-    Program::generic("nitro.eval", eval_fn::<E>).packing_trainable()
+pub(super) fn eval_program<E: Model>(
+    compute: Option<DType>,
+) -> Program<E, BatchInputs<E, ()>, Vec<Tensor>> {
+    Program::generic("nitro.eval", eval_fn::<E>)
+        .packing_trainable()
+        .computing_in(compute)
 }
 
 /// The optimizer program's experiment: the optimizer's constants shape it (GraphConst), the

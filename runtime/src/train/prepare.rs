@@ -134,6 +134,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         edge: Option<usize>,
     ) -> Vec<Lookup<'a>> {
         let (backend, cache, experiment) = (self.backend, self.cache, &self.experiment);
+        let compute = self.config.precision.compute();
         let mut out = Vec::new();
         if wants.update {
             out.push(Lookup::new(Slot::Update, "update", None, move |mode| {
@@ -160,7 +161,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                             mode,
                             cache,
                             backend,
-                            &grad_accum_program::<E>(),
+                            &grad_accum_program::<E>(compute),
                             experiment,
                             &batch,
                         )
@@ -173,7 +174,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                         mode,
                         cache,
                         backend,
-                        &grad_program::<E>(),
+                        &grad_program::<E>(compute),
                         experiment,
                         &batch,
                     )
@@ -187,7 +188,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                     mode,
                     cache,
                     backend,
-                    &eval_program::<E>(),
+                    &eval_program::<E>(compute),
                     experiment,
                     &batch,
                 )
@@ -210,6 +211,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                             experiment,
                             sample,
                             &inputs.mask,
+                            compute,
                         )?),
                         Mode::Probe => Found::Probe(slot.probe(
                             cache,
@@ -217,6 +219,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                             experiment,
                             sample,
                             &inputs.mask,
+                            compute,
                         )?),
                     })
                 },

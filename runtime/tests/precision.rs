@@ -1,0 +1,218 @@
+//! The precision policy (`Config::precision`): f32 parameters and optimizer state with the
+//! forward and backward passes in bf16 — trains close to the f32 run and never touches the
+//! leaves' dtype; is part of the per-batch programs' keys (named in the miss) but not of the
+//! update program's; and `nn`'s softmax and losses reduce half-precision input in f32.
+#![allow(missing_docs)]
+
+mod common;
+
+#[path = "common/mlp.rs"]
+mod mlp;
+
+use mlp::*;
+use nitro::backend::Backend;
+use nitro::cache::{MissReason, Will};
+use nitro::prelude::*;
+use nitro::trace::{nn, trace};
+use nitro::train::{Config, Nitro, Precision};
+use nitro::LeafType;
+
+/// The losses of `steps` steps of the shared classifier at `precision` on `backend`, and the
+/// handle after them.
+fn train(
+    backend: &'static dyn Backend,
+    precision: Precision,
+    steps: usize,
+) -> (Vec<f64>, Nitro<Mlp, nitro::optim::Adam>) {
+    let (x, y) = data(16 * steps, 3);
+    let config = Config::new()
+        .batch(16)
+        .lr(0.05)
+        .progress(false)
+        .precision(precision);
+    let mut run = Nitro::with_backend(
+        mlp(Act::Tanh),
+        nitro::optim::Adam::default(),
+        config,
+        backend,
+        common::own_cache(),
+    )
+    .unwrap();
+    let losses = (0..steps)
+        .map(|i| run.step(&batch(&x, &y, 16 * i, 16, 16), 16).unwrap().loss)
+        .collect();
+    (losses, run)
+}
+
+fn bf16_trains_close_to_f32(backend: &'static dyn Backend, what: &str) {
+    let (full, mut full_run) = train(backend, Precision::full(), 30);
+    let (half, mut half_run) = train(backend, Precision::bf16(), 30);
+    for (i, (h, f)) in half.iter().zip(&full).enumerate() {
+        assert!(
+            (h - f).abs() <= 0.02 * f.abs(),
+            "{what}: step {i}: bf16 {h} vs f32 {f}\nbf16: {half:?}\nf32: {full:?}"
+        );
+    }
+    // The policy is in force: bf16's rounding moved the losses.
+    assert!(
+        half.iter().zip(&full).any(|(h, f)| h != f),
+        "{what}: bf16 losses equal f32's bit for bit: {half:?}"
+    );
+    assert!(half[29] < half[0] * 0.8, "{what}: bf16 trains: {half:?}");
+    // The leaves stay f32 (master weights), and the predictions come back in f32.
+    let (x, y) = data(16, 9);
+    let b = batch(&x, &y, 0, 16, 16);
+    let predictions = half_run.predict(&b).unwrap();
+    assert_eq!(predictions.dtype(), DType::F32, "{what}");
+    let trained = half_run.experiment().unwrap().clone();
+    for l in &trained.layers {
+        assert_eq!(
+            (l.w.dtype(), l.b.dtype()),
+            (DType::F32, DType::F32),
+            "{what}"
+        );
+    }
+    assert_ne!(
+        leaves(&trained),
+        leaves(full_run.experiment().unwrap()),
+        "{what}: the runs trained apart"
+    );
+    // Evaluation computes in bf16 too: close to f32's, not equal.
+    let (e_half, e_full) = (
+        half_run.evaluate(&b, 16).unwrap().mean_loss(),
+        full_run.evaluate(&b, 16).unwrap().mean_loss(),
+    );
+    assert!(
+        (e_half - e_full).abs() <= 0.05 * e_full,
+        "{what}: {e_half} vs {e_full}"
+    );
+}
+
+#[test]
+fn bf16_compute_trains_f32_leaves_close_to_the_f32_run_on_the_interpreter() {
+    bf16_trains_close_to_f32(nitro::backend::interpreter(), "interpreter");
+}
+
+#[test]
+fn bf16_compute_trains_f32_leaves_close_to_the_f32_run_on_xla() {
+    let Some(xla) =
+        common::xla_or_skip("bf16_compute_trains_f32_leaves_close_to_the_f32_run_on_xla")
+    else {
+        return;
+    };
+    bf16_trains_close_to_f32(xla, "xla");
+}
+
+/// A precision change recompiles the gradient program, naming the setting and both values;
+/// the update program (f32 arithmetic either way) is a hit; going back is a hit too.
+#[test]
+fn a_precision_change_recompiles_the_batch_programs_and_says_so() {
+    let backend = nitro::backend::interpreter();
+    let cache: &'static nitro::cache::Cache = common::own_cache();
+    let (x, y) = data(16, 4);
+    let b = batch(&x, &y, 0, 16, 16);
+    let handle = |precision| {
+        let config = Config::new().batch(16).progress(false).precision(precision);
+        Nitro::with_backend(
+            mlp(Act::Tanh),
+            nitro::optim::Adam::default(),
+            config,
+            backend,
+            cache,
+        )
+        .unwrap()
+    };
+    let mut full = handle(Precision::full());
+    full.step(&b, 16).unwrap();
+    full.evaluate(&b, 16).unwrap();
+    let half = handle(Precision::bf16());
+    let plan = half.plan(&b, true).unwrap();
+    let entry = |role: &str| {
+        plan.entries
+            .iter()
+            .find(|e| e.role == role)
+            .unwrap_or_else(|| panic!("{role} in {plan}"))
+    };
+    assert_eq!(entry("update").probe.will, Will::Hit, "{plan}");
+    for role in ["grad", "eval"] {
+        assert_eq!(entry(role).probe.will, Will::Compile, "{plan}");
+        let reason = entry(role).probe.reason.clone().expect("a reason");
+        assert_eq!(
+            reason,
+            MissReason::SettingChanged {
+                setting: "precision".into(),
+                from: "the leaves' dtypes".into(),
+                to: "bf16".into(),
+            },
+            "{role}"
+        );
+        assert_eq!(
+            reason.to_string(),
+            "setting_changed: precision the leaves' dtypes → bf16"
+        );
+    }
+    let mut half = half;
+    half.step(&b, 16).unwrap();
+    // And back: every program of the f32 run is still held.
+    let again = handle(Precision::full());
+    let plan = again.plan(&b, true).unwrap();
+    assert_eq!(plan.count(Will::Hit), plan.entries.len(), "{plan}");
+}
+
+/// The values `f` gives on one input of type `ty` holding `values`, on the interpreter.
+fn run_one(ty: LeafType, values: Array, f: impl Fn(Tensor) -> Tensor) -> Array {
+    let g = trace(&[("x".to_owned(), ty)], |x| vec![f(x[0])]).unwrap();
+    let exe = nitro::backend::interpreter()
+        .compile(&g, &nitro::emit::emit(&g))
+        .unwrap();
+    exe.run(&[&values]).unwrap().remove(0)
+}
+
+/// Softmax of bf16 input is f32's softmax of the same values, rounded once to bf16; the
+/// cross-entropy of bf16 logits is f32, equal to that of the same logits in f32.
+#[test]
+fn softmax_and_cross_entropy_reduce_half_precision_input_in_f32() {
+    // Logits whose bf16 softmax would round its sum and exponentials at every step.
+    let v: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin() * 6.0).collect();
+    let halves: Vec<nitro::bf16> = v.iter().map(|&x| nitro::bf16::from_f32(x)).collect();
+    let widened: Vec<f32> = halves.iter().map(|h| h.to_f32()).collect();
+    let half = Array::from_vec(&[4, 16], halves).unwrap();
+    let wide = Array::from_vec(&[4, 16], widened).unwrap();
+    let soft_half = run_one(LeafType::new(DType::BF16, &[4, 16]), half.clone(), |x| {
+        nn::softmax(x, 1)
+    });
+    let soft_wide = run_one(LeafType::new(DType::F32, &[4, 16]), wide.clone(), |x| {
+        nn::softmax(x, 1).convert(DType::BF16)
+    });
+    assert_eq!(soft_half.dtype(), DType::BF16);
+    assert_eq!(soft_half, soft_wide);
+    let labels = || Tensor::iota(DType::I32, &[4], 0);
+    let ce_half = run_one(LeafType::new(DType::BF16, &[4, 16]), half, |x| {
+        nn::softmax_cross_entropy(x, labels())
+    });
+    let ce_wide = run_one(LeafType::new(DType::F32, &[4, 16]), wide, |x| {
+        nn::softmax_cross_entropy(x, labels())
+    });
+    assert_eq!(
+        ce_half.dtype(),
+        DType::F32,
+        "the loss of bf16 logits is f32"
+    );
+    assert_eq!(ce_half, ce_wide);
+}
+
+#[test]
+fn precision_reads_its_names_and_refuses_others() {
+    for (name, p) in [
+        ("f32", Precision::full()),
+        ("bf16", Precision::bf16()),
+        ("f16", Precision::f16()),
+    ] {
+        assert_eq!(name.parse::<Precision>().unwrap(), p);
+        assert_eq!(p.to_string(), name);
+    }
+    assert_eq!(Precision::bf16().compute(), Some(DType::BF16));
+    assert_eq!(Precision::default(), Precision::full());
+    let err = "tf32".parse::<Precision>().unwrap_err().to_string();
+    assert!(err.contains("tf32") && err.contains("bf16"), "{err}");
+}
