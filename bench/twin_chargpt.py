@@ -198,10 +198,13 @@ def make_nll(run, form):
         return x @ p[name + ".w"] + p[name + ".b"]
 
     def layer_norm(p, name, x, eps=block_eps):
-        mean = jnp.mean(x, axis=-1, keepdims=True)
-        centered = x - mean
-        var = jnp.mean(centered * centered, axis=-1, keepdims=True)
-        return centered * jax.lax.rsqrt(var + eps) * p[name + ".gain"] + p[name + ".bias"]
+        def normalized(x):
+            centered = x - jnp.mean(x, axis=-1, keepdims=True)
+            var = jnp.mean(centered * centered, axis=-1, keepdims=True)
+            return centered * jax.lax.rsqrt(var + eps)
+
+        # Half-precision input is normalized in f32, then scaled in its own dtype (nitro's).
+        return tc.in_f32(x, normalized) * p[name + ".gain"] + p[name + ".bias"]
 
     def attention(p, name, x):
         b, t, d = x.shape
@@ -214,7 +217,7 @@ def make_nll(run, form):
         scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(dh)
         causal = jnp.tril(jnp.ones((t, t), bool))
         scores = jnp.where(causal, scores, MASKED)
-        out = jax.nn.softmax(scores, axis=-1) @ v
+        out = tc.in_f32(scores, lambda s: jax.nn.softmax(s, axis=-1)) @ v
         return linear(p, f"{name}.o", out.transpose(0, 2, 1, 3).reshape(b, t, d))
 
     # The dropout keys follow the model nitro ran (the bundle's layout), whatever the form:
@@ -258,7 +261,8 @@ def make_nll(run, form):
         return linear(p, "head", layer_norm(p, "norm", h, final_eps))
 
     def nll(p, x, y, key):
-        logp = jax.nn.log_softmax(logits(p, x, key), axis=-1)
+        # Half-precision logits are widened first, as nitro's softmax_cross_entropy does.
+        logp = jax.nn.log_softmax(logits(p, x, key).astype(jnp.float32), axis=-1)
         return -jnp.take_along_axis(logp, y[..., None], axis=-1)[..., 0]
 
     return nll
@@ -274,7 +278,7 @@ def make_model(run, form):
     def eval_sums(p, x, y, mask):
         return (jnp.sum(window_loss(p, x, y, None) * mask),)
 
-    return window_loss, eval_sums
+    return tc.with_precision(run, (window_loss, eval_sums))
 
 
 def make_bucketed_model(run, form):
@@ -293,7 +297,7 @@ def make_bucketed_model(run, form):
     def eval_sums(p, xv, y, weights):
         return (jnp.sum(row_loss(p, xv, y, None) * weights),)
 
-    return row_loss, eval_sums
+    return tc.with_precision(run, (row_loss, eval_sums))
 
 
 # ---- FSDP (--fsdp N) -----------------------------------------------------------------------------
@@ -644,7 +648,7 @@ def model_line(run, form, steps, what):
         blocks += f", from the bundle's {'stacked' if layout_of(run) == 'scan' else 'per-block'} leaves"
     return (f"model    {run['layers']} blocks ({blocks}), width {run['width']}, {run['heads']} heads, "
             f"dropout {run.get('dropout', 0.0)}, adamw (decay {run.get('weight_decay', 0.0)}), "
-            f"peak lr {run['schedule']['base']}, {steps} {what}")
+            f"peak lr {run['schedule']['base']}, {steps} {what}, computing in {run['precision']}")
 
 
 def main_bucketed(args, say, run, params, form, fsdp):
@@ -706,6 +710,7 @@ def main():
     else:
         run, params, batches, real = tc.load_bundle(args.bundle, "chargpt")
     tc.check_params(params, expected_leaves(run))
+    tc.precision_of(run, args)
     if run["width"] % run["heads"]:
         raise SystemExit("error: width must be a multiple of heads")
     unknown = sorted(set(run.get("decayed", [])) - set(params))
@@ -748,7 +753,7 @@ def main():
     say(f"held out {bits:.4f} bits/char")
     say(f"state    {state_bytes} bytes of parameters and optimizer state on the first device")
     fields = {"val_bits_per_char": round(bits, 6), "form": form, "layers": run["layers"],
-              "fsdp": args.fsdp, "state_bytes_per_device": state_bytes}
+              "fsdp": args.fsdp, "state_bytes_per_device": state_bytes, "precision": run["precision"]}
     # Under --fsdp: the placement's time, and the first step counted from the host values.
     fields.update({k: timing[k] for k in ("place_ms", "first_step_from_host_ms") if k in timing})
     tc.report("chargpt", args, steps, losses, fields, timing, STARTED, say)

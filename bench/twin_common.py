@@ -66,6 +66,9 @@ def parse_args(name, extra=None):
                    help="JAX's persistent compilation cache in DIR (every program, however small "
                         "or quick to compile): a second run with the same DIR loads, not compiles")
     p.add_argument("--make-test-bundle", metavar="DIR", help="write a small synthetic bundle here and exit")
+    p.add_argument("--precision", choices=sorted(PRECISIONS),
+                   help="what the model computes in (default: run.json's `precision`, else f32): "
+                        "f32 parameters and Adam state, the loss and its gradient in this dtype")
     if extra:
         extra(p)
     args = p.parse_args()
@@ -195,6 +198,53 @@ def dropout(x, rate, key):
 
 
 # ---- training ---------------------------------------------------------------------------------------
+
+
+# ---- the precision policy (nitro's Config::precision) -----------------------------------------
+
+PRECISIONS = {"f32": None, "bf16": jnp.bfloat16, "f16": jnp.float16}
+
+
+def precision_of(run, args):
+    """The precision the run computes in: `--precision`, else run.json's, else f32 (recorded in
+    `run` for the report)."""
+    name = args.precision or run.get("precision", "f32")
+    run["precision"] = name
+    return name
+
+
+def half(dtype):
+    return dtype in (jnp.bfloat16, jnp.float16)
+
+
+def in_f32(x, f):
+    """f(x) computed in f32 when x is half precision, the result back in x's dtype (nitro's
+    nn::in_f32: softmax, log-softmax, the norms' statistics)."""
+    if half(x.dtype):
+        return f(x.astype(jnp.float32)).astype(x.dtype)
+    return f(x)
+
+
+def with_precision(run, model):
+    """(per_row_loss, eval_fn) computing in run["precision"]: every float leaf of the parameters
+    and of x converted to it where the model reads them (the gradients, taken with respect to
+    the f32 parameters, come back f32), the per-row loss widened to f32 — nitro's policy."""
+    per_row_loss, eval_fn = model
+    dtype = PRECISIONS[run.get("precision", "f32")]
+    if dtype is None:
+        return model
+
+    def cast(tree):
+        return jax.tree_util.tree_map(
+            lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
+
+    def loss(p, x, y, key):
+        return per_row_loss(cast(p), cast(x), y, key).astype(jnp.float32)
+
+    def evaluate(p, x, y, mask):
+        return eval_fn(cast(p), cast(x), y, mask)
+
+    return loss, evaluate
 
 
 def masked_mean(per_row, mask):

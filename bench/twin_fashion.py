@@ -64,7 +64,8 @@ def logits(p, x):
 
 
 def cross_entropy(z, y):
-    logp = jax.nn.log_softmax(z, axis=-1)
+    # Half-precision logits are widened first, as nitro's softmax_cross_entropy does.
+    logp = jax.nn.log_softmax(z.astype(jnp.float32), axis=-1)
     return -jnp.take_along_axis(logp, y[:, None], axis=-1)[:, 0]
 
 
@@ -145,6 +146,7 @@ def main():
         return make_test_bundle(args)
     say = tc.sayer(args)
     run, params, batches, real = tc.load_bundle(args.bundle, "fashion")
+    precision = tc.precision_of(run, args)
     tc.check_params(params, expected_leaves())
     data_dir = run["data_dir"]
     if not os.path.isdir(data_dir):  # a relative path not from here: from the bundle
@@ -158,17 +160,19 @@ def main():
     per_epoch = -(-rows // run["batch"])
     say(f"data     Fashion-MNIST, {rows} train / {len(test_x)} test images")
     say(f"backend  jax {jax.__version__} on {jax.default_backend()} ({jax.devices()[0].device_kind})")
-    say(f"run      {steps} steps of {run['batch']} ({per_epoch} per epoch), adam, peak lr {run['schedule']['base']}")
+    say(f"run      {steps} steps of {run['batch']} ({per_epoch} per epoch), adam, peak lr {run['schedule']['base']}, "
+        f"computing in {precision}")
 
     def gather(idx):
         return train_x[idx], train_y[idx]
 
     eval_after = set(range(per_epoch, steps + 1, per_epoch))
     timing, losses, sums, n = tc.train(run, params, batches, real, steps, gather,
-                                       (per_row_loss, eval_sums), (test_x, test_y), eval_after, STARTED)
+                                       tc.with_precision(run, (per_row_loss, eval_sums)), (test_x, test_y),
+                                       eval_after, STARTED)
     accuracy = sums[1] / n
     say(f"test     loss {sums[0] / n:.4f}, accuracy {accuracy:.4f}")
-    tc.report("fashion", args, steps, losses, {"test_accuracy": round(accuracy, 6)}, timing, STARTED, say)
+    tc.report("fashion", args, steps, losses, {"test_accuracy": round(accuracy, 6), "precision": precision}, timing, STARTED, say)
 
 
 if __name__ == "__main__":
