@@ -216,3 +216,74 @@ fn precision_reads_its_names_and_refuses_others() {
     let err = "tf32".parse::<Precision>().unwrap_err().to_string();
     assert!(err.contains("tf32") && err.contains("bf16"), "{err}");
 }
+
+/// A dot of two bf16 operands is emitted as such, or — for a CPU plugin
+/// (`EmitOptions::widen_half_dots`) — as the dot of their f32 widening, rounded back to bf16;
+/// on XLA the widened program gives the interpreter's numbers within one bf16 rounding.
+#[test]
+fn half_dots_are_widened_to_f32_only_when_asked() {
+    let ty = |d: &[usize]| LeafType::new(DType::BF16, d);
+    let g = trace(
+        &[("a".to_owned(), ty(&[4, 8])), ("b".to_owned(), ty(&[8, 3]))],
+        |x| vec![x[0].matmul(x[1])],
+    )
+    .unwrap();
+    let plain = nitro::emit::emit(&g);
+    let widened = nitro::emit::emit_with(
+        &g,
+        &nitro::emit::EmitOptions {
+            widen_half_dots: true,
+            ..Default::default()
+        },
+    );
+    let dot_line = |text: &str| {
+        text.lines()
+            .find(|l| l.contains("stablehlo.dot_general"))
+            .unwrap()
+            .to_owned()
+    };
+    assert!(dot_line(&plain).ends_with("-> tensor<4x3xbf16>"), "{plain}");
+    assert!(
+        dot_line(&widened).ends_with("-> tensor<4x3xf32>"),
+        "{widened}"
+    );
+    assert!(
+        widened.contains("stablehlo.convert") && widened.contains("-> tensor<4x3xbf16>"),
+        "{widened}"
+    );
+    let values = |n: usize, seed: u32| {
+        let v: Vec<nitro::bf16> = (0..n)
+            .map(|i| nitro::bf16::from_f32(((i as u32 * 7 + seed) % 13) as f32 * 0.37 - 2.0))
+            .collect();
+        v
+    };
+    let a = Array::from_vec(&[4, 8], values(32, 1)).unwrap();
+    let b = Array::from_vec(&[8, 3], values(24, 5)).unwrap();
+    let want = nitro::backend::interpreter()
+        .compile(&g, &plain)
+        .unwrap()
+        .run(&[&a, &b])
+        .unwrap()
+        .remove(0);
+    let Some(xla) = common::xla_or_skip("half_dots_are_widened_to_f32_only_when_asked") else {
+        return;
+    };
+    let got = xla
+        .compile(&g, &widened)
+        .unwrap()
+        .run(&[&a, &b])
+        .unwrap()
+        .remove(0);
+    assert_eq!(got.dtype(), DType::BF16);
+    let (got, want) = (
+        got.as_slice::<nitro::bf16>().unwrap().to_vec(),
+        want.as_slice::<nitro::bf16>().unwrap().to_vec(),
+    );
+    for (g, w) in got.iter().zip(&want) {
+        let (g, w) = (g.to_f32(), w.to_f32());
+        assert!(
+            (g - w).abs() <= w.abs() / 128.0 + 1e-6,
+            "{got:?} vs {want:?}"
+        );
+    }
+}
