@@ -456,6 +456,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .handle(last, run.program_times())
         .warm_floor(run.first_step_time(), last, run.program_times())
         .layout(&run)
+        .field("loss_scale", json!(run.loss_scale()?))
         .field("inventory", run.declared_inventory(true))
         .field("padding_waste", docs.map_or(0.0, |d| d.waste))
         .field("padding_waste_one_program", docs.map(|d| d.waste_one))

@@ -154,6 +154,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .handle(last, run.program_times())
         .warm_floor(run.first_step_time(), last, run.program_times())
         .layout(&run)
+        .field("loss_scale", json!(run.loss_scale()?))
         .field("fit_s", fit_s)
         .field("process_s", started.elapsed().as_secs_f64());
     println!("{summary}");

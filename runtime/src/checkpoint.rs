@@ -151,6 +151,9 @@ pub mod meta {
     /// The training handle's random stream (JSON: base key words and draws taken), when
     /// its model draws random numbers.
     pub const RANDOM: &str = "nitro.random";
+    /// Where a training handle's dynamic loss scaling stands (JSON: the scale, the finite
+    /// steps since it moved, the optimizer's own step count), when it scales.
+    pub const LOSS_SCALE: &str = "nitro.loss_scale";
     /// The checksum (hex blake3; see the [module docs](super)).
     pub const CHECKSUM: &str = "nitro.checksum";
 }
@@ -249,6 +252,8 @@ pub struct Restored {
     pub window: Option<AccumulationWindow>,
     /// The random stream, when the handle's model draws random numbers.
     pub random: Option<RandomStream>,
+    /// Where dynamic loss scaling stood, when the handle scaled.
+    pub loss_scale: Option<crate::train::LossScaleState>,
 }
 
 /// A snapshot of an experiment's Device values, optimizer state and step, with the identity
@@ -270,6 +275,7 @@ pub struct Checkpoint {
     epoch_batches: u64,
     window: Option<AccumulationWindow>,
     random: Option<RandomStream>,
+    loss_scale: Option<crate::train::LossScaleState>,
 }
 
 impl Checkpoint {
@@ -339,6 +345,7 @@ impl Checkpoint {
             epoch_batches: 0,
             window: None,
             random: None,
+            loss_scale: None,
         })
     }
 
@@ -404,6 +411,18 @@ impl Checkpoint {
     /// The random stream, when one was recorded.
     pub fn random(&self) -> Option<RandomStream> {
         self.random
+    }
+
+    /// Records where a training handle's dynamic loss scaling stands, so a resume continues
+    /// with the same scale.
+    pub fn with_loss_scale(mut self, state: crate::train::LossScaleState) -> Checkpoint {
+        self.loss_scale = Some(state);
+        self
+    }
+
+    /// Where loss scaling stood, when it was recorded.
+    pub fn loss_scale(&self) -> Option<crate::train::LossScaleState> {
+        self.loss_scale
     }
 
     /// Lets a training handle resume this checkpoint with an optimizer of the same name and
@@ -581,6 +600,7 @@ impl Checkpoint {
             epoch_batches: self.epoch_batches,
             window: self.window,
             random: self.random,
+            loss_scale: self.loss_scale,
         })
     }
 
@@ -690,6 +710,12 @@ impl Checkpoint {
             metadata.insert(
                 meta::RANDOM.to_owned(),
                 serde_json::to_string(r).map_err(json)?,
+            );
+        }
+        if let Some(l) = &self.loss_scale {
+            metadata.insert(
+                meta::LOSS_SCALE.to_owned(),
+                serde_json::to_string(l).map_err(json)?,
             );
         }
         metadata.insert(meta::STEP.to_owned(), self.step.to_string());
@@ -931,6 +957,13 @@ impl Checkpoint {
             ),
             None => None,
         };
+        let loss_scale = match metadata.get(meta::LOSS_SCALE) {
+            Some(json) => Some(
+                serde_json::from_str::<crate::train::LossScaleState>(json)
+                    .map_err(|e| corrupt(format!("the loss scale is unreadable ({e})")))?,
+            ),
+            None => None,
+        };
         let step = number(meta::STEP)?;
         if step > MAX_STEP {
             return Err(corrupt(format!(
@@ -955,6 +988,7 @@ impl Checkpoint {
             epoch_batches,
             window: None,
             random,
+            loss_scale,
         };
         Ok((head, opt_names, window_meta))
     }

@@ -287,3 +287,238 @@ fn half_dots_are_widened_to_f32_only_when_asked() {
         );
     }
 }
+
+// ---- f16 with dynamic loss scaling -------------------------------------------------------------
+
+use nitro::train::{LossScaleState, LossScaling};
+
+/// A handle on the shared classifier computing in f16 with `scaling`, on `backend`.
+fn scaled_handle(
+    backend: &'static dyn Backend,
+    scaling: LossScaling,
+) -> Nitro<Mlp, nitro::optim::Adam> {
+    let config = Config::new()
+        .batch(16)
+        .lr(0.05)
+        .progress(false)
+        .precision(Precision::f16().with_loss_scaling(Some(scaling)));
+    Nitro::with_backend(
+        mlp(Act::Tanh),
+        nitro::optim::Adam::default(),
+        config,
+        backend,
+        common::own_cache(),
+    )
+    .unwrap()
+}
+
+fn steps(run: &mut Nitro<Mlp, nitro::optim::Adam>, from: usize, n: usize) -> Vec<f64> {
+    let (x, y) = data(16 * (from + n), 3);
+    (from..from + n)
+        .map(|i| run.step(&batch(&x, &y, 16 * i, 16, 16), 16).unwrap().loss)
+        .collect()
+}
+
+/// A scale so large that the f16 backward pass overflows: the step is skipped (parameters
+/// and the optimizer's count unchanged) and the scale halves, until it fits; then it trains.
+fn overflow_skips_and_halves(backend: &'static dyn Backend, what: &str) {
+    let huge = 2f32.powi(40);
+    let mut run = scaled_handle(
+        backend,
+        LossScaling {
+            initial: huge,
+            growth_interval: 1000,
+        },
+    );
+    let before = leaves(run.experiment().unwrap());
+    steps(&mut run, 0, 1);
+    let state = run.loss_scale().unwrap().expect("scaling state");
+    assert_eq!(
+        state,
+        LossScaleState {
+            scale: huge / 2.0,
+            good_steps: 0,
+            optimizer_steps: 0
+        },
+        "{what}"
+    );
+    assert_eq!(leaves(run.experiment().unwrap()), before, "{what}: skipped");
+    let losses = steps(&mut run, 1, 59);
+    let state = run.loss_scale().unwrap().unwrap();
+    let skipped = 60 - state.optimizer_steps;
+    assert!(
+        (2..60).contains(&skipped),
+        "{what}: {skipped} skipped, {state:?}"
+    );
+    assert_eq!(state.scale, huge / 2f32.powi(skipped as i32), "{what}");
+    // The finite steps since the last skip (a later step may overflow again at the edge).
+    assert!(
+        state.good_steps >= 1 && state.good_steps <= 60 - skipped,
+        "{what}: {state:?}"
+    );
+    assert!(losses.iter().all(|l| l.is_finite()), "{what}: {losses:?}");
+    assert!(losses[58] < losses[0] * 0.8, "{what}: trains: {losses:?}");
+}
+
+#[test]
+fn f16_loss_scaling_skips_overflowing_steps_and_halves_the_scale_on_the_interpreter() {
+    overflow_skips_and_halves(nitro::backend::interpreter(), "interpreter");
+}
+
+#[test]
+fn f16_loss_scaling_skips_overflowing_steps_and_halves_the_scale_on_xla() {
+    let test = "f16_loss_scaling_skips_overflowing_steps_and_halves_the_scale_on_xla";
+    let Some(xla) = common::xla_or_skip(test) else {
+        return;
+    };
+    overflow_skips_and_halves(xla, "xla");
+}
+
+/// `growth_interval` finite steps in a row double the scale; f16 with scaling trains close to
+/// f32.
+#[test]
+fn f16_loss_scaling_grows_after_its_interval_and_trains_close_to_f32() {
+    let backend = nitro::backend::interpreter();
+    let mut run = scaled_handle(
+        backend,
+        LossScaling {
+            initial: 1.0,
+            growth_interval: 3,
+        },
+    );
+    let half = steps(&mut run, 0, 7);
+    assert_eq!(
+        run.loss_scale().unwrap(),
+        Some(LossScaleState {
+            scale: 4.0,
+            good_steps: 1,
+            optimizer_steps: 7
+        })
+    );
+    let (full, _) = train(backend, Precision::full(), 7);
+    for (h, f) in half.iter().zip(&full) {
+        assert!((h - f).abs() <= 0.01 * f, "{half:?} vs {full:?}");
+    }
+    // The default f16 precision scales; a precision without scaling reports none.
+    assert!(Precision::f16().loss_scaling().is_some());
+    let (_, mut plain) = train(backend, Precision::bf16(), 1);
+    assert_eq!(plain.loss_scale().unwrap(), None);
+}
+
+/// The scale, its finite steps and the optimizer's count are in the checkpoint, a file or a
+/// directory: a resumed run continues exactly as the uninterrupted one.
+#[test]
+fn loss_scaling_resumes_from_a_checkpoint_exactly() {
+    let backend = nitro::backend::interpreter();
+    let scaling = LossScaling {
+        initial: 2f32.powi(30),
+        growth_interval: 4,
+    };
+    let mut whole = scaled_handle(backend, scaling);
+    let all = steps(&mut whole, 0, 12);
+    let dir = common::TempDir::new("loss-scale-resume");
+    std::fs::create_dir_all(dir.path()).unwrap();
+    for name in ["at6.safetensors", "at6"] {
+        let mut first = scaled_handle(backend, scaling);
+        steps(&mut first, 0, 6);
+        let at = first.loss_scale().unwrap().unwrap();
+        let path = dir.path().join(name);
+        first.save(&path).unwrap();
+        let config = Config::new()
+            .batch(16)
+            .lr(0.05)
+            .progress(false)
+            .precision(Precision::f16().with_loss_scaling(Some(scaling)));
+        let mut resumed = Nitro::resume_with(
+            mlp(Act::Tanh),
+            nitro::optim::Adam::default(),
+            config,
+            nitro::checkpoint::Saved::open(&path).unwrap(),
+            backend,
+            common::own_cache(),
+        )
+        .unwrap();
+        let rest = steps(&mut resumed, 6, 6);
+        assert_eq!(rest, all[6..], "{name}");
+        assert_eq!(
+            resumed.loss_scale().unwrap(),
+            whole.loss_scale().unwrap(),
+            "{name}"
+        );
+        assert!(
+            at.optimizer_steps < 6,
+            "{name}: some steps were skipped: {at:?}"
+        );
+    }
+}
+
+/// Loss scaling with gradient accumulation, or with a scale below 1, is refused when the
+/// handle is made.
+#[test]
+fn loss_scaling_refuses_accumulation_and_a_scale_below_one() {
+    let make = |config: Config| {
+        Nitro::with_backend(
+            mlp(Act::Tanh),
+            nitro::optim::Adam::default(),
+            config.batch(16).progress(false),
+            nitro::backend::interpreter(),
+            common::own_cache(),
+        )
+        .map(|_| ())
+        .unwrap_err()
+        .to_string()
+    };
+    let err = make(Config::new().precision(Precision::f16()).accumulate(2));
+    assert!(
+        err.contains("Config::accum") && err.contains("loss scaling"),
+        "{err}"
+    );
+    let err = make(
+        Config::new().precision(Precision::f16().with_loss_scaling(Some(LossScaling {
+            initial: 0.5,
+            growth_interval: 10,
+        }))),
+    );
+    assert!(err.contains("Config::precision"), "{err}");
+}
+
+/// Under FSDP on 2 devices the scaled f16 step (its finite check over sharded gradients, the
+/// skip, the scale) runs as on one device: the same skips and scale, losses within f16's
+/// reassociation of the sharded reductions.
+#[test]
+fn f16_loss_scaling_under_fsdp_skips_and_scales_as_on_one_device() {
+    let test = "f16_loss_scaling_under_fsdp_skips_and_scales_as_on_one_device";
+    let Some(one) = common::xla_devices_or_skip(test, 1) else {
+        return;
+    };
+    common::xla_devices_or_skip(test, 2).expect("2 devices");
+    let precision = Precision::f16().with_loss_scaling(Some(LossScaling {
+        initial: 2f32.powi(40),
+        growth_interval: 1000,
+    }));
+    let run_on = |config: Config| {
+        let config = config
+            .batch(16)
+            .lr(0.05)
+            .progress(false)
+            .precision(precision);
+        let backend = common::backend_of(&config, one);
+        let mut run = Nitro::with_backend(
+            mlp(Act::Tanh),
+            nitro::optim::Adam::default(),
+            config,
+            backend,
+            common::own_cache(),
+        )
+        .unwrap();
+        let losses = steps(&mut run, 0, 30);
+        (losses, run.loss_scale().unwrap().unwrap())
+    };
+    let (single, single_state) = run_on(Config::new());
+    let (sharded, sharded_state) = run_on(common::fsdp(2));
+    assert_eq!(sharded_state, single_state);
+    assert!(single_state.optimizer_steps < 30, "{single_state:?}");
+    for (a, b) in sharded.iter().zip(&single) {
+        assert!((a - b).abs() <= 1e-3 * b.abs(), "{sharded:?} vs {single:?}");
+    }
+}

@@ -18,6 +18,21 @@ pub(super) type BatchInputs<E, X> = (
 /// draws random numbers ([`Model::RANDOM`]).
 pub(super) type GradExtra = Option<Array>;
 
+/// What the gradient program of a handle with dynamic loss scaling takes besides the batch,
+/// named as program inputs (`key`, `loss_scale`).
+#[derive(crate::Tree, Clone, Debug)]
+pub(super) struct ScaledExtra {
+    /// The step's random key (as [`GradExtra`]).
+    pub(super) key: Option<Array>,
+    /// The loss scale (`f32[]`): the loss is differentiated times it, the gradients divided
+    /// by it.
+    pub(super) loss_scale: Array,
+}
+
+impl ExtraInputs for ScaledExtra {
+    const NAME: Option<&'static str> = None;
+}
+
 /// What the accumulating gradient program takes besides the batch, named as program inputs
 /// (`sums[0]`, `scale`, `key`).
 #[derive(crate::Tree, Clone, Debug)]
@@ -79,16 +94,49 @@ pub(super) fn grad_fn<E: Model>(
     inputs: &BatchInputs<E, GradExtra>,
 ) -> Vec<Tensor> {
     let (batch, mask, key) = inputs;
-    let losses = per_example::<E>(keyed_loss::<E>(v, batch, *key), *mask, "Model::loss", true);
+    mean_and_gradients::<E>(v, batch, *mask, *key, None)
+}
+
+/// [`grad_fn`] with dynamic loss scaling: the mean loss times `loss_scale` is differentiated
+/// (so that small gradients survive a half-precision backward pass), and every gradient is
+/// divided by the scale in its own (f32) dtype. The loss returned is the unscaled mean.
+pub(super) fn grad_scaled_fn<E: Model>(
+    v: &E::View<'_>,
+    inputs: &BatchInputs<E, ScaledExtra>,
+) -> Vec<Tensor> {
+    let (batch, mask, ScaledExtraMirror { key, loss_scale }) = inputs;
+    mean_and_gradients::<E>(v, batch, *mask, *key, Some(*loss_scale))
+}
+
+/// The mean loss over the real rows, then the gradient of every trainable leaf (packed) —
+/// with `scale`, of the mean times it, each gradient divided by it after.
+fn mean_and_gradients<E: Model>(
+    v: &E::View<'_>,
+    batch: &<E::Batch as Tree>::Mirror<Tensor>,
+    mask: Tensor,
+    key: Option<Tensor>,
+    scale: Option<Tensor>,
+) -> Vec<Tensor> {
+    let losses = per_example::<E>(keyed_loss::<E>(v, batch, key), mask, "Model::loss", true);
     let mask = mask.convert(losses.dtype());
+    let scaled = |t: Tensor| match scale {
+        Some(s) => t * s.convert(t.dtype()),
+        None => t,
+    };
+    let unscaled = |g: Tensor| match scale {
+        Some(s) => g / s.convert(g.dtype()),
+        None => g,
+    };
     if trace::replicas() == 1 {
         let mean = (losses * mask).sum_all() / mask.sum_all().maximum(1.0);
-        let grads = program::pack_like_trainable(trace::grad(mean, &program::trainable_leaves()));
+        let grads = trace::grad(scaled(mean), &program::trainable_leaves());
+        let grads = program::pack_like_trainable(grads.into_iter().map(unscaled).collect());
         return std::iter::once(mean).chain(grads).collect();
     }
     let total = (losses * mask).sum_all();
     let count = mask.sum_all().all_sum().maximum(1.0);
-    let grads = program::pack_like_trainable(trace::grad(total, &program::trainable_leaves()));
+    let grads = trace::grad(scaled(total), &program::trainable_leaves());
+    let grads = program::pack_like_trainable(grads.into_iter().map(unscaled).collect());
     let mean = total.all_sum() / count;
     std::iter::once(mean)
         .chain(
@@ -315,6 +363,15 @@ pub(super) fn grad_program<E: Model>(
         .computing_in(compute)
 }
 
+pub(super) fn grad_scaled_program<E: Model>(
+    compute: Option<DType>,
+) -> Program<E, BatchInputs<E, ScaledExtra>, Vec<Tensor>> {
+    Program::generic("nitro.grad", grad_scaled_fn::<E>)
+        .packing_trainable()
+        .packed_outputs()
+        .computing_in(compute)
+}
+
 pub(super) fn grad_accum_program<E: Model>(
     compute: Option<DType>,
 ) -> Program<E, BatchInputs<E, AccumExtra>, Vec<Tensor>> {
@@ -359,9 +416,19 @@ pub struct OptimizerStep<O: Optimizer> {
     pub layout: Vec<(String, Vec<Option<String>>)>,
     /// Steps taken so far, `i64[]`: kept on the device and counted by the program, so a step
     /// uploads no step number; an integer, so it stays exact over any run (an `f32` counter
-    /// stops counting at 2^24 steps).
+    /// stops counting at 2^24 steps). With loss scaling, the steps applied (a skipped step
+    /// does not count).
     #[device]
     pub steps: Array,
+    /// Dynamic loss scaling's constants ([`LossScaling`](super::LossScaling)), when the
+    /// handle scales: the program then skips a step whose gradients are not all finite and
+    /// moves the scale.
+    #[graph_const]
+    pub loss_scaling: Option<super::LossScaling>,
+    /// With loss scaling, the scale (`f32[]`) and the finite steps since it moved (`i64[]`);
+    /// empty without.
+    #[device]
+    pub loss_scale: Vec<Array>,
 }
 
 /// Per packed array, the runs of `(elements, selected)` of an optimizer's leaf mask.
@@ -456,7 +523,40 @@ pub(super) fn update_fn<O: Optimizer>(
         number.convert(DType::F32),
         &masks,
     );
-    out.push(number);
+    let (Some(scaling), [scale, good]) = (v.loss_scaling, v.loss_scale.as_slice()) else {
+        out.push(number);
+        return out;
+    };
+    // Finite when every gradient element is: an infinity or a NaN times 0 is a NaN, and a
+    // NaN anywhere makes the sum one.
+    let poison = grads
+        .iter()
+        .map(|g| (*g * 0.0).sum_all().convert(DType::F32))
+        .reduce(|a, b| a + b)
+        .unwrap_or_else(|| Tensor::scalar(0.0, DType::F32));
+    let finite = poison.equal(0.0);
+    // A step that is not finite is skipped: the parameters, the state and the count stay.
+    let kept = v.params.iter().chain(&v.state);
+    let mut out: Vec<Tensor> = out
+        .into_iter()
+        .zip(kept)
+        .map(|(new, old)| Tensor::select(finite, new, *old))
+        .collect();
+    out.push(Tensor::select(finite, number, v.steps));
+    let (scale, good) = (*scale, *good);
+    let counted = good + 1.0;
+    let grows = counted.greater_equal(f64::from(scaling.growth_interval));
+    let halved = (scale * 0.5).maximum(1.0);
+    out.push(Tensor::select(
+        finite,
+        Tensor::select(grows, scale * 2.0, scale),
+        halved,
+    ));
+    out.push(Tensor::select(
+        finite,
+        Tensor::select(grows, good * 0.0, counted),
+        good * 0.0,
+    ));
     out
 }
 

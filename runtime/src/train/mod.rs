@@ -64,7 +64,7 @@ use epochs::*;
 pub use epochs::{EpochRecord, History};
 use inventory::*;
 pub use inventory::{MaskRuns, OptimizerStep, OptimizerStepView, ProgramTime};
-pub use precision::Precision;
+pub use precision::{LossScaleState, LossScaling, Precision};
 use prepare::*;
 pub use prepare::{Plan, PlanEntry};
 use progress::Progress;
@@ -295,6 +295,31 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 expected: "at least one micro-batch per optimizer step".into(),
             });
         }
+        if let Some(scaling) = config.precision.loss_scaling() {
+            if config.accum > 1 {
+                return Err(Error::InvalidSetting {
+                    variable: "Config::accum",
+                    value: config.accum.to_string(),
+                    expected: format!(
+                        "1 with dynamic loss scaling ({}): gradient accumulation does not \
+                         scale its sums yet; accumulate in bf16 (Precision::bf16, no scaling \
+                         needed) or take one batch per step",
+                        config.precision
+                    ),
+                });
+            }
+            if !(scaling.initial.is_finite() && scaling.initial >= 1.0)
+                || scaling.growth_interval == 0
+            {
+                return Err(Error::InvalidSetting {
+                    variable: "Config::precision",
+                    value: format!("{scaling:?}"),
+                    expected: "a finite initial loss scale of at least 1 and a growth interval \
+                               of at least 1 step"
+                        .into(),
+                });
+            }
+        }
         let replicas = backend.replicas();
         if let Some(n) = config.devices.filter(|&n| n != replicas) {
             return Err(Error::Devices {
@@ -369,13 +394,15 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         // Rules that create leaves on the devices are checked now, not at the first step.
         let creating = !created::plan(&config.initialize, &layout, &experiment)?.is_empty();
         let progress = Progress::new(config.seed);
+        let mut state = DeviceState::new(layout, creating);
+        state.set_loss_scaling(config.precision.loss_scaling());
         Ok(Nitro {
             experiment,
             optimizer,
             config,
             backend,
             cache,
-            state: DeviceState::new(layout, creating),
+            state,
             inventory: Inventory::new(),
             progress,
             host_metrics: Vec::new(),
@@ -581,6 +608,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 false => In::Rows(keys),
             });
         }
+        if let Some(scale) = self.state.loss_scale_value()? {
+            args.push(In::Keep(scale));
+        }
         let (out, _) = args.run(&grad)?;
         if E::RANDOM {
             self.progress.drew();
@@ -627,6 +657,15 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 .collect()
         };
         Array::from_vec(&[words.len()], words)
+    }
+
+    /// Where dynamic loss scaling stands ([`Precision::f16`]): the scale the next step uses,
+    /// the finite steps since it last moved, and the optimizer's own step count — the steps
+    /// applied, so [`steps`](Nitro::steps) minus it is the steps skipped for non-finite
+    /// gradients. Waits for the steps in flight. `None` without loss scaling, or before the
+    /// first step.
+    pub fn loss_scale(&mut self) -> Result<Option<LossScaleState>> {
+        self.state.loss_scale()
     }
 
     /// The losses of the steps taken since the last call, in order (read from the device at

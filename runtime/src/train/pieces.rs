@@ -362,7 +362,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             .restore_placed_leaves(backend, &handle.experiment, trainable)?;
         handle
             .state
-            .restore_placed_optimizer(backend, optimizer_state, step)?;
+            .restore_placed_optimizer(backend, optimizer_state, step, head.loss_scale())?;
         handle.progress.resume(
             head.step(),
             head.epoch(),

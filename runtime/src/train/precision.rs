@@ -26,15 +26,57 @@ use crate::tree::DType;
 /// assert!("fp8".parse::<Precision>().is_err());
 /// # Ok::<(), nitro::Error>(())
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Precision {
     compute: Option<DType>,
+    scaling: Option<LossScaling>,
+}
+
+/// Dynamic loss scaling ([`Precision::f16`]'s): the loss is multiplied by a scale before it is
+/// differentiated, so that small gradients survive f16's narrow range, and the gradients are
+/// divided by it (in f32) before the update. A step whose gradients hold an infinity or a NaN
+/// is skipped — the parameters, the optimizer state and the optimizer's step count stay as
+/// they were — and halves the scale (never below 1); `growth_interval` finite steps in a row
+/// double it. The scale, the finite steps since it last moved and the optimizer's own step
+/// count are kept on the device, read with [`Nitro::loss_scale`](super::Nitro::loss_scale),
+/// and saved in checkpoints. PyTorch's `GradScaler` defaults: 2¹⁶, doubled after 2000.
+#[derive(Clone, Copy, Debug, PartialEq, crate::ContentHash)]
+pub struct LossScaling {
+    /// The first scale (a power of two keeps scaling exact).
+    pub initial: f32,
+    /// Finite steps in a row after which the scale doubles.
+    pub growth_interval: u32,
+}
+
+impl Default for LossScaling {
+    fn default() -> LossScaling {
+        LossScaling {
+            initial: 65536.0,
+            growth_interval: 2000,
+        }
+    }
+}
+
+/// Where dynamic loss scaling stands ([`Nitro::loss_scale`](super::Nitro::loss_scale)), as a
+/// checkpoint records it.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LossScaleState {
+    /// The scale the next step multiplies its loss by.
+    pub scale: f32,
+    /// Finite steps since the scale last moved.
+    pub good_steps: u64,
+    /// The optimizer's own step count: the steps applied, which skipped steps do not advance
+    /// (the handle's [`steps`](super::Nitro::steps) counts every step taken).
+    pub optimizer_steps: u64,
 }
 
 impl Precision {
     /// Every program computes in the leaves' own dtypes (the default: f32 for f32 leaves).
     pub const fn full() -> Precision {
-        Precision { compute: None }
+        Precision {
+            compute: None,
+            scaling: None,
+        }
     }
 
     /// f32 parameters and optimizer state, the forward and backward passes in bfloat16 (the
@@ -42,15 +84,32 @@ impl Precision {
     pub const fn bf16() -> Precision {
         Precision {
             compute: Some(DType::BF16),
+            scaling: None,
         }
     }
 
     /// f32 parameters and optimizer state, the forward and backward passes in IEEE half
-    /// precision (f16).
+    /// precision (f16), with dynamic loss scaling ([`LossScaling::default`]): f16's range
+    /// ends at 65504 and its smallest normal is 6e-5, so unscaled gradients underflow.
     pub const fn f16() -> Precision {
         Precision {
             compute: Some(DType::F16),
+            scaling: Some(LossScaling {
+                initial: 65536.0,
+                growth_interval: 2000,
+            }),
         }
+    }
+
+    /// This precision with `scaling` as its loss scaling (`None`: none).
+    pub const fn with_loss_scaling(mut self, scaling: Option<LossScaling>) -> Precision {
+        self.scaling = scaling;
+        self
+    }
+
+    /// Its dynamic loss scaling, if any.
+    pub const fn loss_scaling(self) -> Option<LossScaling> {
+        self.scaling
     }
 
     /// The dtype the per-batch programs compute in, `None` for the leaves' own.
@@ -65,8 +124,18 @@ impl Precision {
 impl std::fmt::Display for Precision {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.compute {
-            None => f.write_str("f32"),
-            Some(d) => write!(f, "{d}"),
+            None => f.write_str("f32")?,
+            Some(d) => write!(f, "{d}")?,
+        }
+        match self.scaling {
+            Some(s) if self.compute != Some(DType::F16) || s != LossScaling::default() => write!(
+                f,
+                " (loss scale from {}, doubled after {} finite steps)",
+                s.initial, s.growth_interval
+            ),
+            Some(_) => Ok(()),
+            None if self.compute == Some(DType::F16) => f.write_str(" (no loss scaling)"),
+            None => Ok(()),
         }
     }
 }

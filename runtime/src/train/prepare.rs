@@ -167,6 +167,18 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                         )
                     },
                 ));
+            } else if let Some(scaled) = &inputs.scaled_sample {
+                out.push(Lookup::new(Slot::Grad, "grad", edge, move |mode| {
+                    let batch = BatchRef(sample, &inputs.mask, scaled);
+                    found(
+                        mode,
+                        cache,
+                        backend,
+                        &grad_scaled_program::<E>(compute),
+                        experiment,
+                        &batch,
+                    )
+                }));
             } else {
                 out.push(Lookup::new(Slot::Grad, "grad", edge, move |mode| {
                     let batch = BatchRef(sample, &inputs.mask, &inputs.key_sample);
@@ -251,6 +263,11 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 .map(|(s, path)| (path.clone(), s.0.clone()))
                 .collect(),
             steps: Array::scalar(0i64),
+            loss_scaling: self.config.precision.loss_scaling(),
+            loss_scale: match self.config.precision.loss_scaling() {
+                Some(_) => vec![Array::scalar(0.0f32), Array::scalar(0i64)],
+                None => Vec::new(),
+            },
         }
     }
 
@@ -328,6 +345,10 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             },
             opt,
             update_inputs,
+            scaled_sample: self.config.precision.loss_scaling().map(|_| ScaledExtra {
+                key: key_sample.clone(),
+                loss_scale: Array::scalar(1.0f32),
+            }),
             key_sample,
         }
     }
@@ -534,6 +555,8 @@ pub(super) struct ProgramInputs<O: Optimizer> {
     pub(super) opt: OptimizerStep<O>,
     pub(super) update_inputs: UpdateArgs,
     pub(super) key_sample: GradExtra,
+    /// The gradient program's extra inputs with dynamic loss scaling.
+    pub(super) scaled_sample: Option<ScaledExtra>,
     pub(super) sums: AccumExtra,
 }
 

@@ -153,8 +153,10 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     /// A checkpoint of the experiment's Device leaves as the experiment holds them (with
     /// `values`; only their signature without), with the optimizer's identity, the step, the
     /// position in the data and the random stream — all but the optimizer state and an
-    /// accumulation window.
-    pub(super) fn checkpoint_head(&self, values: bool) -> Result<Checkpoint> {
+    /// accumulation window. With dynamic loss scaling it records where the scale stands,
+    /// which waits for the updates in flight.
+    pub(super) fn checkpoint_head(&mut self, values: bool) -> Result<Checkpoint> {
+        let loss_scale = self.state.loss_scale()?;
         let progress = &self.progress;
         let checkpoint = match values {
             true => Checkpoint::capture(&self.experiment, &[], progress.step())?,
@@ -165,6 +167,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             .with_position(progress.epoch(), progress.epoch_batches());
         if E::RANDOM {
             checkpoint = checkpoint.with_random(progress.random());
+        }
+        if let Some(state) = loss_scale {
+            checkpoint = checkpoint.with_loss_scale(state);
         }
         Ok(checkpoint)
     }
@@ -180,6 +185,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         self.place_state()?;
         self.sync()?;
         let packed = self.state.optimizer_to_host()?;
+        let mut checkpoint = self.checkpoint_head(true)?;
         let layout = self.state.layout();
         let state = named_state(
             &layout.packing,
@@ -187,7 +193,6 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             self.optimizer.slots(),
             &packed,
         )?;
-        let mut checkpoint = self.checkpoint_head(true)?;
         checkpoint.set_optimizer_state(state)?;
         let (window, paths) = (self.progress.window(), &layout.paths);
         if let Some(sums) = &window.sums {
@@ -285,7 +290,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             packed.extend(state_packing.pack(&leaves)?);
         }
         let step = device_step(restored.step)?;
-        handle.state.restore_optimizer(backend, packed, step)?;
+        handle
+            .state
+            .restore_optimizer(backend, packed, step, restored.loss_scale)?;
         handle.progress.resume(
             restored.step,
             restored.epoch,

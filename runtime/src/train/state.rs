@@ -160,8 +160,11 @@ pub(super) struct DeviceState {
     leaves_placed: bool,
     /// The optimizer state: slot by slot, one value per packed group.
     optimizer: Vec<Value>,
-    /// The step counter the update program keeps (`i64[]`).
+    /// The step counter the update program keeps (`i64[]`), then, with dynamic loss scaling,
+    /// the scale (`f32[]`) and the finite steps since it moved (`i64[]`).
     counter: Vec<Value>,
+    /// Dynamic loss scaling ([`Precision`](super::Precision)), when the handle scales.
+    scaling: Option<super::LossScaling>,
     /// Whether `optimizer` and `counter` are placed.
     optimizer_placed: bool,
     /// The end of the last update enqueued (XLA; one per replica), not waited for yet.
@@ -196,6 +199,7 @@ impl DeviceState {
             leaves_placed: false,
             optimizer: Vec::new(),
             counter: Vec::new(),
+            scaling: None,
             optimizer_placed: false,
             in_flight: Vec::new(),
             host_stale: false,
@@ -206,6 +210,59 @@ impl DeviceState {
             creating,
             created_in: None,
         }
+    }
+
+    /// Scales the loss dynamically as `scaling` says (from the handle's precision).
+    pub(super) fn set_loss_scaling(&mut self, scaling: Option<super::LossScaling>) {
+        self.scaling = scaling;
+    }
+
+    /// The counter's arrays for the optimizer's step count `step` and, with loss scaling, the
+    /// scale and its finite steps as `scale` has them (the initial scale without).
+    fn counter_arrays(&self, step: i64, scale: Option<super::LossScaleState>) -> Vec<Array> {
+        let mut arrays = vec![Array::scalar(step)];
+        if let Some(scaling) = self.scaling {
+            let (value, good) = scale.map_or((scaling.initial, 0), |s| {
+                (s.scale, i64::try_from(s.good_steps).unwrap_or(i64::MAX))
+            });
+            arrays.push(Array::scalar(value));
+            arrays.push(Array::scalar(good));
+        }
+        arrays
+    }
+
+    /// The loss scale as placed (the gradient program's `loss_scale` input), when the handle
+    /// scales.
+    pub(super) fn loss_scale_value(&self) -> Result<Option<&Value>> {
+        match self.scaling {
+            None => Ok(None),
+            Some(_) => self.counter.get(1).map(Some).ok_or_else(unplaced),
+        }
+    }
+
+    /// Where loss scaling stands (waits for the updates); `None` without scaling or before
+    /// the state is placed.
+    pub(super) fn loss_scale(&mut self) -> Result<Option<super::LossScaleState>> {
+        self.wait()?;
+        if self.scaling.is_none() || !self.optimizer_placed {
+            return Ok(None);
+        }
+        let counter = to_host(&self.counter)?;
+        let int = |i: usize| {
+            counter
+                .get(i)
+                .and_then(|a| a.as_slice::<i64>().ok()?.first().copied())
+                .ok_or_else(unplaced)
+        };
+        let scale = counter
+            .get(1)
+            .and_then(|a| a.as_slice::<f32>().ok()?.first().copied())
+            .ok_or_else(unplaced)?;
+        Ok(Some(super::LossScaleState {
+            scale,
+            good_steps: int(2)?.max(0) as u64,
+            optimizer_steps: int(0)?.max(0) as u64,
+        }))
     }
 
     /// Whether trainable leaves are still to be created on the devices.
@@ -344,7 +401,7 @@ impl DeviceState {
             let types = state_types(optimizer, &self.layout.packing);
             self.optimizer = values::place_zero_groups(backend, &types, &self.layout.specs)?;
             if self.counter.is_empty() {
-                self.counter = place(backend, vec![Array::scalar(0i64)])?;
+                self.counter = place(backend, self.counter_arrays(0, None))?;
             }
             self.optimizer_placed = true;
         }
@@ -352,15 +409,17 @@ impl DeviceState {
     }
 
     /// Places optimizer state read from a checkpoint (packed, slot by slot) and the step
-    /// counter at `step`, in place of zeroed state.
+    /// counter at `step` (with loss scaling, as `scale` has it when the checkpoint recorded
+    /// it), in place of zeroed state.
     pub(super) fn restore_optimizer(
         &mut self,
         backend: &dyn Backend,
         packed: Vec<Array>,
         step: i64,
+        scale: Option<super::LossScaleState>,
     ) -> Result<()> {
         let optimizer = place_groups(backend, packed, &self.layout.specs)?;
-        self.restore_placed_optimizer(backend, optimizer, step)
+        self.restore_placed_optimizer(backend, optimizer, step, scale)
     }
 
     /// Takes optimizer state already placed (slot by slot, one value per group, as the layout
@@ -370,9 +429,15 @@ impl DeviceState {
         backend: &dyn Backend,
         optimizer: Vec<Value>,
         step: i64,
+        scale: Option<super::LossScaleState>,
     ) -> Result<()> {
         self.optimizer = optimizer;
-        self.counter = place(backend, vec![Array::scalar(step)])?;
+        // A scaled run counts the optimizer's own steps (skipped ones not among them).
+        let step = match (self.scaling, scale) {
+            (Some(_), Some(s)) => i64::try_from(s.optimizer_steps).unwrap_or(step),
+            _ => step,
+        };
+        self.counter = place(backend, self.counter_arrays(step, scale))?;
         self.optimizer_placed = true;
         Ok(())
     }
@@ -524,7 +589,8 @@ impl DeviceState {
                 exec_donating(update, args)?
             }
         };
-        self.counter = new.split_off(new.len().saturating_sub(1));
+        let counted = 1 + 2 * usize::from(self.scaling.is_some());
+        self.counter = new.split_off(new.len().saturating_sub(counted));
         self.optimizer = new.split_off(n);
         self.trainable = new;
         self.views.after_update(in_place);
