@@ -14,8 +14,9 @@ use crate::tree::DType;
 /// half inputs.
 ///
 /// The precision is part of every per-batch program's key: changing it recompiles them, and
-/// the miss says `setting_changed: precision f32 → bf16`. The update program does not depend
-/// on it, so it stays.
+/// the miss says `setting_changed: precision the leaves' dtypes → bf16`. The update program
+/// depends only on the loss scaling ([`Precision::f16`]'s, [`LossScaling`]), so between f32
+/// and bf16 it stays.
 ///
 /// ```
 /// use nitro::train::{Config, Precision};
