@@ -17,6 +17,29 @@ use nitro::trace::{nn, trace};
 use nitro::train::{Config, Nitro, Precision};
 use nitro::LeafType;
 
+/// A handle on the shared classifier at `precision` (batch 16, learning rate 0.05) laid out
+/// as `config` says, on `backend` (or the mesh `config` names), with a cache of its own.
+fn handle(
+    backend: &'static dyn Backend,
+    config: Config,
+    precision: Precision,
+) -> Nitro<Mlp, nitro::optim::Adam> {
+    let config = config
+        .batch(16)
+        .lr(0.05)
+        .progress(false)
+        .precision(precision);
+    let backend = common::backend_of(&config, backend);
+    Nitro::with_backend(
+        mlp(Act::Tanh),
+        nitro::optim::Adam::default(),
+        config,
+        backend,
+        common::own_cache(),
+    )
+    .unwrap()
+}
+
 /// The losses of `steps` steps of the shared classifier at `precision` on `backend`, and the
 /// handle after them.
 fn train(
@@ -24,23 +47,8 @@ fn train(
     precision: Precision,
     steps: usize,
 ) -> (Vec<f64>, Nitro<Mlp, nitro::optim::Adam>) {
-    let (x, y) = data(16 * steps, 3);
-    let config = Config::new()
-        .batch(16)
-        .lr(0.05)
-        .progress(false)
-        .precision(precision);
-    let mut run = Nitro::with_backend(
-        mlp(Act::Tanh),
-        nitro::optim::Adam::default(),
-        config,
-        backend,
-        common::own_cache(),
-    )
-    .unwrap();
-    let losses = (0..steps)
-        .map(|i| run.step(&batch(&x, &y, 16 * i, 16, 16), 16).unwrap().loss)
-        .collect();
+    let mut run = handle(backend, Config::new(), precision);
+    let losses = self::steps(&mut run, 0, steps);
     (losses, run)
 }
 
@@ -297,19 +305,11 @@ fn scaled_handle(
     backend: &'static dyn Backend,
     scaling: LossScaling,
 ) -> Nitro<Mlp, nitro::optim::Adam> {
-    let config = Config::new()
-        .batch(16)
-        .lr(0.05)
-        .progress(false)
-        .precision(Precision::f16().with_loss_scaling(Some(scaling)));
-    Nitro::with_backend(
-        mlp(Act::Tanh),
-        nitro::optim::Adam::default(),
-        config,
+    handle(
         backend,
-        common::own_cache(),
+        Config::new(),
+        Precision::f16().with_loss_scaling(Some(scaling)),
     )
-    .unwrap()
 }
 
 fn steps(run: &mut Nitro<Mlp, nitro::optim::Adam>, from: usize, n: usize) -> Vec<f64> {
@@ -497,20 +497,7 @@ fn f16_loss_scaling_under_fsdp_skips_and_scales_as_on_one_device() {
         growth_interval: 1000,
     }));
     let run_on = |config: Config| {
-        let config = config
-            .batch(16)
-            .lr(0.05)
-            .progress(false)
-            .precision(precision);
-        let backend = common::backend_of(&config, one);
-        let mut run = Nitro::with_backend(
-            mlp(Act::Tanh),
-            nitro::optim::Adam::default(),
-            config,
-            backend,
-            common::own_cache(),
-        )
-        .unwrap();
+        let mut run = handle(one, config, precision);
         let losses = steps(&mut run, 0, 30);
         (losses, run.loss_scale().unwrap().unwrap())
     };

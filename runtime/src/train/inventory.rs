@@ -354,31 +354,35 @@ pub(super) struct DeviceMetricState<E: Model> {
     pub(super) compiled: Option<Arc<Compiled>>,
 }
 
-pub(super) fn grad_program<E: Model>(
+/// A gradient program: its trainable leaves packed, its gradients packed like them, computing
+/// in `compute`.
+fn gradient_program<E: Model, X: Tree>(
+    name: &'static str,
+    f: for<'v> fn(&E::View<'v>, &BatchInputs<E, X>) -> Vec<Tensor>,
     compute: Option<DType>,
-) -> Program<E, BatchInputs<E, GradExtra>, Vec<Tensor>> {
-    Program::generic("nitro.grad", grad_fn::<E>)
+) -> Program<E, BatchInputs<E, X>, Vec<Tensor>> {
+    Program::generic(name, f)
         .packing_trainable()
         .packed_outputs()
         .computing_in(compute)
+}
+
+pub(super) fn grad_program<E: Model>(
+    compute: Option<DType>,
+) -> Program<E, BatchInputs<E, GradExtra>, Vec<Tensor>> {
+    gradient_program::<E, GradExtra>("nitro.grad", grad_fn::<E>, compute)
 }
 
 pub(super) fn grad_scaled_program<E: Model>(
     compute: Option<DType>,
 ) -> Program<E, BatchInputs<E, ScaledExtra>, Vec<Tensor>> {
-    Program::generic("nitro.grad", grad_scaled_fn::<E>)
-        .packing_trainable()
-        .packed_outputs()
-        .computing_in(compute)
+    gradient_program::<E, ScaledExtra>("nitro.grad", grad_scaled_fn::<E>, compute)
 }
 
 pub(super) fn grad_accum_program<E: Model>(
     compute: Option<DType>,
 ) -> Program<E, BatchInputs<E, AccumExtra>, Vec<Tensor>> {
-    Program::generic("nitro.grad_accumulate", grad_accum_fn::<E>)
-        .packing_trainable()
-        .packed_outputs()
-        .computing_in(compute)
+    gradient_program::<E, AccumExtra>("nitro.grad_accumulate", grad_accum_fn::<E>, compute)
 }
 
 pub(super) fn eval_program<E: Model>(
