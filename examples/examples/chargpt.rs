@@ -454,7 +454,12 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .field("val_bits_per_char", val_bits)
         .field("unigram_bits_per_char", unigram)
         .handle(last, run.program_times())
-        .warm_floor(run.first_step_time(), last, run.program_times())
+        .warm_floor(
+            run.first_step_time(),
+            last,
+            run.program_times(),
+            run.first_runs(),
+        )
         .layout(&run)
         .field("loss_scale", json!(run.loss_scale()?))
         .field("inventory", run.declared_inventory(true))

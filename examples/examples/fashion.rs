@@ -152,7 +152,12 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         .first_step(run.first_step_time())
         .field("test_accuracy", test_accuracy)
         .handle(last, run.program_times())
-        .warm_floor(run.first_step_time(), last, run.program_times())
+        .warm_floor(
+            run.first_step_time(),
+            last,
+            run.program_times(),
+            run.first_runs(),
+        )
         .layout(&run)
         .field("loss_scale", json!(run.loss_scale()?))
         .field("fit_s", fit_s)

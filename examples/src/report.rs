@@ -130,12 +130,17 @@ impl Summary {
     /// the handle looked up was loaded — the examples look them all up before the first step —
     /// `first_step_floor_ms`, those loads one after another plus one steady step (`step_ms`,
     /// the last epoch's median), and `first_step_over_floor`, the first step's time over it.
-    /// Both `null` in a run that compiled, or took no step.
+    /// Both `null` in a run that compiled, or took no step. Then, cold or warm, the training
+    /// programs' first two runs, each timed alone ([`nitro::train::Nitro::first_runs`]):
+    /// `first_run_ms_by_program`, `second_run_ms_by_program` and `first_run_excess_ms` (the
+    /// first runs' excess over the second, summed: the backend's lazy set-up at a program's
+    /// first execute, which the floor does not hold).
     pub fn warm_floor(
         self,
         first_step: Option<Duration>,
         last: &nitro::train::EpochRecord,
         times: &[nitro::train::ProgramTime],
+        runs: Option<nitro::train::FirstRuns>,
     ) -> Summary {
         let loaded = |t: &&nitro::train::ProgramTime| {
             matches!(t.outcome, nitro::cache::Outcome::Loaded { .. })
@@ -152,9 +157,29 @@ impl Summary {
         let over = floor_ms
             .zip(first_step)
             .map(|(floor, first)| first.as_secs_f64() * 1e3 / floor);
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let by_program = |grad: Option<Duration>, update: Option<Duration>| match (grad, update) {
+            (Some(g), Some(u)) => json!({"grad": ms(g), "update": ms(u)}),
+            _ => Value::Null,
+        };
         self.field("load_ms_by_program", ms_by_program(&loads, false))
             .field("first_step_floor_ms", floor_ms)
             .field("first_step_over_floor", over)
+            .field(
+                "first_run_ms_by_program",
+                by_program(runs.map(|r| r.grad), runs.map(|r| r.update)),
+            )
+            .field(
+                "second_run_ms_by_program",
+                by_program(
+                    runs.and_then(|r| r.second_grad),
+                    runs.and_then(|r| r.second_update),
+                ),
+            )
+            .field(
+                "first_run_excess_ms",
+                runs.and_then(|r| r.excess()).map(|(g, u)| ms(g + u)),
+            )
     }
 
     /// How a handle is laid out over its devices: `devices`, `sharding` (the mesh and
@@ -508,9 +533,18 @@ mod tests {
             time("update", loaded(), 20),
             time("eval", loaded(), 80),
         ];
+        let runs = nitro::train::FirstRuns {
+            grad: Duration::from_millis(330),
+            update: Duration::from_millis(25),
+            second_grad: Some(Duration::from_millis(190)),
+            second_update: Some(Duration::from_millis(10)),
+        };
         let v = Summary::with_backend("x", "xla", "p")
-            .warm_floor(Some(Duration::from_millis(1200)), &last, &warm)
+            .warm_floor(Some(Duration::from_millis(1200)), &last, &warm, Some(runs))
             .to_value();
+        assert_eq!(v["first_run_ms_by_program"]["grad"], 330.0);
+        assert_eq!(v["second_run_ms_by_program"]["update"], 10.0);
+        assert_eq!(v["first_run_excess_ms"], 155.0, "140 + 15");
         assert_eq!(v["load_ms_by_program"]["grad"], 300.0);
         assert_eq!(
             v["first_step_floor_ms"], 600.0,
@@ -520,8 +554,9 @@ mod tests {
         // A program compiled: no floor of loads to hold the first step to.
         let cold = [time("grad", compiled, 900), time("update", loaded(), 20)];
         let v = Summary::with_backend("x", "xla", "p")
-            .warm_floor(Some(Duration::from_millis(1200)), &last, &cold)
+            .warm_floor(Some(Duration::from_millis(1200)), &last, &cold, None)
             .to_value();
+        assert_eq!(v["first_run_excess_ms"], Value::Null);
         assert_eq!(v["load_ms_by_program"]["update"], 20.0);
         assert!(v["load_ms_by_program"].get("grad").is_none());
         assert_eq!(v["first_step_floor_ms"], Value::Null);

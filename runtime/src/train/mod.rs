@@ -67,6 +67,7 @@ pub use inventory::{MaskRuns, OptimizerStep, OptimizerStepView, ProgramTime};
 pub use precision::{LossScaleState, LossScaling, Precision};
 use prepare::*;
 pub use prepare::{Plan, PlanEntry};
+pub use progress::FirstRuns;
 use progress::Progress;
 pub use saving::SaveReport;
 use state::{place_one, DeviceState, Layout};
@@ -450,6 +451,14 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         self.progress.first_step()
     }
 
+    /// The gradient and update programs' first two runs, each timed alone: the first run's
+    /// excess over the second is the backend's lazy set-up at a program's first execute
+    /// (part of the first step that no load or compile shows). `None` before the first step,
+    /// or with gradient accumulation.
+    pub fn first_runs(&self) -> Option<FirstRuns> {
+        self.progress.first_runs()
+    }
+
     /// Each program lookup that prepared the inventory — per program its role, what the lookup
     /// did, and its trace and compile (or load) time — in the order they were looked up.
     pub fn program_times(&self) -> &[ProgramTime] {
@@ -611,7 +620,20 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         if let Some(scale) = self.state.loss_scale_value()? {
             args.push(In::Keep(scale));
         }
-        let (out, _) = args.run(&grad)?;
+        // The first two steps time each program alone (the first run's lazy set-up shows as
+        // its excess over the second): the update cannot start before the gradient is done,
+        // so waiting for it costs an enqueue, not an overlap.
+        let timed = (!accumulating && self.progress.times_runs()).then(Instant::now);
+        let (out, done) = args.run(&grad)?;
+        let grad_time = match timed {
+            Some(started) => {
+                for d in done {
+                    d.wait()?;
+                }
+                Some(started.elapsed())
+            }
+            None => None,
+        };
         if E::RANDOM {
             self.progress.drew();
         }
@@ -624,7 +646,13 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             return Ok(());
         }
         self.progress.close_window();
-        self.update(&update, grads)
+        let started = Instant::now();
+        self.update(&update, grads)?;
+        if let Some(grad_time) = grad_time {
+            self.state.wait()?;
+            self.progress.record_runs(grad_time, started.elapsed());
+        }
+        Ok(())
     }
 
     /// Applies the optimizer (`update`) to `grads` (the packed gradient of the step's mean

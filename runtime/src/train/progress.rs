@@ -27,6 +27,37 @@ pub(super) struct Progress {
     /// When the handle was made, and how long after that the first step finished.
     created: Instant,
     first_step: Option<Duration>,
+    /// The gradient and update programs' first runs, each waited for alone, then their
+    /// second ([`FirstRuns`]).
+    runs: Vec<(Duration, Duration)>,
+}
+
+/// The training programs' first two runs, each waited for alone ([`Nitro::first_runs`]): what
+/// the first run costs beyond a later one — the lazy set-up a backend does at a program's
+/// first execute — per program.
+///
+/// [`Nitro::first_runs`]: super::Nitro::first_runs
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct FirstRuns {
+    /// The gradient program's first run.
+    pub grad: Duration,
+    /// The update program's first run.
+    pub update: Duration,
+    /// The gradient program's second run, once there was one.
+    pub second_grad: Option<Duration>,
+    /// The update program's second run, once there was one.
+    pub second_update: Option<Duration>,
+}
+
+impl FirstRuns {
+    /// The first runs' excess over the second ones, gradient and update (zero where the
+    /// first was not slower); `None` before a second step.
+    pub fn excess(&self) -> Option<(Duration, Duration)> {
+        Some((
+            self.grad.saturating_sub(self.second_grad?),
+            self.update.saturating_sub(self.second_update?),
+        ))
+    }
 }
 
 /// A gradient-accumulation window: the gradient sums so far (on the devices), how many
@@ -51,6 +82,7 @@ impl Progress {
             timings: EpochTimings::default(),
             created: Instant::now(),
             first_step: None,
+            runs: Vec::new(),
         }
     }
 
@@ -148,6 +180,28 @@ impl Progress {
     /// The first step has finished: its time since the handle was made.
     pub(super) fn first_step_done(&mut self) {
         self.first_step = Some(self.created.elapsed());
+    }
+
+    /// Whether the coming step's programs are to be timed alone: the first two runs.
+    pub(super) fn times_runs(&self) -> bool {
+        self.runs.len() < 2
+    }
+
+    /// Records a step's gradient and update runs, timed alone.
+    pub(super) fn record_runs(&mut self, grad: Duration, update: Duration) {
+        self.runs.push((grad, update));
+    }
+
+    /// The first runs, once there was one.
+    pub(super) fn first_runs(&self) -> Option<FirstRuns> {
+        let &(grad, update) = self.runs.first()?;
+        let second = self.runs.get(1);
+        Some(FirstRuns {
+            grad,
+            update,
+            second_grad: second.map(|r| r.0),
+            second_update: second.map(|r| r.1),
+        })
     }
 
     /// How long after the handle was made the first step finished.
