@@ -452,34 +452,80 @@ fn loss_scaling_resumes_from_a_checkpoint_exactly() {
     }
 }
 
-/// Loss scaling with gradient accumulation, or with a scale below 1, is refused when the
-/// handle is made.
+/// A scale below 1, or a growth interval of 0, is refused when the handle is made.
 #[test]
-fn loss_scaling_refuses_accumulation_and_a_scale_below_one() {
-    let make = |config: Config| {
-        Nitro::with_backend(
+fn loss_scaling_refuses_a_scale_below_one_and_an_empty_interval() {
+    for (initial, growth_interval) in [(0.5, 10), (f32::INFINITY, 10), (1024.0, 0)] {
+        let config =
+            Config::new()
+                .batch(16)
+                .progress(false)
+                .precision(Precision::f16().with_loss_scaling(Some(LossScaling {
+                    initial,
+                    growth_interval,
+                })));
+        let err = Nitro::with_backend(
             mlp(Act::Tanh),
             nitro::optim::Adam::default(),
-            config.batch(16).progress(false),
+            config,
             nitro::backend::interpreter(),
             common::own_cache(),
         )
         .map(|_| ())
         .unwrap_err()
-        .to_string()
+        .to_string();
+        assert!(err.contains("Config::precision"), "{err}");
+    }
+}
+
+/// With gradient accumulation each micro-batch's gradient is unscaled before it joins the
+/// window's sums, and a window whose sums are not finite is skipped as a whole: the scale
+/// halves once per window, never per micro-batch.
+#[test]
+fn loss_scaling_with_accumulation_skips_whole_windows() {
+    let backend = nitro::backend::interpreter();
+    let huge = 2f32.powi(40);
+    let config = Config::new()
+        .batch(8)
+        .lr(0.05)
+        .progress(false)
+        .accumulate(2)
+        .precision(Precision::f16().with_loss_scaling(Some(LossScaling {
+            initial: huge,
+            growth_interval: 1000,
+        })));
+    let mut run = Nitro::with_backend(
+        mlp(Act::Tanh),
+        nitro::optim::Adam::default(),
+        config,
+        backend,
+        common::own_cache(),
+    )
+    .unwrap();
+    let (x, y) = data(8 * 80, 3);
+    let micro = |run: &mut Nitro<Mlp, nitro::optim::Adam>, i: usize| {
+        run.step(&batch(&x, &y, 8 * i, 8, 8), 8).unwrap().loss
     };
-    let err = make(Config::new().precision(Precision::f16()).accumulate(2));
-    assert!(
-        err.contains("Config::accum") && err.contains("loss scaling"),
-        "{err}"
+    micro(&mut run, 0);
+    micro(&mut run, 1);
+    assert_eq!(
+        run.loss_scale().unwrap(),
+        Some(LossScaleState {
+            scale: huge / 2.0,
+            good_steps: 0,
+            optimizer_steps: 0
+        }),
+        "one window, one halving"
     );
-    let err = make(
-        Config::new().precision(Precision::f16().with_loss_scaling(Some(LossScaling {
-            initial: 0.5,
-            growth_interval: 10,
-        }))),
-    );
-    assert!(err.contains("Config::precision"), "{err}");
+    let losses: Vec<f64> = (2..80).map(|i| micro(&mut run, i)).collect();
+    let state = run.loss_scale().unwrap().unwrap();
+    let skipped = 40 - state.optimizer_steps;
+    assert!((2..40).contains(&skipped), "{state:?}");
+    assert_eq!(state.scale, huge / 2f32.powi(skipped as i32));
+    assert!(losses.iter().all(|l| l.is_finite()));
+    let early: f64 = losses[..10].iter().sum();
+    let late: f64 = losses[losses.len() - 10..].iter().sum();
+    assert!(late < early * 0.8, "trains: {losses:?}");
 }
 
 /// Under FSDP on 2 devices the scaled f16 step (its finite check over sharded gradients, the

@@ -43,6 +43,9 @@ pub(super) struct AccumExtra {
     pub(super) scale: Array,
     /// The step's random key (as [`GradExtra`]).
     pub(super) key: Option<Array>,
+    /// With dynamic loss scaling, the loss scale (as [`ScaledExtra`]'s): each micro-batch's
+    /// gradient is unscaled before it is added to the sums.
+    pub(super) loss_scale: Option<Array>,
 }
 
 /// The name a per-batch program's extra input is visited under, beside `batch` and `mask`:
@@ -119,24 +122,14 @@ fn mean_and_gradients<E: Model>(
 ) -> Vec<Tensor> {
     let losses = per_example::<E>(keyed_loss::<E>(v, batch, key), mask, "Model::loss", true);
     let mask = mask.convert(losses.dtype());
-    let scaled = |t: Tensor| match scale {
-        Some(s) => t * s.convert(t.dtype()),
-        None => t,
-    };
-    let unscaled = |g: Tensor| match scale {
-        Some(s) => g / s.convert(g.dtype()),
-        None => g,
-    };
     if trace::replicas() == 1 {
         let mean = (losses * mask).sum_all() / mask.sum_all().maximum(1.0);
-        let grads = trace::grad(scaled(mean), &program::trainable_leaves());
-        let grads = program::pack_like_trainable(grads.into_iter().map(unscaled).collect());
+        let grads = scaled_gradients(mean, scale);
         return std::iter::once(mean).chain(grads).collect();
     }
     let total = (losses * mask).sum_all();
     let count = mask.sum_all().all_sum().maximum(1.0);
-    let grads = trace::grad(scaled(total), &program::trainable_leaves());
-    let grads = program::pack_like_trainable(grads.into_iter().map(unscaled).collect());
+    let grads = scaled_gradients(total, scale);
     let mean = total.all_sum() / count;
     std::iter::once(mean)
         .chain(
@@ -145,6 +138,20 @@ fn mean_and_gradients<E: Model>(
                 .map(|g| g.all_sum() / count.convert(g.dtype())),
         )
         .collect()
+}
+
+/// The gradients of `loss` with respect to the trainable leaves, packed — with `scale`, of
+/// `loss` times it, each gradient divided by it after (in its own dtype, f32 for f32 leaves).
+fn scaled_gradients(loss: Tensor, scale: Option<Tensor>) -> Vec<Tensor> {
+    let leaves = program::trainable_leaves();
+    let grads = match scale {
+        None => trace::grad(loss, &leaves),
+        Some(s) => trace::grad(loss * s.convert(loss.dtype()), &leaves)
+            .into_iter()
+            .map(|g| g / s.convert(g.dtype()))
+            .collect(),
+    };
+    program::pack_like_trainable(grads)
 }
 
 /// `t` in f32 when it is a half-precision float (bf16, f16), else itself: what the handle
@@ -196,14 +203,23 @@ pub(super) fn grad_accum_fn<E: Model>(
     v: &E::View<'_>,
     inputs: &BatchInputs<E, AccumExtra>,
 ) -> Vec<Tensor> {
-    let (batch, mask, AccumExtraMirror { sums, scale, key }) = inputs;
+    let (
+        batch,
+        mask,
+        AccumExtraMirror {
+            sums,
+            scale,
+            key,
+            loss_scale,
+        },
+    ) = inputs;
     let losses = per_example::<E>(keyed_loss::<E>(v, batch, *key), *mask, "Model::loss", true);
     let mask = mask.convert(losses.dtype());
     let total = (losses * mask).sum_all();
     // Replicated, the sums and gradients add over the replicas (`all_sum` is the tensor itself
     // on one device).
     let mean = total.all_sum() / mask.sum_all().all_sum().maximum(1.0);
-    let grads = program::pack_like_trainable(trace::grad(total, &program::trainable_leaves()));
+    let grads = scaled_gradients(total, *loss_scale);
     let summed = sums
         .iter()
         .zip(grads)

@@ -297,18 +297,6 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             });
         }
         if let Some(scaling) = config.precision.loss_scaling() {
-            if config.accum > 1 {
-                return Err(Error::InvalidSetting {
-                    variable: "Config::accum",
-                    value: config.accum.to_string(),
-                    expected: format!(
-                        "1 with dynamic loss scaling ({}): gradient accumulation does not \
-                         scale its sums yet; accumulate in bf16 (Precision::bf16, no scaling \
-                         needed) or take one batch per step",
-                        config.precision
-                    ),
-                });
-            }
             if !(scaling.initial.is_finite() && scaling.initial >= 1.0)
                 || scaling.growth_interval == 0
             {

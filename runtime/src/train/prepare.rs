@@ -342,6 +342,11 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 sums: self.state.layout().packing.zeros(),
                 scale: Array::scalar(1.0f32),
                 key: key_sample.clone(),
+                loss_scale: self
+                    .config
+                    .precision
+                    .loss_scaling()
+                    .map(|_| Array::scalar(1.0f32)),
             },
             opt,
             update_inputs,
