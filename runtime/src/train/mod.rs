@@ -8,9 +8,9 @@
 //!
 //! | program | inputs | outputs | key |
 //! | --- | --- | --- | --- |
-//! | `grad` | the trainable leaves (one input each), the other Device leaves, the batch, a row mask | mean loss over real rows, packed gradient | the experiment's GraphConsts, the signature |
+//! | `grad` | the trainable leaves (one input each), the other Device leaves, the batch, a row mask; with loss scaling, the scale | mean loss over real rows, packed gradient | the experiment's GraphConsts, the signature, the [`Precision`] |
 //! | `grad_accumulate` (instead of `grad` when [`Config::accum`] > 1) | as `grad`, plus the running gradient sum and a scale | mean loss, the new sum | as `grad` |
-//! | `update` | trainable leaves and optimizer state (donated), gradients, learning rate, step | new leaves, new state | the optimizer's type and constants, the leaf types |
+//! | `update` | trainable leaves and optimizer state (donated), gradients, learning rate, step; with loss scaling, the scale and its finite steps | new leaves, new state (a non-finite step kept as it was) | the optimizer's type and constants, the leaf types, the loss scaling |
 //! | `eval` | as `grad` | summed loss and correct count over real rows, [`Model::predict`] | as `grad` |
 //! | one per [`DeviceMetric`] | as `grad`, plus the running sum | the new sum | as `grad`, and the metric |
 //!
