@@ -339,11 +339,14 @@ class Fsdp:
             raise SystemExit(f"error: --fsdp {self.n} splits the batch by rows; {what} has "
                              f"{rows} rows, not a multiple of {self.n}")
 
-    def place(self, host_params, shardings):
+    def place(self, run, host_params, shardings):
         """The initial parameters and (zero) optimizer state, each leaf put in its shards."""
         params = {k: jax.device_put(v, shardings[k]) for k, v in host_params.items()}
-        opt_state = {s: {k: jax.device_put(np.zeros_like(np.asarray(v)), shardings[k])
-                         for k, v in host_params.items()} for s in ("m", "v")}
+        opt_state = tc.initial_optimizer_state(
+            run, host_params,
+            lambda k: jax.device_put(np.zeros_like(np.asarray(host_params[k])), shardings[k]))
+        if "scale" in opt_state:
+            opt_state["scale"] = jax.device_put(opt_state["scale"], self.replicated)
         return params, opt_state
 
     def train_step(self, run, loss, shardings, batch):
@@ -358,6 +361,8 @@ class Fsdp:
 
         step = tc.make_train_step(run, constrained).__wrapped__
         rep, state = self.replicated, {"m": shardings, "v": shardings}
+        if tc.loss_scaling(run) is not None:
+            state["scale"] = {"scale": rep, "good": rep, "count": rep}
         return jax.jit(step, in_shardings=(shardings, state, *batch, rep, rep, rep),
                        out_shardings=(shardings, state, rep), donate_argnums=(0, 1))
 
@@ -388,7 +393,7 @@ def train_fsdp(run, host_params, batches, real, steps, gather, model, eval_set, 
 
     def place():
         key = jax.device_put(jax.random.PRNGKey(int(run.get("seed", 0))), fsdp.replicated)
-        return (*fsdp.place(host_params, shardings), key)
+        return (*fsdp.place(run, host_params, shardings), key)
 
     layout = tc.Layout(fsdp.train_step(run, per_row_loss, shardings, inputs_sh),
                        fsdp.evaluation(eval_fn, shardings, inputs_sh), place, fsdp.state_bytes)
@@ -534,8 +539,7 @@ def train_bucketed(run, host_params, buckets, steps, form, fsdp=None):
         eval_jit = jax.jit(eval_fn)
         key = jax.random.PRNGKey(int(run.get("seed", 0)))
         params = {k: jax.device_put(v) for k, v in host_params.items()}
-        opt_state = {"m": {k: jnp.zeros_like(v) for k, v in params.items()},
-                     "v": {k: jnp.zeros_like(v) for k, v in params.items()}}
+        opt_state = tc.initial_optimizer_state(run, params, lambda k: jnp.zeros_like(params[k]))
     else:
         for e in edges:
             fsdp.check_rows(per[e], f"edge {e}'s batch (bucket_rows)")
@@ -544,7 +548,7 @@ def train_bucketed(run, host_params, buckets, steps, form, fsdp=None):
         step_fn = fsdp.train_step(run, row_loss, shardings, inputs_sh)
         eval_jit = fsdp.evaluation(eval_fn, shardings, inputs_sh)
         key = jax.device_put(jax.random.PRNGKey(int(run.get("seed", 0))), fsdp.replicated)
-        params, opt_state = fsdp.place(host_params, shardings)
+        params, opt_state = fsdp.place(run, host_params, shardings)
     jax.block_until_ready((params, opt_state, key))
 
     def blank(e):

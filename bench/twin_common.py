@@ -251,20 +251,72 @@ def masked_mean(per_row, mask):
     return jnp.sum(per_row * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
+def loss_scaling(run):
+    """The run's dynamic loss scaling, (initial scale, growth interval), from run.json's
+    `loss_scaling` (nitro's Precision::f16; `null`: none), or None. A bundle without the key
+    computing in f16 scales as nitro's Precision::f16() does: from 2^16, doubled after 2000."""
+    if "loss_scaling" not in run:
+        return (65536.0, 2000) if run.get("precision") == "f16" else None
+    ls = run["loss_scaling"]
+    return None if not ls else (float(ls["initial"]), int(ls["growth_interval"]))
+
+
+def initial_optimizer_state(run, names, zeros):
+    """Adam's zeroed m and v (`zeros(name) -> array` for each parameter name in `names`) and,
+    with loss scaling, the scale's state: the scale, the finite steps since it moved, the steps
+    applied."""
+    state = {s: {k: zeros(k) for k in names} for s in ("m", "v")}
+    ls = loss_scaling(run)
+    if ls is not None:
+        state["scale"] = {"scale": jnp.float32(ls[0]), "good": jnp.int32(0), "count": jnp.int32(0)}
+    return state
+
+
 def make_train_step(run, per_row_loss):
     """The jitted step: `per_row_loss(params, x, y, key)` -> `[batch]` (dropout on when `key`
     is given). `step` is the 0-based step number (int32): Adam's is `step + 1`, the dropout key
-    `fold_in(key, step)`."""
+    `fold_in(key, step)`.
+
+    With loss scaling (nitro's Precision::f16) the mean loss times the scale is differentiated
+    and the gradients divided by it; a step whose gradients are not all finite keeps the
+    parameters and Adam's state and halves the scale (never below 1), `growth_interval` finite
+    steps in a row double it, and Adam's step number counts the steps applied."""
+    ls = loss_scaling(run)
 
     def mean_loss(params, x, y, mask, key):
         return masked_mean(per_row_loss(params, x, y, key), mask)
 
     def train_step(params, opt_state, x, y, mask, lr, step, key):
         step_key = jax.random.fold_in(key, step) if run.get("dropout", 0.0) > 0 else None
-        loss, grads = jax.value_and_grad(mean_loss)(params, x, y, mask, step_key)
-        number = (step + 1).astype(jnp.float32)
-        params, opt_state = adam_update(run, params, grads, opt_state, lr, number)
-        return params, opt_state, loss
+        if ls is None:
+            loss, grads = jax.value_and_grad(mean_loss)(params, x, y, mask, step_key)
+            number = (step + 1).astype(jnp.float32)
+            params, opt_state = adam_update(run, params, grads, opt_state, lr, number)
+            return params, opt_state, loss
+        scaling = opt_state["scale"]
+        scale = scaling["scale"]
+
+        def scaled(p):
+            loss = mean_loss(p, x, y, mask, step_key)
+            return loss * scale, loss
+
+        (_, loss), grads = jax.value_and_grad(scaled, has_aux=True)(params)
+        grads = jax.tree_util.tree_map(lambda g: g / scale, grads)
+        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in jax.tree_util.tree_leaves(grads)]))
+        number = (scaling["count"] + 1).astype(jnp.float32)
+        adam = {"m": opt_state["m"], "v": opt_state["v"]}
+        new_params, new_adam = adam_update(run, params, grads, adam, lr, number)
+        keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+        params = jax.tree_util.tree_map(keep, new_params, params)
+        adam = jax.tree_util.tree_map(keep, new_adam, adam)
+        good = scaling["good"] + 1
+        grows = good >= ls[1]
+        scaling = {
+            "scale": jnp.where(finite, jnp.where(grows, scale * 2.0, scale), jnp.maximum(scale * 0.5, 1.0)),
+            "good": jnp.where(finite, jnp.where(grows, 0, good), 0).astype(jnp.int32),
+            "count": scaling["count"] + finite.astype(jnp.int32),
+        }
+        return params, {**adam, "scale": scaling}, loss
 
     return jax.jit(train_step, donate_argnums=(0, 1))
 
@@ -293,8 +345,7 @@ def one_device(run, host_params, eval_sums):
 
     def place():
         params = {k: jax.device_put(v) for k, v in host_params.items()}
-        opt_state = {"m": {k: jnp.zeros_like(v) for k, v in params.items()},
-                     "v": {k: jnp.zeros_like(v) for k, v in params.items()}}
+        opt_state = initial_optimizer_state(run, params, lambda k: jnp.zeros_like(params[k]))
         return params, opt_state, jax.random.PRNGKey(int(run.get("seed", 0)))
 
     return Layout(make_train_step(run, per_row_loss), jax.jit(eval_fn), place, whole_state_bytes)

@@ -316,6 +316,9 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
             "vocab": vocab.len(),
             "ln_eps": experiment.arch.norm.eps,
             "precision": args.run.precision.to_string(),
+            "loss_scaling": args.run.precision.loss_scaling().map(|s| json!({
+                "initial": s.initial, "growth_interval": s.growth_interval,
+            })),
         });
         let written = match &data {
             Data::Documents(d) => {

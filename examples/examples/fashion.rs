@@ -116,6 +116,9 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
             "train_rows": train.rows(),
             "epochs": args.epochs,
             "precision": args.run.precision.to_string(),
+            "loss_scaling": args.run.precision.loss_scaling().map(|s| json!({
+                "initial": s.initial, "growth_interval": s.growth_interval,
+            })),
         });
         let rows = twin::step_rows(&train, args.batch, args.seed, args.epochs)?;
         twin::write(dir, &experiment, &run, &rows, &[])?;
