@@ -5,8 +5,13 @@ windows, with nitro's AdamW and cosine schedule, timed the way nitro times its t
 
     python bench/twin_chargpt.py BUNDLE [--steps N] [--losses N] [--losses-out F.npy] [--json]
                                         [--dump-hlo DIR] [--cache DIR] [--form unrolled|scan]
-                                        [--fsdp N]
+                                        [--fsdp N] [--precision f32|bf16|f16]
     python bench/twin_chargpt.py --make-test-bundle DIR [--form unrolled|scan]
+
+`--precision` (default: run.json's `precision`, else f32) computes as nitro's Config::precision
+does: f32 parameters and Adam state, every float leaf and input converted to the half dtype
+where the model reads it, LayerNorm's statistics, the attention softmax and the log-softmax in
+f32, the loss reduced in f32; f16 scales the loss dynamically (run.json's `loss_scaling`).
 
 Besides the common bundle files (twin_common.py) the bundle holds `train.npy` and `val.npy`,
 `int32 [rows, context + 1]` windows (x = w[:, :T], y = w[:, 1:]). A window's loss is the mean
