@@ -1102,19 +1102,9 @@ pub(crate) fn header_tensor(t: &serde_json::Value) -> HeaderTensor<'_> {
 
 /// The dtype of nitro's a `safetensors` dtype name stands for ([`st_dtype`]'s inverse).
 pub(crate) fn dtype_named(name: &str) -> Option<DType> {
-    [
-        DType::F32,
-        DType::F64,
-        DType::I32,
-        DType::I64,
-        DType::U8,
-        DType::Bool,
-        DType::U32,
-        DType::BF16,
-        DType::F16,
-    ]
-    .into_iter()
-    .find(|&d| format!("{:?}", st_dtype(d)) == name)
+    DType::ALL
+        .into_iter()
+        .find(|&d| format!("{:?}", st_dtype(d)) == name)
 }
 
 /// Why [`open_safetensors`] could not open a file.

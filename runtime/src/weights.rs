@@ -479,18 +479,10 @@ pub fn load_into<E: Experiment + ?Sized>(
             problems.push(format!("leaf `{leaf}` ({ty}) has no tensor in the file"));
             continue;
         };
-        match convert(import, leaf, ty, c.value, c.torch, &mut casts) {
-            Ok(a) if &a.leaf_type() == ty => {
-                values.insert(leaf.clone(), a);
-                loaded.push(leaf.clone());
-            }
-            Ok(a) => problems.push(format!(
-                "tensor `{}` is {} but leaf `{leaf}` is {ty}{}",
-                c.name,
-                a.leaf_type(),
-                hint(leaf, &a.leaf_type(), ty, import.cast)
-            )),
-            Err(why) => problems.push(format!("tensor `{}` (for `{leaf}`): {why}", c.name)),
+        let tensor = (c.name.as_str(), c.value, c.torch);
+        if let Some(a) = converted_for(import, leaf, ty, tensor, &mut casts, &mut problems) {
+            values.insert(leaf.clone(), a);
+            loaded.push(leaf.clone());
         }
     }
     let unused = by_leaf
@@ -681,6 +673,29 @@ fn check_instructions<E: Experiment + ?Sized>(
     for leaf in maps {
         per_leaf("map", leaf, ", …".to_owned(), problems);
     }
+}
+
+/// File tensor `(name, value, torch)` [converted](convert) for `leaf` and checked to come out
+/// as its type `ty`: the value, or `None` with what went wrong (naming the tensor and the leaf)
+/// added to `problems`.
+fn converted_for(
+    import: &Import,
+    leaf: &str,
+    ty: &LeafType,
+    (name, value, torch): (&str, Array, bool),
+    casts: &mut Conversions,
+    problems: &mut Vec<String>,
+) -> Option<Array> {
+    match convert(import, leaf, ty, value, torch, casts) {
+        Ok(a) if &a.leaf_type() == ty => return Some(a),
+        Ok(a) => problems.push(format!(
+            "tensor `{name}` is {} but leaf `{leaf}` is {ty}{}",
+            a.leaf_type(),
+            hint(leaf, &a.leaf_type(), ty, import.cast)
+        )),
+        Err(why) => problems.push(format!("tensor `{name}` (for `{leaf}`): {why}")),
+    }
+    None
 }
 
 /// A file tensor's value converted for `leaf` (of type `ty`): permuted, reordered, cast and

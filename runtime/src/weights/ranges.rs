@@ -11,7 +11,7 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use super::{
-    cast, check_instructions, convert, hint, largest_finite, permuted, split, torch_layout,
+    cast, check_instructions, converted_for, hint, largest_finite, permuted, split, torch_layout,
     unused_or_refused, Conversions, Import, Loaded, Route,
 };
 use crate::checkpoint::{dtype_named, header_tensor, st_dtype, to_array, Unreadable};
@@ -286,18 +286,10 @@ pub(crate) fn plan<E: crate::experiment::Experiment + ?Sized>(
                     continue;
                 }
             };
-            match convert(import, leaf, ty, value, m.torch, &mut casts) {
-                Ok(a) if &a.leaf_type() == ty => {
-                    ways.insert(leaf.clone(), Way::Whole(a));
-                    loaded.push(leaf.clone());
-                }
-                Ok(a) => problems.push(format!(
-                    "tensor `{}` is {} but leaf `{leaf}` is {ty}{}",
-                    m.name,
-                    a.leaf_type(),
-                    hint(leaf, &a.leaf_type(), ty, import.cast)
-                )),
-                Err(why) => problems.push(format!("tensor `{}` (for `{leaf}`): {why}", m.name)),
+            let tensor = (m.name.as_str(), value, m.torch);
+            if let Some(a) = converted_for(import, leaf, ty, tensor, &mut casts, &mut problems) {
+                ways.insert(leaf.clone(), Way::Whole(a));
+                loaded.push(leaf.clone());
             }
             continue;
         }
