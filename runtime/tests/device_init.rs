@@ -36,15 +36,13 @@ fn rules(config: Config) -> Config {
         .initialize_all(layer_defaults())
 }
 
+/// A handle on the declared model, its leaves created by the rules, on `backend`.
+fn created_handle(config: Config, backend: &'static dyn Backend) -> Nitro<Mlp, Adam> {
+    Nitro::with_backend(declared(), Adam::default(), config, backend, own_cache()).unwrap()
+}
+
 fn created_on(config: Config, backend: &'static dyn Backend) -> Vec<Vec<f32>> {
-    let mut run = Nitro::with_backend(
-        declared(),
-        Adam::default(),
-        rules(config),
-        backend,
-        own_cache(),
-    )
-    .unwrap();
+    let mut run = created_handle(rules(config), backend);
     assert!(
         run.creation_time().is_none(),
         "nothing is created before it is needed"
@@ -68,14 +66,7 @@ fn declared_leaves_are_created_as_the_rules_say_on_the_interpreter() {
     assert_ne!(&w0[..3], &w1[..3]);
     // The same seed gives the same leaves; another seed others.
     assert_eq!(created, created_on(Config::new(), backend::interpreter()));
-    let mut other = Nitro::with_backend(
-        declared(),
-        Adam::default(),
-        rules(Config::new()).seed(12),
-        backend::interpreter(),
-        own_cache(),
-    )
-    .unwrap();
+    let mut other = created_handle(rules(Config::new()).seed(12), backend::interpreter());
     assert_ne!(leaves(other.experiment().unwrap())[0], created[0]);
 }
 
@@ -228,14 +219,7 @@ fn created_leaves_are_the_same_on_any_mesh_and_train_to_the_same_losses() {
     let (x, y) = data(32, 5);
     let losses = |config: Config| {
         let backend = backend_of(&config, one);
-        let mut run = Nitro::with_backend(
-            declared(),
-            Adam::default(),
-            rules(config),
-            backend,
-            own_cache(),
-        )
-        .unwrap();
+        let mut run = created_handle(rules(config), backend);
         (0..4)
             .map(|i| run.step(&batch(&x, &y, 8 * i, 8, 8), 8).unwrap().loss)
             .collect::<Vec<f64>>()
@@ -306,33 +290,16 @@ fn child(device: bool) {
 }
 
 fn figures(device: bool) -> (u64, u64, u64) {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "creating_leaves_on_the_devices_holds_no_host_copy_of_the_model",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, if device { "device" } else { "host" })
-        .output()
-        .expect("the child runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "child failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let figures = common::child_figures(
+        "creating_leaves_on_the_devices_holds_no_host_copy_of_the_model",
+        CHILD,
+        if device { "device" } else { "host" },
     );
-    let line = stdout
-        .lines()
-        .find_map(|l| l.split_once("figures: ").map(|(_, rest)| rest.to_owned()))
-        .unwrap_or_else(|| panic!("no figures in:\n{stdout}"));
-    let figure = |name: &str| -> u64 {
-        line.split_whitespace()
-            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in {line}"))
-    };
-    (figure("before_kb"), figure("after_kb"), figure("bytes"))
+    (
+        figures.get("before_kb"),
+        figures.get("after_kb"),
+        figures.get("bytes"),
+    )
 }
 
 #[test]

@@ -86,32 +86,12 @@ fn a_two_billion_parameter_model_plans_and_keys_in_bounded_memory() {
         println!("skip: a_two_billion_parameter_model_plans_and_keys_in_bounded_memory: no /proc/self/status");
         return;
     }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "a_two_billion_parameter_model_plans_and_keys_in_bounded_memory",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, "1")
-        .output()
-        .expect("the child runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "child failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let figures = common::child_figures(
+        "a_two_billion_parameter_model_plans_and_keys_in_bounded_memory",
+        CHILD,
+        "1",
     );
-    let line = stdout
-        .lines()
-        .find_map(|l| l.split_once("figures: ").map(|(_, rest)| rest))
-        .unwrap_or_else(|| panic!("no figures in:\n{stdout}"));
-    let figure = |name: &str| -> u64 {
-        line.split_whitespace()
-            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in {line}"))
-    };
+    let (line, figure) = (&figures.0, |name: &str| figures.get(name));
     let params = (LAYERS * (WIDTH * WIDTH + WIDTH)) as u64;
     assert!(params >= 2_000_000_000, "{params} parameters");
     assert_eq!(

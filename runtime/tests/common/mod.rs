@@ -182,3 +182,40 @@ pub fn peak_rss_kb() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     line.split_whitespace().nth(1)?.parse().ok()
 }
+
+/// The `name=value` figures a child process printed on its line after `figures: `
+/// ([`child_figures`]).
+pub struct Figures(pub String);
+
+impl Figures {
+    /// Figure `name`, failing the test when the line lacks it.
+    pub fn get(&self, name: &str) -> u64 {
+        self.0
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {}", self.0))
+    }
+}
+
+/// Runs this test binary's test `test` again in a child process with `var=value` set (so
+/// that its memory is its own), fails when the child fails, and returns the figures it
+/// printed.
+pub fn child_figures(test: &str, var: &str, value: &str) -> Figures {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(var, value)
+        .output()
+        .expect("the child runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "child failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find_map(|l| l.split_once("figures: ").map(|(_, rest)| rest.to_owned()))
+        .unwrap_or_else(|| panic!("no figures in:\n{stdout}"));
+    Figures(line)
+}
