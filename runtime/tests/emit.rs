@@ -288,7 +288,9 @@ fn family_program() -> Graph {
         |i| {
             let (x, k, ids, bits, start) = (i[0], i[1], i[2], i[3], i[4]);
             let flat = x.reshape(&[16, 2]);
-            let w = Window::new(&[1, 2, 2, 1]).strides(&[1, 2, 2, 1]);
+            // Overlapping windows: `reduce_window` and `select_and_scatter`; `tiled` windows
+            // are written as a reshape and a reduction (`tiled_pooling_is_a_reshape_and_a_reduce`).
+            let w = Window::new(&[1, 3, 3, 1]).strides(&[1, 2, 2, 1]);
             let pooled_grad = grad(x.window_max(&w).sum_all(), &[x]).remove(0);
             let d = ScatterDims {
                 update_window_dims: vec![1],
@@ -357,7 +359,7 @@ fn family_op_lines() {
         "= stablehlo.reverse %",
         "stablehlo.convolution(%arg0, %arg1) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {stride = [1, 1], pad = [[1, 1], [1, 1]], lhs_dilate = [1, 1], rhs_dilate = [1, 1]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64, precision_config = [#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]} : (tensor<1x4x4x2xf32>, tensor<3x3x2x3xf32>) -> tensor<1x4x4x3xf32>",
         "\"stablehlo.reduce_window\"(%arg0, %init",
-        "window_dimensions = array<i64: 1, 2, 2, 1>, window_strides = array<i64: 1, 2, 2, 1>",
+        "window_dimensions = array<i64: 1, 3, 3, 1>, window_strides = array<i64: 1, 2, 2, 1>",
         "\"stablehlo.select_and_scatter\"(%arg0, %",
         "stablehlo.compare GE, %a, %b, FLOAT",
         "#stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, indices_are_sorted = false, slice_sizes = array<i64: 1, 2>",
@@ -367,6 +369,35 @@ fn family_op_lines() {
     ] {
         assert!(text.contains(line), "missing {line:?} in:\n{text}");
     }
+}
+
+#[test]
+fn tiled_pooling_is_a_reshape_and_a_reduce() {
+    use nitro::trace::{grad, Window};
+    // A 2×2/2 window over 4×6: the forward is a reshape to [2, 2, 3, 2] and a max over the
+    // window dims; its gradient has no `select_and_scatter`.
+    let graph = program(&[f32t(&[4, 6])], |i| {
+        let w = Window::new(&[2, 2]).strides(&[2, 2]);
+        let pooled = i[0].window_max(&w);
+        vec![pooled, grad(pooled.sum_all(), &[i[0]]).remove(0)]
+    });
+    let text = emit(&graph);
+    has(
+        &text,
+        "%tile0 = stablehlo.reshape %arg0 : (tensor<4x6xf32>) -> tensor<2x2x3x2xf32>",
+    );
+    has(
+        &text,
+        "across dimensions = [1, 3] : (tensor<2x2x3x2xf32>, tensor<f32>) -> tensor<2x3xf32>",
+    );
+    for absent in ["reduce_window", "select_and_scatter"] {
+        assert!(!text.contains(absent), "{absent} in:\n{text}");
+    }
+    // A remainder (5 rows: the last one in no window) keeps `reduce_window` forward.
+    let ragged = program(&[f32t(&[5, 6])], |i| {
+        vec![i[0].window_max(&Window::new(&[2, 2]).strides(&[2, 2]))]
+    });
+    has(&emit(&ragged), "\"stablehlo.reduce_window\"(%arg0, %init");
 }
 
 /// `stop_gradient` is the value itself: a same-type reshape XLA removes.

@@ -392,6 +392,18 @@ fn window_cases() -> Vec<Case> {
                 ]),
             )
         }),
+        // Windows that tile the operand take a reshape-and-reduce path (forward and gradient):
+        // with a remainder in no window, and tiling only after their padding.
+        case("max 2x3/2x3 ragged", vec![distinct(48, &[2, 5, 7])], |x| {
+            x[0].window_max(&Window::new(&[1, 2, 3]).strides(&[1, 2, 3]))
+        }),
+        case("min 2x2/2 padded", vec![distinct(49, &[3, 5])], |x| {
+            x[0].window_min(
+                &Window::new(&[2, 2])
+                    .strides(&[2, 2])
+                    .padding(&[(1, 0), (0, 1)]),
+            )
+        }),
         case("min odd", vec![distinct(42, &[3, 7])], |x| {
             x[0].window_min(&Window::new(&[2, 3]).strides(&[1, 2]))
         }),
@@ -445,6 +457,88 @@ fn max_window_ties_give_the_first_maximum_the_whole_gradient() {
         let exe = xla.compile(&g, &emit::emit(&g)).unwrap();
         let got = exe.run(&[&x]).unwrap();
         assert_eq!(got[0].as_slice::<f64>().unwrap(), &want, "XLA's tie rule");
+    }
+}
+
+/// The gradient of `Σ window(x) ⊙ c` for a window of `k` taps, stride `k`, no padding, over a
+/// rank-3 `x`, on the host: each window's cotangent to its first extremum in row-major window
+/// order; elements in no window get 0.
+fn tiled_reference(x: &[f32], dims: [usize; 3], k: [usize; 3], c: &[f32], max: bool) -> Vec<f32> {
+    let o: Vec<usize> = (0..3).map(|d| dims[d] / k[d]).collect();
+    let at = |i: usize, j: usize, l: usize| (i * dims[1] + j) * dims[2] + l;
+    let mut g = vec![0.0f32; x.len()];
+    for a in 0..o[0] {
+        for b in 0..o[1] {
+            for e in 0..o[2] {
+                let mut best: Option<usize> = None;
+                for i in a * k[0]..(a + 1) * k[0] {
+                    for j in b * k[1]..(b + 1) * k[1] {
+                        for l in e * k[2]..(e + 1) * k[2] {
+                            let n = at(i, j, l);
+                            let better = match best {
+                                None => true,
+                                Some(m) if max => x[n] > x[m],
+                                Some(m) => x[n] < x[m],
+                            };
+                            if better {
+                                best = Some(n);
+                            }
+                        }
+                    }
+                }
+                g[best.unwrap()] += c[(a * o[1] + b) * o[2] + e];
+            }
+        }
+    }
+    g
+}
+
+#[test]
+fn tiled_windows_send_each_gradient_to_the_first_extremum_on_both_backends() {
+    // Values from {0, 1, 2}: most windows hold ties. 5 and 7 leave rows and columns in no
+    // window; the cotangent is distinct per window, so a misrouted one shows.
+    let dims = [5usize, 7, 4];
+    let k = [2usize, 3, 1];
+    let mut r = Rng(77);
+    let x: Vec<f32> = (0..dims.iter().product::<usize>())
+        .map(|_| (r.next() % 3) as f32)
+        .collect();
+    let out = [dims[0] / k[0], dims[1] / k[1], dims[2] / k[2]];
+    let c: Vec<f32> = (0..out.iter().product::<usize>())
+        .map(|i| 1.0 + i as f32)
+        .collect();
+    let inputs = [
+        Array::from_vec(&dims, x.clone()).unwrap(),
+        Array::from_vec(&out, c.clone()).unwrap(),
+    ];
+    let xla = xla_or_skip("tiled window ties");
+    for max in [true, false] {
+        let want = tiled_reference(&x, dims, k, &c, max);
+        let g = trace::trace(&types(&inputs), |t| {
+            let w = Window::new(&k).strides(&k);
+            let pooled = if max {
+                t[0].window_max(&w)
+            } else {
+                t[0].window_min(&w)
+            };
+            grad((pooled * t[1]).sum_all(), &[t[0]])
+        })
+        .unwrap();
+        let got = nitro::backend::interp::run(&g, &inputs).unwrap();
+        assert_eq!(
+            got[0].as_slice::<f32>().unwrap(),
+            &want[..],
+            "interpreter, max {max}"
+        );
+        if let Some(xla) = xla {
+            let exe = xla.compile(&g, &emit::emit(&g)).unwrap();
+            let got = exe.run(&[&inputs[0], &inputs[1]]).unwrap();
+            assert_eq!(
+                got[0].as_slice::<f32>().unwrap(),
+                &want[..],
+                "XLA, max {max}"
+            );
+        }
     }
 }
 
