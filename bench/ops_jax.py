@@ -1,4 +1,4 @@
-"""Convolution, max-pool (reduce_window) and gather workloads in JAX on CPU: forward + backward
+"""Convolution, max-pool (reduce_window), gather and matmul workloads in JAX on CPU: forward + backward
 of each, jitted, with lowering, compiling and executing timed separately — the JAX twin of
 nitro's benchmark of the same three ops.
 
@@ -6,7 +6,7 @@ Run in a throwaway virtual environment (JAX is never a dependency of nitro), fro
 workspace root:
 
     python3 -m venv /tmp/jaxvenv-b && /tmp/jaxvenv-b/bin/pip install jax==0.10.2
-    JAX_PLATFORMS=cpu /tmp/jaxvenv-b/bin/python bench/ops_jax.py [--workload conv|maxpool|gather] [--runs N]
+    JAX_PLATFORMS=cpu /tmp/jaxvenv-b/bin/python bench/ops_jax.py [--workload conv|maxpool|gather|matmul] [--runs N]
 
 Workloads (all f32; each loss is sum(out * cot) with a fixed cotangent input, so the backward
 is a plain VJP of the op):
@@ -17,6 +17,8 @@ is a plain VJP of the op):
              gradient w.r.t. x
     gather   embedding lookup jnp.take(table, ids, axis=0), table [50000,512], ids [8,512]
              i32; gradient w.r.t. table
+    matmul   x [1024,1024] @ w [1024,4096] (a transformer block's dot at width 1024 over 1024
+             tokens); gradients w.r.t. x and w: 3 dots, 25.8 GFLOP, reported as gflop_per_s
 
 Prints one JSON line per workload:
 
@@ -110,8 +112,24 @@ def gather_workload(rng):
     return loss, (0,), (table, ids, cot)
 
 
+def matmul_workload(rng):
+    def loss(x, w, cot):
+        return jnp.sum(jnp.matmul(x, w, precision=lax.Precision.HIGHEST) * cot)
+
+    x = rng.standard_normal((1024, 1024), dtype=np.float32)
+    w = rng.standard_normal((1024, 4096), dtype=np.float32)
+    cot = rng.standard_normal((1024, 4096), dtype=np.float32)
+    return loss, (0, 1), (x, w, cot)
+
+
+# The multiply-adds of a workload's forward + backward, for a rate: the matmul's forward and
+# its two gradient dots, 2·M·K·N flops each.
+FLOPS = {"matmul": 3 * 2 * 1024 * 1024 * 4096}
+
+
 WORKLOADS = {
     "conv": conv_workload,
+    "matmul": matmul_workload,
     "maxpool": maxpool_workload,
     "gather": gather_workload,
 }
@@ -167,6 +185,8 @@ def bench(name, runs, with_value=False):
         "execute_us_min": round(min(times_us), 1),
         "runs": runs,
     }
+    if name in FLOPS:
+        result["gflop_per_s"] = round(FLOPS[name] / statistics.median(times_us) / 1e3, 1)
     if with_value:
         result["with_value"] = True
     return result

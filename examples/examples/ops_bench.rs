@@ -1,5 +1,6 @@
-//! The nitro twin of `bench/ops_jax.py`: a 3×3 convolution, a 2×2/2 max-pool and an embedding
-//! gather, each forward + backward (`loss = Σ out ⊙ cot` and its gradients, the forward kept:
+//! The nitro twin of `bench/ops_jax.py`: a 3×3 convolution, a 2×2/2 max-pool, an embedding
+//! gather and a `[1024, 1024]·[1024, 4096]` matmul (with `gflop_per_s`: the machine's dot
+//! rate, the roof of a dot-bound step), each forward + backward (`loss = Σ out ⊙ cot` and its gradients, the forward kept:
 //! JAX's `--with-value` lines), traced, emitted, compiled by XLA and executed on device-resident
 //! buffers. One JSON line per workload with the same fields as the JAX script:
 //!
@@ -23,7 +24,7 @@ use nitro::{Array, LeafType};
 
 #[derive(Parser)]
 struct Args {
-    /// One workload (conv, maxpool, gather); all three when absent.
+    /// One workload (conv, maxpool, gather, matmul); all of them when absent.
     #[arg(long)]
     workload: Option<String>,
     /// Timed executes per workload.
@@ -40,6 +41,8 @@ struct Workload {
     inputs: Vec<Array>,
     wrt: Vec<usize>,
     loss: fn(&[Tensor]) -> Tensor,
+    /// The forward + backward's multiply-add flops, for a rate (`gflop_per_s`), where counted.
+    flops: Option<f64>,
 }
 
 fn filled(dims: &[usize], seed: u32) -> Array {
@@ -73,6 +76,7 @@ fn workloads() -> Vec<Workload> {
                 let conv = Conv::channels_last(2).same_for(&[28, 28], &[3, 3]);
                 (x[0].conv(x[1], &conv) * x[2]).sum_all()
             },
+            flops: None,
         },
         Workload {
             name: "maxpool",
@@ -82,6 +86,19 @@ fn workloads() -> Vec<Workload> {
                 let w = Window::new(&[1, 2, 2, 1]).strides(&[1, 2, 2, 1]);
                 (x[0].window_max(&w) * x[1]).sum_all()
             },
+            flops: None,
+        },
+        Workload {
+            name: "matmul",
+            inputs: vec![
+                filled(&[1024, 1024], 8),
+                filled(&[1024, 4096], 9),
+                filled(&[1024, 4096], 10),
+            ],
+            wrt: vec![0, 1],
+            loss: |x| (x[0].matmul(x[1]) * x[2]).sum_all(),
+            // The forward dot and its two gradient dots, 2·M·K·N each.
+            flops: Some(3.0 * 2.0 * 1024.0 * 1024.0 * 4096.0),
         },
         Workload {
             name: "gather",
@@ -92,6 +109,7 @@ fn workloads() -> Vec<Workload> {
             ],
             wrt: vec![0],
             loss: |x| (x[0].take(x[1], 0) * x[2]).sum_all(),
+            flops: None,
         },
     ]
 }
@@ -175,12 +193,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let min = times.iter().copied().fold(f64::INFINITY, f64::min);
         let loss = pjrt.execute(&refs)?[0].to_host()?;
+        let execute_us = median(times);
+        let rate = w
+            .flops
+            .map(|f| format!(", \"gflop_per_s\": {:.1}", f / execute_us / 1e3))
+            .unwrap_or_default();
         println!(
-            "{{\"workload\": \"{}\", \"trace_emit_ms\": {:.3}, \"compile_ms\": {:.3}, \"execute_us_median\": {:.1}, \"execute_us_min\": {:.1}, \"runs\": {}, \"nodes\": {}, \"stablehlo_bytes\": {}, \"loss\": {}}}",
+            "{{\"workload\": \"{}\", \"trace_emit_ms\": {:.3}, \"compile_ms\": {:.3}, \"execute_us_median\": {:.1}, \"execute_us_min\": {:.1}, \"runs\": {}, \"nodes\": {}, \"stablehlo_bytes\": {}, \"loss\": {}{rate}}}",
             w.name,
             median(emit_ms),
             median(compile_ms),
-            median(times),
+            execute_us,
             min,
             args.runs.max(1),
             graph.nodes.len(),
