@@ -225,15 +225,20 @@ fn precision_reads_its_names_and_refuses_others() {
     assert!(err.contains("tf32") && err.contains("bf16"), "{err}");
 }
 
-/// A dot of two bf16 operands is emitted as such, or — for a CPU plugin
-/// (`EmitOptions::widen_half_dots`) — as the dot of their f32 widening, rounded back to bf16;
-/// on XLA the widened program gives the interpreter's numbers within one bf16 rounding.
-#[test]
-fn half_dots_are_widened_to_f32_only_when_asked() {
-    let ty = |d: &[usize]| LeafType::new(DType::BF16, d);
+/// A dot or convolution of two half operands is emitted as such, or — for a CPU plugin
+/// (`EmitOptions::widen_half_dots`) — as the op over their f32 widening, rounded back; on XLA
+/// the widened program gives the interpreter's numbers within one rounding of the half dtype.
+fn check_widened(
+    op: &str,
+    dtype: DType,
+    dims: [&[usize]; 2],
+    out: &str,
+    body: fn(&[Tensor]) -> Tensor,
+) {
+    let ty = |d: &[usize]| LeafType::new(dtype, d);
     let g = trace(
-        &[("a".to_owned(), ty(&[4, 8])), ("b".to_owned(), ty(&[8, 3]))],
-        |x| vec![x[0].matmul(x[1])],
+        &[("a".to_owned(), ty(dims[0])), ("b".to_owned(), ty(dims[1]))],
+        |x| vec![body(x)],
     )
     .unwrap();
     let plain = nitro::emit::emit(&g);
@@ -244,36 +249,67 @@ fn half_dots_are_widened_to_f32_only_when_asked() {
             ..Default::default()
         },
     );
-    let dot_line = |text: &str| {
+    let half = if dtype == DType::BF16 { "bf16" } else { "f16" };
+    let op_line = |text: &str| {
         text.lines()
-            .find(|l| l.contains("stablehlo.dot_general"))
-            .unwrap()
+            .find(|l| l.contains(op))
+            .unwrap_or_else(|| panic!("no {op} in:\n{text}"))
             .to_owned()
     };
-    assert!(dot_line(&plain).ends_with("-> tensor<4x3xbf16>"), "{plain}");
     assert!(
-        dot_line(&widened).ends_with("-> tensor<4x3xf32>"),
+        op_line(&plain).ends_with(&format!("-> tensor<{out}x{half}>")),
+        "{plain}"
+    );
+    assert!(
+        op_line(&widened).ends_with(&format!("-> tensor<{out}xf32>")),
         "{widened}"
     );
     assert!(
-        widened.contains("stablehlo.convert") && widened.contains("-> tensor<4x3xbf16>"),
+        widened.contains("stablehlo.convert %widened")
+            && widened.contains(&format!("-> tensor<{out}x{half}>")),
         "{widened}"
     );
-    let values = |n: usize, seed: u32| {
-        let v: Vec<nitro::bf16> = (0..n)
-            .map(|i| nitro::bf16::from_f32(((i as u32 * 7 + seed) % 13) as f32 * 0.37 - 2.0))
+    let values = |d: &[usize], seed: u32| {
+        let n: usize = d.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|i| ((i as u32 * 7 + seed) % 13) as f32 * 0.37 - 2.0)
             .collect();
-        v
+        match dtype {
+            DType::BF16 => Array::from_vec(
+                d,
+                v.into_iter().map(nitro::bf16::from_f32).collect::<Vec<_>>(),
+            ),
+            _ => Array::from_vec(
+                d,
+                v.into_iter().map(nitro::f16::from_f32).collect::<Vec<_>>(),
+            ),
+        }
+        .unwrap()
     };
-    let a = Array::from_vec(&[4, 8], values(32, 1)).unwrap();
-    let b = Array::from_vec(&[8, 3], values(24, 5)).unwrap();
+    let wide = |a: &Array| -> Vec<f32> {
+        match a.dtype() {
+            DType::BF16 => a
+                .as_slice::<nitro::bf16>()
+                .unwrap()
+                .iter()
+                .map(|h| h.to_f32())
+                .collect(),
+            _ => a
+                .as_slice::<nitro::f16>()
+                .unwrap()
+                .iter()
+                .map(|h| h.to_f32())
+                .collect(),
+        }
+    };
+    let (a, b) = (values(dims[0], 1), values(dims[1], 5));
     let want = nitro::backend::interpreter()
         .compile(&g, &plain)
         .unwrap()
         .run(&[&a, &b])
         .unwrap()
         .remove(0);
-    let Some(xla) = common::xla_or_skip("half_dots_are_widened_to_f32_only_when_asked") else {
+    let Some(xla) = common::xla_or_skip("half dots and convolutions widened") else {
         return;
     };
     let got = xla
@@ -282,18 +318,37 @@ fn half_dots_are_widened_to_f32_only_when_asked() {
         .run(&[&a, &b])
         .unwrap()
         .remove(0);
-    assert_eq!(got.dtype(), DType::BF16);
-    let (got, want) = (
-        got.as_slice::<nitro::bf16>().unwrap().to_vec(),
-        want.as_slice::<nitro::bf16>().unwrap().to_vec(),
-    );
+    assert_eq!(got.dtype(), dtype);
+    let (got, want) = (wide(&got), wide(&want));
     for (g, w) in got.iter().zip(&want) {
-        let (g, w) = (g.to_f32(), w.to_f32());
         assert!(
             (g - w).abs() <= w.abs() / 128.0 + 1e-6,
-            "{got:?} vs {want:?}"
+            "{op}: {got:?} vs {want:?}"
         );
     }
+}
+
+#[test]
+fn half_dots_and_convolutions_are_widened_to_f32_only_when_asked() {
+    check_widened(
+        "stablehlo.dot_general",
+        DType::BF16,
+        [&[4, 8], &[8, 3]],
+        "4x3",
+        |x| x[0].matmul(x[1]),
+    );
+    check_widened(
+        "stablehlo.convolution",
+        DType::F16,
+        [&[1, 5, 5, 2], &[3, 3, 2, 3]],
+        "1x5x5x3",
+        |x| {
+            x[0].conv(
+                x[1],
+                &nitro::trace::Conv::channels_last(2).same_for(&[5, 5], &[3, 3]),
+            )
+        },
+    );
 }
 
 // ---- f16 with dynamic loss scaling -------------------------------------------------------------

@@ -91,11 +91,11 @@ pub struct EmitOptions {
     /// are called: a mesh renamed with the same partitioning emits the same program. The
     /// training handle's programs are emitted so.
     pub canonical_axes: bool,
-    /// Emit every dot of half-precision operands (bf16, f16) as a dot of their exact f32
-    /// widening, its product rounded back: the numbers of a half dot accumulated in f32. For
-    /// XLA's CPU compiler, which runs a half-precision dot on a path about 20 times slower
-    /// than its f32 one; the training handle sets it for a CPU plugin, never for a GPU, whose
-    /// half dots are its fast ones.
+    /// Emit every dot and convolution of half-precision operands (bf16, f16) as the same op
+    /// over their exact f32 widening, its result rounded back: the numbers of a half dot
+    /// accumulated in f32. For XLA's CPU compiler, which runs a half-precision dot on a path
+    /// about 20 times slower than its f32 one (and half convolutions slowly too); the training
+    /// handle sets it for a CPU plugin, never for a GPU, whose half dots are its fast ones.
     pub widen_half_dots: bool,
 }
 

@@ -584,7 +584,10 @@ fn layout(rank: usize, first: (usize, char), second: (usize, char), spatial: &[u
 }
 
 /// `stablehlo.convolution` (full precision, as `dot_general`).
-pub(crate) fn emit(l: Line<'_>, c: &Conv) -> fmt::Result {
+pub(crate) fn emit(mut l: Line<'_>, c: &Conv) -> fmt::Result {
+    // Half-precision operands on a CPU plugin: widened to f32 and the result rounded back, as
+    // a dot's (`linalg::Widened`); XLA's CPU compiler convolves bf16 about twice as slowly.
+    let w = super::linalg::Widened::write(&mut l)?;
     let d = &c.dims;
     let rank = d.input_spatial.len() + 2;
     let pads: Vec<String> = c
@@ -595,9 +598,9 @@ pub(crate) fn emit(l: Line<'_>, c: &Conv) -> fmt::Result {
     writeln!(
         l.out,
         "    {} = stablehlo.convolution({}, {}) dim_numbers = {}x{}->{}, window = {{stride = {}, pad = [{}], lhs_dilate = {}, rhs_dilate = {}}} {{batch_group_count = {} : i64, feature_group_count = {} : i64, precision_config = [#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]}} : ({}, {}) -> {}",
-        l.me,
-        l.args[0],
-        l.args[1],
+        w.me,
+        w.args[0],
+        w.args[1],
         layout(rank, (d.input_batch, 'b'), (d.input_feature, 'f'), &d.input_spatial),
         layout(rank, (d.kernel_input, 'i'), (d.kernel_output, 'o'), &d.kernel_spatial),
         layout(rank, (d.output_batch, 'b'), (d.output_feature, 'f'), &d.output_spatial),
@@ -607,10 +610,11 @@ pub(crate) fn emit(l: Line<'_>, c: &Conv) -> fmt::Result {
         crate::emit::line::list(&c.rhs_dilation),
         c.batch_groups,
         c.feature_groups,
-        l.arg_tys[0],
-        l.arg_tys[1],
-        l.ty
-    )
+        w.arg_tys[0],
+        w.arg_tys[1],
+        w.ty
+    )?;
+    w.narrow(l)
 }
 
 // ---- interpreter ---------------------------------------------------------------------------

@@ -431,44 +431,15 @@ fn dot_vjp(
 /// accumulated in f32, which is what a GPU's half dot computes, and what XLA's CPU compiler
 /// runs fast — asked for a half-precision dot it takes a path about 20 times slower than its
 /// f32 one (measured on chargpt in bf16, `bench/README.md`).
-pub(crate) fn emit(l: Line<'_>, dims: &DotDims) -> fmt::Result {
+pub(crate) fn emit(mut l: Line<'_>, dims: &DotDims) -> fmt::Result {
     let DotDims {
         lhs_batch,
         rhs_batch,
         lhs_contract,
         rhs_contract,
     } = dims;
-    let half = |t: &LeafType| matches!(t.dtype, DType::BF16 | DType::F16);
-    let widen =
-        crate::emit::widens_half_dots() && l.arg_types.len() == 2 && l.arg_types.iter().all(half);
-    // A tensor type with its element type replaced by f32 (`tensor<2x3xbf16>` → `…xf32>`).
-    let as_f32 = |ty: &str| {
-        let cut = ty.rfind(['x', '<']).map_or(0, |i| i + 1);
-        format!("{}f32>", &ty[..cut])
-    };
-    let (args, arg_tys, ty) = match widen {
-        false => (l.args.clone(), l.arg_tys.clone(), l.ty.clone()),
-        true => {
-            let mut args = Vec::new();
-            for (i, (a, t)) in l.args.iter().zip(&l.arg_tys).enumerate() {
-                let name = format!("%widened{}_{i}", l.n);
-                writeln!(
-                    l.out,
-                    "    {name} = stablehlo.convert {a} : ({t}) -> {}",
-                    as_f32(t)
-                )?;
-                args.push(name);
-            }
-            let arg_tys = l.arg_tys.iter().map(|t| as_f32(t)).collect();
-            (args, arg_tys, as_f32(&l.ty))
-        }
-    };
-    // The product's name: the node's own, unless it is rounded back to a half dtype after.
-    let narrowed = ty != l.ty;
-    let me = match narrowed {
-        true => format!("%widened{}", l.n),
-        false => l.me.clone(),
-    };
+    let w = Widened::write(&mut l)?;
+    let (args, arg_tys, ty, me) = (&w.args, &w.arg_tys, &w.ty, &w.me);
     write!(
         l.out,
         "    {me} = stablehlo.dot_general {}, {}, ",
@@ -493,14 +464,79 @@ pub(crate) fn emit(l: Line<'_>, dims: &DotDims) -> fmt::Result {
         arg_tys[1],
         ty
     )?;
-    if narrowed {
-        writeln!(
-            l.out,
-            "    {} = stablehlo.convert {me} : ({ty}) -> {}",
-            l.me, l.ty
-        )?;
+    w.narrow(l)
+}
+
+/// The operands and result of a dot or convolution as emitted: with
+/// [`EmitOptions::widen_half_dots`](crate::emit::EmitOptions::widen_half_dots) and two
+/// half-precision operands, their exact f32 widenings (written by [`Widened::write`]) and an
+/// f32 result under a name of its own, which [`Widened::narrow`] rounds back into the node;
+/// otherwise the node's own names and types.
+pub(crate) struct Widened {
+    /// The operands' names.
+    pub(crate) args: Vec<String>,
+    /// The operands' types.
+    pub(crate) arg_tys: Vec<String>,
+    /// The result's type.
+    pub(crate) ty: String,
+    /// The result's name.
+    pub(crate) me: String,
+    /// The node's own result type, when the result is rounded back to it.
+    narrow_to: Option<String>,
+}
+
+impl Widened {
+    /// Writes the widening converts, if any, and says what to emit the op over.
+    pub(crate) fn write(l: &mut Line<'_>) -> Result<Widened, fmt::Error> {
+        let half = |t: &LeafType| matches!(t.dtype, DType::BF16 | DType::F16);
+        let widen = crate::emit::widens_half_dots()
+            && l.arg_types.len() == 2
+            && l.arg_types.iter().all(half);
+        if !widen {
+            return Ok(Widened {
+                args: l.args.clone(),
+                arg_tys: l.arg_tys.clone(),
+                ty: l.ty.clone(),
+                me: l.me.clone(),
+                narrow_to: None,
+            });
+        }
+        // A tensor type with its element type replaced by f32 (`tensor<2x3xbf16>` → `…xf32>`).
+        let as_f32 = |ty: &str| {
+            let cut = ty.rfind(['x', '<']).map_or(0, |i| i + 1);
+            format!("{}f32>", &ty[..cut])
+        };
+        let mut args = Vec::new();
+        for (i, (a, t)) in l.args.iter().zip(&l.arg_tys).enumerate() {
+            let name = format!("%widened{}_{i}", l.n);
+            writeln!(
+                l.out,
+                "    {name} = stablehlo.convert {a} : ({t}) -> {}",
+                as_f32(t)
+            )?;
+            args.push(name);
+        }
+        let w = Widened {
+            args,
+            arg_tys: l.arg_tys.iter().map(|t| as_f32(t)).collect(),
+            ty: as_f32(&l.ty),
+            me: format!("%widened{}", l.n),
+            narrow_to: Some(l.ty.clone()),
+        };
+        Ok(w)
     }
-    Ok(())
+
+    /// Rounds a widened result back into the node (nothing otherwise).
+    pub(crate) fn narrow(&self, l: Line<'_>) -> fmt::Result {
+        match &self.narrow_to {
+            Some(node_ty) => writeln!(
+                l.out,
+                "    {} = stablehlo.convert {} : ({}) -> {node_ty}",
+                l.me, self.me, self.ty
+            ),
+            None => Ok(()),
+        }
+    }
 }
 
 // ---- interpreter ---------------------------------------------------------------------------
