@@ -20,8 +20,8 @@
 //! Windows that tile the operand (stride = window, as in 2×2/2 pooling) skip XLA's windowed
 //! ops, which its CPU backend runs as a scalar loop per window: the forward is emitted as a
 //! reshape to `[o₀, k₀, o₁, k₁, …]` and a reduction over the `k` dims
-//! ([`emit_reduce_window`]), the max/min gradient traced as a compare, a select and a
-//! reduction with the same tie rule ([`tiled_select_and_scatter`]).
+//! (`emit_reduce_window`), the max/min gradient traced as a compare, a select and a
+//! reduction with the same tie rule (`tiled_select_and_scatter`).
 
 use std::fmt::{self, Write as _};
 use std::panic::Location;
