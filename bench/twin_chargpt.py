@@ -4,7 +4,7 @@ TransformerBlock, a final LayerNorm, a linear head), from the same initial weigh
 windows, with nitro's AdamW and cosine schedule, timed the way nitro times its training handle.
 
     python bench/twin_chargpt.py BUNDLE [--steps N] [--losses N] [--losses-out F.npy] [--json]
-                                        [--dump-hlo DIR] [--cache DIR] [--form unrolled|scan]
+                                        [--dump-hlo DIR] [--cache DIR] [--pjrt-plugin PATH] [--form unrolled|scan]
                                         [--fsdp N] [--precision f32|bf16|f16]
     python bench/twin_chargpt.py --make-test-bundle DIR [--form unrolled|scan]
 

@@ -7,7 +7,10 @@ batch]`, the training-set row of every batch row of every step) and `real.npy` (
 how many of a step's rows are real; the rest are padding and weigh nothing).
 
 Importing this module imports JAX, so it first reads `--dump-hlo DIR` from the command line and
-sets `XLA_FLAGS` (it must be set before JAX starts).
+sets `XLA_FLAGS` (it must be set before JAX starts), and `--pjrt-plugin PATH`: JAX then runs on
+that PJRT plugin — nitro's own XLA CPU plugin, say — instead of jaxlib's built-in CPU backend, so
+that both sides compile with the same XLA build and only their programs differ. Its device count
+is `--xla_force_host_platform_device_count` from `XLA_FLAGS` (what `--fsdp N` sets), else 1.
 """
 
 import os
@@ -27,6 +30,35 @@ def _dump_hlo_from_argv():
 _DUMP = _dump_hlo_from_argv()
 if _DUMP:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={_DUMP}").strip()
+
+
+def _plugin_from_argv():
+    argv = sys.argv[1:]
+    for i, a in enumerate(argv):
+        if a == "--pjrt-plugin" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--pjrt-plugin="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def _register_plugin(path):
+    """JAX on the PJRT plugin at `path`, as the platform `plugin` (the only one it uses)."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: --pjrt-plugin {path}: no such file")
+    count = 1
+    for flag in os.environ.get("XLA_FLAGS", "").split():
+        if flag.startswith("--xla_force_host_platform_device_count="):
+            count = int(flag.split("=", 1)[1])
+    os.environ["JAX_PLATFORMS"] = "plugin"  # read when JAX is imported, just below
+    from jax._src import xla_bridge
+    xla_bridge.register_plugin("plugin", priority=500, library_path=path,
+                               options={"cpu_device_count": count})
+
+
+PLUGIN = _plugin_from_argv()
+if PLUGIN:
+    _register_plugin(PLUGIN)
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -62,6 +94,8 @@ def parse_args(name, extra=None):
     p.add_argument("--losses-out", metavar="FILE.npy", help="write the first N losses here (float64)")
     p.add_argument("--json", action="store_true", help="print only the JSON line")
     p.add_argument("--dump-hlo", metavar="DIR", help="XLA's dumps (--xla_dump_to=DIR)")
+    p.add_argument("--pjrt-plugin", metavar="PATH",
+                   help="run JAX on this PJRT plugin (nitro's XLA build) instead of jaxlib's CPU")
     p.add_argument("--cache", metavar="DIR",
                    help="JAX's persistent compilation cache in DIR (every program, however small "
                         "or quick to compile): a second run with the same DIR loads, not compiles")
@@ -452,6 +486,7 @@ def report(name, args, steps, losses, fields, timing, started, say):
         "twin": name,
         "jax": jax.__version__,
         "backend": jax.default_backend(),
+        "pjrt_plugin": os.path.basename(PLUGIN) if PLUGIN else None,
         "steps": steps,
         "losses": [float(v) for v in losses[:n]],
         "final_loss": float(losses[-1]),

@@ -4,7 +4,7 @@ NHWC, HWIO kernels, "SAME" padding), from the same initial weights, on the same 
 nitro's Adam and cosine schedule, timed the way nitro times its training handle.
 
     python bench/twin_fashion.py BUNDLE [--steps N] [--losses N] [--losses-out F.npy] [--json]
-                                        [--dump-hlo DIR] [--cache DIR]
+                                        [--dump-hlo DIR] [--cache DIR] [--pjrt-plugin PATH]
     python bench/twin_fashion.py --make-test-bundle DIR [--data DIR] [--train-rows N] [--epochs N]
 
 BUNDLE is what the nitro example writes with `--twin DIR` (see twin_common.py); the images are

@@ -25,6 +25,9 @@
 #           nitro's runs and JAX's, and the table adds their column and ratios
 #   EXTRA   extra arguments for both nitro sides (e.g. "--layers 8")
 #   CHARGPT_STEPS  chargpt's --steps outside SHORT runs (200): fewer for the deep rows
+#   JAX_PLUGIN  a PJRT plugin for the twins (--pjrt-plugin): JAX then compiles and runs on that
+#           XLA build — nitro's own plugin, so that only the programs differ — instead of
+#           jaxlib's CPU backend
 #
 # Writes under $OUT: bundle-MODEL/ (the twin bundle), raw/MODEL-rR-SIDE-CACHE.{json,out,err}
 # (each run's JSON line, its whole stdout and its stderr), runs.jsonl (one line per run: the
@@ -41,6 +44,8 @@ MODELS=${MODELS:-"fashion chargpt"}
 CHARGPT_STEPS=${CHARGPT_STEPS:-200}
 BASE_BIN=${BASE_BIN:-}
 read -r -a EXTRA_ARGS <<<"${EXTRA:-}"
+JAX_ARGS=()
+[[ -z "${JAX_PLUGIN:-}" ]] || JAX_ARGS=(--pjrt-plugin "$JAX_PLUGIN")
 
 die() { echo "twins_bench: error: $*" >&2; exit 1; }
 say() { echo "twins_bench: $*" >&2; }
@@ -157,8 +162,10 @@ for model in $MODELS; do
             run_one "$model" "$r" base cold env NITRO_CACHE_DIR="$bcache" "$BASE_BIN/$model" "${args[@]}"
             run_one "$model" "$r" base warm env NITRO_CACHE_DIR="$bcache" "$BASE_BIN/$model" "${args[@]}"
         fi
-        run_one "$model" "$r" jax cold "$PY" "bench/twin_$model.py" "$bundle" --json --cache "$jcache"
-        run_one "$model" "$r" jax warm "$PY" "bench/twin_$model.py" "$bundle" --json --cache "$jcache"
+        run_one "$model" "$r" jax cold "$PY" "bench/twin_$model.py" "$bundle" --json --cache "$jcache" \
+            ${JAX_ARGS[@]+"${JAX_ARGS[@]}"}
+        run_one "$model" "$r" jax warm "$PY" "bench/twin_$model.py" "$bundle" --json --cache "$jcache" \
+            ${JAX_ARGS[@]+"${JAX_ARGS[@]}"}
     done
 done
 

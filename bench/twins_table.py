@@ -127,7 +127,10 @@ def backend_line(runs):
         plugin = re.sub(r"plugin (\S+)", lambda m: "plugin " + os.path.basename(m.group(1)), str(plugin))
         parts.append(f"nitro: {plugin}")
     if jax:
-        parts.append(f"JAX {jax[0].get('jax', '?')} on {jax[0].get('backend', '?')}")
+        where = jax[0].get("backend", "?")
+        if jax[0].get("pjrt_plugin"):
+            where += f" through the PJRT plugin {jax[0]['pjrt_plugin']} (nitro's XLA build)"
+        parts.append(f"JAX {jax[0].get('jax', '?')} on {where}")
     return "; ".join(parts)
 
 
