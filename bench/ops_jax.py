@@ -6,7 +6,7 @@ Run in a throwaway virtual environment (JAX is never a dependency of nitro), fro
 workspace root:
 
     python3 -m venv /tmp/jaxvenv-b && /tmp/jaxvenv-b/bin/pip install jax==0.10.2
-    JAX_PLATFORMS=cpu /tmp/jaxvenv-b/bin/python bench/ops_jax.py [--workload conv|maxpool|gather|matmul] [--runs N]
+    JAX_PLATFORMS=cpu /tmp/jaxvenv-b/bin/python bench/ops_jax.py [--workload conv|maxpool|avgpool|gather|matmul] [--runs N]
 
 Workloads (all f32; each loss is sum(out * cot) with a fixed cotangent input, so the backward
 is a plain VJP of the op):
@@ -14,6 +14,8 @@ is a plain VJP of the op):
     conv     lax.conv_general_dilated, x [64,28,28,16], w [3,3,16,32], stride 1, SAME,
              NHWC/HWIO/NHWC, precision HIGHEST; gradients w.r.t. x and w
     maxpool  lax.reduce_window(max), 2x2 window, stride 2, VALID, x [64,28,28,32];
+             gradient w.r.t. x
+    avgpool  lax.reduce_window(add) / 4, 2x2 window, stride 2, VALID, x [64,28,28,32];
              gradient w.r.t. x
     gather   embedding lookup jnp.take(table, ids, axis=0), table [50000,512], ids [8,512]
              i32; gradient w.r.t. table
@@ -99,6 +101,16 @@ def maxpool_workload(rng):
     return loss, (0,), (x, cot)
 
 
+def avgpool_workload(rng):
+    def loss(x, cot):
+        out = lax.reduce_window(x, 0.0, lax.add, (1, 2, 2, 1), (1, 2, 2, 1), "VALID") * 0.25
+        return jnp.sum(out * cot)
+
+    x = rng.standard_normal((64, 28, 28, 32), dtype=np.float32)
+    cot = rng.standard_normal((64, 14, 14, 32), dtype=np.float32)
+    return loss, (0,), (x, cot)
+
+
 def gather_workload(rng):
     def loss(table, ids, cot):
         out = jnp.take(table, ids, axis=0)
@@ -131,6 +143,7 @@ WORKLOADS = {
     "conv": conv_workload,
     "matmul": matmul_workload,
     "maxpool": maxpool_workload,
+    "avgpool": avgpool_workload,
     "gather": gather_workload,
 }
 

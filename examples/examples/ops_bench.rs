@@ -1,6 +1,7 @@
-//! The nitro twin of `bench/ops_jax.py`: a 3×3 convolution, a 2×2/2 max-pool, an embedding
-//! gather and a `[1024, 1024]·[1024, 4096]` matmul (with `gflop_per_s`: the machine's dot
-//! rate, the roof of a dot-bound step), each forward + backward (`loss = Σ out ⊙ cot` and its gradients, the forward kept:
+//! The nitro twin of `bench/ops_jax.py`: a 3×3 convolution, a 2×2/2 max-pool and average pool,
+//! an embedding gather and a `[1024, 1024]·[1024, 4096]` matmul (with `gflop_per_s`: the
+//! machine's dot rate, the roof of a dot-bound step), each forward + backward
+//! (`loss = Σ out ⊙ cot` and its gradients, the forward kept:
 //! JAX's `--with-value` lines), traced, emitted, compiled by XLA and executed on device-resident
 //! buffers. One JSON line per workload with the same fields as the JAX script:
 //!
@@ -24,7 +25,7 @@ use nitro::{Array, LeafType};
 
 #[derive(Parser)]
 struct Args {
-    /// One workload (conv, maxpool, gather, matmul); all of them when absent.
+    /// One workload (conv, maxpool, avgpool, matmul, gather); all of them when absent.
     #[arg(long)]
     workload: Option<String>,
     /// Timed executes per workload.
@@ -85,6 +86,16 @@ fn workloads() -> Vec<Workload> {
             loss: |x| {
                 let w = Window::new(&[1, 2, 2, 1]).strides(&[1, 2, 2, 1]);
                 (x[0].window_max(&w) * x[1]).sum_all()
+            },
+            flops: None,
+        },
+        Workload {
+            name: "avgpool",
+            inputs: vec![filled(&[64, 28, 28, 32], 11), filled(&[64, 14, 14, 32], 12)],
+            wrt: vec![0],
+            loss: |x| {
+                let w = Window::new(&[1, 2, 2, 1]).strides(&[1, 2, 2, 1]);
+                (x[0].window_sum(&w) * 0.25 * x[1]).sum_all()
             },
             flops: None,
         },
