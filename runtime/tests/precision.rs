@@ -329,6 +329,32 @@ fn check_widened(
 }
 
 #[test]
+fn a_widened_half_dot_with_an_f32_result_is_not_rounded() {
+    // bf16 × bf16 → f32 (`matmul_to`): widened operands, and the f32 product is the node.
+    let ty = |d: &[usize]| LeafType::new(DType::BF16, d);
+    let g = trace(
+        &[("a".to_owned(), ty(&[4, 8])), ("b".to_owned(), ty(&[8, 3]))],
+        |x| vec![x[0].matmul_to(x[1], DType::F32)],
+    )
+    .unwrap();
+    let text = nitro::emit::emit_with(
+        &g,
+        &nitro::emit::EmitOptions {
+            widen_half_dots: true,
+            ..Default::default()
+        },
+    );
+    let converts = text.matches("stablehlo.convert").count();
+    assert_eq!(converts, 2, "the two operands only:\n{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains("stablehlo.dot_general %widened")
+                && !l.trim_start().starts_with("%widened")),
+        "{text}"
+    );
+}
+
+#[test]
 fn half_dots_and_convolutions_are_widened_to_f32_only_when_asked() {
     check_widened(
         "stablehlo.dot_general",

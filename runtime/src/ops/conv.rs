@@ -586,7 +586,8 @@ fn layout(rank: usize, first: (usize, char), second: (usize, char), spatial: &[u
 /// `stablehlo.convolution` (full precision, as `dot_general`).
 pub(crate) fn emit(mut l: Line<'_>, c: &Conv) -> fmt::Result {
     // Half-precision operands on a CPU plugin: widened to f32 and the result rounded back, as
-    // a dot's (`linalg::Widened`); XLA's CPU compiler convolves bf16 about twice as slowly.
+    // a dot's (`linalg::Widened`); XLA's CPU compiler runs half convolutions slowly (fashion's
+    // f16 step took 1.4× as long with them unwidened).
     let w = super::linalg::Widened::write(&mut l)?;
     let d = &c.dims;
     let rank = d.input_spatial.len() + 2;

@@ -516,14 +516,20 @@ impl Widened {
             )?;
             args.push(name);
         }
-        let w = Widened {
+        // The result goes straight into the node when it is f32 already (an f32
+        // `preferred_element_type`), else under its own name, rounded back by `narrow`.
+        let ty = as_f32(&l.ty);
+        let narrow_to = (ty != l.ty).then(|| l.ty.clone());
+        Ok(Widened {
             args,
             arg_tys: l.arg_tys.iter().map(|t| as_f32(t)).collect(),
-            ty: as_f32(&l.ty),
-            me: format!("%widened{}", l.n),
-            narrow_to: Some(l.ty.clone()),
-        };
-        Ok(w)
+            me: match narrow_to {
+                Some(_) => format!("%widened{}", l.n),
+                None => l.me.clone(),
+            },
+            ty,
+            narrow_to,
+        })
     }
 
     /// Rounds a widened result back into the node (nothing otherwise).
