@@ -17,29 +17,21 @@ import os
 import sys
 
 
-def _dump_hlo_from_argv():
+def _flag_from_argv(flag):
+    """`FLAG VALUE` or `FLAG=VALUE` from the command line (None without it): read before JAX is
+    imported, which these flags must precede."""
     argv = sys.argv[1:]
     for i, a in enumerate(argv):
-        if a == "--dump-hlo" and i + 1 < len(argv):
+        if a == flag and i + 1 < len(argv):
             return argv[i + 1]
-        if a.startswith("--dump-hlo="):
+        if a.startswith(flag + "="):
             return a.split("=", 1)[1]
     return None
 
 
-_DUMP = _dump_hlo_from_argv()
+_DUMP = _flag_from_argv("--dump-hlo")
 if _DUMP:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={_DUMP}").strip()
-
-
-def _plugin_from_argv():
-    argv = sys.argv[1:]
-    for i, a in enumerate(argv):
-        if a == "--pjrt-plugin" and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith("--pjrt-plugin="):
-            return a.split("=", 1)[1]
-    return None
 
 
 def _register_plugin(path):
@@ -56,7 +48,7 @@ def _register_plugin(path):
                                options={"cpu_device_count": count})
 
 
-PLUGIN = _plugin_from_argv()
+PLUGIN = _flag_from_argv("--pjrt-plugin")
 if PLUGIN:
     _register_plugin(PLUGIN)
 
