@@ -936,34 +936,33 @@ impl Checkpoint {
             .map_err(|e| corrupt(format!("the Device signature is unreadable ({e})")))?;
         let opt_names: Vec<String> = serde_json::from_str(get(meta::OPTIMIZER)?)
             .map_err(|e| corrupt(format!("the optimizer-state names are unreadable ({e})")))?;
-        let optimizer_identity =
-            match metadata.get(meta::OPTIMIZER_IDENTITY) {
-                Some(json) => Some(serde_json::from_str::<OptimizerIdentity>(json).map_err(
-                    |e| corrupt(format!("the optimizer's identity is unreadable ({e})")),
-                )?),
-                None => None,
-            };
-        let window_meta = match metadata.get(meta::WINDOW) {
-            Some(json) => Some(
-                serde_json::from_str::<WindowMeta>(json)
-                    .map_err(|e| corrupt(format!("the accumulation window is unreadable ({e})")))?,
-            ),
-            None => None,
-        };
-        let random = match metadata.get(meta::RANDOM) {
-            Some(json) => Some(
-                serde_json::from_str::<RandomStream>(json)
-                    .map_err(|e| corrupt(format!("the random stream is unreadable ({e})")))?,
-            ),
-            None => None,
-        };
-        let loss_scale = match metadata.get(meta::LOSS_SCALE) {
-            Some(json) => Some(
-                serde_json::from_str::<crate::train::LossScaleState>(json)
-                    .map_err(|e| corrupt(format!("the loss scale is unreadable ({e})")))?,
-            ),
-            None => None,
-        };
+        // A value the metadata may hold as JSON; unreadable, the checkpoint is corrupt.
+        fn optional<T: serde::de::DeserializeOwned>(
+            metadata: &BTreeMap<String, String>,
+            key: &str,
+            what: &str,
+            corrupt: impl Fn(String) -> Error,
+        ) -> Result<Option<T>> {
+            metadata
+                .get(key)
+                .map(|json| {
+                    serde_json::from_str::<T>(json)
+                        .map_err(|e| corrupt(format!("{what} is unreadable ({e})")))
+                })
+                .transpose()
+        }
+        let optimizer_identity: Option<OptimizerIdentity> = optional(
+            metadata,
+            meta::OPTIMIZER_IDENTITY,
+            "the optimizer's identity",
+            corrupt,
+        )?;
+        let window_meta: Option<WindowMeta> =
+            optional(metadata, meta::WINDOW, "the accumulation window", corrupt)?;
+        let random: Option<RandomStream> =
+            optional(metadata, meta::RANDOM, "the random stream", corrupt)?;
+        let loss_scale: Option<crate::train::LossScaleState> =
+            optional(metadata, meta::LOSS_SCALE, "the loss scale", corrupt)?;
         let step = number(meta::STEP)?;
         if step > MAX_STEP {
             return Err(corrupt(format!(

@@ -80,6 +80,12 @@ impl DType {
         matches!(self, DType::F32 | DType::F64 | DType::BF16 | DType::F16)
     }
 
+    /// Whether this is a half-precision float (bf16, f16): what the interpreter widens to f32
+    /// for arithmetic, and what a [`Precision`](crate::train::Precision) reduces in f32.
+    pub const fn is_half(self) -> bool {
+        matches!(self, DType::BF16 | DType::F16)
+    }
+
     /// The lowercase name used in signatures and manifests (`f32`, `bool`, …).
     pub const fn name(self) -> &'static str {
         match self {

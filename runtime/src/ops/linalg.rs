@@ -29,7 +29,7 @@ use crate::tree::{Array, ArrayData, DType, LeafType};
 /// Whether a product of `operands` may give `result` elements: the operands' own dtype, or
 /// `f32` for half-precision operands (accumulated in f32).
 pub fn product_dtype_ok(operands: DType, result: DType) -> bool {
-    result == operands || (matches!(operands, DType::BF16 | DType::F16) && result == DType::F32)
+    result == operands || (operands.is_half() && result == DType::F32)
 }
 
 /// The result type of a `dot_general` of `l` and `r`, or what is wrong.
@@ -488,10 +488,9 @@ pub(crate) struct Widened {
 impl Widened {
     /// Writes the widening converts, if any, and says what to emit the op over.
     pub(crate) fn write(l: &mut Line<'_>) -> Result<Widened, fmt::Error> {
-        let half = |t: &LeafType| matches!(t.dtype, DType::BF16 | DType::F16);
         let widen = crate::emit::widens_half_dots()
             && l.arg_types.len() == 2
-            && l.arg_types.iter().all(half);
+            && l.arg_types.iter().all(|t| t.dtype.is_half());
         if !widen {
             return Ok(Widened {
                 args: l.args.clone(),

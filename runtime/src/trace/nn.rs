@@ -23,21 +23,26 @@ pub fn sigmoid(x: Tensor) -> Tensor {
     x.logistic()
 }
 
-/// Whether `dtype` is a half-precision float (bf16, f16): the reductions of [`softmax`],
-/// [`log_softmax`], [`softmax_cross_entropy`] and the normalization layers run in f32 for it
-/// (as a [`Precision`](crate::train::Precision) that computes in half precision expects).
-pub fn is_half(dtype: DType) -> bool {
-    matches!(dtype, DType::BF16 | DType::F16)
-}
-
-/// `f(x)` computed in f32 when `x` is half precision, the result converted back to `x`'s
-/// dtype; `f(x)` itself otherwise.
+/// `f(x)` computed in f32 when `x` is half precision ([`DType::is_half`]), the result converted
+/// back to `x`'s dtype; `f(x)` itself otherwise. The reductions of [`softmax`],
+/// [`log_softmax`], [`softmax_cross_entropy`] and the normalization layers run so (as a
+/// [`Precision`](crate::train::Precision) that computes in half precision expects).
 #[track_caller]
 pub fn in_f32(x: Tensor, f: impl FnOnce(Tensor) -> Tensor) -> Tensor {
     let dtype = x.dtype();
-    match is_half(dtype) {
+    match dtype.is_half() {
         true => f(x.convert(DType::F32)).convert(dtype),
         false => f(x),
+    }
+}
+
+/// `t` in f32 when it is half precision, else itself: what a per-example value is reduced in,
+/// so that a mean over the batch never rounds to 8 or 11 bits.
+#[track_caller]
+pub(crate) fn widened(t: Tensor) -> Tensor {
+    match t.dtype().is_half() {
+        true => t.convert(DType::F32),
+        false => t,
     }
 }
 
@@ -143,10 +148,7 @@ pub fn softmax_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor {
     super::record::note_class_input(labels, classes, "softmax_cross_entropy");
     let axis = dims.len().saturating_sub(1);
     // Half-precision logits are widened first: the loss comes back in f32.
-    let logits = match is_half(logits.dtype()) {
-        true => logits.convert(DType::F32),
-        false => logits,
-    };
+    let logits = widened(logits);
     let targets = labels.one_hot(classes, logits.dtype());
     -(targets * log_softmax_as_is(logits, axis)).sum(&[axis])
 }

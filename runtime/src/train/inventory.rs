@@ -154,15 +154,6 @@ fn scaled_gradients(loss: Tensor, scale: Option<Tensor>) -> Vec<Tensor> {
     program::pack_like_trainable(grads)
 }
 
-/// `t` in f32 when it is a half-precision float (bf16, f16), else itself: what the handle
-/// reduces per-example values in, so that a mean over the batch never rounds to 8 or 11 bits.
-pub(super) fn widened(t: Tensor) -> Tensor {
-    match t.dtype() {
-        DType::BF16 | DType::F16 => t.convert(DType::F32),
-        _ => t,
-    }
-}
-
 /// `values`, after checking that it holds one value per row of the batch (the mask's shape):
 /// a `[batch, 1]` loss would broadcast against the mask to `[batch, batch]` (a loss and a
 /// gradient about `batch` times too large, with padded rows leaking in), and a scalar would
@@ -189,7 +180,7 @@ pub(super) fn per_example<E: Model>(
         );
     }
     match float {
-        true => widened(values),
+        true => trace::nn::widened(values),
         false => values,
     }
 }
@@ -248,7 +239,7 @@ pub(super) fn eval_fn<E: Model>(v: &E::View<'_>, inputs: &BatchInputs<E, ()>) ->
     if let Some(predictions) = E::predict(v, batch) {
         // Under a compute dtype, predictions come back in f32, as the model's leaves are.
         out.push(match program::compute_dtype() {
-            Some(_) => widened(predictions),
+            Some(_) => trace::nn::widened(predictions),
             None => predictions,
         });
     }

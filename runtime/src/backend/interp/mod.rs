@@ -396,7 +396,7 @@ fn all_reduce(node: &Node, operands: &[&Array]) -> std::result::Result<Array, Fa
         )
         .map_err(|e| Fault::Invalid(e.to_string()))?;
     }
-    if is_half(node.ty.dtype) {
+    if node.ty.dtype.is_half() {
         sum = array(node, kernels::convert(sum.data(), node.ty.dtype)?)?;
     }
     Ok(sum)
@@ -475,13 +475,9 @@ fn array(node: &Node, data: ArrayData) -> std::result::Result<Array, Fault> {
     Array::from_data(&node.ty.dims, data).map_err(|e| Fault::Invalid(e.to_string()))
 }
 
-fn is_half(dtype: DType) -> bool {
-    matches!(dtype, DType::BF16 | DType::F16)
-}
-
 /// `a` with half-precision elements widened to `f32` (exactly); other arrays borrowed.
 fn widened(a: &Array) -> std::result::Result<Cow<'_, Array>, Fault> {
-    if !is_half(a.dtype()) {
+    if !a.dtype().is_half() {
         return Ok(Cow::Borrowed(a));
     }
     let data = kernels::convert(a.data(), DType::F32)?;
@@ -504,11 +500,11 @@ fn eval_half<'a>(
         .collect::<std::result::Result<Vec<_>, Fault>>()?;
     let refs: Vec<&Array> = wide.iter().map(|a| a.as_ref()).collect();
     let mut n32 = node.clone();
-    if is_half(node.ty.dtype) {
+    if node.ty.dtype.is_half() {
         n32.ty.dtype = DType::F32;
     }
     let out = eval(&n32, &refs, &[])?.into_owned();
-    if !is_half(node.ty.dtype) {
+    if !node.ty.dtype.is_half() {
         return Ok(Cow::Owned(out));
     }
     let data = kernels::convert(out.data(), node.ty.dtype)?;
@@ -530,7 +526,7 @@ fn eval<'a>(
             | Op::AllReduce
             | Op::Shard(_)
     );
-    if !direct && (is_half(node.ty.dtype) || operands.iter().any(|a| is_half(a.dtype()))) {
+    if !direct && (node.ty.dtype.is_half() || operands.iter().any(|a| a.dtype().is_half())) {
         return eval_half(node, operands);
     }
     let owned = |data: ArrayData| array(node, data).map(Cow::Owned);
