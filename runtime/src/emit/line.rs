@@ -1,6 +1,7 @@
 //! The text of one op: [`Line`], what an op family's emitter (in [`crate::ops`]) writes a node
-//! with, and the pieces of StableHLO text it is made of (types, lists, attributes). A leaf
-//! module: the op families and the emitter both use it, and it uses neither.
+//! with, the pieces of StableHLO text it is made of (types, lists, attributes), and whether
+//! the module being emitted widens half-precision dots ([`widens_half_dots`]). A leaf module:
+//! the op families and the emitter both use it, and it uses neither.
 
 use std::fmt;
 
@@ -150,5 +151,39 @@ pub(crate) fn zero_splat(out: &mut String, ty: &LeafType) {
             out.push('>');
         }
         _ => out.push_str("dense<0>"),
+    }
+}
+
+// ---- whether half-precision dots widen -----------------------------------------------------
+//
+// The rule lives here, below both its reader (the dot and convolution families, through
+// `ops::linalg::Widened`) and its writer (the emitter, for one module at a time), so that
+// neither imports the other for it.
+
+thread_local! {
+    /// [`EmitOptions::widen_half_dots`](crate::emit::EmitOptions::widen_half_dots) of the
+    /// module being emitted on this thread.
+    static WIDEN_HALF_DOTS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the module being emitted widens half-precision dots and convolutions
+/// ([`EmitOptions::widen_half_dots`](crate::emit::EmitOptions::widen_half_dots)).
+pub(crate) fn widens_half_dots() -> bool {
+    WIDEN_HALF_DOTS.with(|w| w.get())
+}
+
+/// Sets [`WIDEN_HALF_DOTS`] for one module's emission, and restores it when dropped.
+pub(crate) struct WidenGuard(bool);
+
+impl WidenGuard {
+    /// Widens half dots (or not) until the guard is dropped.
+    pub(crate) fn set(on: bool) -> WidenGuard {
+        WidenGuard(WIDEN_HALF_DOTS.with(|w| w.replace(on)))
+    }
+}
+
+impl Drop for WidenGuard {
+    fn drop(&mut self) {
+        WIDEN_HALF_DOTS.with(|w| w.set(self.0));
     }
 }

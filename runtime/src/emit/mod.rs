@@ -99,32 +99,6 @@ pub struct EmitOptions {
     pub widen_half_dots: bool,
 }
 
-thread_local! {
-    /// [`EmitOptions::widen_half_dots`] of the module being emitted on this thread.
-    static WIDEN_HALF_DOTS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Whether the module being emitted widens half-precision dots
-/// ([`EmitOptions::widen_half_dots`]).
-pub(crate) fn widens_half_dots() -> bool {
-    WIDEN_HALF_DOTS.with(|w| w.get())
-}
-
-/// Sets [`WIDEN_HALF_DOTS`] for one module's emission, and restores it after.
-struct WidenGuard(bool);
-
-impl WidenGuard {
-    fn set(on: bool) -> WidenGuard {
-        WidenGuard(WIDEN_HALF_DOTS.with(|w| w.replace(on)))
-    }
-}
-
-impl Drop for WidenGuard {
-    fn drop(&mut self) {
-        WIDEN_HALF_DOTS.with(|w| w.set(self.0));
-    }
-}
-
 /// The StableHLO text of `graph`, with no donated arguments (see the [module docs](self)).
 pub fn emit(graph: &Graph) -> String {
     emit_with(graph, &EmitOptions::default())
@@ -134,7 +108,7 @@ pub fn emit(graph: &Graph) -> String {
 ///
 /// The same graph and options always give byte-identical text.
 pub fn emit_with(graph: &Graph, options: &EmitOptions) -> String {
-    let _widen = WidenGuard::set(options.widen_half_dots);
+    let _widen = line::WidenGuard::set(options.widen_half_dots);
     // Axes named by position: the sharding renamed, and the user's mesh kept to rename the
     // constraints inside the program.
     let renamed;

@@ -488,7 +488,7 @@ pub(crate) struct Widened {
 impl Widened {
     /// Writes the widening converts, if any, and says what to emit the op over.
     pub(crate) fn write(l: &mut Line<'_>) -> Result<Widened, fmt::Error> {
-        let widen = crate::emit::widens_half_dots()
+        let widen = emit::widens_half_dots()
             && l.arg_types.len() == 2
             && l.arg_types.iter().all(|t| t.dtype.is_half());
         if !widen {
