@@ -23,7 +23,11 @@ use nitro::backend::Backend;
 use nitro::trace::{self, grad, Conv, Tensor, Window};
 use nitro::{Array, LeafType};
 
+/// Times single ops — a convolution, max and average pooling, a matmul, an embedding gather —
+/// each forward and backward through XLA, one JSON line per workload, for comparison with
+/// `bench/ops_jax.py` run on the same machine.
 #[derive(Parser)]
+#[command(name = "ops_bench")]
 struct Args {
     /// One workload (conv, maxpool, avgpool, matmul, gather); all of them when absent.
     #[arg(long)]

@@ -108,6 +108,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--reps" => reps = args.next().ok_or("--reps needs a number")?.parse()?,
+            "--help" | "-h" => {
+                println!(
+                    "What a shared compile cache saves: the digits programs in a fresh process, \
+                     cold, from the local store and from the server. Needs NITRO_CACHE_REMOTE \
+                     (docs/sharing.md); ends with one JSON line.\n\n\
+                     Usage: remote_warm [--reps N]   (rounds, default 3)"
+                );
+                return Ok(());
+            }
             other => return Err(format!("unknown argument `{other}`; try --reps N").into()),
         }
     }

@@ -57,6 +57,18 @@ fn threads() -> usize {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if std::env::args().skip(1).any(|a| a == "--help" || a == "-h") {
+        println!(
+            "What a fresh process pays before its first step: backend start-up phase by phase, \
+             then a small program compiled and run three times. Prints one JSON line \
+             (milliseconds).\n\n\
+             Usage: startup [--serialized FILE] [--init-only]\n\n  \
+             --serialized FILE  load the program from FILE when it exists, else compile it and \
+             write it there\n  \
+             --init-only        stop after the backend's start-up"
+        );
+        return Ok(());
+    }
     let t = Instant::now();
     let path = pjrt::Discovery::from_env()?
         .find()?

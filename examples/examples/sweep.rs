@@ -16,6 +16,15 @@ use nitro_examples::report::{install_log, Summary};
 use nitro_examples::{data, DigitsMlp};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if std::env::args().skip(1).any(|a| a == "--help" || a == "-h") {
+        println!(
+            "Two sweeps on the digits MLP: a learning-rate sweep, which compiles nothing after \
+             its first run, and a width sweep, which compiles once per new width. Each run \
+             trains 2 epochs; the example checks the compile counts and ends with one JSON \
+             line.\n\nUsage: sweep (no flags)"
+        );
+        return Ok(());
+    }
     install_log();
     let data = data::Digits::load(data::DIGITS_PATH)?;
     let split = data.split(0.8, 1)?;

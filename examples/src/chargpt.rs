@@ -333,8 +333,22 @@ fn reserve<T>(len: Option<usize>, what: &str) -> nitro::Result<Vec<T>> {
 /// let err = args.validate().unwrap_err().to_string();
 /// assert!(err.starts_with("--lr NaN: "), "{err}");
 /// ```
+//
+// `--help` shows the `about` and `long_about` below, not this comment: clap would otherwise print
+// the doc comment above, code block and links included.
 #[derive(clap::Parser, Clone, Debug)]
-#[command(name = "chargpt")]
+#[command(
+    name = "chargpt",
+    about = "Trains a small character-level GPT on the fortunes and reports held-out bits per \
+             character.",
+    long_about = "Trains a small character-level GPT (token and position embeddings, pre-norm \
+                  causal blocks, a linear head) on the fortunes (the Debian `fortunes` corpus) \
+                  and reports held-out bits per character against the corpus's unigram entropy.\n\n\
+                  Every flag is checked before anything is loaded or compiled: a setting that \
+                  cannot train, an output path that cannot be written, a --context beyond the \
+                  corpus or a --steps beyond memory is one sentence naming the flag and its \
+                  value, and exit status 1."
+)]
 pub struct Args {
     /// Training steps.
     #[arg(long, default_value_t = 1000)]
