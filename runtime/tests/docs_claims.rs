@@ -208,3 +208,29 @@ fn the_scan_sees_a_made_up_name() {
     assert!(!code.contains("\"--no-such-flag\""));
     assert!(!code.contains("pub no_such_flag:"));
 }
+
+#[test]
+fn the_guide_adds_tracing_subscriber_as_the_examples_do() {
+    // The examples build from the workspace's lock file with these features; the crate's
+    // defaults add `tracing-log`, which the lock does not hold (an offline build fails).
+    let manifest = std::fs::read_to_string(root().join("examples/Cargo.toml")).unwrap();
+    let ours = manifest
+        .lines()
+        .find(|l| l.starts_with("tracing-subscriber ="))
+        .expect("examples/Cargo.toml depends on tracing-subscriber")
+        .trim();
+    let mut seen = 0;
+    for (page, text) in pages() {
+        for (at, _) in text.match_indices("tracing-subscriber = ") {
+            seen += 1;
+            assert!(
+                text[at..].starts_with(ours),
+                "{page} adds tracing-subscriber otherwise than examples/Cargo.toml (`{ours}`)"
+            );
+        }
+    }
+    assert!(
+        seen > 0,
+        "the guide no longer shows how to add tracing-subscriber"
+    );
+}
