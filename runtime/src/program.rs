@@ -446,6 +446,11 @@ pub struct Traced {
     /// The dtype the program computes in, when it is not its leaves' own (a handle's
     /// [`Precision`](crate::train::Precision)).
     pub compute: Option<crate::tree::DType>,
+    /// Whether, partitioned over a mesh, the program's inputs are groups of trainable leaves
+    /// its function declared with their specs (the training handle's update and initializer
+    /// programs): their layout is the mesh's, so a miss that names a change of the mesh does
+    /// not name that layout again. False off a mesh.
+    pub grouped: bool,
 }
 
 impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
@@ -627,8 +632,50 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
     /// Traces the program on `experiment`'s view and `inputs`' shapes, then emits it.
     ///
     /// Only shapes and dtypes of Device leaves and inputs are read, never their values.
+    ///
+    /// This is the program as written, for one device and no backend in particular. A backend
+    /// may compile a rewrite of it — on XLA's CPU plugin every half-precision dot and
+    /// convolution is widened to f32 and its result rounded back — and a mesh or several
+    /// replicas change it too: [`trace_for`](Program::trace_for) gives the text and
+    /// fingerprint that a backend compiles.
     pub fn trace<I: Tree<Mirror<Tensor> = M>>(&self, experiment: &E, inputs: &I) -> Result<Traced> {
         self.trace_replicated(experiment, inputs, 1)
+    }
+
+    /// Traces the program as `backend` compiles it: the StableHLO text the compile cache
+    /// compiles (and the persistent store keeps) for that backend, with its rewrites —
+    /// half-precision dots and convolutions widened to f32 and rounded back on a CPU plugin
+    /// ([`EmitOptions::widen_half_dots`](crate::emit::EmitOptions::widen_half_dots)) —,
+    /// replicated over its devices or partitioned over its mesh. Its fingerprint is the one
+    /// [`Cache::get`](crate::cache::Cache::get) serves for the same experiment and inputs
+    /// ([`Compiled::fingerprint`](crate::cache::Compiled::fingerprint)), and the one `nitro
+    /// cache explain` lists.
+    ///
+    /// ```
+    /// use nitro::prelude::*;
+    /// use nitro::program::Program;
+    ///
+    /// #[experiment]
+    /// pub struct Half { #[device] pub w: Array }
+    ///
+    /// fn apply(v: &HalfView<'_>, x: &Tensor) -> Tensor { x.matmul(v.w) }
+    /// const APPLY: Program<Half, Tensor> = Half::program("apply", apply);
+    ///
+    /// let exp = Half { w: Array::zeros(DType::BF16, &[4, 2]) };
+    /// let x = Array::zeros(DType::BF16, &[3, 4]);
+    /// let backend = nitro::backend::current()?;
+    /// let compiled = nitro::cache::Cache::in_memory(4).get(backend, &APPLY, &exp, &x)?;
+    /// let traced = APPLY.trace_for(&exp, &x, backend)?;
+    /// assert_eq!(traced.fingerprint, compiled.fingerprint);
+    /// # Ok::<(), nitro::Error>(())
+    /// ```
+    pub fn trace_for<I: Tree<Mirror<Tensor> = M>>(
+        &self,
+        experiment: &E,
+        inputs: &I,
+        backend: &dyn crate::backend::Backend,
+    ) -> Result<Traced> {
+        self.trace_on(experiment, inputs, backend)
     }
 
     /// Like [`trace`](Program::trace), for a program that runs as `replicas` copies at once,
@@ -784,6 +831,7 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
         // What the update program declared of its groups (taken even when the trace failed,
         // so nothing is left for the next trace to find).
         let declared = crate::shard::take_groups();
+        let grouped = partitioning.is_some() && declared.is_some();
         let mut graph = graph?;
         if let Some(partitioning) = partitioning {
             let groups = match declared {
@@ -834,6 +882,7 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
             text,
             fingerprint,
             compute: self.compute,
+            grouped,
         })
     }
 

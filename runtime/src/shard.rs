@@ -589,6 +589,84 @@ impl Partitioning {
     }
 }
 
+/// How each group of trainable leaves a program takes is split over a mesh: per group, its
+/// leaf's path and [`PartitionSpec`], in the user's axis names. The GraphConst of the training
+/// handle's update program ([`OptimizerStep::layout`](crate::train::OptimizerStep::layout)).
+///
+/// Its content hash names the mesh's axes by position, as the program's text does
+/// ([`Mesh::canonical`]): a mesh whose axes are only renamed (`data=4` → `batch=4`) keys the
+/// same program, while one whose axes are reordered (`data=2, model=2` → `model=2, data=2`)
+/// splits its arrays differently and keys another. The names stay in
+/// [`groups`](GroupLayout::groups), for the program's shardings and its messages.
+///
+/// ```
+/// use nitro::shard::{GroupLayout, Mesh, PartitionSpec};
+/// use nitro::Digest;
+///
+/// let on = |axes: [(&str, usize); 2], axis: &str| {
+///     let mesh = Mesh::new(axes).unwrap();
+///     let groups = vec![("w".to_owned(), PartitionSpec::new([Some(axis)]))];
+///     Digest::of(&GroupLayout::new(Some(&mesh), groups))
+/// };
+/// // Renamed: the same layout.
+/// assert_eq!(on([("data", 2), ("model", 2)], "data"), on([("rows", 2), ("cols", 2)], "rows"));
+/// // Reordered: `data` is now the second axis.
+/// assert_ne!(on([("data", 2), ("model", 2)], "data"), on([("model", 2), ("data", 2)], "data"));
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupLayout {
+    mesh: Option<Mesh>,
+    groups: Vec<(String, PartitionSpec)>,
+}
+
+impl GroupLayout {
+    /// The `groups` (each a leaf's path and spec) on `mesh`; empty off a mesh (`None`).
+    pub fn new(mesh: Option<&Mesh>, groups: Vec<(String, PartitionSpec)>) -> GroupLayout {
+        match mesh {
+            Some(mesh) => GroupLayout {
+                mesh: Some(mesh.clone()),
+                groups,
+            },
+            None => GroupLayout::default(),
+        }
+    }
+
+    /// The groups, in order: each leaf's path and spec (in the mesh's own axis names).
+    pub fn groups(&self) -> &[(String, PartitionSpec)] {
+        &self.groups
+    }
+
+    /// Whether there are no groups (off a mesh).
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+
+    /// The mesh the specs name axes of; `None` off a mesh.
+    pub fn mesh(&self) -> Option<&Mesh> {
+        self.mesh.as_ref()
+    }
+}
+
+impl crate::ContentHash for GroupLayout {
+    /// The mesh's shape, then each group's path and spec with the axes named by position.
+    fn content_hash(&self, h: &mut crate::ContentHasher) {
+        let shape = self.mesh.as_ref().map(Mesh::shape).unwrap_or_default();
+        let groups: Vec<(String, Vec<Option<String>>)> = self
+            .groups
+            .iter()
+            .map(|(path, spec)| {
+                let spec = match &self.mesh {
+                    Some(mesh) => spec.canonical_in(mesh),
+                    None => spec.clone(),
+                };
+                (path.clone(), spec.0)
+            })
+            .collect();
+        h.field("mesh", |h| crate::ContentHash::content_hash(&shape, h));
+        h.field("groups", |h| crate::ContentHash::content_hash(&groups, h));
+    }
+}
+
 /// Group `i`'s spec among `specs`, one per group of the trainable leaves: the list repeats for
 /// each optimizer slot (input `state[k]` holds group `k mod groups`); whole without specs.
 pub(crate) fn group_spec(specs: &[PartitionSpec], i: usize) -> &PartitionSpec {

@@ -553,9 +553,10 @@ fn a_sharding_change_misses_naming_both_and_serves_nothing_stale() {
 }
 
 /// Issue 40, item 10: a `Sharding::leaf` pattern restating what FSDP gives the leaf shares the
-/// FSDP programs in memory; a mesh whose axis is renamed, with the same partitioning, loads the
-/// same programs from the store (no compile), its reason naming the leaf and both specs; and the
-/// renamed run trains to the same losses.
+/// FSDP programs in memory; a mesh whose axis is renamed, with the same partitioning, shares
+/// them in memory too (issue 50, item 11) and, in a fresh cache, loads them from the store (no
+/// compile), its reason naming the leaf and both specs; and the renamed run trains to the same
+/// losses.
 #[test]
 fn equal_partitionings_share_programs_and_renamed_axes_load_them() {
     let test = "equal_partitionings_share_programs_and_renamed_axes_load_them";
@@ -563,12 +564,14 @@ fn equal_partitionings_share_programs_and_renamed_axes_load_them() {
         return;
     };
     let dir = common::TempDir::new("sharded-equal");
-    let store = nitro::cache::DirStore::open(dir.path(), 1 << 30, None).expect("store");
-    let cache: &'static Cache =
-        Box::leak(Box::new(Cache::new(16, Some(std::sync::Arc::new(store)))));
+    let cache_on_dir = || -> &'static Cache {
+        let store = nitro::cache::DirStore::open(dir.path(), 1 << 30, None).expect("store");
+        Box::leak(Box::new(Cache::new(16, Some(std::sync::Arc::new(store)))))
+    };
+    let cache = cache_on_dir();
     let (x, y) = data(16, 9);
     let sample = batch(&x, &y, 0, 8, 8);
-    let run = |config: Config| {
+    let run_in = |config: Config, cache: &'static Cache| {
         let config = config.batch(8).lr(0.02);
         let mut run = handle(mlp(Act::Tanh), config.clone(), partitioned(&config), cache).unwrap();
         let outcomes = run.prepare(&sample).unwrap();
@@ -578,6 +581,7 @@ fn equal_partitionings_share_programs_and_renamed_axes_load_them() {
             .collect();
         (outcomes, losses)
     };
+    let run = |config: Config| run_in(config, cache);
     let (first, losses) = run(fsdp(4));
     assert!(
         first.iter().all(|o| matches!(o, Outcome::Compiled { .. })),
@@ -595,11 +599,17 @@ fn equal_partitionings_share_programs_and_renamed_axes_load_them() {
     assert!(outcomes.iter().all(|o| *o == Outcome::Hit), "{outcomes:?}");
     assert_eq!(again, losses);
 
-    // The axis renamed: the same programs, loaded from the store.
+    // The axis renamed: the same programs, held in memory.
     let renamed = Config::new()
         .mesh(Mesh::new([("batch", 4)]).unwrap())
         .sharding(Sharding::fsdp("batch"));
-    let (outcomes, renamed_losses) = run(renamed);
+    let (outcomes, renamed_losses) = run(renamed.clone());
+    assert!(outcomes.iter().all(|o| *o == Outcome::Hit), "{outcomes:?}");
+    assert_eq!(cache.stats().compiles, compiles, "nothing compiled again");
+    assert_close(&losses, &renamed_losses, 1e-6, "renamed losses");
+    // In a fresh cache on the same store (another process): loaded.
+    let fresh = cache_on_dir();
+    let (outcomes, renamed_losses) = run_in(renamed, fresh);
     for o in &outcomes {
         match o {
             Outcome::Loaded {
@@ -608,7 +618,7 @@ fn equal_partitionings_share_programs_and_renamed_axes_load_them() {
             other => panic!("a load naming both specs, got {other}"),
         }
     }
-    assert_eq!(cache.stats().compiles, compiles, "nothing compiled again");
+    assert_eq!(fresh.stats().compiles, 0, "nothing compiled again");
     assert_close(&losses, &renamed_losses, 1e-6, "renamed losses");
 
     // A sharding that splits differently still compiles its own programs.

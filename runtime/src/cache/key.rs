@@ -31,6 +31,11 @@ pub(super) struct KeyDetails {
     /// [`Precision`](crate::train::Precision)); absent in details stored before it was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) compute: Option<String>,
+    /// Whether the program's inputs are the trainable leaves' groups as laid out on its mesh
+    /// ([`Traced::grouped`]): a change of the partitioning changes its layout and inputs
+    /// with it. False in details stored before it was kept.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(super) grouped: bool,
 }
 
 /// How [`MissReason::SettingChanged`] names a program's compute dtype.
@@ -41,10 +46,66 @@ fn compute_named(compute: &Option<String>) -> String {
 }
 
 impl KeyDetails {
-    /// What moved from `self` (an earlier use) to `now`, in the order a user fixes things:
-    /// GraphConsts and handle settings, the input structure, the backend, the options, the
-    /// code. `None` when nothing did.
+    /// What moved from `self` (an earlier use) to `now`, every component of it, in the order a
+    /// user fixes things: the mesh and the handle's settings, the GraphConsts, the input
+    /// structure, the backend, the options; the code only when nothing else moved (any other
+    /// change moves the fingerprint too). One reason for one component,
+    /// [`MissReason::Several`] for more; `None` when nothing moved.
+    ///
+    /// What a change of the backend or the partitioning brings with it is not named again:
+    /// compile options that moved with the backend (they hold its device count), and, in a
+    /// program whose inputs are the trainable leaves' groups laid out on the mesh (the update
+    /// program's), the layout GraphConst and the inputs' structure.
     pub(super) fn moved_to(&self, now: &KeyDetails) -> Option<MissReason> {
+        let mut reasons = Vec::new();
+        // The partitioning: the mesh and sharding the backend partitions over (a component of
+        // its identity; its digest holds only the mesh's shape).
+        let partitioning = |details: &KeyDetails| {
+            details
+                .backend_components
+                .iter()
+                .find(|(name, _)| name == "sharding")
+                .map(|(_, value)| value.clone())
+        };
+        let (mesh_before, mesh_now) = (partitioning(self), partitioning(now));
+        let partitioning_moved = mesh_before != mesh_now;
+        // On the same mesh shape, a spec that moved says the most (a leaf, both specs).
+        let spec_moved = (!self.shardings.is_empty()
+            && !now.shardings.is_empty()
+            && now.backend == self.backend)
+            .then(|| {
+                now.shardings.iter().find_map(|(input, to)| {
+                    let (_, from) = self.shardings.iter().find(|(i, _)| i == input)?;
+                    (from != to).then(|| MissReason::ShardingChanged {
+                        input: input.clone(),
+                        from: from.clone(),
+                        to: to.clone(),
+                    })
+                })
+            })
+            .flatten();
+        match spec_moved {
+            Some(moved) => reasons.push(moved),
+            // A mesh that came, went, changed shape, or kept its shape with its axes in
+            // another order (every spec reads the same, each axis another position).
+            None if partitioning_moved => reasons.push(MissReason::BackendChanged {
+                component: "sharding".to_owned(),
+                from: mesh_before.unwrap_or_else(|| "absent".to_owned()),
+                to: mesh_now.unwrap_or_else(|| "absent".to_owned()),
+            }),
+            None => {}
+        }
+        let laid_out = partitioning_moved && (self.grouped || now.grouped);
+
+        // The precision the handle computes in: named as a setting, not a GraphConst.
+        if now.compute != self.compute {
+            reasons.push(MissReason::SettingChanged {
+                setting: "precision".to_owned(),
+                from: compute_named(&self.compute),
+                to: compute_named(&now.compute),
+            });
+        }
+
         let before = |name: &str| {
             self.graph_const_fields
                 .iter()
@@ -69,83 +130,57 @@ impl KeyDetails {
         if fields.is_empty() && now.graph_const != self.graph_const {
             fields.push("<graph_const>".to_owned());
         }
-        // A mesh that came, went or changed explains a GraphConst moved with it (the update
-        // program's layout): name the mesh, as every program of the handle does.
-        if now.backend != self.backend {
-            let moved =
-                Identity::first_difference(&self.backend_components, &now.backend_components)
-                    .filter(|(component, _, _)| component == "sharding");
-            if let Some((component, from, to)) = moved {
-                if self.shardings.is_empty() || now.shardings.is_empty() {
-                    return Some(MissReason::BackendChanged {
-                        component,
-                        from,
-                        to,
-                    });
-                }
-            }
-        }
-        // The precision the handle computes in moved: named as a setting, not a GraphConst.
-        if now.compute != self.compute {
-            return Some(MissReason::SettingChanged {
-                setting: "precision".to_owned(),
-                from: compute_named(&self.compute),
-                to: compute_named(&now.compute),
-            });
-        }
-        // A spec that moved on the same mesh explains more than the GraphConst (the update
-        // program's layout) or the backend component that carries it.
-        if !self.shardings.is_empty() && !now.shardings.is_empty() {
-            let moved = now.shardings.iter().find_map(|(input, to)| {
-                let (_, from) = self.shardings.iter().find(|(i, _)| i == input)?;
-                (from != to).then(|| MissReason::ShardingChanged {
-                    input: input.clone(),
-                    from: from.clone(),
-                    to: to.clone(),
-                })
-            });
-            if moved.is_some() {
-                return moved;
-            }
-        }
-        if !fields.is_empty() {
+        if !fields.is_empty() && !laid_out {
             let changes = reason::graph_const_changes(
                 &self.graph_const_parts,
                 &now.graph_const_parts,
                 &fields,
             );
-            return Some(MissReason::GraphConstChanged { fields, changes });
+            reasons.push(MissReason::GraphConstChanged { fields, changes });
         }
+
         let changes = self.signature.diff(&now.signature);
-        if !changes.is_empty() {
-            return Some(MissReason::SignatureChanged { changes });
+        if !changes.is_empty() && !laid_out {
+            reasons.push(MissReason::SignatureChanged { changes });
         }
+
         if now.backend != self.backend {
-            let (component, from, to) =
-                Identity::first_difference(&self.backend_components, &now.backend_components)
-                    .unwrap_or_else(|| {
-                        (
-                            "identity".to_owned(),
-                            self.backend.short().to_string(),
-                            now.backend.short().to_string(),
-                        )
-                    });
-            return Some(MissReason::BackendChanged {
-                component,
-                from,
-                to,
-            });
+            // Named by its first component that moved, besides the partitioning named above.
+            let others = |list: &[(String, String)]| -> Vec<(String, String)> {
+                list.iter()
+                    .filter(|(name, _)| name != "sharding")
+                    .cloned()
+                    .collect()
+            };
+            let moved = Identity::first_difference(
+                &others(&self.backend_components),
+                &others(&now.backend_components),
+            );
+            match moved {
+                Some((component, from, to)) => reasons.push(MissReason::BackendChanged {
+                    component,
+                    from,
+                    to,
+                }),
+                None if !partitioning_moved => reasons.push(MissReason::BackendChanged {
+                    component: "identity".to_owned(),
+                    from: self.backend.short().to_string(),
+                    to: now.backend.short().to_string(),
+                }),
+                None => {}
+            }
         }
-        if now.options != self.options {
-            return Some(MissReason::OptionsChanged);
+        // Options that moved with the backend (they hold its device count) are its change.
+        if now.options != self.options && now.backend == self.backend && !partitioning_moved {
+            reasons.push(MissReason::OptionsChanged);
         }
-        if now.fingerprint != self.fingerprint {
-            return Some(MissReason::CodeChanged {
+        if reasons.is_empty() && now.fingerprint != self.fingerprint {
+            reasons.push(MissReason::CodeChanged {
                 from: self.fingerprint.short().to_string(),
                 to: now.fingerprint.short().to_string(),
             });
         }
-        None
+        MissReason::of_changes(reasons)
     }
 }
 
@@ -324,28 +359,43 @@ pub(super) fn key_components<E: Experiment, M, O: Outputs, I: Tree<Mirror<Tensor
     k.finish()
 }
 
-/// What decides how a program on `partitioning` splits its arrays, resolved: the mesh's axes
-/// (names and sizes), the batch axis, and each trainable leaf's spec by the sharding's rules.
-/// Two shardings whose rules resolve alike (a `Sharding::leaf` pattern restating what FSDP
-/// gives the leaf) have one digest, and share programs; the backend's identity holds only the
-/// mesh's shape.
+/// What decides how a program on `partitioning` splits its arrays, resolved, with the mesh's
+/// axes named by position (as the program's text names them): the mesh's shape, the batch
+/// axis, and each trainable leaf's spec by the sharding's rules. Two shardings whose rules
+/// resolve alike (a `Sharding::leaf` pattern restating what FSDP gives the leaf) have one
+/// digest, and share programs; so do two meshes that differ only in their axes' names
+/// (`data=4`, `batch=4`), while a mesh whose axes are reordered (`data=2, model=2`,
+/// `model=2, data=2`) splits differently and has another. The backend's identity holds only
+/// the mesh's shape.
 pub(super) fn resolved_layout<E: Experiment>(
     partitioning: &crate::shard::Partitioning,
     experiment: &E,
 ) -> Digest {
     let mut h = ContentHasher::new();
-    for (name, size) in partitioning.mesh().axes() {
-        h.write_str(name);
+    let mesh = partitioning.mesh();
+    h.write_len(mesh.axes().len());
+    for (_, size) in mesh.axes() {
         h.write_len(*size);
     }
-    h.write_str(partitioning.sharding().axis());
+    let axis = partitioning.sharding().axis();
+    match mesh.axes().iter().position(|(name, _)| name == axis) {
+        Some(i) => {
+            h.write_u8(0);
+            h.write_len(i);
+        }
+        // Not a mesh's axis (a `Partitioning` refuses it): keyed by its name.
+        None => {
+            h.write_u8(1);
+            h.write_str(axis);
+        }
+    }
     experiment.visit_device(&mut |field, path, node| {
         let trainable = field.role == (crate::experiment::Role::Device { trainable: true });
         if let (true, crate::tree::Node::Leaf(a)) = (trainable, node) {
             h.write_str(path.as_str());
             // A spec that does not fit is the trace's error; its text keys the same.
             match partitioning.leaf_spec(path.as_str(), &a.leaf_type()) {
-                Ok(spec) => h.write_str(&spec.to_string()),
+                Ok(spec) => h.write_str(&spec.canonical_in(mesh).to_string()),
                 Err(e) => h.write_str(&e.to_string()),
             }
         }
@@ -391,6 +441,7 @@ pub(super) fn key_details(
             })
             .collect(),
         compute: traced.compute.map(|d| d.to_string()),
+        grouped: traced.grouped,
     }
 }
 

@@ -89,6 +89,16 @@ pub enum MissReason {
         /// The kind of fault ([`RejectKind::name`](super::RejectKind::name)).
         why: String,
     },
+    /// More than one component of the key moved at once — a handle that went onto a mesh
+    /// *and* to bf16 — each named by its own reason, in the order of
+    /// [`components`](MissReason::components) (the mesh and settings, the GraphConsts, the
+    /// input structure, the backend, the options). Never nested, and never holds `empty`,
+    /// `evicted` or `store_rejected`, which are not changes. Its text lists each, separated
+    /// by `; `.
+    Several {
+        /// The reasons, one per component that moved (at least two).
+        reasons: Vec<MissReason>,
+    },
 }
 
 /// One sub-value of a GraphConst field that moved, as [`MissReason::GraphConstChanged`] names
@@ -184,6 +194,62 @@ impl MissReason {
             MissReason::OptionsChanged => "options_changed",
             MissReason::Evicted => "evicted",
             MissReason::StoreRejected { .. } => "store_rejected",
+            MissReason::Several { .. } => "several",
+        }
+    }
+
+    /// Each component that moved, by its own reason: the reasons of [`MissReason::Several`],
+    /// or this reason alone. What to match on to ask whether a component moved, however many
+    /// others moved with it.
+    ///
+    /// ```
+    /// use nitro::cache::MissReason;
+    ///
+    /// let both = MissReason::of_changes(vec![
+    ///     MissReason::BackendChanged {
+    ///         component: "sharding".into(),
+    ///         from: "absent".into(),
+    ///         to: "mesh [data=4], fsdp(data)".into(),
+    ///     },
+    ///     MissReason::SettingChanged {
+    ///         setting: "precision".into(),
+    ///         from: "the leaves' dtypes".into(),
+    ///         to: "bf16".into(),
+    ///     },
+    /// ])
+    /// .unwrap();
+    /// assert!(both
+    ///     .components()
+    ///     .iter()
+    ///     .any(|r| matches!(r, MissReason::SettingChanged { setting, .. } if setting == "precision")));
+    /// assert_eq!(
+    ///     both.to_string(),
+    ///     "backend_changed: sharding absent → mesh [data=4], fsdp(data); \
+    ///      setting_changed: precision the leaves' dtypes → bf16"
+    /// );
+    /// assert_eq!(MissReason::Evicted.components(), [MissReason::Evicted]);
+    /// ```
+    pub fn components(&self) -> &[MissReason] {
+        match self {
+            MissReason::Several { reasons } => reasons,
+            one => std::slice::from_ref(one),
+        }
+    }
+
+    /// The reason for the components `changes` that moved: `None` for none, the one reason
+    /// for one, [`MissReason::Several`] for more (a `Several` among them is flattened).
+    pub fn of_changes(changes: Vec<MissReason>) -> Option<MissReason> {
+        let mut reasons: Vec<MissReason> = changes
+            .into_iter()
+            .flat_map(|r| match r {
+                MissReason::Several { reasons } => reasons,
+                one => vec![one],
+            })
+            .collect();
+        match reasons.len() {
+            0 => None,
+            1 => reasons.pop(),
+            _ => Some(MissReason::Several { reasons }),
         }
     }
 }
@@ -239,6 +305,15 @@ impl fmt::Display for MissReason {
             MissReason::OptionsChanged => f.write_str("options_changed"),
             MissReason::Evicted => f.write_str("evicted (capacity)"),
             MissReason::StoreRejected { why } => write!(f, "store_rejected: {why}"),
+            MissReason::Several { reasons } => {
+                for (i, reason) in reasons.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str("; ")?;
+                    }
+                    write!(f, "{reason}")?;
+                }
+                Ok(())
+            }
         }
     }
 }

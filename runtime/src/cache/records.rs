@@ -147,7 +147,11 @@ impl Cache {
         let variant_warning = self.variant_warning.load(Ordering::Relaxed);
         let lint = st.lint.entry(program).or_default();
         let mut found = Vec::new();
-        if let MissReason::GraphConstChanged { fields, .. } = reason {
+        let moved = reason.components().iter().filter_map(|r| match r {
+            MissReason::GraphConstChanged { fields, .. } => Some(fields),
+            _ => None,
+        });
+        for fields in moved {
             for field in fields.iter().filter(|f| !f.starts_with('<')) {
                 let n = lint.field_changes.entry(field.clone()).or_default();
                 *n += 1;

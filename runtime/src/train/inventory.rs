@@ -420,11 +420,12 @@ pub struct OptimizerStep<O: Optimizer> {
     pub masks: MaskRuns,
     /// On a mesh, how each group of `params` (and its slots in `state`, and its gradient) is
     /// split: per group — one trainable leaf on a mesh — its path and its
-    /// [`PartitionSpec`](crate::shard::PartitionSpec)'s dims. Empty off a mesh. A GraphConst:
-    /// the program's shardings are in its key, and its inputs (so its miss reasons) are named
-    /// by leaf: `params[0] (layers[0].w)`.
+    /// [`PartitionSpec`](crate::shard::PartitionSpec). Empty off a mesh. A GraphConst:
+    /// the program's shardings are in its key (with the mesh's axes named by position, so a
+    /// renamed mesh keys alike: [`GroupLayout`](crate::shard::GroupLayout)), and its inputs
+    /// (so its miss reasons) are named by leaf: `params[0] (layers[0].w)`.
     #[graph_const]
-    pub layout: Vec<(String, Vec<Option<String>>)>,
+    pub layout: crate::shard::GroupLayout,
     /// Steps taken so far, `i64[]`: kept on the device and counted by the program, so a step
     /// uploads no step number; an integer, so it stays exact over any run (an `f32` counter
     /// stops counting at 2^24 steps). With loss scaling, the steps applied (a skipped step
@@ -503,12 +504,7 @@ pub(super) fn update_fn<O: Optimizer>(
 ) -> Vec<Tensor> {
     let UpdateArgsMirror { grads, lr } = inputs;
     if !v.layout.is_empty() {
-        crate::shard::declare_groups(
-            v.layout
-                .iter()
-                .map(|(path, dims)| (path.clone(), crate::shard::PartitionSpec(dims.clone())))
-                .collect(),
-        );
+        crate::shard::declare_groups(v.layout.groups().to_vec());
     }
     let number = v.steps + 1.0;
     let masks: Vec<Option<Tensor>> = v

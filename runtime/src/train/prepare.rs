@@ -256,12 +256,15 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             params: layout.packing.zeros(),
             state,
             masks: layout.masks.clone(),
-            layout: layout
-                .specs
-                .iter()
-                .zip(&layout.paths)
-                .map(|(s, path)| (path.clone(), s.0.clone()))
-                .collect(),
+            layout: crate::shard::GroupLayout::new(
+                self.partitioning().map(|p| p.mesh()),
+                layout
+                    .specs
+                    .iter()
+                    .zip(&layout.paths)
+                    .map(|(s, path)| (path.clone(), s.clone()))
+                    .collect(),
+            ),
             steps: Array::scalar(0i64),
             loss_scaling: self.config.precision.loss_scaling(),
             loss_scale: match self.config.precision.loss_scaling() {
