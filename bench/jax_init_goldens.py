@@ -3,7 +3,7 @@
 Each case is one leaf: its path, type and rule, and the values JAX draws for it with the key
 nitro documents — `fold_in(fold_in(PRNGKey(seed), INIT_DOMAIN), leaf_id(path))`, where
 `leaf_id` is the first four bytes of blake3(path), little-endian, top bit cleared — and the
-rule's distribution (`jax.random.uniform` / `normal`, scaled by the fans of the last two dims).
+rule's distribution (`jax.random.uniform` / `normal`, scaled by the fans `Init::fans` documents).
 Writes `runtime/tests/goldens/init.safetensors`: tensors `<case>.out` (f32), and per case in
 the metadata a JSON object with `path`, `dims`, `seed` and `rule` (`glorot_uniform`,
 `glorot_normal`, `he_normal`, `he_uniform`, `normal` with `mean`/`std`, `uniform` with
@@ -35,11 +35,18 @@ def leaf_id(path: str) -> int:
 
 
 def fans(dims):
+    """nitro's `Init::fans`: a weight `[in, out]` or a stack of them `[layers, in, out]` takes
+    its last two dims; a 2-D convolution kernel (HWIO) `[kh, kw, in, out]`, or a stack of them,
+    the receptive field times the channels (as `Conv2d`'s own initializer and JAX's
+    `variance_scaling`); higher ranks every dim before the last two as the receptive field."""
     if len(dims) == 0:
         return 1.0, 1.0
     if len(dims) == 1:
         return float(dims[0]), float(dims[0])
-    return float(dims[-2]), float(dims[-1])
+    if len(dims) <= 3:
+        return float(dims[-2]), float(dims[-1])
+    field = math.prod(dims[-4:-2]) if len(dims) <= 5 else math.prod(dims[:-2])
+    return float(field * dims[-2]), float(field * dims[-1])
 
 
 def draw(seed, path, dims, rule):

@@ -22,6 +22,7 @@
 
 use std::panic::Location;
 
+use super::elementwise::kernels::{float_binary, Float};
 use super::scan::Scan;
 use crate::trace::record::{with_recording, Tensor};
 use crate::tree::{Array, DType, LeafType};
@@ -66,6 +67,80 @@ pub fn threefry2x32_host(key: [u32; 2], counter: [u32; 2]) -> [u32; 2] {
         x1 = x1.wrapping_add(ks[(g + 2) % 3]).wrapping_add(g as u32 + 1);
     }
     [x0, x1]
+}
+
+/// [`fold_in`] on the host: `block(key, (0, data))`, the key a traced `fold_in(key, data)`
+/// gives.
+///
+/// ```
+/// use nitro::trace::random::{fold_in_host, threefry2x32_host};
+/// assert_eq!(fold_in_host([0, 42], 7), threefry2x32_host([0, 42], [0, 7]));
+/// ```
+pub fn fold_in_host(key: [u32; 2], data: u32) -> [u32; 2] {
+    threefry2x32_host(key, [0, data])
+}
+
+/// [`key`] as the two words [`threefry2x32_host`] takes: `[seed >> 32, seed mod 2³²]`.
+pub fn key_host(seed: u64) -> [u32; 2] {
+    [(seed >> 32) as u32, seed as u32]
+}
+
+/// [`bits`] on the host: `n` words, element `i` being `y0 ^ y1` of `block(key, (0, i))` — the
+/// same bits a traced draw of `n` elements gives, on every backend. `None` past 2³² elements
+/// (where the traced draw is refused too).
+pub fn bits_host(key: [u32; 2], n: usize) -> Option<Vec<u32>> {
+    if n as u64 > 1 << 32 {
+        return None;
+    }
+    Some(
+        (0..n)
+            .map(|i| {
+                let [y0, y1] = threefry2x32_host(key, [0, i as u32]);
+                y0 ^ y1
+            })
+            .collect(),
+    )
+}
+
+/// A float in `[1, 2)` minus 1: the 23 high bits of `b` under the exponent of 1.0.
+fn unit_host(b: u32) -> f32 {
+    f32::from_bits((b >> 9) | 0x3F80_0000) - 1.0
+}
+
+/// [`uniform`] on the host, for `f32`: `n` draws in `[lo, hi)` from `key`, computed as XLA
+/// computes the traced draw — the scale and the shift as one fused multiply-add, as XLA's
+/// compilers contract them (and so JAX's samples) — so they are XLA's bit for bit. The
+/// interpreter rounds the product and the sum apart, so its samples of a range other than
+/// `[0, 1)` can differ from these by one rounding of the sum (at most an ulp of `max(|lo|,
+/// |hi|)`). `None` past 2³² elements.
+pub fn uniform_host(key: [u32; 2], n: usize, lo: f64, hi: f64) -> Option<Vec<f32>> {
+    let (lo32, hi32) = (lo as f32, hi as f32);
+    let span = hi32 - lo32;
+    let max = |a: f32, b: f32| float_binary(a, b, crate::trace::ir::BinaryOp::Max);
+    Some(
+        bits_host(key, n)?
+            .into_iter()
+            .map(|b| max(unit_host(b).mul_add(span, lo32), lo32))
+            .collect(),
+    )
+}
+
+/// [`normal`] on the host: `n` standard normal `f32` draws from `key`, `√2 · erf_inv(u)` as
+/// the traced draw computes them, with the interpreter's `erf_inv` (Giles' approximation, as
+/// XLA expands it). The uniform `u` is the same on every backend (its scale is 2, so no
+/// rounding differs); `erf_inv` takes a `log1p`, which each backend computes with its own math
+/// library (the interpreter's and these with the platform's `log1pf`, XLA's CPU compiler with
+/// a polynomial of its own, CUDA with its device library), so draws agree across backends to a
+/// few ulps, not bit for bit. `None` past 2³² elements.
+pub fn normal_host(key: [u32; 2], n: usize) -> Option<Vec<f32>> {
+    let lo = f32::from_bits(0xBF7F_FFFF) as f64;
+    let erf_inv = |u: f32| <f32 as Float>::unary(u, crate::trace::ir::UnaryOp::ErfInv);
+    Some(
+        uniform_host(key, n, lo, 1.0)?
+            .into_iter()
+            .map(|u| erf_inv(u) * std::f32::consts::SQRT_2)
+            .collect(),
+    )
 }
 
 fn u32_scalar(v: u32) -> Tensor {

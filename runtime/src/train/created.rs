@@ -64,6 +64,12 @@ pub(super) fn plan<E: Experiment>(
     if rules.is_empty() {
         return Ok(Vec::new());
     }
+    // A rule whose parameters cannot make a finite leaf is refused whether or not it matches.
+    for rule in rules {
+        if let Some(problem) = rule.init.problem() {
+            return Err(refused(&rule.pattern, None, rule.init, problem));
+        }
+    }
     let types = layout.packing.leaf_types();
     let mut used = vec![false; rules.len()];
     let mut out = Vec::new();
@@ -76,15 +82,8 @@ pub(super) fn plan<E: Experiment>(
         };
         used[r] = true;
         let init = rules[r].init;
-        if init.is_random() && !ty.dtype.is_float() {
-            return Err(Error::InvalidSetting {
-                variable: "Config::initialize",
-                value: format!("{} → {init:?}", rules[r].pattern),
-                expected: format!(
-                    "a constant for leaf `{path}`, which is {ty}: random draws make \
-                     floating-point leaves"
-                ),
-            });
+        if let Some(problem) = init.problem_for(ty) {
+            return Err(refused(&rules[r].pattern, Some(path), init, problem));
         }
         let spec = crate::shard::group_spec(&layout.specs, g).0.clone();
         let spec = match layout.specs.is_empty() {
@@ -144,6 +143,30 @@ pub(super) fn plan<E: Experiment>(
     Ok(out)
 }
 
+/// The refusal of the rule `pattern → init` ([`Config::initialize`]), for leaf `leaf` when it
+/// is about one leaf: `problem` says what is wrong and what to do.
+fn refused(pattern: &str, leaf: Option<&str>, init: Init, problem: String) -> Error {
+    refused_by("Config::initialize", pattern, leaf, init, problem)
+}
+
+/// [`refused`], for the rules given to `variable`.
+fn refused_by(
+    variable: &'static str,
+    pattern: &str,
+    leaf: Option<&str>,
+    init: Init,
+    problem: String,
+) -> Error {
+    Error::InvalidSetting {
+        variable,
+        value: format!("{pattern} → {init:?}"),
+        expected: match leaf {
+            Some(leaf) => format!("a rule that can create leaf `{leaf}`: {problem}"),
+            None => format!("a rule that can create the leaves `{pattern}` matches: {problem}"),
+        },
+    }
+}
+
 /// Creates `leaves` on `backend`'s devices from `seed`'s key: the initializer program (got
 /// from `cache`) run once; one value per leaf, each as the handle keeps its group.
 pub(super) fn create(
@@ -189,14 +212,8 @@ pub fn create_leaf(
     ty: &LeafType,
     init: Init,
 ) -> Result<Array> {
-    if init.is_random() && !ty.dtype.is_float() {
-        return Err(Error::InvalidSetting {
-            variable: "Config::initialize",
-            value: format!("{path} → {init:?}"),
-            expected: format!(
-                "a constant for a leaf of {ty}: random draws make floating-point leaves"
-            ),
-        });
+    if let Some(problem) = init.problem_for(ty) {
+        return Err(refused(path, Some(path), init, problem));
     }
     let leaf = CreatedLeaf {
         path: path.to_owned(),
@@ -206,4 +223,84 @@ pub fn create_leaf(
     };
     let values = create(backend, cache, vec![leaf], seed)?;
     values.first().ok_or_else(state::unplaced)?.to_host()
+}
+
+/// Creates on the host, in `experiment`, the trainable leaves that a handle made with
+/// [`Config::initialize_all`]`(rules)` and [`Config::seed`]`(seed)` would create on its devices:
+/// the same rules matched the same way (the first rule that matches a leaf's path applies, and
+/// one of them must apply), each leaf's values from [`Init::on_host`] — the same Threefry bits
+/// and the same arithmetic as the initializer program. So a run moved between host and device
+/// creation starts from the same model: bit for bit on the interpreter, and on XLA to within
+/// the last bits of the draws that XLA computes with a fused multiply-add
+/// (`runtime/tests/init_rules.rs` holds both). Leaves no rule matches, and leaves that are not
+/// trainable, keep their values.
+///
+/// ```
+/// use nitro::init::{self, layer_defaults, Seed};
+/// use nitro::nn::{self, Layer, Linear};
+/// use nitro::prelude::*;
+///
+/// #[experiment]
+/// pub struct Mlp {
+///     #[device(trainable)] pub layers: Vec<nn::LinearParams>,
+/// }
+///
+/// let widths = [Linear::new(4, 16), Linear::new(16, 3)];
+/// // Declared: nothing is drawn until the rules fill the leaves.
+/// let mut mlp = init::declared(|| Mlp { layers: nn::init_stack(&widths, Seed(0)) });
+/// nitro::train::initialize_on_host(&mut mlp, layer_defaults(), 7)?;
+/// assert!(mlp.layers[0].w.as_slice::<f32>()?.iter().any(|&v| v != 0.0));
+/// # Ok::<(), nitro::Error>(())
+/// ```
+///
+/// Errors: [`Error::InvalidSetting`] for a rule that cannot create a leaf it matches (see
+/// [`Init::problem_for`]), or rules none of which match a trainable leaf.
+pub fn initialize_on_host<E: Experiment, P: Into<String>>(
+    experiment: &mut E,
+    rules: impl IntoIterator<Item = (P, Init)>,
+    seed: u64,
+) -> Result<()> {
+    const VARIABLE: &str = "train::initialize_on_host";
+    let rules: Vec<(String, Init)> = rules.into_iter().map(|(p, i)| (p.into(), i)).collect();
+    for (pattern, init) in &rules {
+        if let Some(problem) = init.problem() {
+            return Err(refused_by(VARIABLE, pattern, None, *init, problem));
+        }
+    }
+    let mut failed: Option<Error> = None;
+    let mut applied = false;
+    experiment.visit_device_mut(&mut |field, path, leaf| {
+        if failed.is_some() || field.role != (Role::Device { trainable: true }) {
+            return;
+        }
+        let path = path.as_str();
+        let Some((pattern, init)) = rules.iter().find(|(p, _)| path_match(p, path)) else {
+            return;
+        };
+        applied = true;
+        let ty = leaf.leaf_type();
+        if let Some(problem) = init.problem_for(&ty) {
+            failed = Some(refused_by(VARIABLE, pattern, Some(path), *init, problem));
+            return;
+        }
+        match init.on_host(seed, path, &ty) {
+            Ok(values) => *leaf = values,
+            Err(e) => failed = Some(e),
+        }
+    });
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    if !applied && !rules.is_empty() {
+        let patterns: Vec<&str> = rules.iter().map(|(p, _)| p.as_str()).collect();
+        return Err(Error::InvalidSetting {
+            variable: VARIABLE,
+            value: patterns.join(", "),
+            expected: format!(
+                "patterns of trainable leaves of {} to create: none of these matches one",
+                E::TYPE_PATH
+            ),
+        });
+    }
+    Ok(())
 }
