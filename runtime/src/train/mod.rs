@@ -59,7 +59,7 @@ mod values;
 mod warm;
 
 pub use config::{Config, InitRule, NonFinite};
-pub use created::{create_leaf, CreatedLeaf, Initializer, InitializerView};
+pub use created::{create_leaf, initialize_on_host, CreatedLeaf, Initializer, InitializerView};
 use epochs::*;
 pub use epochs::{EpochRecord, History};
 use inventory::*;
