@@ -605,10 +605,12 @@ fn misses_named_across_processes(backend: &str) {
     assert_eq!(deeper["reason"]["changes"][1]["path"], "layers[2].w");
 
     // Back to the first configuration: stored, so loaded — and what moved since the last
-    // process is still named.
+    // process is still named: the GraphConst and the inputs, both (issue 50, item 15).
     let back = outcome(&run(0, 2, 32));
     assert_eq!(back["outcome"], "loaded");
-    assert_eq!(back["reason"]["reason"], "graph_const_changed");
+    assert_eq!(back["reason"]["reason"], "several");
+    assert_eq!(back["reason"]["reasons"][0]["reason"], "graph_const_changed");
+    assert_eq!(back["reason"]["reasons"][1]["reason"], "signature_changed");
 
     // Nothing moved since the last process: `empty`, loaded.
     let same = outcome(&run(0, 2, 32));
