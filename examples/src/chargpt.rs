@@ -142,6 +142,7 @@ impl CharGpt {
         let block = TransformerBlock {
             dropout: shape.dropout,
             ..TransformerBlock::causal(d, shape.heads)
+                .expect("a shape whose heads divide its width (`Args::check` refuses others)")
         };
         let arch = GptArch {
             tokens: Embedding { vocab, dim: d },

@@ -413,6 +413,17 @@ pub enum Error {
         problem: String,
     },
 
+    /// A layer of [`crate::nn`] was built with a shape it cannot have (heads that do not divide
+    /// the width, none at all): refused by its constructor, and by its forward pass when it was
+    /// written as a literal.
+    #[error("layer {layer} cannot be built: {problem}")]
+    LayerShape {
+        /// The layer, as it was asked for (`TransformerBlock::causal(512, 7)`).
+        layer: String,
+        /// What is wrong, with the numbers, and what to do.
+        problem: String,
+    },
+
     /// An environment variable holds a value nitro does not accept.
     #[error("{variable}={value:?} is not a valid setting: {expected}")]
     InvalidSetting {

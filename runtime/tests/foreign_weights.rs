@@ -262,7 +262,7 @@ impl Model for TinyGpt {
 }
 
 fn tiny_gpt() -> TinyGpt {
-    let arch = Gpt2::new(50, 16, 64, 4, 2);
+    let arch = Gpt2::new(50, 16, 64, 4, 2).unwrap();
     TinyGpt {
         model: arch.init(Seed(9)),
         arch,

@@ -316,7 +316,7 @@ fn attention_masks_and_gradients() {
 
 #[test]
 fn a_transformer_block_differentiates_and_stacks() {
-    let block = nn::TransformerBlock::causal(4, 2);
+    let block = nn::TransformerBlock::causal(4, 2).unwrap();
     let p = block.init(Seed(1));
     assert_eq!(
         (p.fc1.w.dims(), p.fc2.w.dims()),

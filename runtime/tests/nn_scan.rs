@@ -110,7 +110,7 @@ fn agrees_with_unrolled(
 
 #[test]
 fn a_scanned_block_stack_is_the_unrolled_stack_and_the_per_layer_stack() {
-    let block = TransformerBlock::causal(16, 2);
+    let block = TransformerBlock::causal(16, 2).unwrap();
     let depth = 3;
     let x = f32s(1, &[2, 5, 16]);
     let scanned = Repeated::new(block, depth);
@@ -256,7 +256,7 @@ fn each_repeated_layer_draws_its_own_dropout_mask_in_both_forms() {
 #[test]
 fn depth_remat_and_form_are_in_the_layers_content_hash() {
     use nitro::Digest;
-    let block = TransformerBlock::causal(16, 2);
+    let block = TransformerBlock::causal(16, 2).unwrap();
     let of = |r: Repeated<TransformerBlock>| Digest::of(&r);
     let base = Repeated::new(block, 4);
     assert_eq!(of(base), of(Repeated::new(block, 4)));

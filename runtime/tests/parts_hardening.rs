@@ -285,7 +285,7 @@ fn a_symmetric_padding_past_i64_is_refused_by_output_dims_and_the_trace_alike() 
 
 #[test]
 fn gpt2_refuses_more_tokens_than_its_context_naming_both() {
-    let model = Gpt2::new(11, 4, 8, 2, 1);
+    let model = Gpt2::new(11, 4, 8, 2, 1).unwrap();
     let params = model.init(nitro::init::Seed(3));
     let mut leaves = Vec::new();
     params.for_each_leaf("p", &mut |path, a| {

@@ -15,11 +15,13 @@ use crate::trace::Tensor;
 ///
 /// ```
 /// use nitro::nn::{Gpt2, Layer};
-/// let small = Gpt2::new(50_257, 1024, 768, 12, 12); // GPT-2 "small"
+/// let small = Gpt2::new(50_257, 1024, 768, 12, 12)?; // GPT-2 "small"
 /// assert_eq!(small.block().hidden, 4 * 768);
-/// let tiny = Gpt2::new(50, 16, 64, 4, 2).init(nitro::init::Seed(0));
+/// let tiny = Gpt2::new(50, 16, 64, 4, 2)?.init(nitro::init::Seed(0));
 /// assert_eq!(tiny.blocks.len(), 2);
 /// assert_eq!(tiny.wpe.table.dims(), &[16, 64]);
+/// assert!(Gpt2::new(50, 16, 64, 5, 2).is_err(), "5 heads do not divide 64");
+/// # Ok::<(), nitro::Error>(())
 /// ```
 #[derive(crate::ContentHash, Clone, Copy, Debug, PartialEq)]
 pub struct Gpt2 {
@@ -53,14 +55,30 @@ pub struct Gpt2Params {
 
 impl Gpt2 {
     /// GPT-2 of this shape, `eps` 1e-5.
-    pub fn new(vocab: usize, context: usize, dim: usize, heads: usize, layers: usize) -> Gpt2 {
-        Gpt2 {
+    ///
+    /// Errors: [`Error::LayerShape`](crate::Error::LayerShape) when `heads` is 0 or does not
+    /// divide `dim`, naming both.
+    pub fn new(
+        vocab: usize,
+        context: usize,
+        dim: usize,
+        heads: usize,
+        layers: usize,
+    ) -> crate::Result<Gpt2> {
+        let model = Gpt2 {
             vocab,
             context,
             dim,
             heads,
             layers,
             eps: 1e-5,
+        };
+        match model.block().attention.problem() {
+            None => Ok(model),
+            Some(problem) => Err(crate::Error::LayerShape {
+                layer: format!("Gpt2::new({vocab}, {context}, {dim}, {heads}, {layers})"),
+                problem,
+            }),
         }
     }
 
@@ -69,7 +87,7 @@ impl Gpt2 {
         TransformerBlock {
             eps: self.eps,
             activation: Activation::GeluTanh,
-            ..TransformerBlock::causal(self.dim, self.heads)
+            ..TransformerBlock::causal_unchecked(self.dim, self.heads)
         }
     }
 
@@ -107,6 +125,7 @@ impl Layer for Gpt2 {
 
     #[track_caller]
     fn forward(&self, p: &Gpt2ParamsMirror<Tensor>, ids: Tensor) -> Tensor {
+        let _caller = crate::trace::caller_scope();
         let time = ids.dims().get(1).copied().unwrap_or(1);
         // Refused past the context (naming both lengths), never clamped into the table.
         let wpe = Embedding {

@@ -89,6 +89,7 @@ pub fn stack<L: Layer>(
     x: Tensor,
     between: impl Fn(Tensor) -> Tensor,
 ) -> Tensor {
+    let _caller = crate::trace::caller_scope();
     let mut h = x;
     for (i, (l, p)) in layers.iter().zip(params).enumerate() {
         if i > 0 {
@@ -104,12 +105,14 @@ pub fn stack<L: Layer>(
 /// Exact GELU: `x · (1 + erf(x / √2)) / 2`.
 #[track_caller]
 pub fn gelu(x: Tensor) -> Tensor {
+    let _caller = crate::trace::caller_scope();
     x * ((x * std::f64::consts::FRAC_1_SQRT_2).erf() + 1.0) * 0.5
 }
 
 /// GELU's tanh approximation: `x · (1 + tanh(√(2/π) · (x + 0.044715 x³))) / 2`.
 #[track_caller]
 pub fn gelu_tanh(x: Tensor) -> Tensor {
+    let _caller = crate::trace::caller_scope();
     let c = (2.0 / std::f64::consts::PI).sqrt();
     x * (((x + x * x * x * 0.044715) * c).tanh() + 1.0) * 0.5
 }
@@ -117,6 +120,7 @@ pub fn gelu_tanh(x: Tensor) -> Tensor {
 /// SiLU (swish): `x · σ(x)`.
 #[track_caller]
 pub fn silu(x: Tensor) -> Tensor {
+    let _caller = crate::trace::caller_scope();
     x * x.logistic()
 }
 
@@ -173,6 +177,7 @@ impl Layer for Linear {
 
     #[track_caller]
     fn forward(&self, p: &LinearParamsMirror<Tensor>, x: Tensor) -> Tensor {
+        let _caller = crate::trace::caller_scope();
         let y = x.matmul(p.w);
         match p.b {
             Some(b) => y + b,
@@ -420,6 +425,7 @@ impl Layer for Conv2d {
 
     #[track_caller]
     fn forward(&self, p: &Conv2dParamsMirror<Tensor>, x: Tensor) -> Tensor {
+        let _caller = crate::trace::caller_scope();
         let d = x.dims();
         let (h, w, _) = self.channels.hwc();
         let hw = (
@@ -516,6 +522,7 @@ impl Layer for Pool2d {
 
     #[track_caller]
     fn forward(&self, _: &(), x: Tensor) -> Tensor {
+        let _caller = crate::trace::caller_scope();
         let w = self.window();
         if self.max {
             x.window_max(&w)
@@ -537,6 +544,7 @@ impl Layer for Flatten {
 
     #[track_caller]
     fn forward(&self, _: &(), x: Tensor) -> Tensor {
+        let _caller = crate::trace::caller_scope();
         let d = x.dims();
         let n = d.first().copied().unwrap_or(1);
         match crate::tree::dims_product(d.get(1..).unwrap_or(&[])) {
@@ -653,6 +661,7 @@ impl Embedding {
     /// [`crate::ops::index`]).
     #[track_caller]
     pub fn lookup(&self, p: &EmbeddingParamsMirror<Tensor>, ids: Tensor) -> Tensor {
+        let _caller = crate::trace::caller_scope();
         p.table.take(ids, 0)
     }
 
@@ -680,6 +689,7 @@ impl Embedding {
     /// ```
     #[track_caller]
     pub fn positions(&self, p: &EmbeddingParamsMirror<Tensor>, time: usize) -> Tensor {
+        let _caller = crate::trace::caller_scope();
         let rows = p.table.dims().first().copied().unwrap_or(0);
         if time > rows {
             return crate::trace::refuse_at(
@@ -708,6 +718,7 @@ impl Layer for Embedding {
 
     #[track_caller]
     fn forward(&self, p: &EmbeddingParamsMirror<Tensor>, ids: Tensor) -> Tensor {
+        let _caller = crate::trace::caller_scope();
         self.lookup(p, ids)
     }
 }
@@ -750,6 +761,7 @@ impl Layer for LayerNorm {
 
     #[track_caller]
     fn forward(&self, p: &NormParamsMirror<Tensor>, x: Tensor) -> Tensor {
+        let _caller = crate::trace::caller_scope();
         let last = x.rank().saturating_sub(1);
         // Half-precision input is normalized in f32, then scaled in its own dtype.
         let normalized = crate::trace::nn::in_f32(x, |x| {
@@ -794,6 +806,7 @@ impl Layer for RmsNorm {
 
     #[track_caller]
     fn forward(&self, p: &NormParamsMirror<Tensor>, x: Tensor) -> Tensor {
+        let _caller = crate::trace::caller_scope();
         let last = x.rank().saturating_sub(1);
         // Half-precision input is normalized in f32, then scaled in its own dtype.
         let normalized = crate::trace::nn::in_f32(x, |x| {
@@ -866,6 +879,56 @@ pub struct AttentionParams {
 }
 
 impl MultiHeadAttention {
+    /// Attention of width `dim` with `heads` heads (causal or not), each head `dim / heads`
+    /// wide.
+    ///
+    /// ```
+    /// use nitro::nn::MultiHeadAttention;
+    /// assert_eq!(MultiHeadAttention::new(512, 8, true)?.dim, 512);
+    /// let err = MultiHeadAttention::new(512, 7, true).unwrap_err().to_string();
+    /// assert!(err.contains("7 heads") && err.contains("512"), "{err}");
+    /// # Ok::<(), nitro::Error>(())
+    /// ```
+    ///
+    /// Errors: [`Error::LayerShape`] when `heads` is 0 or does not divide `dim` (the
+    /// message names the nearest widths that it divides).
+    pub fn new(dim: usize, heads: usize, causal: bool) -> Result<MultiHeadAttention> {
+        let attention = MultiHeadAttention { dim, heads, causal };
+        match attention.problem() {
+            None => Ok(attention),
+            Some(problem) => Err(Error::LayerShape {
+                layer: format!("MultiHeadAttention::new({dim}, {heads}, {causal})"),
+                problem,
+            }),
+        }
+    }
+
+    /// Why this attention cannot be built (heads that do not divide the width), in words with
+    /// the numbers; `None` when it can. Its forward pass refuses such a layer written as a
+    /// literal, at the caller's line.
+    pub fn problem(&self) -> Option<String> {
+        let (dim, heads) = (self.dim, self.heads);
+        if heads == 0 {
+            return Some(format!(
+                "0 heads: attention of width {dim} needs at least one head"
+            ));
+        }
+        if dim % heads != 0 {
+            let below = dim / heads * heads;
+            let above = below + heads;
+            let nearer = match below {
+                0 => format!("{above}"),
+                _ => format!("{below} or {above}"),
+            };
+            return Some(format!(
+                "{heads} heads do not divide the width {dim} (each head takes width / heads \
+                 features); give a width that {heads} divides ({nearer}), or a head count that \
+                 divides {dim}"
+            ));
+        }
+        None
+    }
+
     /// Attention with `keep` (`bool [batch, time]`, true for real tokens) masking padded keys,
     /// on top of the causal mask when the layer is causal.
     #[track_caller]
@@ -875,6 +938,10 @@ impl MultiHeadAttention {
         x: Tensor,
         keep: Option<Tensor>,
     ) -> Tensor {
+        let _caller = crate::trace::caller_scope();
+        if let Some(problem) = self.problem() {
+            return crate::trace::refuse_at("MultiHeadAttention", problem, x);
+        }
         let d = x.dims();
         let (b, t) = (
             d.first().copied().unwrap_or(1),
@@ -934,6 +1001,7 @@ impl Layer for MultiHeadAttention {
 
     #[track_caller]
     fn forward(&self, p: &AttentionParamsMirror<Tensor>, x: Tensor) -> Tensor {
+        let _caller = crate::trace::caller_scope();
         self.forward_masked(p, x, None)
     }
 }
@@ -954,6 +1022,7 @@ impl Activation {
     /// The activation applied to `x`.
     #[track_caller]
     pub fn apply(self, x: Tensor) -> Tensor {
+        let _caller = crate::trace::caller_scope();
         match self {
             Activation::Gelu => gelu(x),
             Activation::GeluTanh => gelu_tanh(x),
@@ -994,7 +1063,29 @@ pub struct BlockParams {
 
 impl TransformerBlock {
     /// A causal block of width `dim` with `heads` heads, a 4× MLP and no dropout.
-    pub fn causal(dim: usize, heads: usize) -> TransformerBlock {
+    ///
+    /// ```
+    /// use nitro::nn::TransformerBlock;
+    /// assert_eq!(TransformerBlock::causal(512, 8)?.hidden, 2048);
+    /// let err = TransformerBlock::causal(512, 7).unwrap_err().to_string();
+    /// assert!(err.contains("7 heads do not divide the width 512"), "{err}");
+    /// # Ok::<(), nitro::Error>(())
+    /// ```
+    ///
+    /// Errors: [`Error::LayerShape`] when `heads` is 0 or does not divide `dim`.
+    pub fn causal(dim: usize, heads: usize) -> Result<TransformerBlock> {
+        let block = TransformerBlock::causal_unchecked(dim, heads);
+        match block.attention.problem() {
+            None => Ok(block),
+            Some(problem) => Err(Error::LayerShape {
+                layer: format!("TransformerBlock::causal({dim}, {heads})"),
+                problem,
+            }),
+        }
+    }
+
+    /// [`causal`](TransformerBlock::causal) without the check (for a shape checked already).
+    pub(crate) fn causal_unchecked(dim: usize, heads: usize) -> TransformerBlock {
         TransformerBlock {
             attention: MultiHeadAttention {
                 dim,
@@ -1033,6 +1124,7 @@ impl Layer for TransformerBlock {
 
     #[track_caller]
     fn forward(&self, p: &BlockParamsMirror<Tensor>, x: Tensor) -> Tensor {
+        let _caller = crate::trace::caller_scope();
         let d = self.attention.dim;
         let ln = self.norm();
         let a = self.attention.forward(&p.attention, ln.forward(&p.ln1, x));

@@ -80,6 +80,7 @@ impl Lstm {
         h: Tensor,
         c: Tensor,
     ) -> (Tensor, Tensor, Tensor) {
+        let _caller = crate::trace::caller_scope();
         let d = x.dims();
         let (b, t) = (
             d.first().copied().unwrap_or(1),
@@ -132,6 +133,7 @@ impl Layer for Lstm {
 
     #[track_caller]
     fn forward(&self, p: &LstmParamsMirror<Tensor>, x: Tensor) -> Tensor {
+        let _caller = crate::trace::caller_scope();
         let b = x.dims().first().copied().unwrap_or(1);
         let zero = Tensor::scalar(0.0, DType::F32).broadcast_to(&[b, self.hidden]);
         self.run(p, x, zero, zero).0

@@ -23,10 +23,11 @@ use super::{init_stack, Layer};
 /// ```
 /// use nitro::nn::{Layer, Repeated, TransformerBlock};
 ///
-/// let blocks = Repeated::new(TransformerBlock::causal(32, 4), 6);
+/// let blocks = Repeated::new(TransformerBlock::causal(32, 4)?, 6);
 /// let params = blocks.init(nitro::init::Seed(1));
 /// assert_eq!(params.fc1.w.dims(), &[6, 32, 128]);
 /// assert_eq!(params.ln1.gain.dims(), &[6, 32]);
+/// # Ok::<(), nitro::Error>(())
 /// ```
 #[derive(crate::ContentHash, Clone, Copy, Debug, PartialEq)]
 pub struct Repeated<L> {
@@ -164,6 +165,7 @@ impl<L: Layer> Repeated<L> {
         p: &<L::Params as Tree>::Mirror<Tensor>,
         i: usize,
     ) -> <L::Params as Tree>::Mirror<Tensor> {
+        let _caller = crate::trace::caller_scope();
         L::Params::map_mirror(p, &mut |t: &Tensor| {
             let dims = t.dims();
             t.narrow(0, i, 1).reshape(dims.get(1..).unwrap_or(&[]))
@@ -222,6 +224,7 @@ where
 
     #[track_caller]
     fn forward(&self, p: &<L::Params as Tree>::Mirror<Tensor>, x: Tensor) -> Tensor {
+        let _caller = crate::trace::caller_scope();
         if self.unrolled {
             let mut h = x;
             for i in 0..self.depth {

@@ -42,5 +42,5 @@ pub use ir::{
     BinaryOp, ClassInput, CmpOp, Conv, ConvDims, DotDims, GatherDims, Graph, Input, Node, NodeId,
     Op, ReduceOp, Remat, ScanOp, ScatterDims, ScatterKind, UnaryOp, WhileOp, Window,
 };
+pub(crate) use record::{caller_scope, refuse, refuse_at};
 pub use record::{input, is_tracing, replicas, trace, trace_replicated, trace_with, Tensor};
-pub(crate) use record::{refuse, refuse_at};

@@ -98,8 +98,62 @@ pub(crate) fn with_recording<R>(f: impl FnOnce(&mut Recording) -> R) -> R {
     })
 }
 
+thread_local! {
+    /// Where user code called the library function being traced ([`caller_scope`]).
+    static CALLER: std::cell::Cell<Option<&'static Location<'static>>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// Whether `at` is in nitro's own source (this crate's `src/`): the location of an op that a
+/// layer or a composition of the library traces, not of the user's code.
+fn in_library(at: &Location<'_>) -> bool {
+    // This file is `<src>/trace/record.rs` (with either path separator): `<src>` is the root.
+    const HERE: &str = file!();
+    let root = &HERE[..HERE.len().saturating_sub("trace/record.rs".len())];
+    !root.is_empty() && at.file().starts_with(root)
+}
+
+/// The location an error of an op traced at `at` names: `at` itself in user code; inside the
+/// library, the user's call of the library function that traced it ([`caller_scope`]).
+fn reported(at: &Location<'_>) -> String {
+    let user = match in_library(at) {
+        true => CALLER.with(std::cell::Cell::get),
+        false => None,
+    };
+    match user {
+        Some(u) => format!("{}:{}:{}", u.file(), u.line(), u.column()),
+        None => format!("{}:{}:{}", at.file(), at.line(), at.column()),
+    }
+}
+
+/// Restores the caller a [`caller_scope`] replaced when dropped.
+pub(crate) struct CallerScope(Option<Option<&'static Location<'static>>>);
+
+impl Drop for CallerScope {
+    fn drop(&mut self) {
+        if let Some(before) = self.0 {
+            CALLER.with(|c| c.set(before));
+        }
+    }
+}
+
+/// Marks the start of a library function that traces ops (a layer's forward pass, an
+/// activation), called from its caller's location (`#[track_caller]` all the way up): until
+/// the guard is dropped, an error of an op traced inside the library names that location — the
+/// user's line — instead of the library's. A call from inside the library keeps the location
+/// of the outermost call from user code.
+#[track_caller]
+pub(crate) fn caller_scope() -> CallerScope {
+    let at = Location::caller();
+    if in_library(at) {
+        return CallerScope(None);
+    }
+    CallerScope(Some(CALLER.with(|c| c.replace(Some(at)))))
+}
+
 impl Recording {
-    /// Records the first error and returns a stand-in tensor of type `ty`.
+    /// Records the first error and returns a stand-in tensor of type `ty`. An op traced inside
+    /// the library reports its user's call instead ([`caller_scope`]).
     pub(crate) fn fail(
         &mut self,
         op: &'static str,
@@ -111,7 +165,7 @@ impl Recording {
             self.error = Some(TraceError {
                 op,
                 message,
-                location: format!("{}:{}:{}", at.file(), at.line(), at.column()),
+                location: reported(at),
             });
         }
         self.stand_in(ty)
