@@ -154,13 +154,15 @@ impl Data {
 }
 
 /// The experiment `args` describe over a vocabulary of `vocab` characters (its initial
-/// weights fixed by the shape's seed: every call makes the same).
+/// weights fixed by --seed: every call makes the same).
 fn make_experiment(args: &Args, vocab: usize) -> CharGpt {
-    // With --init device the model is declared by its types: the devices create its values.
-    let mut experiment = match args.init {
-        InitOn::Host => CharGpt::new(&args.shape(), vocab),
-        InitOn::Device => nitro::init::declared(|| CharGpt::new(&args.shape(), vocab)),
-    };
+    // The model is declared by its types; the layer library's rules create its values from
+    // --seed, here on the host or with --init device on the devices: the same model either way.
+    let mut experiment = nitro::init::declared(|| CharGpt::new(&args.shape(), vocab));
+    if args.init == InitOn::Host {
+        nitro::train::initialize_on_host(&mut experiment, nitro::init::layer_defaults(), args.seed)
+            .expect("the layer library's rules create every parameter of chargpt");
+    }
     if args.remat {
         experiment.arch.stack = experiment
             .arch

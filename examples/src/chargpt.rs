@@ -411,11 +411,11 @@ pub struct Args {
     /// steps run). 0: only after training.
     #[arg(long, default_value_t = 0)]
     pub save_every: u64,
-    /// Where the parameters are created: `host` draws them on the host (SplitMix64, as
-    /// `nn`'s layers do) and splits them over the devices at the first step; `device` declares
-    /// the model by its types and creates each parameter on the devices from the seed (the
-    /// layer library's distributions, Threefry), each device only its shard, so no host holds
-    /// the model.
+    /// Where the parameters are created, both times from --seed by the layer library's rules
+    /// (Threefry, keyed by each parameter's name), so both give the same model (normal draws
+    /// to a few ulps): `host` creates them on the host and splits them over the devices at
+    /// the first step; `device` creates each on the devices, each device only its shard, so
+    /// no host holds the model.
     #[arg(long, value_enum, default_value_t = InitOn::Host)]
     pub init: InitOn,
     /// The directory of the fortune files (default: the Debian package's).
