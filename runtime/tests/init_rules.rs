@@ -122,8 +122,7 @@ fn leaves(z: &Zoo) -> Vec<(String, Array)> {
 fn created_on_devices(backend: &'static dyn Backend, seed: u64) -> Vec<(String, Array)> {
     let declared = init::declared(zoo);
     let config = config(seed).initialize_all(rules());
-    let mut run =
-        Nitro::with_backend(declared, Sgd::default(), config, backend, own_cache()).unwrap();
+    let mut run = Nitro::with_backend(declared, Sgd, config, backend, own_cache()).unwrap();
     leaves(run.experiment().unwrap())
 }
 
@@ -131,8 +130,7 @@ fn created_on_devices(backend: &'static dyn Backend, seed: u64) -> Vec<(String, 
 fn created_on_host(backend: &'static dyn Backend, seed: u64) -> Vec<(String, Array)> {
     let mut z = init::declared(zoo);
     nitro::train::initialize_on_host(&mut z, rules(), seed).unwrap();
-    let mut run =
-        Nitro::with_backend(z, Sgd::default(), config(seed), backend, own_cache()).unwrap();
+    let mut run = Nitro::with_backend(z, Sgd, config(seed), backend, own_cache()).unwrap();
     leaves(run.experiment().unwrap())
 }
 
@@ -293,7 +291,7 @@ fn host_created_values_depend_on_the_seed_path_type_and_rule_only() {
 fn refusal(pattern: &str, rule: Init) -> String {
     Nitro::with_backend(
         init::declared(zoo),
-        Sgd::default(),
+        Sgd,
         config(1).initialize(pattern, rule),
         backend::interpreter(),
         own_cache(),
@@ -443,7 +441,7 @@ fn a_uniform_rule_wider_than_f32_is_refused() {
 fn a_bad_rule_of_a_set_is_refused_even_unused() {
     let err = Nitro::with_backend(
         init::declared(zoo),
-        Sgd::default(),
+        Sgd,
         config(1).initialize_all([
             ("*", Init::Zeros),
             (
