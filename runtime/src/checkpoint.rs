@@ -782,7 +782,7 @@ impl Checkpoint {
     /// this format version.
     pub fn load(path: impl AsRef<Path>) -> Result<Checkpoint> {
         let path = path.as_ref();
-        if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        if std::fs::metadata(path).is_ok_and(|m| m.is_dir()) {
             return CheckpointDir::open(path)?.load();
         }
         let origin = format!("`{}`", path.display());

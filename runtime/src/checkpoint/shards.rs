@@ -80,6 +80,64 @@ struct TensorEntry {
     pieces: Vec<PieceEntry>,
 }
 
+impl TensorEntry {
+    /// `Err(why)` unless the pieces tile the tensor: each inside it, no two overlapping, and
+    /// their elements summing to the tensor's — so every element is in exactly one piece. The
+    /// counts are checked products: dims whose product overflows are refused, never wrapped.
+    fn check_tiling(&self) -> std::result::Result<(), String> {
+        let name = &self.name;
+        let total = self.ty.element_count().ok_or_else(|| {
+            format!(
+                "`{name}` is declared {}, past the largest tensor nitro holds",
+                self.ty
+            )
+        })?;
+        let mut covered = 0usize;
+        for (i, p) in self.pieces.iter().enumerate() {
+            let inside = p.start.len() == self.ty.dims.len()
+                && p.dims.len() == self.ty.dims.len()
+                && p.start
+                    .iter()
+                    .zip(&p.dims)
+                    .zip(&self.ty.dims)
+                    .all(|((s, d), w)| s.checked_add(*d).is_some_and(|e| e <= *w));
+            if !inside {
+                return Err(format!(
+                    "a piece of `{name}` ({:?} at {:?}) lies outside the tensor's {}",
+                    p.dims, p.start, self.ty
+                ));
+            }
+            // Inside a tensor whose count fits, a piece's count fits too.
+            covered = covered
+                .checked_add(p.dims.iter().product::<usize>())
+                .ok_or_else(|| format!("the pieces of `{name}` hold more elements than it"))?;
+            if let Some(q) = self.pieces[..i].iter().find(|q| overlap(p, q)) {
+                return Err(format!(
+                    "two pieces of `{name}` overlap ({:?} at {:?} and {:?} at {:?}): each \
+                     element must be stored once",
+                    q.dims, q.start, p.dims, p.start
+                ));
+            }
+        }
+        if covered != total {
+            return Err(format!(
+                "the pieces of `{name}` hold {covered} of its {total} elements: some are in \
+                 no piece"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether two pieces of one tensor share an element.
+fn overlap(a: &PieceEntry, b: &PieceEntry) -> bool {
+    a.start
+        .iter()
+        .zip(&a.dims)
+        .zip(b.start.iter().zip(&b.dims))
+        .all(|((&s0, &d0), (&s1, &d1))| s0.max(s1) < (s0 + d0).min(s1 + d1))
+}
+
 /// A version's `index.json`.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 struct Index {
@@ -157,8 +215,9 @@ impl DirWriter {
                 source,
             }
         };
-        match fs::symlink_metadata(root) {
-            Ok(m) if m.is_dir() => {}
+        // The path itself is followed when it is a link, as every reader follows it.
+        match fs::metadata(root) {
+            Ok(m) if m.is_dir() => check_ours(root)?,
             Ok(_) => {
                 return Err(io("write a checkpoint directory at")(
                     std::io::Error::other(
@@ -300,17 +359,8 @@ impl DirWriter {
     /// (each step synced), then removes the older versions. Returns the bytes of the pieces.
     pub(crate) fn commit(mut self, metadata: BTreeMap<String, String>) -> Result<u64> {
         for t in &self.tensors {
-            let count = |dims: &[usize]| dims.iter().product::<usize>();
-            let covered: usize = t.pieces.iter().map(|p| count(&p.dims)).sum();
-            if covered != count(&t.ty.dims) {
-                return Err(Error::CheckpointInput {
-                    why: format!(
-                        "the pieces of `{}` hold {covered} of its {} elements",
-                        t.name,
-                        count(&t.ty.dims)
-                    ),
-                });
-            }
+            t.check_tiling()
+                .map_err(|why| Error::CheckpointInput { why })?;
         }
         let mut index = Index {
             format: DIR_FORMAT.to_owned(),
@@ -358,11 +408,7 @@ impl DirWriter {
             for e in rd.filter_map(|e| e.ok()) {
                 let name = e.file_name();
                 let Some(name) = name.to_str() else { continue };
-                if name.starts_with(VERSION_PREFIX)
-                    && !name.contains(TEMP_MARK)
-                    && name != self.version
-                    && e.file_type().is_ok_and(|t| t.is_dir())
-                {
+                if name != self.version && written_version(&e) {
                     let _ = fs::remove_dir_all(e.path());
                 }
             }
@@ -389,6 +435,95 @@ fn sync_dir(dir: &Path) {
     let _ = dir;
 }
 
+/// Whether `name` is a version's name as [`DirWriter::begin`] makes it:
+/// `step-<12 digits>.<pid>.<n>`.
+fn version_name(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix(VERSION_PREFIX) else {
+        return false;
+    };
+    let mut fields = rest.split('.');
+    let digits = |f: Option<&str>, len: Option<usize>| {
+        f.is_some_and(|f| {
+            !f.is_empty()
+                && f.bytes().all(|b| b.is_ascii_digit())
+                && len.is_none_or(|l| f.len() == l)
+        })
+    };
+    digits(fields.next(), Some(12))
+        && digits(fields.next(), None)
+        && digits(fields.next(), None)
+        && fields.next().is_none()
+}
+
+/// The writer's pid when `name` is a version still being written, as [`DirWriter::begin`]
+/// names it: `<version>.tmp.<pid>.<n>`.
+fn temporary_version(name: &str) -> Option<u32> {
+    let pos = name.find(TEMP_MARK)?;
+    if !version_name(&name[..pos]) {
+        return None;
+    }
+    let mut tail = name[pos + TEMP_MARK.len()..].split('.');
+    let pid = tail.next()?.parse::<u32>().ok()?;
+    let n = tail.next()?;
+    (n.bytes().all(|b| b.is_ascii_digit()) && !n.is_empty() && tail.next().is_none()).then_some(pid)
+}
+
+/// Whether the entry is a committed version a nitro save wrote: a directory (not a link) by
+/// nitro's naming, holding an index. Only these are removed once a newer version is
+/// committed; a user's `step-best/` or notes stay.
+fn written_version(e: &fs::DirEntry) -> bool {
+    let name = e.file_name();
+    name.to_str().is_some_and(version_name)
+        && e.file_type().is_ok_and(|t| t.is_dir())
+        && fs::symlink_metadata(e.path().join(INDEX)).is_ok_and(|m| m.is_file())
+}
+
+/// Refuses to write a checkpoint into the existing directory `root` unless it is one already
+/// (it holds `CURRENT`) or holds nothing but what a nitro save leaves (versions, a killed
+/// save's temporaries): a save never shares a directory it did not make with a user's files.
+fn check_ours(root: &Path) -> Result<()> {
+    if fs::symlink_metadata(root.join(CURRENT)).is_ok() {
+        return Ok(());
+    }
+    let rd = fs::read_dir(root).map_err(|source| Error::CheckpointIo {
+        path: root.to_path_buf(),
+        what: "list the checkpoint directory",
+        source,
+    })?;
+    let mut foreign = Vec::new();
+    for e in rd.filter_map(|e| e.ok()) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let current_temp = name
+            .strip_prefix(CURRENT)
+            .is_some_and(|t| t.starts_with(TEMP_MARK));
+        if !(written_version(&e) || temporary_version(&name).is_some() || current_temp) {
+            foreign.push(name);
+        }
+    }
+    if foreign.is_empty() {
+        return Ok(());
+    }
+    foreign.sort();
+    let shown = foreign.len().min(5);
+    let more = match foreign.len() - shown {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    Err(Error::CheckpointInput {
+        why: format!(
+            "`{}` is a directory that holds no checkpoint (no `{CURRENT}`) but holds {}{more}; \
+             nitro writes checkpoint directories only into an empty or missing directory, or \
+             one a save wrote: pass a new path",
+            root.display(),
+            foreign[..shown]
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    })
+}
+
 /// Removes the versions of writers killed mid-save: temporary version directories whose
 /// writer is gone (or that are over an hour old).
 fn sweep_temporaries(root: &Path) {
@@ -396,16 +531,13 @@ fn sweep_temporaries(root: &Path) {
     for e in rd.filter_map(|e| e.ok()) {
         let name = e.file_name();
         let Some(name) = name.to_str() else { continue };
-        let Some(pos) = name.rfind(TEMP_MARK) else {
+        let Some(pid) = temporary_version(name) else {
             continue;
         };
-        if !name.starts_with(VERSION_PREFIX) || !e.file_type().is_ok_and(|t| t.is_dir()) {
+        if !e.file_type().is_ok_and(|t| t.is_dir()) {
             continue;
         }
-        let pid = name[pos + TEMP_MARK.len()..]
-            .split('.')
-            .next()
-            .and_then(|p| p.parse::<u32>().ok());
+        let pid = Some(pid);
         let alive = match pid {
             Some(pid) if pid == std::process::id() => true,
             Some(pid) if Path::new("/proc/self").exists() => {
@@ -494,7 +626,7 @@ impl Saved {
     /// ([`Checkpoint::load`]).
     pub fn open(path: impl AsRef<Path>) -> Result<Saved> {
         let path = path.as_ref();
-        if fs::symlink_metadata(path).is_ok_and(|m| m.is_dir()) {
+        if fs::metadata(path).is_ok_and(|m| m.is_dir()) {
             return CheckpointDir::open(path).map(Saved::Directory);
         }
         Checkpoint::load(path).map(Saved::Whole)
@@ -556,11 +688,17 @@ impl CheckpointDir {
         let name = String::from_utf8(current)
             .ok()
             .map(|s| s.trim_end().to_owned())
-            .filter(|n| {
-                n.starts_with(VERSION_PREFIX) && !n.contains(['/', '\\']) && !n.contains("..")
-            })
+            .filter(|n| version_name(n))
             .ok_or_else(|| corrupt(format!("its `{CURRENT}` names no version")))?;
         let version = root.join(&name);
+        // Entries inside a checkpoint directory are never followed: the version must be a
+        // directory in it, not a link out of it.
+        if fs::symlink_metadata(&version).is_ok_and(|m| !m.is_dir()) {
+            return Err(corrupt(format!(
+                "its `{CURRENT}` names `{name}`, which is not a version directory in it (a \
+                 link inside a checkpoint directory is not followed)"
+            )));
+        }
         let bytes = read_bounded(&version.join(INDEX), MAX_INDEX_BYTES, &origin)?;
         let index: Index = serde_json::from_slice(&bytes)
             .map_err(|e| corrupt(format!("its index is unreadable ({e})")))?;
@@ -578,34 +716,64 @@ impl CheckpointDir {
                 "its index's checksum does not match its contents (a byte was changed)".into(),
             ));
         }
+        if index
+            .parts
+            .iter()
+            .any(|p| p.is_empty() || p.contains(['/', '\\']) || p.contains(".."))
+        {
+            return Err(corrupt("its index names a part outside the version".into()));
+        }
+        // What each part file may hold: the pieces the index places in it must fit in its
+        // bytes, so no declared dims can make a read allocate more than the files hold.
+        let mut room = Vec::with_capacity(index.parts.len());
+        for part in &index.parts {
+            let path = version.join(part);
+            match fs::symlink_metadata(&path) {
+                Ok(m) if m.is_file() => room.push(m.len()),
+                Ok(_) => {
+                    return Err(corrupt(format!(
+                        "its part `{part}` is not a regular file (links inside a checkpoint \
+                         are not followed)"
+                    )))
+                }
+                Err(source) => {
+                    return Err(Error::CheckpointIo {
+                        path,
+                        what: "inspect a part of",
+                        source,
+                    })
+                }
+            }
+        }
         let mut by_name = HashMap::new();
         for (i, t) in index.tensors.iter().enumerate() {
             if by_name.insert(t.name.clone(), i).is_some() {
                 return Err(corrupt(format!("its index lists `{}` twice", t.name)));
             }
+            t.check_tiling()
+                .map_err(|why| corrupt(format!("its index is wrong: {why}")))?;
+            let elem = t.ty.dtype.size_bytes() as u64;
             for p in &t.pieces {
-                let inside = p.part < index.parts.len()
-                    && p.start.len() == t.ty.dims.len()
-                    && p.dims.len() == t.ty.dims.len()
-                    && p.start
-                        .iter()
-                        .zip(&p.dims)
-                        .zip(&t.ty.dims)
-                        .all(|((s, d), w)| s.checked_add(*d).is_some_and(|e| e <= *w));
-                if !inside {
-                    return Err(corrupt(format!(
-                        "its index places a piece of `{}` outside it",
-                        t.name
-                    )));
+                let left = room.get_mut(p.part).ok_or_else(|| {
+                    corrupt(format!(
+                        "its index places a piece of `{}` in part {}, and it has {}",
+                        t.name,
+                        p.part,
+                        index.parts.len()
+                    ))
+                })?;
+                // Tiling proved the count fits a usize; the bytes are a checked product.
+                let bytes = (p.dims.iter().product::<usize>() as u64).checked_mul(elem);
+                match bytes.and_then(|b| left.checked_sub(b)) {
+                    Some(rest) => *left = rest,
+                    None => {
+                        return Err(corrupt(format!(
+                            "its index places more bytes of `{}` in `{}` than the file holds",
+                            t.name, index.parts[p.part]
+                        )))
+                    }
                 }
             }
-        }
-        if index
-            .parts
-            .iter()
-            .any(|p| p.contains(['/', '\\']) || p.contains(".."))
-        {
-            return Err(corrupt("its index names a part outside the version".into()));
         }
         let (head, opt_names, window) = Checkpoint::parse_head(&index.metadata, &origin)?;
         Ok(CheckpointDir {
