@@ -209,3 +209,92 @@ fn a_handle_on_a_mesh_reads_each_devices_ranges_of_the_file() {
     );
     assert_eq!(values(run.experiment().unwrap()), before);
 }
+
+/// A `safetensors` file written by hand: `(name, dims, offsets)` of f32 tensors in its header,
+/// then `data` bytes — what a broken writer leaves.
+fn crafted(path: &std::path::Path, tensors: &[(&str, &[usize], (u64, u64))], data: usize) {
+    let mut header = serde_json::Map::new();
+    for (name, dims, (b, e)) in tensors {
+        header.insert(
+            (*name).to_owned(),
+            serde_json::json!({"dtype": "F32", "shape": dims, "data_offsets": [b, e]}),
+        );
+    }
+    let mut head = serde_json::to_vec(&header).unwrap();
+    while head.len() % 8 != 0 {
+        head.push(b' ');
+    }
+    let mut file = (head.len() as u64).to_le_bytes().to_vec();
+    file.extend(head);
+    file.extend((0..data).map(|i| (i % 251) as u8));
+    std::fs::write(path, file).unwrap();
+}
+
+/// Files whose header the `safetensors` crate refuses — one tensor's offsets inside another's
+/// bytes, unused bytes between tensors, bytes after the last — are refused on a mesh as
+/// `load_into` refuses them, with its message, before a byte is read and with nothing changed.
+#[test]
+fn a_mesh_refuses_the_malformed_files_load_into_refuses_with_its_message() {
+    let test = "a_mesh_refuses_the_malformed_files_load_into_refuses_with_its_message";
+    let Some(_) = xla_devices_or_skip(test, 4) else {
+        return;
+    };
+    let dir = TempDir::new("weights-ranges-malformed");
+    std::fs::create_dir_all(dir.path()).unwrap();
+    let fsdp = Config::new()
+        .mesh(Mesh::new([("data", 4)]).unwrap())
+        .sharding(Sharding::fsdp("data"));
+    let backend = backend::for_mesh(&fsdp.partitioning().unwrap().unwrap()).unwrap();
+    let mut run = handle(fsdp, backend);
+    let before = values(run.experiment().unwrap());
+    let (m, v) = (&[8usize, 4][..], &[8usize][..]);
+    let s = &[4usize][..];
+    // The layout a writer would give: a, b, c, d, scale back to back (128·3 + 32 + 16 bytes).
+    let honest = |b: (u64, u64), c: (u64, u64)| {
+        vec![
+            ("a", m, (0, 128)),
+            ("b", m, b),
+            ("c", m, c),
+            ("d", v, (c.1, c.1 + 32)),
+            ("scale", s, (c.1 + 32, c.1 + 48)),
+        ]
+    };
+    let path = dir.path().join("ok.safetensors");
+    crafted(&path, &honest((128, 256), (256, 384)), 432);
+    run.load_weights(&path, &Import::new()).unwrap();
+    let loaded = values(run.experiment().unwrap());
+    assert_ne!(loaded, before);
+    for (what, tensors, data, says) in [
+        (
+            "b's offsets inside a's bytes",
+            honest((64, 192), (192, 320)),
+            368,
+            "invalid offset for tensor `b`",
+        ),
+        (
+            "16 unused bytes between a and b",
+            honest((144, 272), (272, 400)),
+            448,
+            "invalid offset for tensor `b`",
+        ),
+        (
+            "8 bytes after the last tensor",
+            honest((128, 256), (256, 384)),
+            440,
+            "not fully covered",
+        ),
+    ] {
+        let path = dir.path().join("bad.safetensors");
+        crafted(&path, &tensors, data);
+        let on_host = weights::load_into(&mut zeros(), &path, &Import::new())
+            .unwrap_err()
+            .to_string();
+        let on_handle = run
+            .load_weights(&path, &Import::new())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(on_handle, on_host, "{what}");
+        assert!(on_handle.contains(says), "{what}: {on_handle}");
+        assert_eq!(values(run.experiment().unwrap()), loaded, "{what}");
+    }
+}

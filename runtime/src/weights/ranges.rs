@@ -39,6 +39,41 @@ pub(crate) struct Header {
     entries: BTreeMap<String, Entry>,
 }
 
+/// `Err` unless the tensors' data is what the `safetensors` crate accepts in
+/// [`load_into`](super::load_into): the byte ranges, ordered by offset, follow each other from
+/// the data's start with no gap and no overlap and end where the file ends (`data` bytes after
+/// the header) — so no tensor's offsets point into another's bytes, and no byte is unused. The
+/// error is the crate's own, so both paths refuse a file with the same message.
+fn contiguous(
+    json: &serde_json::Map<String, serde_json::Value>,
+    data: u64,
+) -> std::result::Result<(), safetensors::SafeTensorError> {
+    use safetensors::SafeTensorError;
+    let mut ranges = Vec::with_capacity(json.len());
+    for (name, t) in json {
+        if name == "__metadata__" {
+            continue;
+        }
+        match header_tensor(t).2 {
+            Some(offsets) => ranges.push((offsets, name.as_str())),
+            // Refused by name by the per-tensor checks.
+            None => return Ok(()),
+        }
+    }
+    ranges.sort();
+    let mut end = 0u64;
+    for ((b, e), name) in ranges {
+        if b != end || e < b {
+            return Err(SafeTensorError::InvalidOffset(name.to_owned()));
+        }
+        end = e;
+    }
+    if end != data {
+        return Err(SafeTensorError::MetadataIncompleteBuffer);
+    }
+    Ok(())
+}
+
 impl Header {
     /// Reads the header of the file at `path` and checks that every tensor's data lies in it.
     pub(crate) fn open(path: &Path) -> Result<Header> {
@@ -58,6 +93,7 @@ impl Header {
                 ))
             })?;
         let data = 8 + header_len;
+        contiguous(&json, len - data).map_err(|e| bad(format!("not a safetensors file: {e}")))?;
         let mut entries = BTreeMap::new();
         for (name, t) in &json {
             if name == "__metadata__" {
