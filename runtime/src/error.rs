@@ -525,6 +525,25 @@ pub enum Error {
         why: String,
     },
 
+    /// The background save [`Config::save_every`](crate::train::Config::save_every) asked for
+    /// at step `step` was not started, because of `source` (most often the previous save's
+    /// failure). Step `step` and the ones before it were taken; the call that returned this
+    /// error was not (a step call did not train its batch): fix the cause and call it again.
+    #[error(
+        "the background save to {} due at step {step} was not started: {source}; the steps \
+         up to {step} were taken, and the call that returned this was not — fix the cause (or \
+         the path) and call it again",
+        path.display()
+    )]
+    SaveNotStarted {
+        /// The step whose save was due.
+        step: u64,
+        /// Where it was to be written.
+        path: std::path::PathBuf,
+        /// Why it could not be started.
+        source: Box<Error>,
+    },
+
     /// A checkpoint cannot be written as asked.
     #[error("cannot capture a checkpoint: {why}")]
     CheckpointInput {

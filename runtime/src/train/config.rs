@@ -330,7 +330,10 @@ impl Config {
     }
 
     /// Saves a checkpoint to `path` every `steps` optimizer steps, in the background
-    /// ([`Config::save_every`]); 0 steps is refused when the handle is made.
+    /// ([`Nitro::save_in_background`]); 0 steps is refused when the handle is made. A save that
+    /// fails, or one that cannot start when due (the last one failed:
+    /// [`Error::SaveNotStarted`](crate::Error::SaveNotStarted)), is reported by the next step
+    /// call, which is then not taken ([`Nitro::step`]).
     pub fn save_every(mut self, steps: u64, path: impl Into<std::path::PathBuf>) -> Config {
         self.save_every = Some((steps, path.into()));
         self

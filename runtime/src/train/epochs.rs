@@ -206,7 +206,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 self.progress.timed(step_started.elapsed(), saving);
             }
             self.progress.batch_done();
-            self.after_step()?;
+            self.after_step();
             steps.push(self.progress.step());
             rows.push(real);
             bar.inc(1);
@@ -597,7 +597,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                     self.wait()?;
                     self.progress.timed(step_started.elapsed(), saving);
                 }
-                self.after_step()?;
+                self.after_step();
                 weights.push(w.iter().map(|&x| f64::from(x)).sum::<f64>());
                 steps.push(self.progress.step());
                 bar.inc(1);

@@ -482,10 +482,48 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         self.config.epochs = epochs;
     }
 
-    /// Epochs completed (by `fit`, `train_epoch`, or in the run a resumed checkpoint was taken
-    /// in).
+    /// Epochs completed (by `fit`, `train_epoch`, [`end_epoch`](Nitro::end_epoch), or in the
+    /// run a resumed checkpoint was taken in).
     pub fn epochs_done(&self) -> u64 {
         self.progress.epoch()
+    }
+
+    /// Batches of the current epoch trained: counted by every step call
+    /// ([`step`](Nitro::step), [`step_deferred`](Nitro::step_deferred) and
+    /// [`step_weighted`](Nitro::step_weighted), one per call, a micro-batch under accumulation)
+    /// as by `fit` and `train_epoch`, restored by a resume, and saved in every checkpoint —
+    /// where a loop continues in its data after a resume.
+    pub fn epoch_batches(&self) -> u64 {
+        self.progress.epoch_batches()
+    }
+
+    /// For a loop of its own over step calls: starts epoch `epoch` (from 0) and returns how
+    /// many of its batches are trained already — skip that many. That is the batches a
+    /// resumed checkpoint of the same epoch recorded, or 0 for another epoch (which then
+    /// counts from 0), as [`train_epoch`](Nitro::train_epoch) continues.
+    ///
+    /// ```no_run
+    /// # use nitro::train::{Model, Nitro};
+    /// # fn run<E: Model, O: nitro::optim::Optimizer>(
+    /// #     run: &mut Nitro<E, O>, batches: &dyn Fn(u64) -> Vec<E::Batch>, rows: usize,
+    /// # ) -> nitro::Result<()> {
+    /// for epoch in run.epochs_done()..10 {
+    ///     let skip = run.begin_epoch(epoch) as usize;
+    ///     for batch in batches(epoch).iter().skip(skip) {
+    ///         run.step(batch, rows)?;
+    ///     }
+    ///     run.end_epoch(epoch);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn begin_epoch(&mut self, epoch: u64) -> u64 {
+        self.progress.start_epoch(epoch)
+    }
+
+    /// For a loop of its own: epoch `epoch` is trained, so [`epochs_done`](Nitro::epochs_done)
+    /// is `epoch + 1` and the next batches count from 0 in the next epoch.
+    pub fn end_epoch(&mut self, epoch: u64) {
+        self.progress.close_epoch(epoch);
     }
 
     /// The learning rate the next step uses.
@@ -508,6 +546,11 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     ///
     /// A batch whose real rows hold a label outside the classes of the loss reading it is
     /// refused before it runs ([`Error::LabelOutOfRange`], naming the batch's row).
+    ///
+    /// **An error means the step was not taken**, so retrying the batch trains it once. A
+    /// background save's failure (and a [`Config::save_every`] save that could not start,
+    /// [`Error::SaveNotStarted`]) is never returned by the step that found it: it is returned
+    /// by the next call, before that call trains anything.
     pub fn step(&mut self, batch: &E::Batch, real: usize) -> Result<StepResult> {
         self.step_deferred(batch, real)?;
         let loss = self.take_losses()?.pop().unwrap_or(f64::NAN);
@@ -521,7 +564,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     pub fn step_deferred(&mut self, batch: &E::Batch, real: usize) -> Result<()> {
         let closes = self.progress.closes(self.config.accum);
         self.micro_step(batch, RowMask::Real(real), closes, None)?;
-        self.after_step()
+        self.progress.batch_done();
+        self.after_step();
+        Ok(())
     }
 
     /// One training step on `batch` whose rows weigh `weights` (one per row, `0` for padding
@@ -533,7 +578,8 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
     pub fn step_weighted(&mut self, batch: &E::Batch, weights: &[f32]) -> Result<StepResult> {
         let closes = self.progress.closes(self.config.accum);
         self.micro_step(batch, RowMask::Weights(weights), closes, None)?;
-        self.after_step()?;
+        self.progress.batch_done();
+        self.after_step();
         let loss = self.take_losses()?.pop().unwrap_or(f64::NAN);
         Ok(StepResult { loss })
     }

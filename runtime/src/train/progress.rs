@@ -149,6 +149,12 @@ impl Progress {
         self.epoch_batches += 1;
     }
 
+    /// Epoch `epoch` completed by a loop of the caller's (no timings).
+    pub(super) fn close_epoch(&mut self, epoch: u64) {
+        self.epoch = epoch + 1;
+        self.epoch_batches = 0;
+    }
+
     /// Epoch `epoch` completed, after `batches` batches in `wall` time.
     pub(super) fn end_epoch(&mut self, epoch: u64, batches: usize, wall: Duration) {
         self.epoch = epoch + 1;

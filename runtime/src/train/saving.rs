@@ -38,6 +38,9 @@ pub(super) struct Saves {
     /// The step of the last save started by [`Config::save_every`], so a step count is saved
     /// once however many calls see it.
     last_every: Option<u64>,
+    /// A save's error met after a step was taken, kept for the next call that can report it
+    /// before doing anything: so an error from a step always means that step was not taken.
+    deferred: Option<Error>,
 }
 
 /// What a background save's thread has once it took the state.
@@ -82,6 +85,9 @@ impl Saves {
     /// Waits for the save in flight: its report (kept as the last one), its error, or `None`
     /// when there was none.
     pub(super) fn wait(&mut self) -> Result<Option<SaveReport>> {
+        if let Some(e) = self.deferred.take() {
+            return Err(e);
+        }
         let Some(InFlight { path, thread }) = self.in_flight.take() else {
             return Ok(None);
         };
@@ -100,6 +106,9 @@ impl Saves {
     /// The error of a save that has finished with one (the save is then over); `Ok` while it
     /// is still writing, or when it succeeded.
     pub(super) fn check(&mut self) -> Result<()> {
+        if let Some(e) = self.deferred.take() {
+            return Err(e);
+        }
         if self
             .in_flight
             .as_ref()
@@ -145,6 +154,12 @@ impl Saves {
             })?;
         self.in_flight = Some(InFlight { path, thread });
         Ok(())
+    }
+
+    /// Keeps `error` for the next call that can report it (the first kept wins: a later one
+    /// follows from it).
+    fn defer(&mut self, error: Error) {
+        self.deferred.get_or_insert(error);
     }
 
     /// The last save that finished.
@@ -320,19 +335,36 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         self.saves.last()
     }
 
-    /// After a step is counted (its batch too): the error of a background save that failed,
-    /// and, every [`Config::save_every`] steps, a new background save.
-    pub(super) fn after_step(&mut self) -> Result<()> {
-        self.saves.check()?;
-        let Some((every, path)) = &self.config.save_every else {
-            return Ok(());
-        };
+    /// After a step is counted (its batch too): reaps a background save that finished, and,
+    /// every [`Config::save_every`] steps, starts a new one. It never fails the step that was
+    /// just taken: a save's error found here — one that failed, or the one due now not
+    /// started ([`Error::SaveNotStarted`]) — is returned by the next call, before it does
+    /// anything, so an error from a step always means that step was not taken.
+    pub(super) fn after_step(&mut self) {
         let step = self.progress.step();
-        if step == 0 || !step.is_multiple_of(*every) || self.saves.last_every == Some(step) {
-            return Ok(());
-        }
+        let due = match &self.config.save_every {
+            Some((every, path))
+                if step != 0
+                    && step.is_multiple_of(*every)
+                    && self.saves.last_every != Some(step) =>
+            {
+                Some(path.clone())
+            }
+            _ => None,
+        };
+        let Some(path) = due else {
+            if let Err(e) = self.saves.check() {
+                self.saves.defer(e);
+            }
+            return;
+        };
         self.saves.last_every = Some(step);
-        let path = path.clone();
-        self.save_in_background(path)
+        if let Err(e) = self.save_in_background(&path) {
+            self.saves.defer(Error::SaveNotStarted {
+                step,
+                path,
+                source: Box::new(e),
+            });
+        }
     }
 }
