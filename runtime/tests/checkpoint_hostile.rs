@@ -325,4 +325,28 @@ fn a_checkpoint_directory_through_a_symbolic_link_works_everywhere() {
         matches!(err, Error::CheckpointCorrupt { .. }) && err.to_string().contains("link"),
         "{err}"
     );
+    // So is a `CURRENT`, an index or a part that is a link.
+    let name = name.trim_end();
+    std::fs::remove_file(root.join(name)).unwrap();
+    std::fs::rename(&outside, root.join(name)).unwrap();
+    assert!(CheckpointDir::open(&root).is_ok());
+    for entry in [
+        PathBuf::from(CURRENT),
+        Path::new(name).join(INDEX),
+        Path::new(name).join("part-00000.safetensors"),
+    ] {
+        let real = root.join(&entry);
+        let moved = dir.path().join("moved");
+        std::fs::rename(&real, &moved).unwrap();
+        std::os::unix::fs::symlink(&moved, &real).unwrap();
+        let err = Checkpoint::load(&root).unwrap_err();
+        assert!(
+            matches!(err, Error::CheckpointCorrupt { .. }) && err.to_string().contains("link"),
+            "{}: {err}",
+            entry.display()
+        );
+        std::fs::remove_file(&real).unwrap();
+        std::fs::rename(&moved, &real).unwrap();
+    }
+    assert!(Checkpoint::load(&root).is_ok());
 }

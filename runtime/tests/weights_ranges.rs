@@ -221,7 +221,7 @@ fn crafted(path: &std::path::Path, tensors: &[(&str, &[usize], (u64, u64))], dat
         );
     }
     let mut head = serde_json::to_vec(&header).unwrap();
-    while head.len() % 8 != 0 {
+    while !head.len().is_multiple_of(8) {
         head.push(b' ');
     }
     let mut file = (head.len() as u64).to_le_bytes().to_vec();

@@ -1107,6 +1107,17 @@ fn read_bounded(path: &Path, max: u64, origin: &str) -> Result<Vec<u8>> {
         what: "read",
         source,
     };
+    // Entries inside a checkpoint directory are never followed.
+    if files::is_symlink(path) {
+        return Err(Error::CheckpointCorrupt {
+            origin: origin.to_owned(),
+            why: format!(
+                "its `{}` is a symbolic link (links inside a checkpoint directory are not \
+                 followed)",
+                path.display()
+            ),
+        });
+    }
     match files::open_regular(path, max, Owner::Anyone).map_err(io)? {
         Opened::File(mut f, len) => files::read_exactly(&mut f, len).map_err(io),
         Opened::Refused(r) => Err(Error::CheckpointCorrupt {
