@@ -253,7 +253,21 @@ pub struct Restored {
     /// The random stream, when the handle's model draws random numbers.
     pub random: Option<RandomStream>,
     /// Where dynamic loss scaling stood, when the handle scaled.
-    pub loss_scale: Option<crate::train::LossScaleState>,
+    pub loss_scale: Option<LossScaleState>,
+}
+
+/// Where dynamic loss scaling stands ([`Nitro::loss_scale`](crate::train::Nitro::loss_scale)), as a
+/// checkpoint records it. It lives here, beside the checkpoint that stores it, and the
+/// training handle re-exports it (`nitro::train::LossScaleState`).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LossScaleState {
+    /// The scale the next step multiplies its loss by.
+    pub scale: f32,
+    /// Finite steps since the scale last moved.
+    pub good_steps: u64,
+    /// The optimizer's own step count: the steps applied, which skipped steps do not advance
+    /// (the handle's [`steps`](crate::train::Nitro::steps) counts every step taken).
+    pub optimizer_steps: u64,
 }
 
 /// A snapshot of an experiment's Device values, optimizer state and step, with the identity
@@ -275,7 +289,7 @@ pub struct Checkpoint {
     epoch_batches: u64,
     window: Option<AccumulationWindow>,
     random: Option<RandomStream>,
-    loss_scale: Option<crate::train::LossScaleState>,
+    loss_scale: Option<LossScaleState>,
 }
 
 impl Checkpoint {
@@ -415,13 +429,13 @@ impl Checkpoint {
 
     /// Records where a training handle's dynamic loss scaling stands, so a resume continues
     /// with the same scale.
-    pub fn with_loss_scale(mut self, state: crate::train::LossScaleState) -> Checkpoint {
+    pub fn with_loss_scale(mut self, state: LossScaleState) -> Checkpoint {
         self.loss_scale = Some(state);
         self
     }
 
     /// Where loss scaling stood, when it was recorded.
-    pub fn loss_scale(&self) -> Option<crate::train::LossScaleState> {
+    pub fn loss_scale(&self) -> Option<LossScaleState> {
         self.loss_scale
     }
 
@@ -961,7 +975,7 @@ impl Checkpoint {
             optional(metadata, meta::WINDOW, "the accumulation window", corrupt)?;
         let random: Option<RandomStream> =
             optional(metadata, meta::RANDOM, "the random stream", corrupt)?;
-        let loss_scale: Option<crate::train::LossScaleState> =
+        let loss_scale: Option<LossScaleState> =
             optional(metadata, meta::LOSS_SCALE, "the loss scale", corrupt)?;
         let step = number(meta::STEP)?;
         if step > MAX_STEP {

@@ -58,13 +58,14 @@ mod state;
 mod values;
 mod warm;
 
+pub use crate::checkpoint::LossScaleState;
 pub use config::{Config, InitRule, NonFinite};
 pub use created::{create_leaf, initialize_on_host, CreatedLeaf, Initializer, InitializerView};
 use epochs::*;
 pub use epochs::{EpochRecord, History};
 use inventory::*;
 pub use inventory::{MaskRuns, OptimizerStep, OptimizerStepView, ProgramTime};
-pub use precision::{LossScaleState, LossScaling, Precision};
+pub use precision::{LossScaling, Precision};
 use prepare::*;
 pub use prepare::{Plan, PlanEntry};
 pub use progress::FirstRuns;

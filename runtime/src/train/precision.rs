@@ -58,19 +58,6 @@ impl Default for LossScaling {
     }
 }
 
-/// Where dynamic loss scaling stands ([`Nitro::loss_scale`](super::Nitro::loss_scale)), as a
-/// checkpoint records it.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct LossScaleState {
-    /// The scale the next step multiplies its loss by.
-    pub scale: f32,
-    /// Finite steps since the scale last moved.
-    pub good_steps: u64,
-    /// The optimizer's own step count: the steps applied, which skipped steps do not advance
-    /// (the handle's [`steps`](super::Nitro::steps) counts every step taken).
-    pub optimizer_steps: u64,
-}
-
 impl Precision {
     /// Every program computes in the leaves' own dtypes (the default: f32 for f32 leaves).
     pub const fn full() -> Precision {
