@@ -219,3 +219,27 @@ fn a_graph_const_and_a_precision_change_name_both_on_any_backend() {
     assert_eq!(json["reason"], "several");
     assert_eq!(json["reasons"][1]["reason"], "graph_const_changed");
 }
+
+/// Parameters created on the devices: the initializer program is keyed by the partitioning
+/// too, so a renamed mesh compiles nothing at all, the initializer included, and creates the
+/// same leaves.
+#[test]
+fn a_renamed_mesh_creates_its_leaves_with_the_program_it_holds() {
+    let test = "a_renamed_mesh_creates_its_leaves_with_the_program_it_holds";
+    let Some(_) = xla_devices_or_skip(test, 4) else {
+        return;
+    };
+    let cache = memory_only();
+    let created = |c: Config| c.initialize("layers[*].w", nitro::init::Init::GlorotUniform);
+    let config = created(meshed(&[("data", 4)], "data"));
+    let (_, losses) = prepare_and_train(config.clone(), partitioned(&config), cache);
+    let compiles = cache.stats().compiles;
+    let renamed = created(meshed(&[("batch", 4)], "batch"));
+    let (_, again) = prepare_and_train(renamed.clone(), partitioned(&renamed), cache);
+    assert_eq!(
+        cache.stats().compiles,
+        compiles,
+        "the initializer program compiled again on a renamed mesh"
+    );
+    assert_eq!(losses, again, "the same leaves, the same losses");
+}

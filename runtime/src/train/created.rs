@@ -7,8 +7,8 @@ use crate::init::Init;
 use crate::pattern::path_match;
 use config::InitRule;
 
-/// One leaf the initializer program creates: its path (its key is folded from it), type, rule
-/// and, on a mesh, its spec's dims (empty off a mesh).
+/// One leaf the initializer program creates: its path (its key is folded from it), type and
+/// rule. How it is split over a mesh is the program's [`Initializer::layout`].
 #[derive(crate::ContentHash, Clone, Debug, PartialEq)]
 pub struct CreatedLeaf {
     /// The leaf's path.
@@ -17,8 +17,6 @@ pub struct CreatedLeaf {
     pub ty: LeafType,
     /// How it is created.
     pub init: Init,
-    /// How it is split over the mesh (per dim, the axis or none); empty off a mesh.
-    pub spec: Vec<Option<String>>,
 }
 
 /// The initializer program's experiment: the leaves it creates shape it (GraphConst), and the
@@ -28,19 +26,18 @@ pub struct Initializer {
     /// The leaves, in the handle's walk order.
     #[graph_const]
     pub leaves: Vec<CreatedLeaf>,
+    /// On a mesh, each leaf's path and spec (empty off a mesh): keyed by the mesh's axes'
+    /// positions, so a renamed mesh keys the same program ([`crate::shard::GroupLayout`]).
+    #[graph_const]
+    pub layout: crate::shard::GroupLayout,
     /// The run's key, `u32[2]` (`PRNGKey(seed)`).
     #[device]
     pub key: Array,
 }
 
 fn initialize_fn(v: &InitializerView<'_>, _: &()) -> Vec<Tensor> {
-    if v.leaves.iter().any(|l| !l.spec.is_empty()) {
-        crate::shard::declare_groups(
-            v.leaves
-                .iter()
-                .map(|l| (l.path.clone(), crate::shard::PartitionSpec(l.spec.clone())))
-                .collect(),
-        );
+    if !v.layout.is_empty() {
+        crate::shard::declare_groups(v.layout.groups().to_vec());
     }
     v.leaves
         .iter()
@@ -85,18 +82,12 @@ pub(super) fn plan<E: Experiment>(
         if let Some(problem) = init.problem_for(ty) {
             return Err(refused(&rules[r].pattern, Some(path), init, problem));
         }
-        let spec = crate::shard::group_spec(&layout.specs, g).0.clone();
-        let spec = match layout.specs.is_empty() {
-            true => Vec::new(),
-            false => spec,
-        };
         out.push((
             g,
             CreatedLeaf {
                 path: path.clone(),
                 ty: ty.clone(),
                 init,
-                spec,
             },
         ));
     }
@@ -167,16 +158,38 @@ fn refused_by(
     }
 }
 
-/// Creates `leaves` on `backend`'s devices from `seed`'s key: the initializer program (got
-/// from `cache`) run once; one value per leaf, each as the handle keeps its group.
+/// Creates `leaves` (groups `groups` of `layout`) on `backend`'s devices from `seed`'s key:
+/// the initializer program (got from `cache`) run once; one value per leaf, each as the handle
+/// keeps its group.
 pub(super) fn create(
     backend: &'static dyn Backend,
     cache: &Cache,
     leaves: Vec<CreatedLeaf>,
+    groups: &[usize],
+    layout: &Layout,
     seed: u64,
 ) -> Result<Vec<Value>> {
     let key = crate::trace::random::key(seed);
-    let initializer = Initializer { leaves, key };
+    let specs = match layout.specs.is_empty() {
+        true => Vec::new(),
+        false => leaves
+            .iter()
+            .zip(groups)
+            .map(|(l, &g)| {
+                (
+                    l.path.clone(),
+                    crate::shard::group_spec(&layout.specs, g).clone(),
+                )
+            })
+            .collect(),
+    };
+    let mesh = backend.partitioning().map(|p| p.mesh());
+    let layout = crate::shard::GroupLayout::new(mesh, specs);
+    let initializer = Initializer {
+        leaves,
+        layout,
+        key,
+    };
     let served = cache.get(backend, &initializer_program(), &initializer, &())?;
     let (values, done) = values::exec(&served.compiled, vec![In::Whole(&initializer.key)])?;
     for d in done {
@@ -219,9 +232,17 @@ pub fn create_leaf(
         path: path.to_owned(),
         ty: ty.clone(),
         init,
-        spec: Vec::new(),
     };
-    let values = create(backend, cache, vec![leaf], seed)?;
+    let initializer = Initializer {
+        leaves: vec![leaf],
+        layout: crate::shard::GroupLayout::default(),
+        key: crate::trace::random::key(seed),
+    };
+    let served = cache.get(backend, &initializer_program(), &initializer, &())?;
+    let (values, done) = values::exec(&served.compiled, vec![In::Whole(&initializer.key)])?;
+    for d in done {
+        d.wait()?;
+    }
     values.first().ok_or_else(state::unplaced)?.to_host()
 }
 

@@ -879,7 +879,14 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
                 created::plan(&self.config.initialize, &layout, &self.experiment)?
                     .into_iter()
                     .unzip();
-            let values = created::create(self.backend, self.cache, leaves, self.config.seed)?;
+            let values = created::create(
+                self.backend,
+                self.cache,
+                leaves,
+                &groups,
+                &layout,
+                self.config.seed,
+            )?;
             self.state.place_created(
                 self.backend,
                 &self.experiment,
