@@ -25,7 +25,7 @@
 //! assert!(w.as_slice::<f32>().unwrap().iter().all(|v| v.abs() <= limit));
 //! ```
 
-use crate::trace::Tensor;
+use crate::trace::record::Tensor;
 use crate::tree::{Array, DType, LeafType};
 
 /// A seed for an initializer or a shuffle.
@@ -549,7 +549,7 @@ impl Init {
     /// converted to the leaf's dtype.
     #[track_caller]
     pub(crate) fn trace(&self, key: Tensor, path: &str, ty: &LeafType) -> Tensor {
-        use crate::trace::random;
+        use crate::ops::random;
         let dims = &ty.dims;
         let key = || {
             let domain =
