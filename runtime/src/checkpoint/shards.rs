@@ -94,14 +94,7 @@ impl TensorEntry {
         })?;
         let mut covered = 0usize;
         for (i, p) in self.pieces.iter().enumerate() {
-            let inside = p.start.len() == self.ty.dims.len()
-                && p.dims.len() == self.ty.dims.len()
-                && p.start
-                    .iter()
-                    .zip(&p.dims)
-                    .zip(&self.ty.dims)
-                    .all(|((s, d), w)| s.checked_add(*d).is_some_and(|e| e <= *w));
-            if !inside {
+            if !inside(&p.start, &p.dims, &self.ty.dims) {
                 return Err(format!(
                     "a piece of `{name}` ({:?} at {:?}) lies outside the tensor's {}",
                     p.dims, p.start, self.ty
@@ -127,6 +120,17 @@ impl TensorEntry {
         }
         Ok(())
     }
+}
+
+/// Whether a piece at `start` of `dims` lies inside a tensor of dims `whole` (ranks equal).
+fn inside(start: &[usize], dims: &[usize], whole: &[usize]) -> bool {
+    start.len() == whole.len()
+        && dims.len() == whole.len()
+        && start
+            .iter()
+            .zip(dims)
+            .zip(whole)
+            .all(|((s, d), w)| s.checked_add(*d).is_some_and(|e| e <= *w))
 }
 
 /// Whether two pieces of one tensor share an element.
@@ -275,14 +279,7 @@ impl DirWriter {
                     self.tensors.last().expect("just pushed")
                 }
             };
-            let fits = entry.ty == p.whole
-                && p.start.len() == p.whole.dims.len()
-                && p.dims.len() == p.whole.dims.len()
-                && p.start
-                    .iter()
-                    .zip(&p.dims)
-                    .zip(&p.whole.dims)
-                    .all(|((s, d), w)| s.checked_add(*d).is_some_and(|e| e <= *w));
+            let fits = entry.ty == p.whole && inside(&p.start, &p.dims, &p.whole.dims);
             if !fits || header.contains_key(&p.name) {
                 return Err(Error::CheckpointInput {
                     why: format!(
@@ -881,11 +878,8 @@ impl CheckpointDir {
         let elem = ty.dtype.size_bytes();
         let mut outs = Vec::with_capacity(windows.len());
         for w in windows {
-            let inside = w.len() == ty.dims.len()
-                && w.iter()
-                    .zip(&ty.dims)
-                    .all(|((s, l), d)| s.checked_add(*l).is_some_and(|e| e <= *d));
-            if !inside {
+            let (start, dims): (Vec<usize>, Vec<usize>) = w.iter().copied().unzip();
+            if !inside(&start, &dims, &ty.dims) {
                 return Err(Error::CheckpointInput {
                     why: format!("the window {w:?} is outside `{name}`, {ty}"),
                 });
