@@ -54,6 +54,7 @@ pub mod data;
 pub mod emit;
 pub mod error;
 pub mod experiment;
+pub mod generate;
 mod files;
 pub mod hash;
 pub mod init;
