@@ -544,6 +544,16 @@ pub enum Error {
         source: Box<Error>,
     },
 
+    /// A generation request (or a generator's declaration) cannot be served as given: which
+    /// field, and why, with what is accepted.
+    #[error("generation: `{field}` {why}")]
+    InvalidRequest {
+        /// The field (`prompt`, `max_tokens`, `temperature`, `slots`, …).
+        field: &'static str,
+        /// What is wrong, with the numbers, and what is accepted.
+        why: String,
+    },
+
     /// A checkpoint cannot be written as asked.
     #[error("cannot capture a checkpoint: {why}")]
     CheckpointInput {

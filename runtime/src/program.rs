@@ -405,6 +405,8 @@ pub struct Program<E: Experiment, M = (), O: Outputs = Tensor> {
     name: &'static str,
     f: ProgramFn<E, M, O>,
     donates_device: bool,
+    /// How many leading leaves of the inputs are donated ([`Program::donating_inputs`]).
+    donated_inputs: usize,
     packs_trainable: bool,
     packed_outputs: bool,
     grouped_outputs: bool,
@@ -462,11 +464,27 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
             name,
             f,
             donates_device: false,
+            donated_inputs: 0,
             packs_trainable: false,
             packed_outputs: false,
             grouped_outputs: false,
             compute: None,
         }
+    }
+
+    /// This program with the first `n` leaves of its inputs (the `M` tree, in walk order)
+    /// donated to the outputs at the same positions: output `i` (the program returns the new
+    /// value of input leaf `i` first, for `i < n`, each of that leaf's type) may reuse input
+    /// leaf `i`'s memory, so state carried from run to run (a generator's KV cache) is
+    /// updated in place and never exists twice. Part of the program's key.
+    pub const fn donating_inputs(mut self, n: usize) -> Self {
+        self.donated_inputs = n;
+        self
+    }
+
+    /// How many leading input leaves are donated ([`donating_inputs`](Program::donating_inputs)).
+    pub const fn donated_inputs(&self) -> usize {
+        self.donated_inputs
     }
 
     /// This program with every Device leaf donated to the output at its position: output `i`
@@ -533,9 +551,12 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
         self.compute
     }
 
-    /// The flags that shape the emitted program beyond its function: donation and packing.
+    /// The flags that shape the emitted program beyond its function: donation and packing
+    /// (donated inputs' count follows them in the key when there are any).
     pub(crate) const fn layout_flags(&self) -> u8 {
-        (self.donates_device as u8) | ((self.packs_trainable as u8) << 1)
+        (self.donates_device as u8)
+            | ((self.packs_trainable as u8) << 1)
+            | (((self.donated_inputs > 0) as u8) << 2)
     }
 
     /// A program from a `fn` written generically over experiments — what library code (a
@@ -582,6 +603,7 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
             name,
             f: E::erase_program(f),
             donates_device: false,
+            donated_inputs: 0,
             packs_trainable: false,
             packed_outputs: false,
             grouped_outputs: false,
@@ -857,7 +879,9 @@ impl<E: Experiment, M, O: Outputs> Program<E, M, O> {
             donate: if self.donates_device {
                 (0..device_leaves).map(|i| (i, i)).collect()
             } else {
-                Vec::new()
+                (0..self.donated_inputs)
+                    .map(|i| (device_leaves + i, i))
+                    .collect()
             },
             sharding: graph.sharding.clone(),
             // Axes named by position: a mesh renamed with the same partitioning is the same

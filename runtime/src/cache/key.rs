@@ -341,6 +341,9 @@ pub(super) fn key_components<E: Experiment, M, O: Outputs, I: Tree<Mirror<Tensor
     }
     k.write_str(program.name());
     k.write_u8(program.layout_flags());
+    if program.donated_inputs() > 0 {
+        k.write_u64(program.donated_inputs() as u64);
+    }
     match program.compute() {
         None => k.write_u8(0),
         Some(dtype) => {

@@ -55,7 +55,7 @@ mod resume;
 mod saving;
 mod staged;
 mod state;
-mod values;
+pub(crate) mod values;
 mod warm;
 
 pub use crate::checkpoint::LossScaleState;
