@@ -17,7 +17,10 @@ fn chargpt_help_holds_no_rustdoc_markup() {
     let long = command.render_long_help().to_string();
     for help in [&short, &long] {
         for markup in MARKUP {
-            assert!(!help.contains(markup), "{markup:?} in chargpt's help:\n{help}");
+            assert!(
+                !help.contains(markup),
+                "{markup:?} in chargpt's help:\n{help}"
+            );
         }
     }
     assert!(
