@@ -9,7 +9,8 @@
 //! of its own, emits plain StableHLO and has no gradient (the samples are constants to
 //! autodiff; gradients flow through what they are combined with, as in dropout).
 //!
-//! - [`threefry2x32`]: the block function on counter pairs.
+//! - [`threefry2x32`]: the block function on counter pairs; [`threefry2x32_rows`] with a key
+//!   per row.
 //! - [`bits`]: element `i` (row-major) is `y0 ^ y1` of `block(key, (0, i))` (tensors of up to
 //!   2³² elements).
 //! - [`split`]: key `i` of `n` is `block(key, (0, i))`; [`fold_in`]`(key, d)` is
@@ -213,7 +214,65 @@ pub fn threefry2x32(key: Tensor, x0: Tensor, x1: Tensor) -> (Tensor, Tensor) {
     if elements.is_some_and(|n| n <= ROLLED_UP_TO) {
         return rolled(x0, x1, [k0, k1, k2]);
     }
+    unrolled(x0, x1, [k0, k1, k2].map(|k| k.broadcast_to(&dims)))
+}
+
+/// [`threefry2x32`] with a key per row: `keys` is `u32[rows, 2]`, `x0` and `x1` are `u32`
+/// tensors of one shape whose leading dim is `rows`, and the elements of row `r` go through
+/// the block function under key `r` (`keys[r]`). Each element gets exactly the bits
+/// [`threefry2x32`] gives it under its row's key alone, so a row's draws do not depend on the
+/// other rows (sampling a batch of requests, each with its own stream, uses it). The same two
+/// forms, chosen by the element count.
+#[track_caller]
+pub fn threefry2x32_rows(keys: Tensor, x0: Tensor, x1: Tensor) -> (Tensor, Tensor) {
+    let at = Location::caller();
+    let ok = with_recording(|r| {
+        for t in [keys, x0, x1] {
+            if !r.owns(t, "threefry2x32_rows", at) {
+                return false;
+            }
+        }
+        let (kt, t0, t1) = (r.ty_of(keys), r.ty_of(x0), r.ty_of(x1));
+        let rows = kt.dims.first().copied();
+        let fits = kt.dtype == DType::U32
+            && kt.dims.len() == 2
+            && kt.dims[1] == 2
+            && t0.dtype == DType::U32
+            && t0 == t1
+            && t0.dims.first().copied() == rows;
+        if !fits {
+            r.fail(
+                "threefry2x32_rows",
+                format!(
+                    "needs keys u32[rows, 2] and two u32 counters of one shape [rows, ...]; got keys {kt}, counters {t0} and {t1}"
+                ),
+                at,
+                t0,
+            );
+        }
+        fits
+    });
+    if !ok {
+        return (x0, x1);
+    }
+    let dims = x0.dims();
+    let rows = dims[0];
+    let mut column = vec![1; dims.len()];
+    column[0] = rows;
+    let word = |w: usize| keys.slice(&[0, w], &[rows, w + 1]).reshape(&column);
+    let (k0, k1) = (word(0), word(1));
+    let k2 = k0.xor(k1).xor(u32_scalar(PARITY));
     let ks = [k0, k1, k2].map(|k| k.broadcast_to(&dims));
+    let elements = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+    if elements.is_some_and(|n| n <= ROLLED_UP_TO) {
+        return rolled(x0, x1, ks);
+    }
+    unrolled(x0, x1, ks)
+}
+
+/// The 20 rounds unrolled (the large draws' form of [`threefry2x32`]), with the key schedule
+/// `ks` broadcast to the counters' shape.
+fn unrolled(x0: Tensor, x1: Tensor, ks: [Tensor; 3]) -> (Tensor, Tensor) {
     let (mut x0, mut x1) = (x0 + ks[0], x1 + ks[1]);
     for g in 0..5 {
         for &r in &ROTATIONS[g % 2] {
@@ -230,7 +289,7 @@ pub fn threefry2x32(key: Tensor, x0: Tensor, x1: Tensor) -> (Tensor, Tensor) {
 }
 
 /// Threefry as a rolled loop of 5 iterations × 4 rounds (the small draws' form of
-/// [`threefry2x32`]), with the key schedule `ks`.
+/// [`threefry2x32`]), with the key schedule `ks` (scalars, or of the counters' shape).
 fn rolled(x0: Tensor, x1: Tensor, ks: [Tensor; 3]) -> (Tensor, Tensor) {
     let [k0, k1, k2] = ks;
     let rotations = |set: [u32; 4]| {
