@@ -1165,3 +1165,31 @@ fn narrow_split_and_chunk_cut_one_axis() {
     let e = trace_error(&[ty(DType::F32, &[2, 7])], |t| vec![t[0].narrow(1, 5, 3)]);
     assert!(e.contains("`narrow`") && e.contains("5..8"), "{e}");
 }
+
+/// `and`, `or`, `xor` and `not` of bool tensors: the tracer accepts them, so the interpreter
+/// runs them (it refused them before) — the truth tables, and XLA's the same.
+#[test]
+fn bool_logic_runs_on_the_interpreter_as_on_xla() {
+    let p = Array::from_vec(&[4], vec![false, false, true, true]).unwrap();
+    let q = Array::from_vec(&[4], vec![false, true, false, true]).unwrap();
+    let g = trace::trace(&types(&[p.clone(), q.clone()]), |x| {
+        vec![x[0].and(x[1]), x[0].or(x[1]), x[0].xor(x[1]), !x[0]]
+    })
+    .unwrap();
+    let inputs = [p, q];
+    let want: [&[bool]; 4] = [
+        &[false, false, false, true],
+        &[false, true, true, true],
+        &[false, true, true, false],
+        &[true, true, false, false],
+    ];
+    let got = nitro::backend::interp::run(&g, &inputs).unwrap();
+    for (out, want) in got.iter().zip(want) {
+        assert_eq!(out.as_slice::<bool>().unwrap(), want);
+    }
+    if let Some(xla) = xla_or_skip("bool_logic_runs_on_the_interpreter_as_on_xla") {
+        let exe = xla.compile(&g, &emit::emit(&g)).unwrap();
+        let refs: Vec<&Array> = inputs.iter().collect();
+        assert_eq!(exe.run(&refs).unwrap(), got);
+    }
+}

@@ -384,6 +384,9 @@ pub(crate) fn unary(op: UnaryOp, a: &ArrayData) -> Result<ArrayData, Fault> {
         ArrayData::I64(v) => ArrayData::I64(int_unary(op, v)?),
         ArrayData::U8(v) => ArrayData::U8(int_unary(op, v)?),
         ArrayData::U32(v) => ArrayData::U32(int_unary(op, v)?),
+        ArrayData::Bool(v) if op == UnaryOp::Not => {
+            ArrayData::Bool(v.iter().map(|&x| !x).collect())
+        }
         ArrayData::Bool(_) => return Err(format!("`{}` is not defined for bool", op.name()).into()),
         ArrayData::BF16(_) | ArrayData::F16(_) => return Err(half_in_kernel()),
     })
@@ -409,8 +412,9 @@ pub(crate) fn binary(op: BinaryOp, a: &ArrayData, b: &ArrayData) -> Result<Array
             ArrayData::U32(zip(x, y, |p, q| p.binary(q, op))?)
         }
         (ArrayData::Bool(x), ArrayData::Bool(y)) => match op {
-            BinaryOp::Max => ArrayData::Bool(zip(x, y, |p, q| p | q)?),
-            BinaryOp::Min => ArrayData::Bool(zip(x, y, |p, q| p & q)?),
+            BinaryOp::Max | BinaryOp::Or => ArrayData::Bool(zip(x, y, |p, q| p | q)?),
+            BinaryOp::Min | BinaryOp::And => ArrayData::Bool(zip(x, y, |p, q| p & q)?),
+            BinaryOp::Xor => ArrayData::Bool(zip(x, y, |p, q| p ^ q)?),
             _ => return Err(format!("`{}` is not defined for bool", op.name()).into()),
         },
         _ => return Err(mismatch(a, b)),
