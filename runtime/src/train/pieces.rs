@@ -35,31 +35,45 @@ impl Held<'_> {
     }
 }
 
+/// The state a save's thread was handed, as it holds it: the packed trainable groups, the
+/// optimizer state (slot by slot), and how long the training thread spent copying them off
+/// the devices before handing them over (zero when the buffers themselves were handed over:
+/// their copy is then [`write_dir`]'s).
+pub(super) struct HeldState {
+    pub(super) trainable: Vec<Held<'static>>,
+    pub(super) optimizer: Vec<Held<'static>>,
+    pub(super) copied: Duration,
+}
+
 impl state::Snapshot {
-    /// The packed trainable groups and the optimizer state, slot by slot, as a save's
-    /// thread holds them.
-    pub(super) fn into_held(self) -> (Vec<Held<'static>>, Vec<Held<'static>>) {
+    /// The state as a save's thread holds it ([`HeldState`]).
+    pub(super) fn into_held(self) -> HeldState {
         match self {
             state::Snapshot::Devices {
                 trainable,
                 optimizer,
-            } => (
-                trainable.into_iter().map(Held::Owned).collect(),
-                optimizer.into_iter().map(Held::Owned).collect(),
-            ),
+            } => HeldState {
+                trainable: trainable.into_iter().map(Held::Owned).collect(),
+                optimizer: optimizer.into_iter().map(Held::Owned).collect(),
+                copied: Duration::ZERO,
+            },
             state::Snapshot::Host {
                 trainable,
                 optimizer,
-            } => (
-                trainable
-                    .into_iter()
-                    .map(|a| Held::Host(Cow::Owned(a)))
-                    .collect(),
-                optimizer
-                    .into_iter()
-                    .map(|a| Held::Host(Cow::Owned(a)))
-                    .collect(),
-            ),
+                copied,
+            } => {
+                let host = |arrays: Vec<Array>| -> Vec<Held<'static>> {
+                    arrays
+                        .into_iter()
+                        .map(|a| Held::Host(Cow::Owned(a)))
+                        .collect()
+                };
+                HeldState {
+                    trainable: host(trainable),
+                    optimizer: host(optimizer),
+                    copied,
+                }
+            }
         }
     }
 }
@@ -71,7 +85,7 @@ pub(super) type Source<'a> = (String, Held<'a>);
 /// other Device leaves (`frozen`: paths and host arrays), the trainable groups, the optimizer
 /// state (slot by slot, one value per group) and an accumulation window's sums. On a mesh
 /// every group is a leaf, kept as its value; packed groups are copied to the host and
-/// unpacked.
+/// unpacked — and how long copying them off the devices took is returned beside.
 pub(super) fn sources<'a>(
     layout: &Layout,
     slots: &[&str],
@@ -79,9 +93,10 @@ pub(super) fn sources<'a>(
     trainable: Vec<Held<'a>>,
     optimizer: Vec<Held<'a>>,
     sums: Option<Vec<Held<'a>>>,
-) -> Result<Vec<Source<'a>>> {
+) -> Result<(Vec<Source<'a>>, Duration)> {
     let (packing, paths) = (&layout.packing, &layout.paths);
     let state_packing = packing.for_state();
+    let copy = std::cell::Cell::new(Duration::ZERO);
     let leaves = |held: Vec<Held<'a>>, packing: &Packing| -> Result<Vec<Held<'a>>> {
         if packing.per_leaf {
             return Ok(held);
@@ -90,7 +105,12 @@ pub(super) fn sources<'a>(
             .iter()
             .map(|h| match h {
                 Held::Host(a) => Ok(a.as_ref().clone()),
-                h => h.value().ok_or_else(state::unplaced)?.to_host(),
+                h => {
+                    let copying = Instant::now();
+                    let a = h.value().ok_or_else(state::unplaced)?.to_host();
+                    copy.set(copy.get() + copying.elapsed());
+                    a
+                }
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(packing
@@ -119,21 +139,76 @@ pub(super) fn sources<'a>(
         let names = paths.iter().map(|p| window_tensor(p));
         out.extend(names.zip(leaves(sums, packing)?));
     }
-    Ok(out)
+    Ok((out, copy.get()))
+}
+
+/// How a background save paces its writing: between pieces it pauses `PAUSE_PER_WORK` times
+/// as long as the piece before took (copying, serializing, hashing, writing, syncing), so
+/// that while training runs the save works about a quarter of the time — until it is told to
+/// hurry, when it goes on without pauses.
+///
+/// Why: writing a checkpoint is not only the save thread's work. Filling the page cache with
+/// hundreds of megabytes, and writing it back, keeps the kernel busy on the cores the
+/// devices' computations run on (on a CPU plugin, every core), so the steps that overlap an
+/// unpaced write ran up to twice as long. Spread out, the same work costs each step a
+/// little; a save started every `n` steps still finishes long before the next one is due.
+#[derive(Clone, Default)]
+pub(super) struct Pace(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+/// The pause between pieces, as a multiple of the time the piece before took.
+const PAUSE_PER_WORK: u32 = 3;
+
+/// The longest sleep between two looks at whether the save should hurry.
+const PAUSE_SLICE: Duration = Duration::from_millis(5);
+
+impl Pace {
+    /// From now on, no more pauses: something waits for the save.
+    pub(super) fn hurry(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn hurried(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Pauses after `worked` of work, in slices, until the pause is over or the save is told
+    /// to hurry; returns how long it paused.
+    fn pause(&self, worked: Duration) -> Duration {
+        let started = Instant::now();
+        let pause = worked * PAUSE_PER_WORK;
+        while !self.hurried() {
+            let Some(left) = pause.checked_sub(started.elapsed()) else {
+                break;
+            };
+            std::thread::sleep(left.min(PAUSE_SLICE));
+        }
+        started.elapsed()
+    }
 }
 
 /// Writes `sources` as a new version of the checkpoint directory `root` with `metadata`: one
 /// part per device, each holding that device's shards (a shard several devices hold is written
 /// once, by the first), copied off the device one device at a time; values kept whole go to
 /// the first part.
+///
+/// With a `pace` (a background save), it pauses between pieces as [`Pace`] says; the pauses
+/// are returned apart ([`Written::paused`]).
 pub(super) fn write_dir(
     root: &Path,
     step: u64,
     metadata: BTreeMap<String, String>,
     sources: Vec<Source<'_>>,
+    pace: Option<&Pace>,
 ) -> Result<Written> {
     let copy = std::cell::Cell::new(Duration::ZERO);
+    let paused = std::cell::Cell::new(Duration::ZERO);
+    // When the work since the last pause began.
+    let working = std::cell::Cell::new(Instant::now());
     let timed = |v: &Value| {
+        if let Some(pace) = pace {
+            paused.set(paused.get() + pace.pause(working.get().elapsed()));
+            working.set(Instant::now());
+        }
         let copying = Instant::now();
         let a = v.to_host();
         copy.set(copy.get() + copying.elapsed());
@@ -205,14 +280,16 @@ pub(super) fn write_dir(
     Ok(Written {
         bytes,
         copy: copy.get(),
+        paused: paused.get(),
     })
 }
 
-/// What [`write_dir`] wrote: the tensors' bytes, and the time spent copying them off the
-/// devices.
+/// What [`write_dir`] wrote: the tensors' bytes, the time spent copying them off the devices,
+/// and the time it paused to leave the cores to training.
 pub(super) struct Written {
     pub(super) bytes: u64,
     pub(super) copy: Duration,
+    pub(super) paused: Duration,
 }
 
 /// The metadata of a handle's checkpoint directory: `head`'s, listing the optimizer state of
@@ -259,7 +336,7 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             .sums
             .as_ref()
             .map(|s| s.iter().map(Held::Lent).collect());
-        let sources = sources(
+        let (sources, unpacked) = sources(
             &layout,
             slots,
             frozen,
@@ -267,7 +344,9 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
             optimizer.iter().map(Held::Lent).collect(),
             sums,
         )?;
-        write_dir(path, head.step(), metadata, sources)
+        let mut written = write_dir(path, head.step(), metadata, sources, None)?;
+        written.copy += unpacked;
+        Ok(written)
     }
 
     /// A handle on a mesh that continues from the checkpoint directory `dir`, each device's

@@ -22,11 +22,17 @@ pub struct SaveReport {
     pub step: u64,
     /// The bytes written: the file's size, or a checkpoint directory's tensor bytes.
     pub bytes: u64,
-    /// Taking the state: capturing the checkpoint's other parts on the training thread, and
-    /// copying the parameters and optimizer state off the devices on the save's own thread.
+    /// Taking the state: capturing the checkpoint's other parts on the training thread, plus
+    /// copying the parameters and optimizer state off the devices — on the save's own thread
+    /// from the buffers the next update handed over, or on the training thread when the state
+    /// was handed over as host copies (no update came first: `wait_saved`, `checkpoint`, a new
+    /// save). Only the time copying: not the wait for the update that hands the state over.
     pub copy: Duration,
-    /// Serializing and writing the file, synced and renamed into place: on the save's own
-    /// thread, while training went on.
+    /// Serializing, hashing and writing the file or the directory's parts, synced and
+    /// committed: the time that work took on the save's own thread. A background save to a
+    /// checkpoint directory pauses between pieces while training runs, to leave the cores to
+    /// it; the pauses are not counted here, so such a save is in flight longer than `copy +
+    /// write`.
     pub write: Duration,
 }
 
@@ -222,14 +228,11 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let captured = started.elapsed();
         self.saves.start(path.clone(), move || {
             let snapshot = state.recv().map_err(|_| handle_stopped(&path))?;
-            let copying = Instant::now();
-            let (trainable, optimizer) = snapshot.into_host()?;
+            // Copied here from the buffers handed over, or before, on the training thread.
+            let (trainable, optimizer, copied) = snapshot.into_host()?;
             head.replace_device(paths.iter().cloned().zip(packing.unpack(&trainable)?))?;
             head.set_optimizer_state(resume::named_state(&packing, &paths, slots, &optimizer)?)?;
-            Ok(Ready::Checkpoint(
-                Box::new(head),
-                captured + copying.elapsed(),
-            ))
+            Ok(Ready::Checkpoint(Box::new(head), captured + copied))
         })
     }
 
@@ -297,22 +300,29 @@ impl<E: Model, O: Optimizer> Nitro<E, O> {
         let (paths, frozen) = state::frozen_leaves(&self.experiment);
         let step = head.step();
         let (save, state) = std::sync::mpsc::channel();
-        self.state.request_snapshot(save);
+        // Written with pauses while training runs, at full speed once waited for.
+        let pace = self.state.request_snapshot(save);
         let captured = started.elapsed();
         let target = path.clone();
         self.saves.start(path, move || {
             let snapshot = state.recv().map_err(|_| handle_stopped(&target))?;
             let started = Instant::now();
-            let (trainable, optimizer) = snapshot.into_held();
+            let held = snapshot.into_held();
             let frozen = (paths, frozen.into_iter().map(Cow::Owned).collect());
-            let sources = pieces::sources(&layout, slots, frozen, trainable, optimizer, None)?;
-            let written = pieces::write_dir(&target, step, metadata, sources)?;
+            let (sources, unpacked) =
+                pieces::sources(&layout, slots, frozen, held.trainable, held.optimizer, None)?;
+            let written = pieces::write_dir(&target, step, metadata, sources, Some(&pace))?;
+            // On this thread: copying what was handed over off the devices, the pauses, and
+            // the rest — the writing.
+            let copied_here = unpacked + written.copy;
             Ok(Ready::Saved(SaveReport {
                 path: target,
                 step,
                 bytes: written.bytes,
-                copy: captured + written.copy,
-                write: started.elapsed().saturating_sub(written.copy),
+                copy: captured + held.copied + copied_here,
+                write: started
+                    .elapsed()
+                    .saturating_sub(copied_here + written.paused),
             }))
         })
     }

@@ -180,6 +180,9 @@ pub(super) struct DeviceState {
     /// A background save waiting for the state as of its request: handed the buffers the next
     /// update replaces, or host copies when something else needs the state first.
     snapshot: Option<std::sync::mpsc::Sender<Snapshot>>,
+    /// The pace of the last background save asked for: told to hurry once something may wait
+    /// for it ([`hand_over`](Self::hand_over), the drop).
+    save_pace: Option<super::pieces::Pace>,
     /// Whether some trainable leaves are still to be created on the devices
     /// ([`Config::initialize`](super::Config::initialize)) at the first placement.
     creating: bool,
@@ -207,6 +210,7 @@ impl DeviceState {
             full_mask: None,
             accumulation: None,
             snapshot: None,
+            save_pace: None,
             creating,
             created_in: None,
         }
@@ -612,21 +616,40 @@ impl DeviceState {
     /// Asks for the state as it is now, for a background save: the next update hands `save`
     /// the buffers it replaces ([`Snapshot::Devices`]); [`hand_over`](Self::hand_over) sends
     /// host copies instead when something needs the state before an update comes.
-    pub(super) fn request_snapshot(&mut self, save: std::sync::mpsc::Sender<Snapshot>) {
+    ///
+    /// Returns the save's [`Pace`](super::pieces::Pace): the save writes in the background
+    /// with pauses that leave the cores to training, and at full speed once anything may wait
+    /// for it — [`hand_over`](Self::hand_over) (which every call that waits for a save makes
+    /// first) and the state's drop tell it to hurry.
+    pub(super) fn request_snapshot(
+        &mut self,
+        save: std::sync::mpsc::Sender<Snapshot>,
+    ) -> super::pieces::Pace {
+        let pace = super::pieces::Pace::default();
+        if let Some(earlier) = self.save_pace.replace(pace.clone()) {
+            earlier.hurry();
+        }
         self.snapshot = Some(save);
+        pace
     }
 
     /// Hands a save that asked for the state ([`request_snapshot`](Self::request_snapshot))
     /// host copies of it now (waiting for the updates in flight): before the state changes
     /// other than by an update, and before anything waits for that save.
+    /// The save in flight is told to hurry too: whoever calls this is about to wait for it.
     pub(super) fn hand_over(&mut self) -> Result<()> {
+        if let Some(pace) = self.save_pace.take() {
+            pace.hurry();
+        }
         let Some(save) = self.snapshot.take() else {
             return Ok(());
         };
         self.wait()?;
+        let copying = std::time::Instant::now();
         let snapshot = Snapshot::Host {
             trainable: to_host(&self.trainable)?,
             optimizer: to_host(&self.optimizer)?,
+            copied: copying.elapsed(),
         };
         let _ = save.send(snapshot);
         Ok(())
@@ -730,25 +753,33 @@ pub(super) enum Snapshot {
         trainable: Vec<Value>,
         optimizer: Vec<Value>,
     },
-    /// Host copies, packed.
+    /// Host copies, packed, made on the training thread ([`DeviceState::hand_over`]), and how
+    /// long making them took (part of the save's [`copy`](super::SaveReport::copy)).
     Host {
         trainable: Vec<Array>,
         optimizer: Vec<Array>,
+        copied: std::time::Duration,
     },
 }
 
 impl Snapshot {
-    /// The packed trainable groups and the optimizer state, slot by slot, on the host.
-    pub(super) fn into_host(self) -> Result<(Vec<Array>, Vec<Array>)> {
+    /// The packed trainable groups and the optimizer state, slot by slot, on the host, and
+    /// how long copying them off the devices took, here or on the training thread before.
+    pub(super) fn into_host(self) -> Result<(Vec<Array>, Vec<Array>, std::time::Duration)> {
         match self {
             Snapshot::Devices {
                 trainable,
                 optimizer,
-            } => Ok((to_host(&trainable)?, to_host(&optimizer)?)),
+            } => {
+                let copying = std::time::Instant::now();
+                let host = (to_host(&trainable)?, to_host(&optimizer)?);
+                Ok((host.0, host.1, copying.elapsed()))
+            }
             Snapshot::Host {
                 trainable,
                 optimizer,
-            } => Ok((trainable, optimizer)),
+                copied,
+            } => Ok((trainable, optimizer, copied)),
         }
     }
 }
@@ -983,6 +1014,9 @@ impl Drop for DeviceState {
     /// A save still waiting for the state gets the buffers themselves: the handle no longer
     /// needs them (its saves are waited for after this).
     fn drop(&mut self) {
+        if let Some(pace) = self.save_pace.take() {
+            pace.hurry();
+        }
         if let Some(save) = self.snapshot.take() {
             let _ = save.send(Snapshot::Devices {
                 trainable: std::mem::take(&mut self.trainable),

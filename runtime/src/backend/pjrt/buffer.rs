@@ -223,10 +223,17 @@ impl DeviceBuffer {
         Array::from_data(&self.ty.dims, data)
     }
 
-    /// Copies the buffer's bytes into `dst` (already of the right length) and waits.
+    /// Copies the buffer's bytes into `dst` (already of the right length) and waits: read
+    /// straight from its memory when that is host memory ([`read_host_memory`]), else through
+    /// `PJRT_Buffer_ToHostBuffer`.
+    ///
+    /// [`read_host_memory`]: DeviceBuffer::read_host_memory
     fn copy_into<T: bytemuck::Pod>(&self, mut dst: Vec<T>) -> Result<Vec<T>> {
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut dst);
         if bytes.is_empty() {
+            return Ok(dst);
+        }
+        if self.read_host_memory(bytes)? {
             return Ok(dst);
         }
         let plugin = self.client.plugin;
@@ -243,6 +250,75 @@ impl DeviceBuffer {
         // read or freed.
         unsafe { plugin.api.await_event(names::buffer_to_host, a.event) }?;
         Ok(dst)
+    }
+
+    /// Copies the buffer into `dst` straight from its memory, once it is defined, when that
+    /// memory is host memory (a CPU plugin's devices: `PJRT_Buffer_IsOnCpu`) holding exactly
+    /// `dst.len()` bytes; `Ok(false)` (nothing copied) when it is not, or when the plugin lacks
+    /// a call this needs. An error of the computation that defines the buffer is returned.
+    ///
+    /// Why not `PJRT_Buffer_ToHostBuffer`: the CPU plugin runs that copy as a task on the
+    /// client's thread pool, the pool the devices' computations run on, so a copy asked for
+    /// while steps are enqueued waits behind one — a whole step for a few bytes, every time
+    /// (what stalled background saves). Here the buffer's ready event is awaited (it waits
+    /// for the definition only, on this thread) and the bytes are copied on this thread.
+    fn read_host_memory(&self, dst: &mut [u8]) -> Result<bool> {
+        let plugin = self.client.plugin;
+        let fns = &plugin.api.fns;
+        let (Some(on_cpu), Some(size), Some(ready), Some(pointer)) = (
+            fns.buffer_is_on_cpu,
+            fns.buffer_on_device_size,
+            fns.buffer_ready_event,
+            fns.buffer_unsafe_pointer,
+        ) else {
+            return Ok(false);
+        };
+        let mut c = ffi::BufferIsOnCpuArgs::new();
+        c.buffer = self.raw;
+        // SAFETY: `c` is a valid `PJRT_Buffer_IsOnCpu_Args` for a live buffer (owned by `self`).
+        if unsafe { plugin.api.check(names::buffer_is_on_cpu, on_cpu(&mut c)) }.is_err()
+            || c.is_on_cpu == 0
+        {
+            return Ok(false);
+        }
+        let mut s = ffi::BufferOnDeviceSizeArgs::new();
+        s.buffer = self.raw;
+        // SAFETY: `s` is a valid `PJRT_Buffer_OnDeviceSizeInBytes_Args` for a live buffer.
+        if unsafe { plugin.api.check(names::buffer_on_device_size, size(&mut s)) }.is_err()
+            || s.on_device_size_in_bytes != dst.len()
+        {
+            return Ok(false);
+        }
+        let mut r = ffi::BufferReadyEventArgs::new();
+        r.buffer = self.raw;
+        // SAFETY: `r` is a valid `PJRT_Buffer_ReadyEvent_Args` for a live buffer.
+        unsafe { plugin.api.check(names::buffer_ready_event, ready(&mut r)) }?;
+        // SAFETY: the event was just returned to us; awaited and destroyed once. Awaiting it
+        // waits for the buffer's definition; its error is the defining computation's.
+        unsafe { plugin.api.await_event(names::buffer_ready_event, r.event) }?;
+        let mut p = ffi::BufferUnsafePointerArgs::new();
+        p.buffer = self.raw;
+        // SAFETY: `p` is a valid `PJRT_Buffer_UnsafePointer_Args` for a live buffer.
+        unsafe {
+            plugin
+                .api
+                .check(names::buffer_unsafe_pointer, pointer(&mut p))
+        }?;
+        let src = p.buffer_pointer as *const u8;
+        if src.is_null() {
+            return Ok(false);
+        }
+        // SAFETY: the buffer is on the CPU, so `src` is host memory of this process, and it
+        // holds `dst.len()` bytes (its on-device size, checked above). It is defined (its ready
+        // event was awaited) and stays alive and unwritten while this copies: `self` owns the
+        // buffer and is borrowed, so it can be neither destroyed nor donated (a PJRT buffer is
+        // written only by the computation that defines it, or by one it is donated to);
+        // computations still enqueued may read it at the same time, which is sound. The CPU
+        // plugin lays every buffer out densely in the default row-major order (what
+        // `ToHostBuffer` copies out byte for byte without a host layout, and what leaf views
+        // rely on too). `dst` is a distinct, writable slice of that length.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
+        Ok(true)
     }
 
     /// A buffer of type `ty` over this buffer's memory from element `offset` on, owning none of

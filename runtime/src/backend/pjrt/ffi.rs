@@ -358,6 +358,23 @@ args! {
 }
 
 args! {
+    /// `PJRT_Buffer_IsOnCpu_Args` (`bool is_on_cpu` read as a byte).
+    BufferIsOnCpuArgs { buffer: *mut RawBuffer, is_on_cpu: u8, }
+    last = is_on_cpu: u8, struct_size = 25, sizeof = 32
+}
+args! {
+    /// `PJRT_Buffer_OnDeviceSizeInBytes_Args`.
+    BufferOnDeviceSizeArgs { buffer: *mut RawBuffer, on_device_size_in_bytes: usize, }
+    last = on_device_size_in_bytes: usize, struct_size = 32, sizeof = 32
+}
+args! {
+    /// `PJRT_Buffer_ReadyEvent_Args`: an event that is ready once the buffer is defined (the
+    /// computation or copy that writes it has finished).
+    BufferReadyEventArgs { buffer: *mut RawBuffer, event: *mut RawEvent, }
+    last = event: *mut RawEvent, struct_size = 32, sizeof = 32
+}
+
+args! {
     /// `PJRT_Buffer_UnsafePointer_Args` (not in the 0.81 header; laid out as in later ones).
     BufferUnsafePointerArgs { buffer: *mut RawBuffer, buffer_pointer: usize, }
     last = buffer_pointer: usize, struct_size = 32, sizeof = 32
@@ -501,7 +518,10 @@ api_fns! {
     executable_deserialize_and_load: DeserializeAndLoadArgs = 488, "PJRT_Executable_DeserializeAndLoad";
     buffer_destroy: BufferDestroyArgs = 504, "PJRT_Buffer_Destroy";
     buffer_is_deleted: BufferIsDeletedArgs = 584, "PJRT_Buffer_IsDeleted";
+    buffer_on_device_size: BufferOnDeviceSizeArgs = 552, "PJRT_Buffer_OnDeviceSizeInBytes";
     buffer_to_host: BufferToHostArgs = 600, "PJRT_Buffer_ToHostBuffer";
+    buffer_is_on_cpu: BufferIsOnCpuArgs = 608, "PJRT_Buffer_IsOnCpu";
+    buffer_ready_event: BufferReadyEventArgs = 616, "PJRT_Buffer_ReadyEvent";
     buffer_unsafe_pointer: BufferUnsafePointerArgs = 624, "PJRT_Buffer_UnsafePointer";
     executable_output_element_types: ExecutableOutputElementTypesArgs = 760, "PJRT_Executable_OutputElementTypes";
     executable_output_dimensions: ExecutableOutputDimensionsArgs = 768, "PJRT_Executable_OutputDimensions";
