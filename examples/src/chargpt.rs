@@ -116,6 +116,50 @@ impl Model for CharGpt {
     }
 }
 
+/// The model decodes through a KV cache ([`nitro::generate`]): per unrolled block two cache
+/// tensors `blocks[i].k` and `blocks[i].v` (`[heads, context, head_dim]` per row), or with
+/// `--scan` the stack's `stack.k` and `stack.v` (`[layers, heads, context, head_dim]` per row,
+/// the rows axis second), in the dtype of the token embeddings. Its logits through the cache
+/// are [`logits`]' over the whole window.
+impl nitro::generate::Decoder for CharGpt {
+    fn decode_shape(&self) -> nitro::generate::DecodeShape {
+        let a = &self.arch;
+        let context = a.positions.vocab;
+        let dtype = self.tokens.table.dtype();
+        let cache = match &a.stack {
+            Some(stack) => stack.cache_tensors("stack", context, dtype).to_vec(),
+            None => a
+                .blocks
+                .iter()
+                .enumerate()
+                .flat_map(|(i, b)| b.cache_tensors(&format!("blocks[{i}]"), context, dtype))
+                .collect(),
+        };
+        nitro::generate::DecodeShape {
+            vocab: a.head.outputs,
+            context,
+            cache,
+        }
+    }
+
+    fn decode(
+        v: &CharGptView<'_>,
+        tokens: Tensor,
+        start: Tensor,
+        cache: Vec<Tensor>,
+    ) -> (Tensor, Vec<Tensor>) {
+        let a = &v.arch;
+        let t = tokens.dims().get(1).copied().unwrap_or(1);
+        let h =
+            a.tokens.forward(&v.tokens, tokens) + a.positions.positions_at(&v.positions, start, t);
+        let (h, cache) = match (&a.stack, &v.stack) {
+            (Some(blocks), Some(p)) => blocks.forward_cached_list(p, h, start, cache),
+            _ => nn::stack_cached(&a.blocks, &v.blocks, h, start, cache),
+        };
+        (a.head.forward(&v.head, a.norm.forward(&v.norm, h)), cache)
+    }
+}
+
 /// The hyperparameters that shape the model.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GptShape {

@@ -38,10 +38,12 @@ use crate::init::{self, Seed};
 use crate::trace::{Conv, Tensor, Window};
 use crate::tree::{Array, DType, LeafType, Tree};
 
+mod cached;
 mod gpt2;
 mod recurrent;
 mod repeated;
 
+pub use cached::stack_cached;
 pub use gpt2::{Gpt2, Gpt2Params, Gpt2ParamsMirror};
 pub use recurrent::{Lstm, LstmParams, LstmParamsMirror};
 pub use repeated::Repeated;
