@@ -12,8 +12,8 @@ use common::xla_or_skip;
 use nitro::backend::{self, Backend};
 use nitro::cache::Cache;
 use nitro::generate::{
-    CacheTensor, DecodeShape, Decoder, Event, GenerateConfig, Generator, Request, Sampling,
-    StopReason,
+    CacheTensor, DecodeShape, Decoder, Engine, Event, GenerateConfig, Generator, Request, Sampling,
+    StopReason, StreamEvent,
 };
 use nitro::init::{self, Seed};
 use nitro::prelude::*;
@@ -399,4 +399,71 @@ fn bad_requests_and_declarations_are_refused_by_name() {
             .unwrap();
         assert_eq!(field(err), name);
     }
+}
+
+/// On a thread of its own: streams read from several threads at once get the texts their
+/// requests get alone; a stream dropped mid-way frees its slot, so requests behind it run.
+#[test]
+fn streams_from_several_threads_and_a_dropped_stream_frees_its_slot() {
+    let backend = backend::interpreter();
+    let model = toy(13, 8, 64, 4);
+    let requests: Vec<Request> = (0..6u32)
+        .map(|i| {
+            Request::new(vec![i, 2, (3 * i) % 13], 10 + 3 * i as usize)
+                .sampling(Sampling::greedy().temperature(0.9).seed(u64::from(i) + 40))
+        })
+        .collect();
+    let mut alone =
+        Generator::with_backend(model.clone(), config().slots(1), backend, memory_cache()).unwrap();
+    let want: Vec<Vec<u32>> = requests
+        .iter()
+        .map(|r| alone.generate(r.clone()).unwrap().tokens)
+        .collect();
+    let engine = Engine::start(
+        Generator::with_backend(model, config().slots(2), backend, memory_cache()).unwrap(),
+    )
+    .unwrap();
+    // Two streams that will never be read to their end hold both slots.
+    let mut held: Vec<_> = (0..2)
+        .map(|_| {
+            engine
+                .submit(Request::new(vec![1], i32::MAX as usize))
+                .unwrap()
+        })
+        .collect();
+    for stream in &mut held {
+        let first = stream.next().unwrap();
+        assert!(matches!(first, StreamEvent::Tokens(_)), "{first:?}");
+    }
+    let got: Vec<Vec<u32>> = std::thread::scope(|s| {
+        let readers: Vec<_> = requests
+            .iter()
+            .map(|r| {
+                let mut stream = engine.submit(r.clone()).unwrap();
+                s.spawn(move || {
+                    let mut tokens = Vec::new();
+                    // Held slots never end by themselves: only their drop lets these run.
+                    let limit = std::time::Duration::from_secs(120);
+                    while let Ok(event) = stream.next_within(limit) {
+                        let event = event.expect("no token in 120 s: the held slots stayed held");
+                        match event {
+                            StreamEvent::Tokens(t) => tokens.extend(t),
+                            StreamEvent::Done(record) => {
+                                assert_eq!(record.tokens, tokens);
+                                return tokens;
+                            }
+                            StreamEvent::Failed(why) => panic!("{why}"),
+                        }
+                    }
+                    panic!("the stream ended without a record")
+                })
+            })
+            .collect();
+        // Nothing behind the held slots runs until a held stream is dropped: the client went
+        // away, and its slot is freed.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        held.clear();
+        readers.into_iter().map(|r| r.join().unwrap()).collect()
+    });
+    assert_eq!(got, want);
 }

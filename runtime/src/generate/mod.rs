@@ -13,6 +13,7 @@
 //! - **The generator** (`Generator`): the programs, the device state (the cache, a position per
 //!   slot), slots that requests join and leave, and the streams of tokens they produce.
 
+mod engine;
 mod programs;
 pub mod sample;
 
@@ -28,6 +29,7 @@ use crate::trace::Tensor;
 use crate::train::values::{self, In, Value};
 use crate::tree::Node;
 use crate::tree::{Array, DType, LeafType};
+pub use engine::{Engine, Stream, StreamEvent};
 use programs::{DecodeIn, PrefillIn};
 pub use sample::Sampling;
 
