@@ -79,7 +79,9 @@ fn tokens(out: &[Array]) -> Vec<i32> {
 
 /// Deterministic logits in [-3, 3) (a 64-bit LCG).
 fn pseudo_logits(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
             s = s
@@ -103,7 +105,9 @@ fn argmax(row: &[f32]) -> i32 {
 
 /// softmax(logits / t) in f64.
 fn softmax(logits: &[f32], t: f64) -> Vec<f64> {
-    let m = logits.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
+    let m = logits
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
     let e: Vec<f64> = logits.iter().map(|&x| ((x as f64 - m) / t).exp()).collect();
     let s: f64 = e.iter().sum();
     e.iter().map(|v| v / s).collect()
@@ -116,7 +120,10 @@ fn softmax(logits: &[f32], t: f64) -> Vec<f64> {
 fn assert_frequencies(test: &str, counts: &[usize], p: &[f64], n: usize) {
     for (i, (&c, &p)) in counts.iter().zip(p).enumerate() {
         if p == 0.0 {
-            assert_eq!(c, 0, "{test}: token {i} is filtered out but was drawn {c} times");
+            assert_eq!(
+                c, 0,
+                "{test}: token {i} is filtered out but was drawn {c} times"
+            );
             continue;
         }
         let mean = n as f64 * p;
@@ -200,8 +207,15 @@ fn top_k_one_and_a_tiny_top_p_give_the_argmax_at_any_temperature() {
         .map(|r| Sampling::greedy().temperature(5.0).seed(r as u64))
         .collect();
     let out = run_both("argmax hot", &graph, &[inputs(&logits, vocab, &hot, 16)]);
-    let differ = tokens(&out[0]).iter().zip(&want).filter(|(a, b)| a != b).count();
-    assert!(differ > rows / 2, "only {differ} of {rows} hot rows left the argmax");
+    let differ = tokens(&out[0])
+        .iter()
+        .zip(&want)
+        .filter(|(a, b)| a != b)
+        .count();
+    assert!(
+        differ > rows / 2,
+        "only {differ} of {rows} hot rows left the argmax"
+    );
 }
 
 #[test]
@@ -217,10 +231,16 @@ fn the_same_key_gives_the_same_token_and_different_keys_a_spread() {
     let out = run_both(
         "same key",
         &graph,
-        &[inputs(&logits, vocab, &same, 0), inputs(&logits, vocab, &spread, 0)],
+        &[
+            inputs(&logits, vocab, &same, 0),
+            inputs(&logits, vocab, &spread, 0),
+        ],
     );
     let same = tokens(&out[0]);
-    assert!(same.iter().all(|&t| t == same[0]), "one key, several tokens");
+    assert!(
+        same.iter().all(|&t| t == same[0]),
+        "one key, several tokens"
+    );
     let spread = count(&tokens(&out[1]), vocab);
     assert!(
         spread.iter().all(|&c| c > rows / 32),
@@ -279,7 +299,12 @@ fn top_k_keeps_the_k_largest_ties_included_and_nothing_else() {
         .iter()
         .map(|&(k, t, _)| {
             let s: Vec<Sampling> = (0..rows)
-                .map(|r| Sampling::greedy().temperature(t).top_k(k).seed(7 * r as u64))
+                .map(|r| {
+                    Sampling::greedy()
+                        .temperature(t)
+                        .top_k(k)
+                        .seed(7 * r as u64)
+                })
                 .collect();
             inputs(&logits, vocab, &s, 8)
         })
@@ -287,7 +312,12 @@ fn top_k_keeps_the_k_largest_ties_included_and_nothing_else() {
     let outs = run_both("top-k", &graph, &sets);
     for ((k, t, keep), out) in cases.iter().zip(&outs) {
         let p = renormalised(&row, *t as f64, keep);
-        assert_frequencies(&format!("top_k={k} T={t}"), &count(&tokens(out), vocab), &p, rows);
+        assert_frequencies(
+            &format!("top_k={k} T={t}"),
+            &count(&tokens(out), vocab),
+            &p,
+            rows,
+        );
     }
 }
 
@@ -338,7 +368,12 @@ fn top_p_keeps_the_smallest_set_reaching_p_and_nothing_else() {
         .iter()
         .map(|&(t, p)| {
             let s: Vec<Sampling> = (0..rows)
-                .map(|r| Sampling::greedy().temperature(t).top_p(p).seed(5000 + r as u64))
+                .map(|r| {
+                    Sampling::greedy()
+                        .temperature(t)
+                        .top_p(p)
+                        .seed(5000 + r as u64)
+                })
                 .collect();
             inputs(&logits, vocab, &s, 8)
         })
@@ -347,21 +382,40 @@ fn top_p_keeps_the_smallest_set_reaching_p_and_nothing_else() {
     for (&(t, p), out) in cases.iter().zip(&outs) {
         let keep = top_p_set(&row, t as f64, p as f64);
         let kept = keep.iter().filter(|&&k| k).count();
-        assert!(kept > 1 && kept < vocab, "T={t} p={p}: the case should cut: {keep:?}");
+        assert!(
+            kept > 1 && kept < vocab,
+            "T={t} p={p}: the case should cut: {keep:?}"
+        );
         let want = renormalised(&row, t as f64, &keep);
-        assert_frequencies(&format!("top_p={p} T={t}"), &count(&tokens(out), vocab), &want, rows);
+        assert_frequencies(
+            &format!("top_p={p} T={t}"),
+            &count(&tokens(out), vocab),
+            &want,
+            rows,
+        );
     }
 
     // With top-k too: top-p applies to what top-k kept, renormalised.
     let s: Vec<Sampling> = (0..rows)
-        .map(|r| Sampling::greedy().temperature(1.0).top_k(3).top_p(0.8).seed(r as u64))
+        .map(|r| {
+            Sampling::greedy()
+                .temperature(1.0)
+                .top_k(3)
+                .top_p(0.8)
+                .seed(r as u64)
+        })
         .collect();
     let out = run_both("top-k then top-p", &graph, &[inputs(&logits, vocab, &s, 8)]);
     // Top 3: tokens 0 (2.0), 6 (1.5), 1 (1.0) with masses ∝ e^2, e^1.5, e^1 = 0.51, 0.31, 0.19:
     // 0.8 needs all but token 1... 0.51 + 0.31 = 0.82 ≥ 0.8, so tokens 0 and 6.
     let keep = [true, false, false, false, false, false, true, false];
     let want = renormalised(&row, 1.0, &keep);
-    assert_frequencies("top_k=3 top_p=0.8", &count(&tokens(&out[0]), vocab), &want, rows);
+    assert_frequencies(
+        "top_k=3 top_p=0.8",
+        &count(&tokens(&out[0]), vocab),
+        &want,
+        rows,
+    );
 }
 
 /// The graph of a decode step's sampling: per-row keys with each row's position folded in,
@@ -403,7 +457,9 @@ fn a_rows_token_is_the_same_alone_and_beside_other_rows() {
         .collect();
     let fillers: Vec<(Sampling, Vec<f32>, i32)> = (0..4)
         .map(|r| {
-            let s = Sampling::greedy().temperature(0.5 + r as f32).seed(9000 + r as u64);
+            let s = Sampling::greedy()
+                .temperature(0.5 + r as f32)
+                .seed(9000 + r as u64);
             (s, pseudo_logits(vocab, 200 + r as u64), 17)
         })
         .collect();
@@ -447,7 +503,9 @@ fn a_rows_token_is_the_same_alone_and_beside_other_rows() {
 fn row_streams_are_jax_streams_under_each_rows_key() {
     let rows = 5;
     let n = 1000; // over random::ROLLED_UP_TO in all: the unrolled form
-    let keys: Vec<[u32; 2]> = (0..rows as u64).map(|s| random::key_host(s * 977 + 3)).collect();
+    let keys: Vec<[u32; 2]> = (0..rows as u64)
+        .map(|s| random::key_host(s * 977 + 3))
+        .collect();
     let data: Vec<i32> = (0..rows as i32).map(|r| 11 * r + 4).collect();
     let tiny = f32::MIN_POSITIVE as f64;
     let graph = trace(
@@ -457,7 +515,11 @@ fn row_streams_are_jax_streams_under_each_rows_key() {
         ],
         |i| {
             let folded = fold_in_rows(i[0], i[1]);
-            vec![folded, uniform_rows(folded, n, tiny, 1.0), uniform_rows(i[0], 3, 0.0, 1.0)]
+            vec![
+                folded,
+                uniform_rows(folded, n, tiny, 1.0),
+                uniform_rows(i[0], 3, 0.0, 1.0),
+            ]
         },
     )
     .unwrap();
@@ -482,10 +544,18 @@ fn row_streams_are_jax_streams_under_each_rows_key() {
 
 #[test]
 fn check_refuses_each_bad_setting_naming_its_field() {
-    let ok = Sampling::greedy().temperature(0.9).top_k(40).top_p(0.9).seed(3);
+    let ok = Sampling::greedy()
+        .temperature(0.9)
+        .top_k(40)
+        .top_p(0.9)
+        .seed(3);
     ok.check(40).unwrap();
     Sampling::greedy().check(0).unwrap();
-    Sampling::greedy().temperature(0.0).top_p(1.0).check(0).unwrap();
+    Sampling::greedy()
+        .temperature(0.0)
+        .top_p(1.0)
+        .check(0)
+        .unwrap();
     let cases = [
         (ok.temperature(f32::NAN), "temperature"),
         (ok.temperature(-0.5), "temperature"),
@@ -538,11 +608,36 @@ fn wrong_types_fail_the_trace_naming_sample_and_the_input() {
         .map(|_| ())
     };
     let cases = [
-        (ty(DType::I32, &[4, 10]), ty(DType::U32, &[4, 2]), DType::I32, "logits"),
-        (ty(DType::F32, &[4, 10, 2]), ty(DType::U32, &[4, 2]), DType::I32, "logits"),
-        (ty(DType::F32, &[4, 10]), ty(DType::U32, &[3, 2]), DType::I32, "keys"),
-        (ty(DType::F32, &[4, 10]), ty(DType::I32, &[4, 2]), DType::I32, "keys"),
-        (ty(DType::F32, &[4, 10]), ty(DType::U32, &[4, 2]), DType::F32, "top_k"),
+        (
+            ty(DType::I32, &[4, 10]),
+            ty(DType::U32, &[4, 2]),
+            DType::I32,
+            "logits",
+        ),
+        (
+            ty(DType::F32, &[4, 10, 2]),
+            ty(DType::U32, &[4, 2]),
+            DType::I32,
+            "logits",
+        ),
+        (
+            ty(DType::F32, &[4, 10]),
+            ty(DType::U32, &[3, 2]),
+            DType::I32,
+            "keys",
+        ),
+        (
+            ty(DType::F32, &[4, 10]),
+            ty(DType::I32, &[4, 2]),
+            DType::I32,
+            "keys",
+        ),
+        (
+            ty(DType::F32, &[4, 10]),
+            ty(DType::U32, &[4, 2]),
+            DType::F32,
+            "top_k",
+        ),
     ];
     for (logits, keys, top_k, name) in cases {
         match attempt(logits.clone(), keys.clone(), top_k) {

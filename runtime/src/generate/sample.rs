@@ -23,8 +23,9 @@
 //! 5. **The draw** (Gumbel-max): the argmax of `z` over the kept tokens (the others `−∞`) plus
 //!    Gumbel noise `−log(−log u)`, where `u` is the row's `jax.random.uniform(key, (vocab,),
 //!    minval=tiny, maxval=1)` — `tiny` being `f32`'s smallest normal — from the row's key. This
-//!    is the draw `jax.random.categorical(key, z)` makes for the row (`jax.vmap` over rows,
-//!    each with its key), which picks token `i` with probability `softmax(z)[i]`.
+//!    is how `jax.random.categorical(key, z)` draws for the row (`jax.vmap` over rows, each with
+//!    its key): the same uniforms bit for bit, the same token unless the logarithms' last bits
+//!    decide a near-tie. It picks token `i` with probability `softmax(z)[i]`.
 //!
 //! # Finding the thresholds without sorting
 //!
@@ -50,7 +51,12 @@
 //! argmaxes and the noise. The noise is the largest single term: Threefry's 20 rounds (about
 //! 120 `u32` operations) and two logarithms per element. All told about
 //! `vocab × (64 small passes + the Threefry block)` per row: for a 50k vocabulary and 32 rows,
-//! on the order of 10⁸–10⁹ simple operations per decode step, small beside the model's own.
+//! on the order of 10⁹ simple operations per decode step. Measured on the XLA CPU plugin (a
+//! shared 2-core machine; top-k 40 of `max_k` 64, top-p 0.9): 32 rows of a 65-token vocabulary
+//! (chargpt) take about 0.25 ms a call; one row of 50 257 (GPT-2) about 4 ms; 32 rows of 50 257
+//! 37–60 ms, of which the noise and its argmax are about 10 ms, each search about 12 ms (32
+//! passes over 6.4 MB), and a bare argmax 3.3 ms. A GPU reads those passes at its memory
+//! bandwidth.
 //!
 //! # Randomness and reproducibility
 //!
@@ -159,7 +165,7 @@ impl Sampling {
     }
 
     /// The request's key: `jax.random.PRNGKey(seed)` as two words (see
-    /// [`key_host`](crate::trace::random::key_host)).
+    /// [`key_host`]).
     pub fn key(&self) -> [u32; 2] {
         key_host(self.seed)
     }
@@ -179,10 +185,7 @@ impl Sampling {
         }
         let p = self.top_p;
         if !(p > 0.0 && p <= 1.0) {
-            return bad(
-                "top_p",
-                format!("is {p}; it must be in (0, 1] (1 is off)"),
-            );
+            return bad("top_p", format!("is {p}; it must be in (0, 1] (1 is off)"));
         }
         if self.top_k as u64 > max_k as u64 {
             return bad(
@@ -235,13 +238,12 @@ impl SampleArrays {
     }
 }
 
+/// One input's type check: its name, the tensor, what types it accepts, and that in words.
+type Check<'a> = (&'a str, Tensor, &'a dyn Fn(&LeafType) -> bool, &'a str);
+
 /// Records a trace error for `op` unless every tensor of `checks` belongs to this trace and has
-/// the type its predicate accepts; `what` says what is expected. `false` after an error.
-fn check_types(
-    op: &'static str,
-    at: &Location<'_>,
-    checks: &[(&str, Tensor, &dyn Fn(&LeafType) -> bool, &str)],
-) -> bool {
+/// the type its predicate accepts. `false` after an error.
+fn check_types(op: &'static str, at: &Location<'_>, checks: &[Check<'_>]) -> bool {
     with_recording(|r| {
         for &(_, t, _, _) in checks {
             if !r.owns(t, op, at) {
@@ -397,9 +399,8 @@ fn ordered(z: Tensor) -> Tensor {
 /// `bool [rows]`.
 fn largest_threshold(rows: usize, holds: impl Fn(Tensor) -> Tensor) -> Tensor {
     let bits: Vec<u32> = (0..STEPS).map(|s| 1u32 << (STEPS - 1 - s)).collect();
-    let bits = Tensor::constant(
-        Array::from_vec(&[STEPS], bits).unwrap_or_else(|_| Array::scalar(0u32)),
-    );
+    let bits =
+        Tensor::constant(Array::from_vec(&[STEPS], bits).unwrap_or_else(|_| Array::scalar(0u32)));
     let start = Tensor::full(&[rows], 0.0, DType::U32);
     let (carry, _) = Scan::new().run(&[start], &[bits], |c, x| {
         let candidate = c[0].or(x[0]);
