@@ -175,17 +175,11 @@ fn the_declared_cache_follows_the_blocks_form() {
         names,
         ["blocks[0].k", "blocks[0].v", "blocks[1].k", "blocks[1].v"]
     );
-    assert_eq!(
-        unrolled.cache[0].with_rows(3).to_string(),
-        "f32[3,4,64,8]"
-    );
+    assert_eq!(unrolled.cache[0].with_rows(3).to_string(), "f32[3,4,64,8]");
     let scanned = model(64, true).decode_shape();
     let names: Vec<&str> = scanned.cache.iter().map(|c| c.name.as_str()).collect();
     assert_eq!(names, ["stack.k", "stack.v"]);
-    assert_eq!(
-        scanned.cache[1].with_rows(3).to_string(),
-        "f32[2,3,4,64,8]"
-    );
+    assert_eq!(scanned.cache[1].with_rows(3).to_string(), "f32[2,3,4,64,8]");
 }
 
 #[test]

@@ -456,16 +456,16 @@ fn argmax(logits: &[f32], vocab: usize) -> Vec<i32> {
 
 /// `steps` greedy tokens per row after `prompt` (`[rows, p]`), by recomputing the full
 /// window (padded to the context) for every token.
-fn greedy_full<E: Experiment>(
+fn greedy_full<E: Decoder>(
     run: &Runner,
     full: &Program<E, Tensor>,
     e: &E,
     prompt: &[i32],
     rows: usize,
-    context: usize,
-    vocab: usize,
     steps: usize,
 ) -> Vec<Vec<i32>> {
+    let shape = e.decode_shape();
+    let (context, vocab) = (shape.context, shape.vocab);
     let p = prompt.len() / rows;
     let mut seqs: Vec<Vec<i32>> = prompt.chunks(p).map(<[i32]>::to_vec).collect();
     for _ in 0..steps {
@@ -521,7 +521,7 @@ fn greedy_decoding_through_the_cache_picks_the_full_windows_tokens() {
     let full = Tiny::program("logits", tiny_logits);
     for (name, b) in backends("greedy_decoding_through_the_cache_picks_the_full_windows_tokens") {
         let run = Runner::new(b);
-        let want = greedy_full(&run, &full, &e, &prompt, rows, context, vocab, steps);
+        let want = greedy_full(&run, &full, &e, &prompt, rows, steps);
         let got = greedy_cached(&run, &e, &prompt, rows, steps);
         assert_eq!(got, want, "{name}: unrolled blocks");
         let got = greedy_cached(&run, &stacked, &prompt, rows, steps);

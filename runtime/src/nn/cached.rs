@@ -468,8 +468,9 @@ impl Repeated<TransformerBlock> {
     /// head_dim]`, layer `i` reading and writing row `i`. Each layer is
     /// [`TransformerBlock::forward_cached`]; as [`forward`](Layer::forward), one [`Scan`] over
     /// the layers (or `depth` copies when [`unrolled`](Repeated::unrolled)). The caches ride in
-    /// the loop's carry and each layer writes its new keys and values into them in place, so a
-    /// decode step writes only its tokens' entries, never a copy of the cache.
+    /// the loop's carry and each layer scatters its new keys and values into them at
+    /// `(layer, row, position)`, so a decode step writes only its tokens' entries — an update
+    /// XLA can make in place — rather than stacking a new cache as the scan's outputs.
     ///
     /// Refused when the trace runs: caches of another shape (naming the one expected), and what
     /// the block's attention refuses.
