@@ -35,7 +35,7 @@ use nitro::data::{text, Dataset};
 use nitro::optim::AdamW;
 use nitro::prelude::*;
 use nitro::train::{Config, FromBatch, Nitro};
-use nitro_examples::chargpt::{self, Args, CharGpt, InitOn, Windows};
+use nitro_examples::chargpt::{self, Args, CharGpt, InitOn, SampleMode, Windows};
 use nitro_examples::report::{available_memory, exit_status, install_log, peak_rss_mb, Summary};
 use nitro_examples::twin;
 use serde_json::json;
@@ -444,9 +444,42 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(path) = &args.checkpoint {
         say(format!("saved    {}", path.display()));
     }
+    let mut generated = None;
     if args.sample > 0 {
-        let text = sample(&mut run, &vocab, &args, data.documents().is_some())?;
-        say(format!("sample   {text:?}"));
+        match args.sample_mode {
+            SampleMode::Recompute => {
+                let started = std::time::Instant::now();
+                let text = sample(&mut run, &vocab, &args, data.documents().is_some())?;
+                let s = started.elapsed().as_secs_f64();
+                say(format!(
+                    "sample   {text:?} ({:.1} chars/s, recomputing the window)",
+                    args.sample as f64 / s
+                ));
+                generated = Some(json!({
+                    "mode": "recompute",
+                    "decode_tokens_per_s": args.sample as f64 / s,
+                }));
+            }
+            SampleMode::Cache => {
+                let g = generate(&mut run, &vocab, &args)?;
+                for text in &g.texts {
+                    say(format!("sample   {text:?}"));
+                }
+                say(format!(
+                    "generate {} compiles, first token {:.1} ms, {:.0} tokens/s decoding \
+                     ({} slots), KV cache {:.2} MB",
+                    g.compiles, g.ttft_ms, g.decode_tokens_per_s, args.slots, g.kv_cache_mb
+                ));
+                generated = Some(json!({
+                    "mode": "cache",
+                    "ttft_ms": g.ttft_ms,
+                    "decode_tokens_per_s": g.decode_tokens_per_s,
+                    "generate_compiles": g.compiles,
+                    "kv_cache_mb": g.kv_cache_mb,
+                    "slots": args.slots,
+                }));
+            }
+        }
     }
     let docs = data.documents();
     let summary = Summary::new("chargpt", backend)
@@ -507,8 +540,89 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
                 .map(|t| (handle_at + t).as_secs_f64() * 1e3),
         )
         .field("process_s", started.elapsed().as_secs_f64());
+    let summary = match &generated {
+        Some(g) => summary
+            .field("ttft_ms", g.get("ttft_ms").cloned())
+            .field("decode_tokens_per_s", g["decode_tokens_per_s"].clone())
+            .field("generate_compiles", g.get("generate_compiles").cloned())
+            .field("kv_cache_mb", g.get("kv_cache_mb").cloned())
+            .field("sample_mode", g["mode"].clone()),
+        None => summary,
+    };
     println!("{summary}");
     Ok(())
+}
+
+/// What `--sample` through the generator made and measured.
+struct Generated {
+    texts: Vec<String>,
+    compiles: usize,
+    ttft_ms: f64,
+    decode_tokens_per_s: f64,
+    kv_cache_mb: f64,
+}
+
+/// Generates `--sample` characters after `--prompt` in each of `--slots` slots at once, through
+/// the generator: its programs got up front (prompt buckets of powers of two up to the context,
+/// decode chunks of 16), a KV cache on the device, sampling there.
+fn generate(
+    run: &mut Nitro<CharGpt, AdamW>,
+    vocab: &text::Vocab,
+    args: &Args,
+) -> Result<Generated, Box<dyn std::error::Error>> {
+    use nitro::generate::{GenerateConfig, Generator, Request, Sampling};
+    let experiment = run.experiment()?.clone();
+    let mut buckets: Vec<usize> = (4..)
+        .map(|p| 1usize << p)
+        .take_while(|&b| b < args.context)
+        .collect();
+    buckets.push(args.context);
+    let config = GenerateConfig::new()
+        .slots(args.slots)
+        .buckets(buckets)
+        .chunks([16])
+        .max_top_k(args.top_k.clamp(1, vocab.len()));
+    let mut g = Generator::new(experiment, config)?;
+    let prompt: Vec<u32> = vocab
+        .encode(&args.prompt)?
+        .iter()
+        .map(|&t| t as u32)
+        .collect();
+    // The prompt's tail, when it is longer than the context.
+    let prompt = prompt[prompt.len().saturating_sub(args.context)..].to_vec();
+    for slot in 0..args.slots {
+        let sampling = Sampling::greedy()
+            .temperature(args.temperature as f32)
+            .top_k(args.top_k as u32)
+            .top_p(args.top_p as f32)
+            .seed(args.seed.wrapping_add(7 + slot as u64));
+        g.submit(Request::new(prompt.clone(), args.sample).sampling(sampling))?;
+    }
+    let started = std::time::Instant::now();
+    let mut records = g.run_to_end()?;
+    let wall = started.elapsed().as_secs_f64();
+    records.sort_by_key(|r| r.id);
+    let ttft = records
+        .iter()
+        .filter_map(|r| r.time_to_first_token)
+        .min()
+        .unwrap_or_default();
+    let tokens: usize = records.iter().map(|r| r.tokens.len()).sum();
+    let decode_s = (wall - ttft.as_secs_f64()).max(1e-9);
+    let texts = records
+        .iter()
+        .map(|r| {
+            let ids: Vec<i32> = r.tokens.iter().map(|&t| t as i32).collect();
+            format!("{}{}", args.prompt, vocab.decode(&ids))
+        })
+        .collect();
+    Ok(Generated {
+        texts,
+        compiles: g.inventory().compiles(),
+        ttft_ms: ttft.as_secs_f64() * 1e3,
+        decode_tokens_per_s: tokens.saturating_sub(records.len()) as f64 / decode_s,
+        kv_cache_mb: g.kv_cache_bytes() as f64 / 1e6,
+    })
 }
 
 /// Generates `--sample` characters after `--prompt`: each through the evaluation program on a

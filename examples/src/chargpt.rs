@@ -37,8 +37,18 @@ pub struct GptArch {
     pub head: Linear,
 }
 
+/// How `--sample` generates ([`Args::sample_mode`]).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SampleMode {
+    /// Through the generator (`nitro::generate`): prefill, then decode over a KV cache.
+    Cache,
+    /// The evaluation program over a full batch of windows, once per character.
+    Recompute,
+}
+
 /// The experiment.
 #[experiment]
+#[derive(Clone)]
 pub struct CharGpt {
     /// The shape.
     #[graph_const]
@@ -442,6 +452,19 @@ pub struct Args {
     /// Sample among the k likeliest characters only (0: all).
     #[arg(long, default_value_t = 20)]
     pub top_k: usize,
+    /// Sample among the likeliest characters whose probabilities reach this much (in (0, 1];
+    /// 1: all).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f64,
+    /// Texts generated at once by `--sample` (the generator's slots): one per slot, each from
+    /// its own seed (`--seed` + 7 + slot).
+    #[arg(long, default_value_t = 1)]
+    pub slots: usize,
+    /// How `--sample` generates: `cache` (the generator: a KV cache on the device, sampling
+    /// there, nothing recompiled) or `recompute` (the evaluation program on a full batch of
+    /// windows per character: the slow path, kept to measure against).
+    #[arg(long, value_enum, default_value_t = SampleMode::Cache)]
+    pub sample_mode: SampleMode,
     /// Save a checkpoint here after training: a checkpoint directory (each device's shards a
     /// part of their own; created in an existing directory), or one file for a path ending in
     /// `.safetensors`.
@@ -516,12 +539,22 @@ impl Args {
         }
         finite_above_zero("--lr", self.lr, "the peak learning rate", 3e-3)?;
         below_one("--dropout", self.dropout, "the dropout rate")?;
-        finite_above_zero(
-            "--temperature",
-            self.temperature,
-            "the sampling temperature",
-            0.8,
-        )?;
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(FlagError::new(
+                "--temperature",
+                self.temperature,
+                "the sampling temperature must be a finite number of at least 0 (0: the \
+                 likeliest character every time), like 0.8",
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(FlagError::new(
+                "--top-p",
+                self.top_p,
+                "the nucleus must be in (0, 1] (1: every character), like 0.9",
+            ));
+        }
+        at_least_one("--slots", self.slots, "texts generated at once")?;
         if self.remat && !self.scan {
             return Err(FlagError::new(
                 "--remat",

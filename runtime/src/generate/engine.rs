@@ -29,7 +29,8 @@ enum Command {
     Stop,
 }
 
-/// A [`Generator`] running on a thread of its own (see the [module docs](self)).
+/// A [`Generator`] running on a thread of its own: callers on other threads submit requests
+/// and read their tokens as [`Stream`]s while it decodes every slot at once.
 ///
 /// ```no_run
 /// # use nitro::generate::{Decoder, Engine, Generator, Request, StreamEvent};
