@@ -99,6 +99,10 @@ pub struct Examples;
 #[doc = include_str!("../../docs/stages.md")]
 pub struct Stages;
 
+/// `docs/generation.md`.
+#[doc = include_str!("../../docs/generation.md")]
+pub struct Generation;
+
 /// `docs/internals.md`.
 #[doc = include_str!("../../docs/internals.md")]
 pub struct Internals;

@@ -392,7 +392,7 @@ fn bad_requests_and_declarations_are_refused_by_name() {
         (config().slots(0), "slots"),
         (config().chunks([0]), "chunks"),
         (config().buckets([64]), "buckets"),
-        (config().max_top_k(12), "max_top_k"),
+        (config().max_top_k(0), "max_top_k"),
     ] {
         let err = Generator::with_backend(toy(11, 6, 32, 5), config, backend, memory_cache())
             .err()

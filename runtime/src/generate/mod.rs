@@ -162,7 +162,8 @@ impl GenerateConfig {
         self
     }
 
-    /// The largest top-k a request may ask for (part of the programs).
+    /// The largest top-k a request may ask for (part of the programs; at most the model's
+    /// vocabulary, to which a larger value is lowered).
     pub fn max_top_k(mut self, k: usize) -> GenerateConfig {
         self.max_top_k = k;
         self
@@ -193,15 +194,14 @@ impl GenerateConfig {
                 format!("are {:?}: give sizes of at least 1", self.chunks),
             );
         }
-        if self.max_top_k == 0 || self.max_top_k > shape.vocab {
+        if self.max_top_k == 0 {
             return bad(
                 "max_top_k",
-                format!(
-                    "is {}: give 1 ..= the vocabulary ({})",
-                    self.max_top_k, shape.vocab
-                ),
+                "is 0: give at least 1 (a request's top_k 0 turns top-k off)".into(),
             );
         }
+        // A top-k past the vocabulary keeps every token.
+        self.max_top_k = self.max_top_k.min(shape.vocab);
         let fits: Vec<usize> = self
             .buckets
             .iter()
