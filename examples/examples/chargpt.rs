@@ -387,7 +387,7 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
         None => Nitro::new(experiment, optimizer, config)?,
     };
     if args.run.check {
-        let plan = match &data {
+        let mut plan = match &data {
             Data::Documents(d) => run.plan_buckets(&d.train, true)?,
             Data::Windows(w) => {
                 let rows: Vec<usize> = (0..args.batch).collect();
@@ -397,6 +397,16 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
                 )?
             }
         };
+        if args.sample > 0 && args.sample_mode == SampleMode::Cache {
+            // The generator's programs too: a prefill per prompt bucket, a decode per chunk.
+            let generating = nitro::generate::Generator::plan(
+                run.experiment()?,
+                &generate_config(&args, vocab.len()),
+                nitro::backend::current()?,
+                nitro::cache::global(),
+            )?;
+            plan.entries.extend(generating.entries);
+        }
         args.run.print_plan("chargpt", &plan);
         return Ok(());
     }
@@ -553,6 +563,21 @@ fn try_main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// The generator `--sample` declares: `--slots` slots, prompt buckets of powers of two from 16
+/// up to the context, decode chunks of 16 steps, top-k up to `--top-k`.
+fn generate_config(args: &Args, vocab: usize) -> nitro::generate::GenerateConfig {
+    let mut buckets: Vec<usize> = (4..)
+        .map(|p| 1usize << p)
+        .take_while(|&b| b < args.context)
+        .collect();
+    buckets.push(args.context);
+    nitro::generate::GenerateConfig::new()
+        .slots(args.slots)
+        .buckets(buckets)
+        .chunks([16])
+        .max_top_k(args.top_k.clamp(1, vocab))
+}
+
 /// What `--sample` through the generator made and measured.
 struct Generated {
     texts: Vec<String>,
@@ -570,19 +595,9 @@ fn generate(
     vocab: &text::Vocab,
     args: &Args,
 ) -> Result<Generated, Box<dyn std::error::Error>> {
-    use nitro::generate::{GenerateConfig, Generator, Request, Sampling};
+    use nitro::generate::{Generator, Request, Sampling};
     let experiment = run.experiment()?.clone();
-    let mut buckets: Vec<usize> = (4..)
-        .map(|p| 1usize << p)
-        .take_while(|&b| b < args.context)
-        .collect();
-    buckets.push(args.context);
-    let config = GenerateConfig::new()
-        .slots(args.slots)
-        .buckets(buckets)
-        .chunks([16])
-        .max_top_k(args.top_k.clamp(1, vocab.len()));
-    let mut g = Generator::new(experiment, config)?;
+    let mut g = Generator::new(experiment, generate_config(args, vocab.len()))?;
     let prompt: Vec<u32> = vocab
         .encode(&args.prompt)?
         .iter()

@@ -204,6 +204,27 @@ fn the_inventory_is_got_up_front_and_a_second_generator_compiles_nothing() {
         [2, 5]
     );
     assert_eq!(inv.compiles(), 5, "{inv:?}");
+    // The preflight of the same declaration, other weights: every program held, none built.
+    let plan = Generator::plan(&toy(11, 6, 32, 9), &config(), backend, cache).unwrap();
+    assert_eq!(plan.entries.len(), 5);
+    assert_eq!(plan.count(nitro::cache::Will::Hit), 5, "{plan:?}");
+    // Another slot count: a cache of other dims, so every program is another — said before
+    // any is built.
+    let compiled = cache.stats().compiles;
+    let plan = Generator::plan(&toy(11, 6, 32, 9), &config().slots(4), backend, cache).unwrap();
+    assert_eq!(plan.count(nitro::cache::Will::Compile), 5, "{plan:?}");
+    assert_eq!(
+        plan.entries
+            .iter()
+            .map(|e| e.role.as_str())
+            .collect::<Vec<_>>(),
+        ["prefill", "prefill", "prefill", "decode", "decode"]
+    );
+    assert_eq!(
+        cache.stats().compiles,
+        compiled,
+        "a preflight compiles nothing"
+    );
     let compiles = cache.stats().compiles;
     // Other weights, the same shapes: every program held.
     let mut again = Generator::with_backend(toy(11, 6, 32, 9), config(), backend, cache).unwrap();

@@ -471,6 +471,51 @@ impl<E: Decoder> Generator<E> {
         })
     }
 
+    /// The preflight of a generator of `experiment` declared by `config`: what getting each
+    /// of its programs would do (serve from memory, load, fetch or compile, with the miss
+    /// reason and the recorded compile time), found without compiling or loading anything.
+    /// Entries are `prefill` per bucket and `decode` per chunk size (`edge`).
+    pub fn plan(
+        experiment: &E,
+        config: &GenerateConfig,
+        backend: &dyn Backend,
+        cache: &Cache,
+    ) -> Result<crate::train::Plan> {
+        let shape = experiment.decode_shape();
+        let config = config.clone().fitted(&shape)?;
+        let kv_types: Vec<LeafType> = shape
+            .cache
+            .iter()
+            .map(|c| c.with_rows(config.slots))
+            .collect();
+        let axes: Vec<usize> = shape.cache.iter().map(|c| c.row_axis).collect();
+        let n = shape.cache.len();
+        let mut plan = crate::train::Plan::default();
+        programs::tracing(axes, config.max_top_k, || -> Result<()> {
+            for &bucket in &config.buckets {
+                let shaped = prefill_shape(&kv_types, bucket);
+                let probe =
+                    cache.probe(backend, &programs::prefill::<E>(n), experiment, &shaped)?;
+                plan.entries.push(crate::train::PlanEntry {
+                    role: "prefill".into(),
+                    edge: Some(bucket),
+                    probe,
+                });
+            }
+            for &chunk in &config.chunks {
+                let shaped = decode_shape(&kv_types, config.slots, chunk);
+                let probe = cache.probe(backend, &programs::decode::<E>(n), experiment, &shaped)?;
+                plan.entries.push(crate::train::PlanEntry {
+                    role: "decode".into(),
+                    edge: Some(chunk),
+                    probe,
+                });
+            }
+            Ok(())
+        })?;
+        Ok(plan)
+    }
+
     /// The programs it holds and what getting them did.
     pub fn inventory(&self) -> &Inventory {
         &self.inventory
