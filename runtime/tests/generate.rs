@@ -488,3 +488,32 @@ fn streams_from_several_threads_and_a_dropped_stream_frees_its_slot() {
     });
     assert_eq!(got, want);
 }
+
+/// A second process on the same persistent store loads every program of the inventory and
+/// compiles none (on XLA, whose programs are stored).
+#[test]
+fn a_second_process_loads_the_inventory_from_the_store() {
+    let test = "a_second_process_loads_the_inventory_from_the_store";
+    let Some(xla) = xla_or_skip(test) else {
+        return;
+    };
+    let dir = common::TempDir::new("generate-store");
+    std::fs::create_dir_all(dir.path()).unwrap();
+    let process = || {
+        let store = nitro::cache::DirStore::open(dir.path(), 1 << 30, None).unwrap();
+        &*Box::leak(Box::new(Cache::new(16, Some(std::sync::Arc::new(store)))))
+    };
+    let first = Generator::with_backend(toy(11, 6, 32, 5), config(), xla, process()).unwrap();
+    assert_eq!(first.inventory().compiles(), 5);
+    let cache = process();
+    let mut second = Generator::with_backend(toy(11, 6, 32, 5), config(), xla, cache).unwrap();
+    assert_eq!(second.inventory().compiles(), 0, "{:?}", second.inventory());
+    assert!(second
+        .inventory()
+        .prefill
+        .iter()
+        .chain(&second.inventory().decode)
+        .all(|(_, o)| matches!(o, nitro::cache::Outcome::Loaded { .. })));
+    second.generate(Request::new(vec![1, 2], 9)).unwrap();
+    assert_eq!(cache.stats().compiles, 0);
+}
