@@ -12,6 +12,7 @@ mod model;
 pub mod plot;
 pub mod report;
 pub mod run;
+pub mod serve;
 pub mod twin;
 
 pub use model::{Rows, RowsMirror};
