@@ -166,7 +166,12 @@ impl Bundle {
     fn list(&self, key: &str) -> Vec<usize> {
         self.run[key]
             .as_array()
-            .map(|a| a.iter().filter_map(|v| v.as_u64()).map(|v| v as usize).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_u64())
+                    .map(|v| v as usize)
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -244,7 +249,10 @@ fn write_bundle(args: &Args) -> Res<()> {
     });
     std::fs::create_dir_all(&args.bundle)?;
     nitro::weights::export(&model, args.bundle.join("weights.safetensors"))?;
-    std::fs::write(args.bundle.join("run.json"), serde_json::to_vec_pretty(&run)?)?;
+    std::fs::write(
+        args.bundle.join("run.json"),
+        serde_json::to_vec_pretty(&run)?,
+    )?;
     if !args.json {
         println!(
             "bundle {} written: {} MB of weights",
@@ -269,7 +277,10 @@ fn decode_rate(g: &mut Generator<CharGpt>, prompt: &[u32], rows: usize, tokens: 
         .filter_map(|r| r.time_to_first_token)
         .max()
         .unwrap_or_default();
-    let after: usize = records.iter().map(|r| r.tokens.len().saturating_sub(1)).sum();
+    let after: usize = records
+        .iter()
+        .map(|r| r.tokens.len().saturating_sub(1))
+        .sum();
     Ok(after as f64 / (end - first).as_secs_f64().max(1e-9))
 }
 
@@ -354,7 +365,8 @@ fn try_main() -> Res<()> {
             let mut one = Generator::new(b.model.clone(), b.config(1))?;
             let mut many = Generator::new(b.model.clone(), b.config(args.slots))?;
             let warm_up = built.elapsed();
-            let inv = |g: &Generator<CharGpt>| g.inventory().prefill.len() + g.inventory().decode.len();
+            let inv =
+                |g: &Generator<CharGpt>| g.inventory().prefill.len() + g.inventory().decode.len();
             let compiles = one.inventory().compiles() + many.inventory().compiles();
             let inventory = inv(&one) + inv(&many);
             let after_warm_up = nitro::cache::cache_stats();
