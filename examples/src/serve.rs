@@ -330,8 +330,21 @@ impl Drop for Server {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
-        // The last handle to the engine: its drop waits for its thread.
-        drop(self.engine.take());
+        // The last handle to the engine: its drop waits for the requests in it to end, which
+        // their dropped streams cancel. Waited for a while, not for ever: a request a stream
+        // still holds (a bug) must not hang the process that drops the server.
+        if let Some(engine) = self.engine.take() {
+            let (done, ended) = std::sync::mpsc::channel();
+            let dropping = std::thread::Builder::new()
+                .name("nitro-serve-stop".into())
+                .spawn(move || {
+                    drop(engine);
+                    let _ = done.send(());
+                });
+            if dropping.is_ok() {
+                let _ = ended.recv_timeout(Duration::from_secs(5));
+            }
+        }
     }
 }
 

@@ -337,6 +337,20 @@ fn a_client_that_disconnects_frees_its_slot() {
     let _ = held.read(&mut rest).unwrap();
     drop(held);
     assert_eq!(complete(addr, &sampled("x", 3, 4)).0.chars().count(), 3);
+    // A client waiting for a whole answer that leaves: its request ends too.
+    let body = sampled("abc", ENDLESS, 5).to_string();
+    let mut socket = TcpStream::connect(addr).unwrap();
+    write!(
+        socket,
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    // Not an assertion: time for the request to reach its slot before the client leaves
+    // (it is freed either way).
+    std::thread::sleep(Duration::from_millis(200));
+    drop(socket);
+    assert_eq!(complete(addr, &sampled("x", 3, 6)).0.chars().count(), 3);
 }
 
 /// One slot and a queue of one: a request in the slot, one waiting, and the next refused with
