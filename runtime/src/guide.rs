@@ -103,6 +103,10 @@ pub struct Stages;
 #[doc = include_str!("../../docs/generation.md")]
 pub struct Generation;
 
+/// `docs/serving.md`.
+#[doc = include_str!("../../docs/serving.md")]
+pub struct Serving;
+
 /// `docs/internals.md`.
 #[doc = include_str!("../../docs/internals.md")]
 pub struct Internals;

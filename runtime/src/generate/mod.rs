@@ -176,6 +176,31 @@ impl GenerateConfig {
         self
     }
 
+    /// The slots declared.
+    pub fn slot_count(&self) -> usize {
+        self.slots
+    }
+
+    /// The prompt buckets declared, ascending.
+    pub fn bucket_edges(&self) -> &[usize] {
+        &self.buckets
+    }
+
+    /// The decode chunk sizes declared, ascending.
+    pub fn chunk_sizes(&self) -> &[usize] {
+        &self.chunks
+    }
+
+    /// The largest top-k a request may ask for.
+    pub fn top_k_limit(&self) -> usize {
+        self.max_top_k
+    }
+
+    /// The most requests waiting for a slot.
+    pub fn queue_bound(&self) -> usize {
+        self.queue
+    }
+
     /// The largest prompt bucket: the longest prompt accepted.
     pub fn largest_bucket(&self) -> usize {
         self.buckets.last().copied().unwrap_or(0)
