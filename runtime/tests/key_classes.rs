@@ -609,7 +609,10 @@ fn misses_named_across_processes(backend: &str) {
     let back = outcome(&run(0, 2, 32));
     assert_eq!(back["outcome"], "loaded");
     assert_eq!(back["reason"]["reason"], "several");
-    assert_eq!(back["reason"]["reasons"][0]["reason"], "graph_const_changed");
+    assert_eq!(
+        back["reason"]["reasons"][0]["reason"],
+        "graph_const_changed"
+    );
     assert_eq!(back["reason"]["reasons"][1]["reason"], "signature_changed");
 
     // Nothing moved since the last process: `empty`, loaded.
