@@ -104,8 +104,13 @@ fn non_finite_and_non_positive_rates_are_refused_naming_the_flag_and_value() {
     refused(&["--dropout", "1"], "--dropout 1: ");
     refused(&["--dropout=-0.1"], "--dropout -0.1: ");
     refused(&["--dropout", "NaN"], "--dropout NaN: ");
-    refused(&["--temperature", "0"], "--temperature 0: ");
+    // 0 is greedy decoding; below it, or not a number, is refused.
+    args(&["--temperature", "0"]).validate().unwrap();
+    refused(&["--temperature=-0.5"], "--temperature -0.5: ");
     refused(&["--temperature", "NaN"], "--temperature NaN: ");
+    refused(&["--top-p", "0"], "--top-p 0: ");
+    refused(&["--top-p", "1.5"], "--top-p 1.5: ");
+    refused(&["--slots", "0"], "--slots 0: ");
     let err = refused(&["--lr", "NaN"], "--lr NaN: ");
     assert!(err.contains("finite number above 0"), "{err}");
 }
